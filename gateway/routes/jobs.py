@@ -1,0 +1,93 @@
+"""The native job API: submit, read, follow (SSE or long-poll), cancel."""
+
+from __future__ import annotations
+
+import logging
+from typing import Annotated
+
+from fastapi import APIRouter, Header, Path, Query, Request, Response
+from fastapi.responses import JSONResponse
+
+from gateway.deps import ServicesDep
+from gateway.relay import parse_cursor
+from gateway.sse import event_stream
+from shared.errors import InvalidRequest
+from shared.requests import CancelAnswer, EventsPage, JobAccepted, JobRecord, JobRequest, JobUrls
+
+log = logging.getLogger(__name__)
+
+router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
+
+JobIdPath = Annotated[str, Path(max_length=64, description="job id")]
+
+
+def _urls(job_id: str) -> JobUrls:
+    base = f"/v1/jobs/{job_id}"
+    return JobUrls(self=base, events=f"{base}/events", cancel=f"{base}/cancel")
+
+
+@router.post("", status_code=202, response_model=JobAccepted)
+async def submit_job(
+    body: JobRequest,
+    services: ServicesDep,
+    response: Response,
+    idempotency_key: Annotated[str | None, Header(max_length=256)] = None,
+) -> JobAccepted:
+    """Queue a generation job; answers at once with where to follow it."""
+    if body.max_tokens > services.settings.max_tokens_limit:
+        raise InvalidRequest(
+            f"max_tokens: must be at most {services.settings.max_tokens_limit}",
+            detail=[{"loc": ["body", "max_tokens"], "type": "less_than_equal", "input": body.max_tokens}],
+        )
+    submission = await services.store.submit(body, idempotency_key)
+    job_id = submission.job_id
+    if submission.created:
+        services.metrics.jobs_submitted.inc()
+        log.info("queued", extra={"job_id": job_id})
+    else:
+        response.headers["Idempotent-Replayed"] = "true"
+    response.headers["Location"] = _urls(job_id).self
+    return JobAccepted(id=job_id, status=submission.status, created_at=submission.created_at, urls=_urls(job_id))
+
+
+@router.get("/{job_id}", response_model=JobRecord)
+async def get_job(job_id: JobIdPath, services: ServicesDep) -> JobRecord:
+    """The job record: state, timings, output so far, usage."""
+    return await services.store.record(job_id)
+
+
+@router.post("/{job_id}/cancel", status_code=202, response_model=CancelAnswer)
+async def cancel_job(job_id: JobIdPath, services: ServicesDep, response: Response) -> CancelAnswer:
+    """Cancel a job; idempotent, and a finished job stays as it was (answered with 200)."""
+    answer, took_effect = await services.store.cancel(job_id)
+    if not took_effect:
+        response.status_code = 200
+    log.info("cancel: %s", answer.message, extra={"job_id": job_id})
+    return answer
+
+
+@router.get("/{job_id}/events", response_model=EventsPage)
+async def job_events(
+    job_id: JobIdPath,
+    request: Request,
+    services: ServicesDep,
+    after: Annotated[str | None, Query(max_length=41, description="stream id to read after")] = None,
+    wait: Annotated[float, Query(ge=0, description="long-poll: seconds to wait for an event")] = 0.0,
+    limit: Annotated[int, Query(ge=1, le=1000, description="long-poll: most events per page")] = 100,
+    last_event_id: Annotated[str | None, Header(max_length=41)] = None,
+) -> Response:
+    """SSE from the cursor to the terminal event, or (without `Accept: text/event-stream`) one page."""
+    cursor = parse_cursor(last_event_id or after)
+    if "text/event-stream" in request.headers.get("accept", ""):
+        await services.relay.check(job_id, cursor)  # 404 / 410 before the stream starts
+        entries = services.relay.follow(job_id, cursor)
+        return event_stream(entries, services.metrics, services.settings.sse_ping_seconds)
+    wait = min(wait, services.settings.poll_wait_max)
+    entries, state, done = await services.relay.page(job_id, cursor, limit, wait)
+    page = EventsPage(
+        events=[entry.as_dict() for entry in entries],
+        cursor=entries[-1].id if entries else cursor,
+        status=state,
+        done=done,
+    )
+    return JSONResponse(page.model_dump(mode="json"))

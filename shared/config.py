@@ -1,0 +1,57 @@
+"""The one settings class: every knob of streampool, read from `STREAMPOOL_*` variables or flags."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+DEFAULT_MODEL_DIR = Path.home() / ".cache" / "streampool" / "models" / "SmolLM2-135M-Instruct"
+
+
+class Settings(BaseSettings):
+    """Built once at start-up and passed down; nothing else reads the environment."""
+
+    model_config = SettingsConfigDict(env_prefix="STREAMPOOL_", extra="forbid")
+
+    # Redis
+    redis_url: str = Field("redis://127.0.0.1:6379/0", description="Redis holding queue, records and streams")
+    key_prefix: str = Field("streampool", description="prefix of every key streampool writes")
+    retention_seconds: int = Field(3600, ge=1, description="how long a finished job stays readable")
+    stream_maxlen: int = Field(100_000, ge=100, description="approximate cap on entries per job stream")
+
+    # Gateway
+    host: str = Field("0.0.0.0", description="gateway listen address")
+    port: int = Field(8000, ge=1, le=65535, description="gateway listen port")
+    max_queued_jobs: int = Field(10_000, ge=0, description="queue length past which submissions get 429 (0: no limit)")
+    max_tokens_limit: int = Field(2048, ge=1, description="highest max_tokens a request may ask for")
+    poll_wait_max: float = Field(30.0, ge=0, description="longest a long-poll request may wait, seconds")
+    sse_ping_seconds: float = Field(15.0, gt=0, description="keep-alive comment interval on idle SSE streams")
+
+    # Worker
+    model: Path = Field(DEFAULT_MODEL_DIR, description="model folder the worker serves")
+    served_model_name: str | None = Field(None, description="model id shown to clients (default: folder name)")
+    max_model_len: int = Field(2048, ge=16, description="context length: prompt plus generated tokens")
+    dtype: str = Field("auto", description="weights dtype passed to vLLM")
+    enforce_eager: bool | None = Field(None, description="disable CUDA graphs / compilation (default: on CPU only)")
+    gpu_memory_utilization: float | None = Field(
+        None, gt=0, le=1, description="vLLM memory share (default: vLLM's on GPU, 0.3 on CPU)"
+    )
+    cpu_kvcache_gib: int = Field(1, ge=1, description="KV cache size on the CPU backend, GiB")
+    worker_max_jobs: int = Field(256, ge=1, description="jobs one worker runs at once (vLLM batches them)")
+    worker_poll_delay: float = Field(0.002, gt=0, description="seconds between queue polls of an idle worker")
+    job_timeout_seconds: int = Field(3600, ge=1, description="longest a job may run")
+    heartbeat_seconds: float = Field(2.0, gt=0, description="interval of worker heartbeats")
+    heartbeat_ttl_seconds: float = Field(10.0, gt=0, description="a worker silent this long counts as gone")
+
+    log_level: str = Field("INFO", description="logging level")
+
+    @property
+    def model_name(self) -> str:
+        return self.served_model_name or self.model.name
+
+    @property
+    def job_lifetime_seconds(self) -> int:
+        """TTL of a job's keys before it ends, so that even an abandoned job cannot live forever."""
+        return self.job_timeout_seconds * 2 + self.retention_seconds

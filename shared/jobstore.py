@@ -1,0 +1,282 @@
+"""The job record and its state machine, kept atomic by Lua scripts run inside Redis.
+
+States only move forward (queued -> running -> completed | cancelled | failed), and
+each transition writes the record and the job's status or terminal event together,
+so a reader can never see one without the other.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+import redis.asyncio as aioredis
+from arq.jobs import serialize_job
+
+from shared.config import Settings
+from shared.errors import JobNotFound, Overloaded
+from shared.events import CancelledEvent, JobState, StatusEvent, Usage
+from shared.keys import Keys
+from shared.redis_client import redis_errors
+from shared.requests import CancelAnswer, JobOutput, JobRecord, JobRequest
+
+ARQ_FUNCTION = "run_job"
+
+# KEYS: record, stream, idempotency ('' for none), queue, arq job
+# ARGV: id, created_at, request, queued event, arq payload, lifetime, max queued, maxlen, score
+SUBMIT_LUA = """
+if KEYS[3] ~= '' then
+  local existing = redis.call('GET', KEYS[3])
+  if existing then return {'existing', existing} end
+end
+local limit = tonumber(ARGV[7])
+if limit > 0 then
+  local depth = redis.call('ZCARD', KEYS[4])
+  if depth >= limit then return {'overloaded', tostring(depth)} end
+end
+redis.call('HSET', KEYS[1], 'id', ARGV[1], 'status', 'queued', 'created_at', ARGV[2], 'request', ARGV[3])
+redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[8], '*', 'type', 'status', 'data', ARGV[4])
+redis.call('EXPIRE', KEYS[1], ARGV[6])
+redis.call('EXPIRE', KEYS[2], ARGV[6])
+redis.call('SET', KEYS[5], ARGV[5], 'EX', ARGV[6])
+redis.call('ZADD', KEYS[4], ARGV[9], ARGV[1])
+if KEYS[3] ~= '' then redis.call('SET', KEYS[3], ARGV[1], 'EX', ARGV[6]) end
+return {'created', ARGV[1], 'queued', ARGV[2]}
+"""
+
+# KEYS: record, stream ; ARGV: worker, model, started_at, running event, maxlen
+START_LUA = """
+local status = redis.call('HGET', KEYS[1], 'status')
+if status ~= 'queued' then return {status or 'missing', ''} end
+redis.call('HSET', KEYS[1], 'status', 'running', 'worker', ARGV[1], 'model', ARGV[2], 'started_at', ARGV[3])
+redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[5], '*', 'type', 'status', 'data', ARGV[4])
+return {'running', redis.call('HGET', KEYS[1], 'request')}
+"""
+
+# KEYS: record, stream, cancel ; ARGV: from state, final state, event type, event, maxlen, retention,
+# then field/value pairs for the record
+FINISH_LUA = """
+local status = redis.call('HGET', KEYS[1], 'status')
+if status ~= ARGV[1] then return status or 'missing' end
+redis.call('HSET', KEYS[1], 'status', ARGV[2], unpack(ARGV, 7))
+redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[5], '*', 'type', ARGV[3], 'data', ARGV[4])
+for i = 1, 3 do redis.call('EXPIRE', KEYS[i], ARGV[6]) end
+return ARGV[2]
+"""
+
+# KEYS: record, stream, cancel, queue, arq job ; ARGV: id, now, cancelled event, maxlen, retention, lifetime
+CANCEL_LUA = """
+local status = redis.call('HGET', KEYS[1], 'status')
+if not status then return 'missing' end
+if status == 'queued' then
+  redis.call('HSET', KEYS[1], 'status', 'cancelled', 'finished_at', ARGV[2], 'token_count', 0,
+             'usage', '{"prompt_tokens":0,"completion_tokens":0}')
+  redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[4], '*', 'type', 'cancelled', 'data', ARGV[3])
+  redis.call('ZREM', KEYS[4], ARGV[1])
+  redis.call('DEL', KEYS[5])
+  for i = 1, 2 do redis.call('EXPIRE', KEYS[i], ARGV[5]) end
+  return 'cancelled_queued'
+end
+if status == 'running' then
+  redis.call('SET', KEYS[3], '1', 'EX', ARGV[6])
+end
+return status
+"""
+
+
+def _timestamp(value: str) -> datetime:
+    return datetime.fromtimestamp(float(value), tz=timezone.utc)
+
+
+def _optional_timestamp(value: str | None) -> datetime | None:
+    return _timestamp(value) if value else None
+
+
+@dataclass(frozen=True)
+class Submission:
+    """A submitted job: new, or the one an earlier request with the same idempotency key made."""
+
+    job_id: str
+    created: bool
+    status: JobState
+    created_at: datetime
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How a running job ended, as the record keeps it."""
+
+    state: JobState
+    text: str
+    token_count: int
+    usage: Usage
+    finish_reason: str | None = None
+    error: str | None = None
+
+    def record_fields(self, finished_at: float) -> list[str]:
+        fields: dict[str, Any] = {
+            "finished_at": finished_at,
+            "text": self.text,
+            "token_count": self.token_count,
+            "usage": self.usage.model_dump_json(),
+        }
+        if self.finish_reason is not None:
+            fields["finish_reason"] = self.finish_reason
+        if self.error is not None:
+            fields["error"] = self.error
+        return [str(item) for pair in fields.items() for item in pair]
+
+
+class JobStore:
+    """Creates, starts, cancels, finishes and reads job records."""
+
+    def __init__(self, redis: aioredis.Redis, keys: Keys, settings: Settings) -> None:
+        self.redis = redis
+        self.keys = keys
+        self.settings = settings
+        self._submit = redis.register_script(SUBMIT_LUA)
+        self._start = redis.register_script(START_LUA)
+        self._cancel = redis.register_script(CANCEL_LUA)
+
+    async def submit(self, request: JobRequest, idempotency_key: str | None = None) -> Submission:
+        """Write record, `queued` event and arq job in one atomic round trip."""
+        job_id = uuid.uuid4().hex
+        now = time.time()
+        queued = StatusEvent(seq=0, state=JobState.queued).model_dump_json()
+        payload = serialize_job(ARQ_FUNCTION, (job_id,), {}, None, int(now * 1000))
+        keys = [
+            self.keys.job(job_id),
+            self.keys.stream(job_id),
+            self.keys.idempotency(idempotency_key) if idempotency_key else "",
+            self.keys.queue,
+            self.keys.arq_job(job_id),
+        ]
+        args: list[Any] = [
+            job_id,
+            repr(now),
+            request.model_dump_json(exclude_none=True),
+            queued,
+            payload,
+            self.settings.job_lifetime_seconds,
+            self.settings.max_queued_jobs,
+            self.settings.stream_maxlen,
+            int(now * 1000),
+        ]
+        with redis_errors():
+            verdict, *values = await self._submit(keys=keys, args=args)
+        if verdict == "overloaded":
+            raise Overloaded(f"the queue holds {values[0]} jobs, its limit is {self.settings.max_queued_jobs}")
+        if verdict == "created":
+            job_id, status, created_at = values
+            return Submission(job_id, True, JobState(status), _timestamp(created_at))
+        # Replayed: the job an earlier request with this key made.
+        job_id = values[0]
+        with redis_errors():
+            status, created_at = await self.redis.hmget(self.keys.job(job_id), ["status", "created_at"])
+        if status is None:
+            raise JobNotFound(f"job {job_id} of this idempotency key has expired")
+        return Submission(job_id, False, JobState(status), _timestamp(created_at))
+
+    async def start(self, job_id: str, worker_id: str, model: str) -> JobRequest | None:
+        """Move a queued job to running; None when it is no longer queued (cancelled meanwhile)."""
+        running = StatusEvent(seq=1, state=JobState.running).model_dump_json()
+        state, request = await self._start(
+            keys=[self.keys.job(job_id), self.keys.stream(job_id)],
+            args=[worker_id, model, repr(time.time()), running, self.settings.stream_maxlen],
+        )
+        if state != "running":
+            return None
+        return JobRequest.model_validate_json(request)
+
+    def finish_command(self, job_id: str, outcome: Outcome, event_type: str, event: str) -> tuple[Any, ...]:
+        """Arguments of an EVAL that ends a running job, for the worker's per-step pipeline."""
+        keys = self.keys.job_keys(job_id)
+        args = [
+            JobState.running.value,
+            outcome.state.value,
+            event_type,
+            event,
+            self.settings.stream_maxlen,
+            self.settings.retention_seconds,
+            *outcome.record_fields(time.time()),
+        ]
+        return (FINISH_LUA, len(keys), *keys, *args)
+
+    async def cancel(self, job_id: str) -> tuple[CancelAnswer, bool]:
+        """Cancel a queued job at once, or ask the worker of a running one to stop; idempotent.
+
+        Also answers whether the cancel took effect (False: the job had already ended).
+        """
+        event = CancelledEvent(seq=1, usage=Usage(prompt_tokens=0, completion_tokens=0)).model_dump_json()
+        keys = [*self.keys.job_keys(job_id), self.keys.queue, self.keys.arq_job(job_id)]
+        args = [
+            job_id,
+            repr(time.time()),
+            event,
+            self.settings.stream_maxlen,
+            self.settings.retention_seconds,
+            self.settings.job_lifetime_seconds,
+        ]
+        with redis_errors():
+            verdict = await self._cancel(keys=keys, args=args)
+        if verdict == "missing":
+            raise JobNotFound(f"no job {job_id}")
+        if verdict == "cancelled_queued":
+            return CancelAnswer(id=job_id, status=JobState.cancelled, message="cancelled before it ran"), True
+        state = JobState(verdict)
+        if state is JobState.running:
+            message = "cancel requested; the stream ends with 'cancelled'"
+            return CancelAnswer(id=job_id, status=state, message=message), True
+        return CancelAnswer(id=job_id, status=state, message=f"job already {state.value}; nothing changed"), False
+
+    async def status(self, job_id: str) -> JobState:
+        with redis_errors():
+            state = await self.redis.hget(self.keys.job(job_id), "status")
+        if state is None:
+            raise JobNotFound(f"no job {job_id}")
+        return JobState(state)
+
+    async def record(self, job_id: str) -> JobRecord:
+        """The job record; while the job runs its output so far is read from its stream."""
+        with redis_errors():
+            async with self.redis.pipeline(transaction=False) as pipe:
+                pipe.hgetall(self.keys.job(job_id))
+                pipe.zrank(self.keys.queue, job_id)
+                fields, rank = await pipe.execute()
+        if not fields:
+            raise JobNotFound(f"no job {job_id}")
+        state = JobState(fields["status"])
+        if state.terminal:
+            output = JobOutput(text=fields.get("text", ""), token_count=int(fields.get("token_count", 0)))
+        else:
+            output = await self._output_so_far(job_id)
+        return JobRecord(
+            id=job_id,
+            status=state,
+            model=fields.get("model"),
+            worker=fields.get("worker"),
+            created_at=_timestamp(fields["created_at"]),
+            started_at=_optional_timestamp(fields.get("started_at")),
+            finished_at=_optional_timestamp(fields.get("finished_at")),
+            output=output,
+            finish_reason=fields.get("finish_reason"),
+            usage=Usage.model_validate_json(fields["usage"]) if "usage" in fields else None,
+            error=fields.get("error"),
+            queue_position=rank if state is JobState.queued else None,
+        )
+
+    async def _output_so_far(self, job_id: str) -> JobOutput:
+        with redis_errors():
+            entries = await self.redis.xrange(self.keys.stream(job_id))
+        texts: list[str] = []
+        count = 0
+        for _, entry in entries:
+            if entry["type"] == "delta":
+                delta = json.loads(entry["data"])
+                texts.append(delta["text"])
+                count += len(delta["token_ids"])
+        return JobOutput(text="".join(texts), token_count=count)

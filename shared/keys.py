@@ -1,0 +1,53 @@
+"""Every Redis key name streampool uses, under one configurable prefix."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+from arq.constants import job_key_prefix
+
+
+@dataclass(frozen=True)
+class Keys:
+    """Key names for one deployment; arq's job keys keep arq's own prefix."""
+
+    prefix: str
+
+    @property
+    def queue(self) -> str:
+        """arq's sorted set of queued and running jobs."""
+        return f"{self.prefix}:queue"
+
+    def job(self, job_id: str) -> str:
+        """Hash: the job record."""
+        return f"{self.prefix}:job:{job_id}"
+
+    def stream(self, job_id: str) -> str:
+        """Stream: the job's events, one entry each."""
+        return f"{self.prefix}:job:{job_id}:events"
+
+    def cancel(self, job_id: str) -> str:
+        """String: present once a cancel of the running job was asked for."""
+        return f"{self.prefix}:job:{job_id}:cancel"
+
+    def idempotency(self, key: str) -> str:
+        """String: job id submitted under an `Idempotency-Key` (hashed, so any header value fits)."""
+        return f"{self.prefix}:idempotency:{hashlib.sha256(key.encode()).hexdigest()}"
+
+    def worker(self, worker_id: str) -> str:
+        """String with a TTL: a worker's heartbeat."""
+        return f"{self.prefix}:worker:{worker_id}"
+
+    @property
+    def worker_pattern(self) -> str:
+        return f"{self.prefix}:worker:*"
+
+    def job_keys(self, job_id: str) -> list[str]:
+        """Keys that live and expire with a job."""
+        return [self.job(job_id), self.stream(job_id), self.cancel(job_id)]
+
+    @staticmethod
+    def arq_job(job_id: str) -> str:
+        """arq's serialized job, written at submission so that enqueueing costs no extra round trip."""
+        return job_key_prefix + job_id

@@ -1,0 +1,26 @@
+"""Connecting to Redis, and the boundary where redis-py errors become streampool errors."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import redis.asyncio as aioredis
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from shared.errors import BackendUnavailable
+
+
+def connect(url: str) -> aioredis.Redis:
+    """A pooled client that answers `str`; connections are made lazily and re-made after an outage."""
+    return aioredis.Redis.from_url(url, decode_responses=True, health_check_interval=30)
+
+
+@contextmanager
+def redis_errors() -> Iterator[None]:
+    """Turn an unreachable Redis into `BackendUnavailable` (503 at the gateway)."""
+    try:
+        yield
+    except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+        raise BackendUnavailable(f"Redis is unreachable: {exc}") from exc

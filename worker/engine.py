@@ -1,0 +1,54 @@
+"""The seam between a job and generation: submit a request, iterate deltas, abort by id."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from shared.events import TokenLogprob
+from shared.requests import JobRequest
+
+
+@dataclass(frozen=True)
+class EngineDelta:
+    """What one engine step added to one request."""
+
+    text: str
+    token_ids: list[int]
+    logprobs: list[TokenLogprob] | None = None
+    finished: bool = False
+    finish_reason: str | None = None
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """A request's prompt as the engine sees it: token ids, counted exactly for usage."""
+
+    token_ids: list[int]
+    request: JobRequest = field(repr=False)
+
+
+class Engine(Protocol):
+    """What a worker needs of a generation engine."""
+
+    model_name: str
+    max_model_len: int
+
+    def render(self, request: JobRequest) -> Prompt:
+        """Tokenize the prompt, or render `messages` with the model's chat template."""
+        ...
+
+    def generate(self, request_id: str, prompt: Prompt) -> AsyncIterator[EngineDelta]:
+        """Stream the new tokens of every step; closing the iterator aborts the request."""
+        ...
+
+    async def abort(self, request_id: str) -> None:
+        """Stop a request and free its KV cache."""
+        ...
+
+    def running_requests(self) -> int:
+        """Requests the engine holds now, for heartbeats."""
+        ...
+
+    def shutdown(self) -> None: ...
