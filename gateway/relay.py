@@ -50,6 +50,16 @@ def _id_tuple(stream_id: str) -> tuple[int, int]:
     return int(ms), int(seq or 0)
 
 
+def _oldest_readable(info: dict[str, Any]) -> tuple[int, int]:
+    """The smallest cursor that loses nothing: entries trimmed off the head sit below the first one kept.
+
+    A cursor exactly at the last trimmed entry is refused too: the stream no longer says which that was.
+    """
+    if int(info["entries-added"]) <= int(info["length"]) or not info.get("first-entry"):
+        return (0, 0)
+    return _id_tuple(info["first-entry"][0])
+
+
 def parse_cursor(cursor: str | None) -> str:
     """A client's cursor (a stream id; none means the start), checked before it reaches Redis."""
     if cursor is None or cursor == "":
@@ -75,11 +85,10 @@ class Relay:
                 status, info = await pipe.execute(raise_on_error=False)
         if status is None or isinstance(info, Exception):
             raise JobNotFound(f"no job {job_id}")
-        trimmed_up_to = info.get("max-deleted-entry-id", START)
-        if _id_tuple(trimmed_up_to) != (0, 0) and _id_tuple(cursor) < _id_tuple(trimmed_up_to):
+        if _id_tuple(cursor) < _oldest_readable(info):
             raise CursorExpired(
-                f"events up to {trimmed_up_to} are no longer kept; cursor {cursor} is older",
-                oldest=info["first-entry"][0] if info.get("first-entry") else None,
+                f"events after {cursor} are no longer all kept; the oldest kept is {info['first-entry'][0]}",
+                oldest=info["first-entry"][0],
             )
         return JobState(status)
 

@@ -17,6 +17,7 @@ import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 import httpx
 import pytest
@@ -127,9 +128,13 @@ def system(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator
     logs = tmp_path_factory.mktemp("system-logs")
     command = [sys.executable, "-m", "shared.cli"]
 
+    log_files: list[IO[bytes]] = []
+
     def start(name: str) -> subprocess.Popen[bytes]:
-        log = open(logs / f"{name}.log", "wb")  # noqa: SIM115 - the process owns it
-        return subprocess.Popen([*command, name.split("-")[0]], env=env, cwd=ROOT, stdout=log, stderr=log)
+        log_files.append(open(logs / f"{name}.log", "wb"))  # noqa: SIM115 - closed at teardown
+        return subprocess.Popen(
+            [*command, name.split("-")[0]], env=env, cwd=ROOT, stdout=log_files[-1], stderr=subprocess.STDOUT
+        )
 
     gateway = start("gateway")
     workers = [start(f"worker-{n}") for n in range(WORKERS)]
@@ -145,6 +150,8 @@ def system(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator
                 process.wait(timeout=60)
             except subprocess.TimeoutExpired:
                 process.kill()
+        for log in log_files:
+            log.close()
         delete_prefix(redis_url, settings.key_prefix)
 
 

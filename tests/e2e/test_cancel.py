@@ -1,0 +1,62 @@
+"""Cancellation: a set cancel key stops the engine within a few steps and ends the stream."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import httpx
+import redis.asyncio as aioredis
+
+from tests.conftest import System
+from tests.helpers import read_sse, streamed_token_ids, submit
+
+STEPS_BEFORE_ABORT = 8  # a few engine steps: the cancel is read in the round trip of every step
+
+
+async def _engine_requests(redis_client: aioredis.Redis, system: System, worker_id: str) -> int:
+    beat = await redis_client.get(system.keys.worker(worker_id))
+    assert beat is not None, f"worker {worker_id} has no heartbeat"
+    return int(json.loads(beat)["engine_requests"])
+
+
+async def test_cancel_mid_generation_ends_with_cancelled_and_the_engine_stops(
+    client: httpx.AsyncClient, system: System, redis_client: aioredis.Redis
+) -> None:
+    for seed in range(5):  # a sampled story rarely ends in 5 tokens; try another seed if it did
+        job_id = await submit(client, prompt="Write a very long story about a dragon.", max_tokens=1000, seed=seed)
+        seen = await read_sse(client, job_id, stop_after=7)  # queued, running, 5 deltas
+        tokens_seen = len(streamed_token_ids([event for _, event in seen]))
+        answer = await client.post(f"/v1/jobs/{job_id}/cancel")
+        if answer.json()["status"] == "running":
+            break
+    assert answer.status_code == 202 and answer.json()["status"] == "running"
+
+    rest = await read_sse(client, job_id, last_event_id=seen[-1][0])
+    cancelled = rest[-1][1]
+    assert cancelled["type"] == "cancelled"
+    events = [event for _, event in seen + rest]
+    assert cancelled["usage"]["completion_tokens"] == len(streamed_token_ids(events))
+    assert cancelled["usage"]["completion_tokens"] - tokens_seen <= STEPS_BEFORE_ABORT
+
+    record = (await client.get(f"/v1/jobs/{job_id}")).json()
+    assert record["status"] == "cancelled"
+    assert record["output"]["token_count"] == cancelled["usage"]["completion_tokens"]
+    for _ in range(100):  # the worker's next heartbeat reports what its engine still holds
+        if await _engine_requests(redis_client, system, record["worker"]) == 0:
+            break
+        await asyncio.sleep(0.1)
+    assert await _engine_requests(redis_client, system, record["worker"]) == 0
+    length = await redis_client.xlen(system.keys.stream(job_id))
+    await asyncio.sleep(0.5)
+    assert await redis_client.xlen(system.keys.stream(job_id)) == length  # nothing after `cancelled`
+
+
+async def test_cancel_of_a_finished_job_changes_nothing(client: httpx.AsyncClient) -> None:
+    job_id = await submit(client, prompt="Hi", max_tokens=3)
+    events = await read_sse(client, job_id)
+    answer = await client.post(f"/v1/jobs/{job_id}/cancel")
+    assert answer.status_code == 200
+    assert answer.json()["status"] == "completed"
+    assert "nothing changed" in answer.json()["message"]
+    assert await read_sse(client, job_id) == events

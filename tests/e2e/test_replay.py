@@ -1,0 +1,71 @@
+"""Replay: any number of readers, each from its own cursor, over SSE or long-poll."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import redis.asyncio as aioredis
+
+from tests.conftest import System
+from tests.helpers import TERMINAL, poll_all, read_sse, streamed_text, submit, wait_for_status
+
+
+async def test_sse_and_long_poll_return_the_same_events(client: httpx.AsyncClient) -> None:
+    job_id = await submit(client, prompt="Tell me about rivers.", max_tokens=30, stream_step=2)
+    sse, polled = await asyncio.gather(read_sse(client, job_id), poll_all(client, job_id, limit=3))
+    assert [stream_id for stream_id, _ in sse] == [event.pop("id") for event in polled]
+    assert [event for _, event in sse] == polled
+    assert polled[-1]["type"] in TERMINAL
+
+
+async def test_reconnect_with_last_event_id_has_no_gap_and_no_duplicate(client: httpx.AsyncClient) -> None:
+    job_id = await submit(client, prompt="Describe a forest at dawn.", max_tokens=40)
+    first = await read_sse(client, job_id, stop_after=6)  # the reader drops mid-stream
+    rest = await read_sse(client, job_id, last_event_id=first[-1][0])
+    whole = await read_sse(client, job_id)
+    assert first + rest == whole
+    assert [event["seq"] for _, event in whole] == list(range(len(whole)))
+
+
+async def test_two_readers_of_one_job_see_identical_streams(client: httpx.AsyncClient) -> None:
+    job_id = await submit(client, prompt="Why is the sky blue?", max_tokens=30)
+    one, two = await asyncio.gather(read_sse(client, job_id), read_sse(client, job_id))
+    assert one == two
+    assert one[-1][1]["type"] == "done"
+
+
+async def test_long_poll_cursor_walks_the_stream_to_done(client: httpx.AsyncClient) -> None:
+    job_id = await submit(client, prompt="Name a fruit.", max_tokens=10)
+    events = await poll_all(client, job_id, limit=2)
+    record = await wait_for_status(client, job_id, {"completed"})
+    assert streamed_text(events) == record["output"]["text"]
+    last = await client.get(f"/v1/jobs/{job_id}/events", params={"after": events[-1]["id"]})
+    assert last.json() == {"events": [], "cursor": events[-1]["id"], "status": "completed", "done": True}
+
+
+async def test_cursor_older_than_what_is_kept_is_410(
+    client: httpx.AsyncClient, system: System, redis_client: aioredis.Redis
+) -> None:
+    job_id = await submit(client, prompt="Once upon a time", max_tokens=20)
+    events = await read_sse(client, job_id)
+    await redis_client.xtrim(system.keys.stream(job_id), maxlen=3, approximate=False)
+    expired = await client.get(f"/v1/jobs/{job_id}/events", params={"after": events[1][0]})
+    assert expired.status_code == 410
+    assert expired.json()["error_type"] == "cursor_expired"
+    sse = await client.get(
+        f"/v1/jobs/{job_id}/events", headers={"Accept": "text/event-stream", "Last-Event-ID": events[1][0]}
+    )
+    assert sse.status_code == 410
+    kept = await client.get(f"/v1/jobs/{job_id}/events", params={"after": events[-3][0]})
+    assert kept.status_code == 200 and len(kept.json()["events"]) == 2
+
+
+async def test_finished_job_keys_expire_after_the_retention_period(
+    client: httpx.AsyncClient, system: System, redis_client: aioredis.Redis
+) -> None:
+    job_id = await submit(client, prompt="Hi", max_tokens=4)
+    await wait_for_status(client, job_id, {"completed"})
+    retention = system.settings.retention_seconds
+    for key in (system.keys.job(job_id), system.keys.stream(job_id)):
+        assert 0 < await redis_client.ttl(key) <= retention

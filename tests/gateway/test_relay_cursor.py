@@ -1,0 +1,69 @@
+"""Client cursors are checked before they reach Redis; stream entries know the state they move a job into."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from gateway.relay import START, Entry, parse_cursor
+from shared.errors import InvalidRequest
+from shared.events import JobState
+
+MAX_ID = "18446744073709551615"  # Redis stream ids are two unsigned 64-bit integers
+
+
+@pytest.mark.parametrize("cursor", ["0", "0-0", "1700000000000-0", "1700000000000-15", f"{MAX_ID}-{MAX_ID}"])
+def test_a_stream_id_is_a_valid_cursor(cursor: str) -> None:
+    assert parse_cursor(cursor) == cursor
+
+
+@pytest.mark.parametrize("cursor", [None, ""])
+def test_no_cursor_means_from_the_start(cursor: str | None) -> None:
+    assert parse_cursor(cursor) == START == "0-0"
+
+
+@pytest.mark.parametrize(
+    "cursor", ["abc", "$", ">", "+", "-", "-1", "1-", "-1-0", "1-2-3", "1.5", " 1-0", "1-0 ", "1_0", "0x10"]
+)
+def test_garbage_cursor_is_an_invalid_request(cursor: str) -> None:
+    with pytest.raises(InvalidRequest):
+        parse_cursor(cursor)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="bug: CURSOR uses re.match with '$' and '\\d', so a trailing newline, non-ASCII digits and "
+    "numbers above 2**64-1 pass, and Redis then rejects them (500 instead of 422)",
+)
+@pytest.mark.parametrize("cursor", ["1-0\n", "\u0661\u0662-0", "99999999999999999999-0"])
+def test_cursor_redis_would_reject_is_an_invalid_request(cursor: str) -> None:
+    with pytest.raises(InvalidRequest):
+        parse_cursor(cursor)
+
+
+def entry(event_type: str, **data: object) -> Entry:
+    return Entry("1-0", event_type, json.dumps({"type": event_type, "seq": 0, **data}))
+
+
+@pytest.mark.parametrize(
+    ("event", "state", "terminal"),
+    [
+        (entry("status", state="queued"), JobState.queued, False),
+        (entry("status", state="running"), JobState.running, False),
+        (entry("delta", text="a", token_ids=[1]), None, False),
+        (entry("done", finish_reason="stop"), JobState.completed, True),
+        (entry("cancelled"), JobState.cancelled, True),
+        (entry("error", message="m", code="c"), JobState.failed, True),
+    ],
+)
+def test_entry_knows_the_state_it_moves_the_job_into(
+    event: Entry, state: JobState | None, terminal: bool
+) -> None:
+    assert event.state is state
+    assert event.terminal is terminal
+
+
+def test_entry_as_dict_puts_the_stream_id_beside_the_event() -> None:
+    event = Entry("5-1", "delta", '{"type": "delta", "seq": 3}')
+    assert event.as_dict() == {"id": "5-1", "type": "delta", "seq": 3}
