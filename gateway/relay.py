@@ -15,7 +15,8 @@ from shared.events import TERMINAL_EVENT_TYPES, JobState
 from shared.keys import Keys
 from shared.redis_client import redis_errors
 
-CURSOR = re.compile(r"^\d{1,20}(-\d{1,20})?$")
+CURSOR = re.compile(r"[0-9]{1,20}(-[0-9]{1,20})?")
+MAX_ID_PART = 2**64 - 1
 START = "0-0"
 READ_BATCH = 512
 FOLLOW_BLOCK_MS = 5000
@@ -64,7 +65,7 @@ def parse_cursor(cursor: str | None) -> str:
     """A client's cursor (a stream id; none means the start), checked before it reaches Redis."""
     if cursor is None or cursor == "":
         return START
-    if not CURSOR.match(cursor):
+    if not CURSOR.fullmatch(cursor) or max(_id_tuple(cursor)) > MAX_ID_PART:
         raise InvalidRequest(f"cursor {cursor!r} is not a stream id like '1700000000000-0'")
     return cursor
 

@@ -19,7 +19,7 @@ from arq.jobs import serialize_job
 
 from shared.config import Settings
 from shared.errors import JobNotFound, Overloaded
-from shared.events import CancelledEvent, JobState, StatusEvent, Usage
+from shared.events import CancelledEvent, Event, JobState, StatusEvent, Usage
 from shared.keys import Keys
 from shared.redis_client import redis_errors
 from shared.requests import CancelAnswer, JobOutput, JobRecord, JobRequest
@@ -39,6 +39,7 @@ if limit > 0 then
   if depth >= limit then return {'overloaded', tostring(depth)} end
 end
 redis.call('HSET', KEYS[1], 'id', ARGV[1], 'status', 'queued', 'created_at', ARGV[2], 'request', ARGV[3])
+if KEYS[3] ~= '' then redis.call('HSET', KEYS[1], 'idempotency_key', KEYS[3]) end
 redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[8], '*', 'type', 'status', 'data', ARGV[4])
 redis.call('EXPIRE', KEYS[1], ARGV[6])
 redis.call('EXPIRE', KEYS[2], ARGV[6])
@@ -48,28 +49,45 @@ if KEYS[3] ~= '' then redis.call('SET', KEYS[3], ARGV[1], 'EX', ARGV[6]) end
 return {'created', ARGV[1], 'queued', ARGV[2]}
 """
 
-# KEYS: record, stream ; ARGV: worker, model, started_at, running event, maxlen
+# KEYS: record, stream, queue ; ARGV: worker, model, started_at, running event, maxlen, id
+# The job leaves arq's queue set as it starts, so that the set holds only waiting jobs
+# (arq checked it before calling us, and with one try it never looks again).
 START_LUA = """
 local status = redis.call('HGET', KEYS[1], 'status')
-if status ~= 'queued' then return {status or 'missing', ''} end
+if status ~= 'queued' then return {'refused', status or 'missing'} end
 redis.call('HSET', KEYS[1], 'status', 'running', 'worker', ARGV[1], 'model', ARGV[2], 'started_at', ARGV[3])
 redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[5], '*', 'type', 'status', 'data', ARGV[4])
+redis.call('ZREM', KEYS[3], ARGV[6])
 return {'running', redis.call('HGET', KEYS[1], 'request')}
 """
 
-# KEYS: record, stream, cancel ; ARGV: from state, final state, event type, event, maxlen, retention,
-# then field/value pairs for the record
-FINISH_LUA = """
+# Once a job ends, every key it made expires after the retention period. The idempotency
+# key's name is read from the record: single-instance Redis, not Redis Cluster.
+EXPIRE_JOB_LUA = """
+local function expire_job(retention)
+  for i = 1, 3 do redis.call('EXPIRE', KEYS[i], retention) end
+  local idempotency = redis.call('HGET', KEYS[1], 'idempotency_key')
+  if idempotency then redis.call('EXPIRE', idempotency, retention) end
+end
+"""
+
+# KEYS: record, stream, cancel ; ARGV: final state, maxlen, retention, number of events n,
+# then n (type, data) pairs with the terminal event last, then field/value pairs for the record.
+# A job that is no longer running is left as it is: nothing is appended.
+FINISH_LUA = EXPIRE_JOB_LUA + """
 local status = redis.call('HGET', KEYS[1], 'status')
-if status ~= ARGV[1] then return status or 'missing' end
-redis.call('HSET', KEYS[1], 'status', ARGV[2], unpack(ARGV, 7))
-redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[5], '*', 'type', ARGV[3], 'data', ARGV[4])
-for i = 1, 3 do redis.call('EXPIRE', KEYS[i], ARGV[6]) end
-return ARGV[2]
+if status ~= 'running' then return status or 'missing' end
+local events = tonumber(ARGV[4])
+for i = 0, events - 1 do
+  redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[2], '*', 'type', ARGV[5 + 2 * i], 'data', ARGV[6 + 2 * i])
+end
+redis.call('HSET', KEYS[1], 'status', ARGV[1], unpack(ARGV, 5 + 2 * events))
+expire_job(ARGV[3])
+return ARGV[1]
 """
 
 # KEYS: record, stream, cancel, queue, arq job ; ARGV: id, now, cancelled event, maxlen, retention, lifetime
-CANCEL_LUA = """
+CANCEL_LUA = EXPIRE_JOB_LUA + """
 local status = redis.call('HGET', KEYS[1], 'status')
 if not status then return 'missing' end
 if status == 'queued' then
@@ -78,7 +96,7 @@ if status == 'queued' then
   redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[4], '*', 'type', 'cancelled', 'data', ARGV[3])
   redis.call('ZREM', KEYS[4], ARGV[1])
   redis.call('DEL', KEYS[5])
-  for i = 1, 2 do redis.call('EXPIRE', KEYS[i], ARGV[5]) end
+  expire_job(ARGV[5])
   return 'cancelled_queued'
 end
 if status == 'running' then
@@ -184,24 +202,24 @@ class JobStore:
     async def start(self, job_id: str, worker_id: str, model: str) -> JobRequest | None:
         """Move a queued job to running; None when it is no longer queued (cancelled meanwhile)."""
         running = StatusEvent(seq=1, state=JobState.running).model_dump_json()
-        state, request = await self._start(
-            keys=[self.keys.job(job_id), self.keys.stream(job_id)],
-            args=[worker_id, model, repr(time.time()), running, self.settings.stream_maxlen],
-        )
-        if state != "running":
+        with redis_errors():
+            verdict, value = await self._start(
+                keys=[self.keys.job(job_id), self.keys.stream(job_id), self.keys.queue],
+                args=[worker_id, model, repr(time.time()), running, self.settings.stream_maxlen, job_id],
+            )
+        if verdict != "running":
             return None
-        return JobRequest.model_validate_json(request)
+        return JobRequest.model_validate_json(value)
 
-    def finish_command(self, job_id: str, outcome: Outcome, event_type: str, event: str) -> tuple[Any, ...]:
-        """Arguments of an EVAL that ends a running job, for the worker's per-step pipeline."""
+    def finish_command(self, job_id: str, events: list[Event], outcome: Outcome) -> tuple[Any, ...]:
+        """An EVAL that appends the last events (terminal last) and ends a running job, atomically."""
         keys = self.keys.job_keys(job_id)
         args = [
-            JobState.running.value,
             outcome.state.value,
-            event_type,
-            event,
             self.settings.stream_maxlen,
             self.settings.retention_seconds,
+            len(events),
+            *(part for event in events for part in (event.type, event.model_dump_json())),
             *outcome.record_fields(time.time()),
         ]
         return (FINISH_LUA, len(keys), *keys, *args)

@@ -13,7 +13,7 @@ from urllib.parse import urlparse
 import httpx
 import redis
 
-from shared.config import Settings
+from shared.config import DEFAULT_MODEL_DIR, Settings
 
 HEALTH_TIMEOUT_SECONDS = 300
 LOCAL_HOSTS = {"127.0.0.1", "localhost", "::1"}
@@ -84,9 +84,12 @@ def _stop(processes: list[subprocess.Popen[bytes]]) -> None:
 
 
 def run_all(settings: Settings) -> int:
-    from worker.model_prep import prepare_model
+    if settings.model == DEFAULT_MODEL_DIR:
+        from worker.model_prep import prepare_model
 
-    prepare_model(settings.model)
+        prepare_model(settings.model)
+    elif not settings.model.is_dir():
+        raise SystemExit(f"model folder {settings.model} does not exist")
     redis_server = None if _redis_answers(settings.redis_url) else _start_redis(settings.redis_url)
     env = child_environment(settings)
     command = [sys.executable, "-m", "shared.cli"]

@@ -9,6 +9,10 @@ from worker.engine import EngineDelta
 class Chunker:
     """Holds back tokens until `stream_step` of them are ready, then emits one `delta` event.
 
+    Like TensorRT-LLM's `streaming_step`, a delta carries at least `stream_step` tokens
+    (the last may carry fewer): when one engine output brings several tokens at once,
+    they stay together, since their text cannot be split token by token.
+
     Every token the engine produced ends up in exactly one delta event before the
     terminal event, so the stream always adds up to the job's output and usage.
     """

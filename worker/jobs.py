@@ -6,7 +6,7 @@ import asyncio
 import logging
 from typing import Any
 
-from shared.errors import EngineError
+from shared.errors import EngineError, PromptTooLong, StreampoolError
 from shared.events import Event, JobState
 from shared.jobstore import JobStore, Outcome
 from shared.logs import job_context
@@ -45,18 +45,11 @@ class JobRunner:
     async def _run_started(self, job_id: str, request: JobRequest) -> None:
         prompt = self.engine.render(request)
         chunker = Chunker(request.stream_step, len(prompt.token_ids), FIRST_WORKER_SEQ)
-        budget = self.engine.max_model_len - request.max_tokens
         log.info("running: %d prompt tokens, max_tokens %d", len(prompt.token_ids), request.max_tokens)
-        if len(prompt.token_ids) > budget:
-            message = (
-                f"prompt has {len(prompt.token_ids)} tokens; the context of {self.engine.max_model_len} "
-                f"minus max_tokens {request.max_tokens} leaves room for {max(budget, 0)}"
-            )
-            await self._fail(job_id, chunker, message, "prompt_too_long")
-            return
         try:
+            self._check_fits(prompt)
             await self._generate(job_id, prompt, chunker)
-        except EngineError as exc:
+        except StreampoolError as exc:
             await self._fail(job_id, chunker, exc.message, exc.error_type)
         except asyncio.CancelledError:
             # arq cancels the job on timeout or shutdown: the stream still gets its terminal event.
@@ -65,6 +58,14 @@ class JobRunner:
         except Exception as exc:
             log.exception("job crashed")
             await self._fail(job_id, chunker, f"internal error: {exc!r}", "internal")
+
+    def _check_fits(self, prompt: Prompt) -> None:
+        budget = self.engine.max_model_len - prompt.request.max_tokens
+        if len(prompt.token_ids) > budget:
+            raise PromptTooLong(
+                f"prompt has {len(prompt.token_ids)} tokens; the context of {self.engine.max_model_len} "
+                f"minus max_tokens {prompt.request.max_tokens} leaves room for {max(budget, 0)}"
+            )
 
     async def _generate(self, job_id: str, prompt: Prompt, chunker: Chunker) -> None:
         deltas = self.engine.generate(job_id, prompt)

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import redis.asyncio as aioredis
+from redis.asyncio.client import Pipeline
 
 from shared.events import Event
 from shared.jobstore import JobStore, Outcome
@@ -20,10 +21,16 @@ from shared.jobstore import JobStore, Outcome
 
 @dataclass
 class _Step:
+    """One job's share of a round trip: appends and a cancel check, or one EVAL that ends the job."""
+
     job_id: str
     events: list[Event]
     finish: tuple[Any, ...] | None
     answer: asyncio.Future[Any] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+
+    @property
+    def commands(self) -> int:
+        return 1 if self.finish is not None else len(self.events) + 1
 
 
 class Publisher:
@@ -42,9 +49,8 @@ class Publisher:
 
     async def finish(self, job_id: str, events: list[Event], outcome: Outcome) -> str:
         """Append the last events, the terminal one last, and end the job; answers the record's state."""
-        *body, terminal = events
-        command = self.store.finish_command(job_id, outcome, terminal.type, terminal.model_dump_json())
-        return str(await self._submit(_Step(job_id, body, command)))
+        command = self.store.finish_command(job_id, events, outcome)
+        return str(await self._submit(_Step(job_id, [], command)))
 
     async def _submit(self, step: _Step) -> Any:
         self._pending.append(step)
@@ -57,30 +63,29 @@ class Publisher:
             batch, self._pending = self._pending, []
             pipe = self.redis.pipeline(transaction=False)
             for step in batch:
-                stream = self.keys.stream(step.job_id)
-                for event in step.events:
-                    pipe.xadd(
-                        stream,
-                        {"type": event.type, "data": event.model_dump_json()},
-                        maxlen=self.maxlen,
-                        approximate=True,
-                    )
-                if step.finish is None:
-                    pipe.exists(self.keys.cancel(step.job_id))
-                else:
-                    pipe.execute_command("EVAL", *step.finish)
+                self._queue_commands(pipe, step)
             try:
-                results = await pipe.execute()
-            except Exception as exc:  # every waiting job learns of the failure
-                for step in batch:
-                    if not step.answer.done():
-                        step.answer.set_exception(exc)
-                continue
-            finally:
-                self.round_trips += 1
+                results = await pipe.execute(raise_on_error=False)
+            except Exception as exc:  # the round trip itself failed: every waiting job learns of it
+                results = [exc] * sum(step.commands for step in batch)
+            self.round_trips += 1
             position = 0
             for step in batch:
-                position += len(step.events)
-                if not step.answer.done():
-                    step.answer.set_result(results[position])
-                position += 1
+                mine = results[position : position + step.commands]
+                position += step.commands
+                if step.answer.done():
+                    continue
+                failure = next((item for item in mine if isinstance(item, Exception)), None)
+                if failure is not None:
+                    step.answer.set_exception(failure)
+                else:
+                    step.answer.set_result(mine[-1])
+
+    def _queue_commands(self, pipe: Pipeline, step: _Step) -> None:
+        if step.finish is not None:
+            pipe.execute_command("EVAL", *step.finish)
+            return
+        stream = self.keys.stream(step.job_id)
+        for event in step.events:
+            pipe.xadd(stream, {"type": event.type, "data": event.model_dump_json()}, maxlen=self.maxlen, approximate=True)
+        pipe.exists(self.keys.cancel(step.job_id))

@@ -108,9 +108,9 @@ class VllmEngine:
         params = self._sampling_params(prompt.request)
         wanted = prompt.request.logprobs or 0
         try:
-            async for output in self._llm.generate(
-                TokensPrompt(prompt_token_ids=prompt.token_ids), params, request_id
-            ):
+            # Already tokenized (usage must be exact), so the renderer only packs the ids for the engine.
+            (engine_input,) = self._llm.renderer.render_cmpl([TokensPrompt(prompt_token_ids=prompt.token_ids)])
+            async for output in self._llm.generate(engine_input, params, request_id):
                 completion = output.outputs[0]
                 token_ids = list(completion.token_ids)
                 yield EngineDelta(

@@ -11,7 +11,7 @@ from fastapi.responses import JSONResponse
 from gateway.deps import ServicesDep
 from gateway.relay import parse_cursor
 from gateway.sse import event_stream
-from shared.errors import InvalidRequest
+from shared.errors import InvalidRequest, Overloaded
 from shared.requests import CancelAnswer, EventsPage, JobAccepted, JobRecord, JobRequest, JobUrls
 
 log = logging.getLogger(__name__)
@@ -39,7 +39,11 @@ async def submit_job(
             f"max_tokens: must be at most {services.settings.max_tokens_limit}",
             detail=[{"loc": ["body", "max_tokens"], "type": "less_than_equal", "input": body.max_tokens}],
         )
-    submission = await services.store.submit(body, idempotency_key)
+    try:
+        submission = await services.store.submit(body, idempotency_key)
+    except Overloaded:
+        services.metrics.jobs_rejected.labels(reason="overloaded").inc()
+        raise
     job_id = submission.job_id
     if submission.created:
         services.metrics.jobs_submitted.inc()

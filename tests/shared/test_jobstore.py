@@ -9,7 +9,6 @@ from collections.abc import AsyncIterator
 import pytest
 import redis.asyncio as aioredis
 from arq.jobs import deserialize_job
-from pydantic import ValidationError
 
 from shared.errors import JobNotFound, Overloaded
 from shared.events import JobState
@@ -153,12 +152,6 @@ async def test_start_moves_a_queued_job_to_running_and_returns_its_request(store
     assert await stream_types(store, job_id) == ["status", "status"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=ValidationError,
-    reason="bug: START_LUA answers {'running', ''} for a job already running, so JobStore.start "
-    "takes it for a successful start and fails parsing '' as the request",
-)
 async def test_start_of_running_job_returns_none(store: JobStore) -> None:
     job_id = (await store.submit(REQUEST)).job_id
     await store.start(job_id, "worker-1", "smol")
@@ -196,12 +189,6 @@ async def test_record_of_queued_job_has_a_queue_position(store: JobStore) -> Non
     assert (await store.record(second)).queue_position == 0
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="bug: arq keeps a running job in the queue zset until it finishes, so ZRANK (and the ZCARD "
-    "behind max_queued_jobs) counts running jobs as if they were waiting",
-)
 async def test_queue_position_counts_only_jobs_waiting_ahead(store: JobStore) -> None:
     running = (await store.submit(REQUEST)).job_id
     await store.start(running, "worker-1", "smol")
@@ -209,12 +196,6 @@ async def test_queue_position_counts_only_jobs_waiting_ahead(store: JobStore) ->
     assert (await store.record(queued)).queue_position == 0
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="bug: the idempotency key keeps the job's lifetime TTL when the job ends, so it outlives the "
-    "record and a replay after the retention period raises JobNotFound (404 on a POST)",
-)
 async def test_idempotency_key_expires_with_the_ended_job(store: JobStore) -> None:
     job_id = (await store.submit(REQUEST, idempotency_key="k")).job_id
     await store.cancel(job_id)

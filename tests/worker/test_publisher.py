@@ -144,12 +144,6 @@ async def test_finish_of_a_cancelled_queued_job_writes_no_terminal_state(
     assert [event.type for event in await stream_events(store, job_id)] == ["status", "cancelled"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="bug: Publisher appends a finish's body events outside FINISH_LUA, so they land even when "
-    "the script refuses, after the stream's terminal event (for an expired record: a stream with no TTL)",
-)
 async def test_refused_finish_appends_nothing_after_the_terminal_event(
     store: JobStore, publisher: Publisher
 ) -> None:
