@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 EXTRA ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && echo gpu || echo cpu)
 INSTALLED := $(VENV)/.installed-$(EXTRA)
 
-.PHONY: setup run test model clean
+.PHONY: setup run test lint model clean
 
 $(INSTALLED): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -31,6 +31,11 @@ run: setup
 
 test: setup
 	$(BIN)/pytest
+
+lint: $(INSTALLED)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy shared gateway worker
 
 clean:
 	rm -rf $(VENV) *.egg-info

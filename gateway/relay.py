@@ -100,7 +100,9 @@ class Relay:
             return []
         return [Entry(entry_id, fields["type"], fields["data"]) for entry_id, fields in reply[0][1]]
 
-    async def page(self, job_id: str, cursor: str, limit: int, wait: float) -> tuple[list[Entry], JobState, bool]:
+    async def page(
+        self, job_id: str, cursor: str, limit: int, wait: float
+    ) -> tuple[list[Entry], JobState, bool]:
         """Up to `limit` entries after `cursor` (waiting up to `wait` s for one), the state, and done.
 
         The state is read before the entries: a job already ended has its terminal event
@@ -116,7 +118,7 @@ class Relay:
 
     async def _status(self, job_id: str) -> JobState:
         with redis_errors():
-            status = await self.redis.hget(self.keys.job(job_id), "status")
+            status = await self.redis.hget(self.keys.job(job_id), "status")  # type: ignore[misc]
         if status is None:
             raise JobNotFound(f"no job {job_id}")
         return JobState(status)

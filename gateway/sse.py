@@ -26,5 +26,7 @@ async def _frames(entries: AsyncIterator[Entry], metrics: GatewayMetrics) -> Asy
         metrics.streams_open.dec()
 
 
-def event_stream(entries: AsyncIterator[Entry], metrics: GatewayMetrics, ping_seconds: float) -> EventSourceResponse:
+def event_stream(
+    entries: AsyncIterator[Entry], metrics: GatewayMetrics, ping_seconds: float
+) -> EventSourceResponse:
     return EventSourceResponse(_frames(entries, metrics), ping=ping_seconds)

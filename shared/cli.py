@@ -18,7 +18,9 @@ def _add_setting_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def settings_from(args: argparse.Namespace) -> Settings:
-    overrides = {name: getattr(args, name) for name in Settings.model_fields if getattr(args, name) is not None}
+    overrides = {
+        name: getattr(args, name) for name in Settings.model_fields if getattr(args, name) is not None
+    }
     return Settings(**overrides)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -24,17 +25,25 @@ class Settings(BaseSettings):
     # Gateway
     host: str = Field("0.0.0.0", description="gateway listen address")
     port: int = Field(8000, ge=1, le=65535, description="gateway listen port")
-    max_queued_jobs: int = Field(10_000, ge=0, description="queue length past which submissions get 429 (0: no limit)")
+    max_queued_jobs: int = Field(
+        10_000, ge=0, description="queue length past which submissions get 429 (0: no limit)"
+    )
     max_tokens_limit: int = Field(2048, ge=1, description="highest max_tokens a request may ask for")
     poll_wait_max: float = Field(30.0, ge=0, description="longest a long-poll request may wait, seconds")
     sse_ping_seconds: float = Field(15.0, gt=0, description="keep-alive comment interval on idle SSE streams")
 
     # Worker
     model: Path = Field(DEFAULT_MODEL_DIR, description="model folder the worker serves")
-    served_model_name: str | None = Field(None, description="model id shown to clients (default: folder name)")
+    served_model_name: str | None = Field(
+        None, description="model id shown to clients (default: folder name)"
+    )
     max_model_len: int = Field(2048, ge=16, description="context length: prompt plus generated tokens")
-    dtype: str = Field("auto", description="weights dtype passed to vLLM")
-    enforce_eager: bool | None = Field(None, description="disable CUDA graphs / compilation (default: on CPU only)")
+    dtype: Literal["auto", "half", "float16", "bfloat16", "float", "float32"] = Field(
+        "auto", description="weights dtype passed to vLLM"
+    )
+    enforce_eager: bool | None = Field(
+        None, description="disable CUDA graphs / compilation (default: on CPU only)"
+    )
     gpu_memory_utilization: float | None = Field(
         None, gt=0, le=1, description="vLLM memory share (default: vLLM's on GPU, 0.3 on CPU)"
     )

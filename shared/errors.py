@@ -1,13 +1,13 @@
 """The one exception tree of streampool; the gateway turns each into an HTTP answer in one place.
 
-    StreampoolError
-    ├── InvalidRequest        422 validation
-    ├── JobNotFound           404 not_found
-    ├── CursorExpired         410 cursor_expired
-    ├── PromptTooLong         413 prompt_too_long
-    ├── Overloaded            429 overloaded
-    ├── BackendUnavailable    503 unavailable (Redis unreachable, no worker)
-    └── EngineError           a generation failed inside the engine (worker side)
+StreampoolError
+├── InvalidRequest        422 validation
+├── JobNotFound           404 not_found
+├── CursorExpired         410 cursor_expired
+├── PromptTooLong         413 prompt_too_long
+├── Overloaded            429 overloaded
+├── BackendUnavailable    503 unavailable (Redis unreachable, no worker)
+└── EngineError           a generation failed inside the engine (worker side)
 """
 
 from __future__ import annotations

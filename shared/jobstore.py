@@ -74,7 +74,9 @@ end
 # KEYS: record, stream, cancel ; ARGV: final state, maxlen, retention, number of events n,
 # then n (type, data) pairs with the terminal event last, then field/value pairs for the record.
 # A job that is no longer running is left as it is: nothing is appended.
-FINISH_LUA = EXPIRE_JOB_LUA + """
+FINISH_LUA = (
+    EXPIRE_JOB_LUA
+    + """
 local status = redis.call('HGET', KEYS[1], 'status')
 if status ~= 'running' then return status or 'missing' end
 local events = tonumber(ARGV[4])
@@ -85,9 +87,12 @@ redis.call('HSET', KEYS[1], 'status', ARGV[1], unpack(ARGV, 5 + 2 * events))
 expire_job(ARGV[3])
 return ARGV[1]
 """
+)
 
 # KEYS: record, stream, cancel, queue, arq job ; ARGV: id, now, cancelled event, maxlen, retention, lifetime
-CANCEL_LUA = EXPIRE_JOB_LUA + """
+CANCEL_LUA = (
+    EXPIRE_JOB_LUA
+    + """
 local status = redis.call('HGET', KEYS[1], 'status')
 if not status then return 'missing' end
 if status == 'queued' then
@@ -104,6 +109,7 @@ if status == 'running' then
 end
 return status
 """
+)
 
 
 def _timestamp(value: str) -> datetime:
@@ -187,14 +193,16 @@ class JobStore:
         with redis_errors():
             verdict, *values = await self._submit(keys=keys, args=args)
         if verdict == "overloaded":
-            raise Overloaded(f"the queue holds {values[0]} jobs, its limit is {self.settings.max_queued_jobs}")
+            raise Overloaded(
+                f"the queue holds {values[0]} jobs, its limit is {self.settings.max_queued_jobs}"
+            )
         if verdict == "created":
             job_id, status, created_at = values
             return Submission(job_id, True, JobState(status), _timestamp(created_at))
         # Replayed: the job an earlier request with this key made.
         job_id = values[0]
         with redis_errors():
-            status, created_at = await self.redis.hmget(self.keys.job(job_id), ["status", "created_at"])
+            status, created_at = await self.redis.hmget(self.keys.job(job_id), ["status", "created_at"])  # type: ignore[misc]
         if status is None:
             raise JobNotFound(f"job {job_id} of this idempotency key has expired")
         return Submission(job_id, False, JobState(status), _timestamp(created_at))
@@ -231,7 +239,7 @@ class JobStore:
         """
         event = CancelledEvent(seq=1, usage=Usage(prompt_tokens=0, completion_tokens=0)).model_dump_json()
         keys = [*self.keys.job_keys(job_id), self.keys.queue, self.keys.arq_job(job_id)]
-        args = [
+        args: list[str | int] = [
             job_id,
             repr(time.time()),
             event,
@@ -249,11 +257,13 @@ class JobStore:
         if state is JobState.running:
             message = "cancel requested; the stream ends with 'cancelled'"
             return CancelAnswer(id=job_id, status=state, message=message), True
-        return CancelAnswer(id=job_id, status=state, message=f"job already {state.value}; nothing changed"), False
+        return CancelAnswer(
+            id=job_id, status=state, message=f"job already {state.value}; nothing changed"
+        ), False
 
     async def status(self, job_id: str) -> JobState:
         with redis_errors():
-            state = await self.redis.hget(self.keys.job(job_id), "status")
+            state = await self.redis.hget(self.keys.job(job_id), "status")  # type: ignore[misc]
         if state is None:
             raise JobNotFound(f"no job {job_id}")
         return JobState(state)

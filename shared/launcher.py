@@ -40,7 +40,9 @@ def _start_redis(url: str) -> subprocess.Popen[bytes] | None:
         )
     port = str(parsed.port or 6379)
     print(f"streampool: no Redis at {url}; starting redis-server on port {port}", flush=True)
-    process = subprocess.Popen([server, "--port", port, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+    process = subprocess.Popen(
+        [server, "--port", port, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+    )
     for _ in range(100):
         if _redis_answers(url):
             return process
@@ -106,7 +108,7 @@ def run_all(settings: Settings) -> int:
         print(
             f"\nstreampool is up at {base_url}  (Ctrl-C stops everything)\n"
             f"  curl -N -X POST {base_url}/v1/jobs -H 'Content-Type: application/json' \\\n"
-            "       -d '{\"prompt\": \"The capital of France is\", \"max_tokens\": 32}'\n"
+            '       -d \'{"prompt": "The capital of France is", "max_tokens": 32}\'\n'
             f"  curl -N {base_url}/v1/jobs/<id>/events -H 'Accept: text/event-stream'\n",
             flush=True,
         )

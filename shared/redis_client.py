@@ -14,7 +14,8 @@ from shared.errors import BackendUnavailable
 
 def connect(url: str) -> aioredis.Redis:
     """A pooled client that answers `str`; connections are made lazily and re-made after an outage."""
-    return aioredis.Redis.from_url(url, decode_responses=True, health_check_interval=30)
+    client: aioredis.Redis = aioredis.Redis.from_url(url, decode_responses=True, health_check_interval=30)
+    return client
 
 
 @contextmanager

@@ -28,6 +28,9 @@ async def read_sse(
     async with aconnect_sse(client, "GET", f"/v1/jobs/{job_id}/events", headers=headers) as source:
         assert source.response.status_code == 200, await source.response.aread()
         async for sse in source.aiter_sse():
+            if not sse.data:
+                # A keep-alive comment: httpx-sse reports it as an empty event once an id was seen.
+                continue
             event = json.loads(sse.data)
             assert sse.event == event["type"]
             events.append((sse.id, event))
@@ -40,7 +43,9 @@ async def poll_all(client: httpx.AsyncClient, job_id: str, limit: int = 100) -> 
     """Every event of a job by long-polling page after page until `done`."""
     cursor, events = "", []
     while True:
-        answer = await client.get(f"/v1/jobs/{job_id}/events", params={"after": cursor, "wait": 5, "limit": limit})
+        answer = await client.get(
+            f"/v1/jobs/{job_id}/events", params={"after": cursor, "wait": 5, "limit": limit}
+        )
         assert answer.status_code == 200, answer.text
         page = answer.json()
         events.extend(page["events"])
@@ -49,7 +54,9 @@ async def poll_all(client: httpx.AsyncClient, job_id: str, limit: int = 100) -> 
             return events
 
 
-async def wait_for_status(client: httpx.AsyncClient, job_id: str, states: set[str], timeout: float = 120) -> dict[str, Any]:
+async def wait_for_status(
+    client: httpx.AsyncClient, job_id: str, states: set[str], timeout: float = 120
+) -> dict[str, Any]:
     deadline = asyncio.get_running_loop().time() + timeout
     while True:
         record: dict[str, Any] = (await client.get(f"/v1/jobs/{job_id}")).json()

@@ -25,12 +25,18 @@ def test_flags_map_to_settings_fields(monkeypatch: pytest.MonkeyPatch) -> None:
     settings = run_cli(
         monkeypatch,
         "gateway",
-        "--redis-url", "redis://example.invalid:6380/2",
-        "--port", "9000",
-        "--enforce-eager", "true",
-        "--model", "/models/tiny",
-        "--max-queued-jobs", "7",
-        "--poll-wait-max", "2.5",
+        "--redis-url",
+        "redis://example.invalid:6380/2",
+        "--port",
+        "9000",
+        "--enforce-eager",
+        "true",
+        "--model",
+        "/models/tiny",
+        "--max-queued-jobs",
+        "7",
+        "--poll-wait-max",
+        "2.5",
     )
     assert settings.redis_url == "redis://example.invalid:6380/2"
     assert settings.port == 9000

@@ -51,11 +51,18 @@ def build_worker(settings: Settings) -> Worker:
                 pid=os.getpid(),
             )
 
-        heartbeat = Heartbeat(redis, keys, describe, settings.heartbeat_seconds, settings.heartbeat_ttl_seconds)
+        heartbeat = Heartbeat(
+            redis, keys, describe, settings.heartbeat_seconds, settings.heartbeat_ttl_seconds
+        )
         await heartbeat.beat()
         heartbeat.start()
         ctx.update(engine=engine, redis_client=redis, runner=runner, heartbeat=heartbeat)
-        log.info("worker %s ready: model %s, up to %d jobs at once", worker_id, engine.model_name, settings.worker_max_jobs)
+        log.info(
+            "worker %s ready: model %s, up to %d jobs at once",
+            worker_id,
+            engine.model_name,
+            settings.worker_max_jobs,
+        )
 
     async def shutdown(ctx: dict[str, Any]) -> None:
         if "heartbeat" in ctx:

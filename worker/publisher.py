@@ -87,5 +87,10 @@ class Publisher:
             return
         stream = self.keys.stream(step.job_id)
         for event in step.events:
-            pipe.xadd(stream, {"type": event.type, "data": event.model_dump_json()}, maxlen=self.maxlen, approximate=True)
+            pipe.xadd(
+                stream,
+                {"type": event.type, "data": event.model_dump_json()},
+                maxlen=self.maxlen,
+                approximate=True,
+            )
         pipe.exists(self.keys.cancel(step.job_id))

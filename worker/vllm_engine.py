@@ -49,11 +49,15 @@ def engine_args(settings: Settings) -> AsyncEngineArgs:
     )
 
 
-def _logprobs(token_ids: list[int], logprobs: SampleLogprobs | None, wanted: int) -> list[TokenLogprob] | None:
+def _logprobs(
+    token_ids: list[int], logprobs: SampleLogprobs | None, wanted: int
+) -> list[TokenLogprob] | None:
     if logprobs is None:
         return None
     result = []
-    for token_id, alternatives in zip(token_ids, logprobs):
+    for token_id, alternatives in zip(token_ids, logprobs, strict=True):
+        if alternatives is None:
+            return None
         chosen = alternatives[token_id]
         top = sorted(
             (item for item in alternatives.items() if item[1].rank is not None and item[1].rank <= wanted),
@@ -65,7 +69,8 @@ def _logprobs(token_ids: list[int], logprobs: SampleLogprobs | None, wanted: int
                 token=chosen.decoded_token or "",
                 logprob=chosen.logprob,
                 top_logprobs=[
-                    TopLogprob(token_id=tid, token=lp.decoded_token or "", logprob=lp.logprob) for tid, lp in top
+                    TopLogprob(token_id=tid, token=lp.decoded_token or "", logprob=lp.logprob)
+                    for tid, lp in top
                 ],
             )
         )
@@ -79,16 +84,19 @@ class VllmEngine:
         self.model_name = settings.model_name
         self.max_model_len = settings.max_model_len
         self._llm = AsyncLLM.from_engine_args(engine_args(settings))
-        self._tokenizer = self._llm.tokenizer
+        tokenizer = self._llm.tokenizer
+        if tokenizer is None:
+            raise EngineError(f"{settings.model} has no tokenizer; streampool renders prompts with it")
+        self._tokenizer = tokenizer
 
     def render(self, request: JobRequest) -> Prompt:
         if request.messages is not None:
             text = self._tokenizer.apply_chat_template(
                 [m.model_dump() for m in request.messages], add_generation_prompt=True, tokenize=False
             )
-            ids = self._tokenizer.encode(text, add_special_tokens=False)
+            ids = self._tokenizer.encode(str(text), add_special_tokens=False)
         else:
-            ids = self._tokenizer.encode(request.prompt)
+            ids = self._tokenizer.encode(request.prompt or "")
         return Prompt(token_ids=list(ids), request=request)
 
     @staticmethod
@@ -109,7 +117,9 @@ class VllmEngine:
         wanted = prompt.request.logprobs or 0
         try:
             # Already tokenized (usage must be exact), so the renderer only packs the ids for the engine.
-            (engine_input,) = self._llm.renderer.render_cmpl([TokensPrompt(prompt_token_ids=prompt.token_ids)])
+            (engine_input,) = self._llm.renderer.render_cmpl(
+                [TokensPrompt(prompt_token_ids=prompt.token_ids)]
+            )
             async for output in self._llm.generate(engine_input, params, request_id):
                 completion = output.outputs[0]
                 token_ids = list(completion.token_ids)
@@ -127,7 +137,7 @@ class VllmEngine:
         await self._llm.abort(request_id)
 
     def running_requests(self) -> int:
-        return int(self._llm.output_processor.get_num_unfinished_requests())
+        return int(self._llm.output_processor.get_num_unfinished_requests())  # type: ignore[no-untyped-call]
 
     def shutdown(self) -> None:
         self._llm.shutdown()

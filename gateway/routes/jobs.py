@@ -51,7 +51,9 @@ async def submit_job(
     else:
         response.headers["Idempotent-Replayed"] = "true"
     response.headers["Location"] = _urls(job_id).self
-    return JobAccepted(id=job_id, status=submission.status, created_at=submission.created_at, urls=_urls(job_id))
+    return JobAccepted(
+        id=job_id, status=submission.status, created_at=submission.created_at, urls=_urls(job_id)
+    )
 
 
 @router.get("/{job_id}", response_model=JobRecord)
@@ -84,8 +86,8 @@ async def job_events(
     cursor = parse_cursor(last_event_id or after)
     if "text/event-stream" in request.headers.get("accept", ""):
         await services.relay.check(job_id, cursor)  # 404 / 410 before the stream starts
-        entries = services.relay.follow(job_id, cursor)
-        return event_stream(entries, services.metrics, services.settings.sse_ping_seconds)
+        followed = services.relay.follow(job_id, cursor)
+        return event_stream(followed, services.metrics, services.settings.sse_ping_seconds)
     wait = min(wait, services.settings.poll_wait_max)
     entries, state, done = await services.relay.page(job_id, cursor, limit, wait)
     page = EventsPage(

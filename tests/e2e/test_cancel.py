@@ -24,7 +24,9 @@ async def test_cancel_mid_generation_ends_with_cancelled_and_the_engine_stops(
     client: httpx.AsyncClient, system: System, redis_client: aioredis.Redis
 ) -> None:
     for seed in range(5):  # a sampled story rarely ends in 5 tokens; try another seed if it did
-        job_id = await submit(client, prompt="Write a very long story about a dragon.", max_tokens=1000, seed=seed)
+        job_id = await submit(
+            client, prompt="Write a very long story about a dragon.", max_tokens=1000, seed=seed
+        )
         seen = await read_sse(client, job_id, stop_after=7)  # queued, running, 5 deltas
         tokens_seen = len(streamed_token_ids([event for _, event in seen]))
         answer = await client.post(f"/v1/jobs/{job_id}/cancel")

@@ -16,7 +16,9 @@ def tokenizer(model: str) -> PreTrainedTokenizerBase:
     return AutoTokenizer.from_pretrained(model)
 
 
-async def test_streamed_text_equals_the_record_and_usage_is_exact(client: httpx.AsyncClient, system: System) -> None:
+async def test_streamed_text_equals_the_record_and_usage_is_exact(
+    client: httpx.AsyncClient, system: System
+) -> None:
     prompt = "The three primary colors are"
     job_id = await submit(client, prompt=prompt, max_tokens=24, temperature=0)
     events = [event for _, event in await read_sse(client, job_id)]
@@ -28,7 +30,11 @@ async def test_streamed_text_equals_the_record_and_usage_is_exact(client: httpx.
     assert done["type"] == "done" and done["finish_reason"] in {"stop", "length"}
     assert record["status"] == "completed"
     assert record["output"]["text"] == streamed_text(events) != ""
-    assert record["output"]["token_count"] == len(streamed_token_ids(events)) == done["usage"]["completion_tokens"]
+    assert (
+        record["output"]["token_count"]
+        == len(streamed_token_ids(events))
+        == done["usage"]["completion_tokens"]
+    )
     assert record["usage"] == done["usage"]
     assert done["usage"]["prompt_tokens"] == len(tokenizer(str(system.settings.model)).encode(prompt))
     assert record["finish_reason"] == done["finish_reason"]
@@ -49,7 +55,9 @@ async def test_chat_messages_use_the_model_chat_template(client: httpx.AsyncClie
 
 
 async def test_stream_step_coalesces_tokens_into_chunks(client: httpx.AsyncClient) -> None:
-    job_id = await submit(client, prompt="Count with me: one, two, three,", max_tokens=23, stream_step=4, temperature=0)
+    job_id = await submit(
+        client, prompt="Count with me: one, two, three,", max_tokens=23, stream_step=4, temperature=0
+    )
     events = [event for _, event in await read_sse(client, job_id)]
     sizes = [len(event["token_ids"]) for event in deltas(events)]
     assert sizes, events
@@ -80,7 +88,9 @@ async def test_logprobs_come_with_their_tokens(client: httpx.AsyncClient) -> Non
 
 
 async def test_stop_string_ends_generation(client: httpx.AsyncClient) -> None:
-    job_id = await submit(client, prompt="List: apple, banana, cherry, date,", max_tokens=40, temperature=0, stop=",")
+    job_id = await submit(
+        client, prompt="List: apple, banana, cherry, date,", max_tokens=40, temperature=0, stop=","
+    )
     record = await wait_for_status(client, job_id, {"completed"})
     assert record["finish_reason"] == "stop"
     assert "," not in record["output"]["text"]

@@ -27,7 +27,9 @@ async def test_health_reports_live_workers(client: httpx.AsyncClient) -> None:
     assert answer.json() == {"status": "ok", "redis": "ok", "workers": WORKERS}
 
 
-async def test_models_lists_the_served_model_in_openai_shape(client: httpx.AsyncClient, system: System) -> None:
+async def test_models_lists_the_served_model_in_openai_shape(
+    client: httpx.AsyncClient, system: System
+) -> None:
     listing = (await client.get("/v1/models")).json()
     assert listing["object"] == "list"
     assert [model["id"] for model in listing["data"]] == [system.settings.model_name]

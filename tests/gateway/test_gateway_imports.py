@@ -24,4 +24,3 @@ def test_creating_the_gateway_app_imports_neither_torch_nor_vllm() -> None:
     )
     assert probe.returncode == 0, probe.stderr
     assert json.loads(probe.stdout.splitlines()[-1]) == []
-

@@ -182,9 +182,10 @@ async def test_gateway_answers_503_when_redis_is_unreachable() -> None:
     nothing_listens = free_port()
     app = create_app(Settings(redis_url=f"redis://127.0.0.1:{nothing_listens}/0", key_prefix="sptest-down"))
     async with app.router.lifespan_context(app):
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gateway") as http:
+        async with httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app), base_url="http://gateway"
+        ) as http:
             submit = await http.post("/v1/jobs", json={"prompt": "hi"})
             health = await http.get("/health")
     assert submit.status_code == 503 and submit.json()["error_type"] == "unavailable"
     assert health.status_code == 503 and "Redis" in health.json()["error"]
-

@@ -173,4 +173,7 @@ def test_multi_token_engine_steps_stay_together_in_one_delta() -> None:
     chunker = Chunker(2, PROMPT_TOKENS, FIRST_SEQ)
     steps = [EngineDelta(text="abc", token_ids=[1, 2, 3]), EngineDelta(text="de", token_ids=[4, 5])]
     events = feed_all(chunker, steps) + chunker.done("stop")
-    assert [(event.text, event.token_ids) for event in delta_events(events)] == [("abc", [1, 2, 3]), ("de", [4, 5])]
+    assert [(event.text, event.token_ids) for event in delta_events(events)] == [
+        ("abc", [1, 2, 3]),
+        ("de", [4, 5]),
+    ]

@@ -90,9 +90,7 @@ async def test_step_without_events_still_checks_cancel(store: JobStore, publishe
     assert await store.redis.xlen(store.keys.stream(job_id)) == 0
 
 
-async def test_step_appends_events_in_order_with_type_and_data(
-    store: JobStore, publisher: Publisher
-) -> None:
+async def test_step_appends_events_in_order_with_type_and_data(store: JobStore, publisher: Publisher) -> None:
     job_id = uuid.uuid4().hex
     await publisher.step(job_id, [delta(2, "a", 10), delta(3, "b", 11), delta(4, "c", 12)])
     await publisher.step(job_id, [delta(5, "d", 13)])
