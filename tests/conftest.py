@@ -14,7 +14,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
@@ -25,6 +25,7 @@ import redis
 import redis.asyncio as aioredis
 
 from shared.config import Settings
+from shared.jobstore import JobStore
 from shared.keys import Keys
 from shared.launcher import child_environment
 
@@ -166,3 +167,37 @@ async def redis_client(redis_url: str) -> AsyncIterator[aioredis.Redis]:
     client = aioredis.Redis.from_url(redis_url, decode_responses=True)
     yield client
     await client.aclose()
+
+
+UNIT_RETENTION_SECONDS = 60
+
+
+async def delete_test_keys(client: aioredis.Redis, keys: Keys) -> None:
+    """Every key under a test's prefix, and the arq job keys (arq's own prefix) of its jobs."""
+    names = [name async for name in client.scan_iter(match=f"{keys.prefix}:*", count=1000)]
+    job_ids = {name.split(":")[2] for name in names if name.startswith(f"{keys.prefix}:job:")}
+    names += [keys.arq_job(job_id) for job_id in job_ids]
+    if names:
+        await client.delete(*names)
+
+
+@pytest.fixture
+async def store_factory(
+    redis_client: aioredis.Redis, redis_url: str
+) -> AsyncIterator[Callable[..., JobStore]]:
+    """Job stores on the real Redis, each under a fresh prefix that is deleted afterwards."""
+    made: list[JobStore] = []
+
+    def make(**overrides: object) -> JobStore:
+        settings = make_settings(redis_url, retention_seconds=UNIT_RETENTION_SECONDS, **overrides)
+        made.append(JobStore(redis_client, Keys(settings.key_prefix), settings))
+        return made[-1]
+
+    yield make
+    for store in made:
+        await delete_test_keys(redis_client, store.keys)
+
+
+@pytest.fixture
+def store(store_factory: Callable[..., JobStore]) -> JobStore:
+    return store_factory()

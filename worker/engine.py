@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -39,7 +39,7 @@ class Engine(Protocol):
         """Tokenize the prompt, or render `messages` with the model's chat template."""
         ...
 
-    def generate(self, request_id: str, prompt: Prompt) -> AsyncIterator[EngineDelta]:
+    def generate(self, request_id: str, prompt: Prompt) -> AsyncGenerator[EngineDelta, None]:
         """Stream the new tokens of every step; closing the iterator aborts the request."""
         ...
 

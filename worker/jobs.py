@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from contextlib import aclosing
 from typing import Any
 
 from shared.errors import EngineError, PromptTooLong, StreampoolError
@@ -43,10 +44,12 @@ class JobRunner:
                 self.running -= 1
 
     async def _run_started(self, job_id: str, request: JobRequest) -> None:
-        prompt = self.engine.render(request)
-        chunker = Chunker(request.stream_step, len(prompt.token_ids), FIRST_WORKER_SEQ)
-        log.info("running: %d prompt tokens, max_tokens %d", len(prompt.token_ids), request.max_tokens)
+        chunker = Chunker(request.stream_step, 0, FIRST_WORKER_SEQ)
         try:
+            # Tokenizing a long prompt takes a while: off the event loop that serves every other job.
+            prompt = await asyncio.to_thread(self.engine.render, request)
+            chunker.prompt_tokens = len(prompt.token_ids)
+            log.info("running: %d prompt tokens, max_tokens %d", len(prompt.token_ids), request.max_tokens)
             self._check_fits(prompt)
             await self._generate(job_id, prompt, chunker)
         except StreampoolError as exc:
@@ -68,8 +71,7 @@ class JobRunner:
             )
 
     async def _generate(self, job_id: str, prompt: Prompt, chunker: Chunker) -> None:
-        deltas = self.engine.generate(job_id, prompt)
-        try:
+        async with aclosing(self.engine.generate(job_id, prompt)) as deltas:
             async for delta in deltas:
                 events = chunker.feed(delta)
                 if delta.finished:
@@ -80,12 +82,13 @@ class JobRunner:
                     log.info("cancelled after %d tokens; engine request aborted", chunker.completion_tokens)
                     await self._end(job_id, chunker, chunker.cancelled(), JobState.cancelled)
                     return
-        finally:
-            await _aclose(deltas)
 
     async def _complete(self, job_id: str, chunker: Chunker, events: list[Event], reason: str) -> None:
-        if reason == "abort":
-            raise EngineError("the engine aborted the request")
+        if reason == "abort":  # aborted inside the engine, not by a cancel of ours
+            message = "the engine aborted the request"
+            failed = events + chunker.error(message, EngineError.error_type)
+            await self._end(job_id, chunker, failed, JobState.failed, error=message)
+            return
         events += chunker.done(reason)
         state = await self._end(job_id, chunker, events, JobState.completed, finish_reason=reason)
         log.info("%s: %d tokens, finish_reason %s", state, chunker.completion_tokens, reason)
@@ -113,12 +116,6 @@ class JobRunner:
             error=error,
         )
         return await self.publisher.finish(job_id, events, outcome)
-
-
-async def _aclose(iterator: Any) -> None:
-    close = getattr(iterator, "aclose", None)
-    if close is not None:
-        await close()
 
 
 async def run_job(ctx: dict[str, Any], job_id: str) -> None:

@@ -7,7 +7,7 @@ only the defaults that vLLM's CPU backend needs differ.
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Any
 
 from vllm import SamplingParams
@@ -112,7 +112,7 @@ class VllmEngine:
             output_kind=RequestOutputKind.DELTA,
         )
 
-    async def generate(self, request_id: str, prompt: Prompt) -> AsyncIterator[EngineDelta]:
+    async def generate(self, request_id: str, prompt: Prompt) -> AsyncGenerator[EngineDelta, None]:
         params = self._sampling_params(prompt.request)
         wanted = prompt.request.logprobs or 0
         try:

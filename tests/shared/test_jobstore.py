@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import Callable
 
 import pytest
 import redis.asyncio as aioredis
@@ -15,19 +15,9 @@ from shared.events import JobState
 from shared.jobstore import ARQ_FUNCTION, JobStore
 from shared.keys import Keys
 from shared.requests import JobRequest
-from tests.conftest import make_settings
+from tests.conftest import UNIT_RETENTION_SECONDS
 
-RETENTION = 60
 REQUEST = JobRequest(prompt="The capital of France is", max_tokens=8)
-
-
-async def delete_test_keys(client: aioredis.Redis, keys: Keys) -> None:
-    """Every key under the test's prefix, and the arq job keys (arq's own prefix) of its jobs."""
-    names = [name async for name in client.scan_iter(match=f"{keys.prefix}:*", count=1000)]
-    job_ids = {name.split(":")[2] for name in names if name.startswith(f"{keys.prefix}:job:")}
-    names += [keys.arq_job(job_id) for job_id in job_ids]
-    if names:
-        await client.delete(*names)
 
 
 async def prefix_keys(client: aioredis.Redis, keys: Keys) -> set[str]:
@@ -35,32 +25,9 @@ async def prefix_keys(client: aioredis.Redis, keys: Keys) -> set[str]:
 
 
 @pytest.fixture
-async def redis(redis_url: str) -> AsyncIterator[aioredis.Redis]:
-    client = aioredis.Redis.from_url(redis_url, decode_responses=True)
-    yield client
-    await client.aclose()
-
-
-def new_store(redis: aioredis.Redis, redis_url: str, **overrides: object) -> JobStore:
-    settings = make_settings(
-        redis_url, key_prefix=f"sptest-unit-{uuid.uuid4().hex}", retention_seconds=RETENTION, **overrides
-    )
-    return JobStore(redis, Keys(settings.key_prefix), settings)
-
-
-@pytest.fixture
-async def store(redis: aioredis.Redis, redis_url: str) -> AsyncIterator[JobStore]:
-    job_store = new_store(redis, redis_url)
-    yield job_store
-    await delete_test_keys(redis, job_store.keys)
-
-
-@pytest.fixture
-async def small_store(redis: aioredis.Redis, redis_url: str) -> AsyncIterator[JobStore]:
+def small_store(store_factory: Callable[..., JobStore]) -> JobStore:
     """A store whose queue takes two jobs."""
-    job_store = new_store(redis, redis_url, max_queued_jobs=2)
-    yield job_store
-    await delete_test_keys(redis, job_store.keys)
+    return store_factory(max_queued_jobs=2)
 
 
 async def stream_types(store: JobStore, job_id: str) -> list[str]:
@@ -131,7 +98,7 @@ async def test_cancel_of_queued_job_removes_it_from_the_queue(store: JobStore) -
     assert not await store.redis.exists(store.keys.arq_job(job_id))
     assert await stream_types(store, job_id) == ["status", "cancelled"]
     for name in (store.keys.job(job_id), store.keys.stream(job_id)):
-        assert 0 < await store.redis.ttl(name) <= RETENTION
+        assert 0 < await store.redis.ttl(name) <= UNIT_RETENTION_SECONDS
 
 
 async def test_second_cancel_changes_nothing_and_says_so(store: JobStore) -> None:
@@ -199,4 +166,4 @@ async def test_queue_position_counts_only_jobs_waiting_ahead(store: JobStore) ->
 async def test_idempotency_key_expires_with_the_ended_job(store: JobStore) -> None:
     job_id = (await store.submit(REQUEST, idempotency_key="k")).job_id
     await store.cancel(job_id)
-    assert 0 < await store.redis.ttl(store.keys.idempotency("k")) <= RETENTION
+    assert 0 < await store.redis.ttl(store.keys.idempotency("k")) <= UNIT_RETENTION_SECONDS

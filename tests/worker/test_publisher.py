@@ -4,41 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator
 
 import pytest
-import redis.asyncio as aioredis
 
 from shared.events import DeltaEvent, DoneEvent, ErrorEvent, Event, JobState, Usage, event_adapter
 from shared.jobstore import JobStore, Outcome
-from shared.keys import Keys
 from shared.requests import JobRequest
-from tests.conftest import make_settings
+from tests.conftest import UNIT_RETENTION_SECONDS
 from worker.publisher import Publisher
 
-RETENTION = 60
 USAGE = Usage(prompt_tokens=5, completion_tokens=2)
 COMPLETED = Outcome(JobState.completed, "ab", 2, USAGE, finish_reason="stop")
-
-
-async def delete_test_keys(client: aioredis.Redis, keys: Keys) -> None:
-    """Every key under the test's prefix, and the arq job keys (arq's own prefix) of its jobs."""
-    names = [name async for name in client.scan_iter(match=f"{keys.prefix}:*", count=1000)]
-    job_ids = {name.split(":")[2] for name in names if name.startswith(f"{keys.prefix}:job:")}
-    names += [keys.arq_job(job_id) for job_id in job_ids]
-    if names:
-        await client.delete(*names)
-
-
-@pytest.fixture
-async def store(redis_url: str) -> AsyncIterator[JobStore]:
-    prefix = f"sptest-unit-{uuid.uuid4().hex}"
-    settings = make_settings(redis_url, key_prefix=prefix, retention_seconds=RETENTION)
-    client = aioredis.Redis.from_url(redis_url, decode_responses=True)
-    keys = Keys(settings.key_prefix)
-    yield JobStore(client, keys, settings)
-    await delete_test_keys(client, keys)
-    await client.aclose()
 
 
 @pytest.fixture
@@ -114,7 +90,7 @@ async def test_finish_writes_terminal_event_last_and_ends_the_record(
     assert (record.output.text, record.output.token_count) == ("ab", 2)
     assert record.finished_at is not None
     for name in (store.keys.job(job_id), store.keys.stream(job_id)):
-        assert 0 < await store.redis.ttl(name) <= RETENTION
+        assert 0 < await store.redis.ttl(name) <= UNIT_RETENTION_SECONDS
 
 
 async def test_finish_of_a_finished_job_keeps_its_first_terminal_state(
