@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import signal
@@ -86,6 +87,7 @@ def _stop(processes: list[subprocess.Popen[bytes]]) -> None:
 
 
 def run_all(settings: Settings) -> int:
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # the health polling below is not news
     if settings.model == DEFAULT_MODEL_DIR:
         from worker.model_prep import prepare_model
 
