@@ -124,11 +124,20 @@ class Relay:
         return JobState(status)
 
     async def follow(self, job_id: str, cursor: str) -> AsyncIterator[Entry]:
-        """Every entry after `cursor`, as it is appended, up to and including the terminal event."""
+        """Every entry after `cursor`, as it is appended, up to and including the terminal event.
+
+        A cursor already at or past the terminal event ends the stream at once. The first read
+        does not wait, so a finished job answers without delay.
+        """
+        block: int | None = None
         while True:
-            entries = await self._read(job_id, cursor, READ_BATCH, FOLLOW_BLOCK_MS)
+            entries = await self._read(job_id, cursor, READ_BATCH, block)
+            block = FOLLOW_BLOCK_MS
             if not entries:
-                await self._status(job_id)  # the job expired while idle: 404 ends the stream
+                # An ended job has its terminal event in the stream already (the same script
+                # wrote both), so an empty read after seeing the state means nothing is left.
+                if (await self._status(job_id)).terminal and not await self._read(job_id, cursor, 1, None):
+                    return
                 continue
             for entry in entries:
                 yield entry

@@ -10,6 +10,9 @@ import httpx
 from httpx_sse import aconnect_sse
 
 TERMINAL = {"done", "cancelled", "error"}
+# With greedy decoding the default model goes on past 40 tokens after this prompt (many
+# plain prompts make an instruct model stop at once); tests that need a long stream use it.
+LONG_PROMPT = "The history of the Roman Empire"
 
 
 async def submit(client: httpx.AsyncClient, **body: Any) -> str:

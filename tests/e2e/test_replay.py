@@ -8,11 +8,11 @@ import httpx
 import redis.asyncio as aioredis
 
 from tests.conftest import System
-from tests.helpers import TERMINAL, poll_all, read_sse, streamed_text, submit, wait_for_status
+from tests.helpers import LONG_PROMPT, TERMINAL, poll_all, read_sse, streamed_text, submit, wait_for_status
 
 
 async def test_sse_and_long_poll_return_the_same_events(client: httpx.AsyncClient) -> None:
-    job_id = await submit(client, prompt="Tell me about rivers.", max_tokens=30, stream_step=2)
+    job_id = await submit(client, prompt=LONG_PROMPT, max_tokens=30, stream_step=2, temperature=0)
     sse, polled = await asyncio.gather(read_sse(client, job_id), poll_all(client, job_id, limit=3))
     assert [stream_id for stream_id, _ in sse] == [event.pop("id") for event in polled]
     assert [event for _, event in sse] == polled
@@ -20,8 +20,9 @@ async def test_sse_and_long_poll_return_the_same_events(client: httpx.AsyncClien
 
 
 async def test_reconnect_with_last_event_id_has_no_gap_and_no_duplicate(client: httpx.AsyncClient) -> None:
-    job_id = await submit(client, prompt="Describe a forest at dawn.", max_tokens=40)
+    job_id = await submit(client, prompt=LONG_PROMPT, max_tokens=40, temperature=0)
     first = await read_sse(client, job_id, stop_after=6)  # the reader drops mid-stream
+    assert first[-1][1]["type"] == "delta"
     rest = await read_sse(client, job_id, last_event_id=first[-1][0])
     whole = await read_sse(client, job_id)
     assert first + rest == whole
@@ -29,7 +30,7 @@ async def test_reconnect_with_last_event_id_has_no_gap_and_no_duplicate(client: 
 
 
 async def test_two_readers_of_one_job_see_identical_streams(client: httpx.AsyncClient) -> None:
-    job_id = await submit(client, prompt="Why is the sky blue?", max_tokens=30)
+    job_id = await submit(client, prompt=LONG_PROMPT, max_tokens=30, temperature=0)
     one, two = await asyncio.gather(read_sse(client, job_id), read_sse(client, job_id))
     assert one == two
     assert one[-1][1]["type"] == "done"
@@ -42,6 +43,8 @@ async def test_long_poll_cursor_walks_the_stream_to_done(client: httpx.AsyncClie
     assert streamed_text(events) == record["output"]["text"]
     last = await client.get(f"/v1/jobs/{job_id}/events", params={"after": events[-1]["id"]})
     assert last.json() == {"events": [], "cursor": events[-1]["id"], "status": "completed", "done": True}
+    sse_past_the_end = await read_sse(client, job_id, last_event_id=events[-1]["id"])
+    assert sse_past_the_end == []
 
 
 async def test_cursor_older_than_what_is_kept_is_410(

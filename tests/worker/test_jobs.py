@@ -45,7 +45,9 @@ class ScriptedEngine:
         pass
 
 
-async def run(store: JobStore, engine: ScriptedEngine, **request: object) -> tuple[str, list[dict[str, object]]]:
+async def run(
+    store: JobStore, engine: ScriptedEngine, **request: object
+) -> tuple[str, list[dict[str, object]]]:
     job_id = (await store.submit(JobRequest.model_validate({"prompt": "hi", **request}))).job_id
     await JobRunner(engine, store, Publisher(store.redis, store), "worker-1").run(job_id)
     entries = await store.redis.xrange(store.keys.stream(job_id))
@@ -77,7 +79,9 @@ async def test_a_prompt_that_cannot_be_rendered_fails_the_job_instead_of_leaving
     assert (await store.record(job_id)).status.value == "failed"
 
 
-async def test_a_prompt_that_leaves_no_room_for_max_tokens_fails_with_prompt_too_long(store: JobStore) -> None:
+async def test_a_prompt_that_leaves_no_room_for_max_tokens_fails_with_prompt_too_long(
+    store: JobStore,
+) -> None:
     job_id, events = await run(store, ScriptedEngine([]), max_tokens=510)
     assert events[-1]["code"] == "prompt_too_long"
     assert "room for 2" in str(events[-1]["message"])
