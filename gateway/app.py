@@ -11,7 +11,7 @@ from gateway.deps import Services
 from gateway.errors import install_error_handlers
 from gateway.metrics import GatewayMetrics
 from gateway.relay import Relay
-from gateway.routes import health, jobs
+from gateway.routes import health, jobs, openai, playground, tgi
 from shared.config import Settings
 from shared.jobstore import JobStore
 from shared.keys import Keys
@@ -41,6 +41,9 @@ def create_app(settings: Settings) -> FastAPI:
     app = FastAPI(title="streampool", version="0.1.0", lifespan=lifespan)
     install_error_handlers(app)
     app.include_router(jobs.router)
+    app.include_router(openai.router)
+    app.include_router(tgi.router)
+    app.include_router(playground.router)
     app.include_router(health.router)
     return app
 

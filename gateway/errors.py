@@ -1,4 +1,5 @@
-"""The one place where errors become HTTP answers: `{"error": ..., "error_type": ...}`."""
+"""The one place where errors become HTTP answers: `{"error": ..., "error_type": ...}`,
+and OpenAI's `{"error": {"message", "type", "param", "code"}}` on the OpenAI-compatible routes."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from gateway.compat import openai as openai_compat
+from gateway.generation import JobCancelled
 from shared.errors import (
     BackendUnavailable,
     CursorExpired,
@@ -31,6 +34,13 @@ STATUS_CODES: dict[type[StreampoolError], int] = {
     Overloaded: 429,
     BackendUnavailable: 503,
 }
+OPENAI_STATUS_CODES: dict[type[StreampoolError], int] = {
+    InvalidRequest: 400,  # OpenAI's status for a bad parameter, where the native API says 422
+    PromptTooLong: 400,  # as vLLM answers it, with the numbers in the message
+    openai_compat.ModelNotFound: 404,
+    JobCancelled: 410,  # cancelled through the native API while its client waited: not worth a retry
+}
+OPENAI_CODES: dict[type[StreampoolError], str] = {PromptTooLong: "context_length_exceeded"}
 RETRY_AFTER_SECONDS = "1"
 
 
@@ -38,17 +48,39 @@ def error_body(message: str, error_type: str, **extra: Any) -> dict[str, Any]:
     return {"error": message, "error_type": error_type, **extra}
 
 
+def _status(exc: StreampoolError, codes: dict[type[StreampoolError], int]) -> int:
+    return next((code for cls, code in codes.items() if isinstance(exc, cls)), 500)
+
+
+def _retry_after(status: int) -> dict[str, str] | None:
+    return {"Retry-After": RETRY_AFTER_SECONDS} if status in (429, 503) else None
+
+
 def streampool_error_response(exc: StreampoolError) -> JSONResponse:
-    status = next((code for cls, code in STATUS_CODES.items() if isinstance(exc, cls)), 500)
-    headers = {"Retry-After": RETRY_AFTER_SECONDS} if status in (429, 503) else None
+    status = _status(exc, STATUS_CODES)
     body = error_body(exc.message, exc.error_type, **jsonable_encoder(exc.detail))
-    return JSONResponse(body, status_code=status, headers=headers)
+    return JSONResponse(body, status_code=status, headers=_retry_after(status))
+
+
+def speaks_openai(request: Request) -> bool:
+    """Errors take OpenAI's shape on the OpenAI-compatible routes, and only there."""
+    return request.url.path in openai_compat.PATHS
+
+
+def openai_error(exc: StreampoolError) -> tuple[int, dict[str, Any]]:
+    """Status and OpenAI body of a failure; the body alone also ends a stream that failed."""
+    status = _status(exc, {**STATUS_CODES, **OPENAI_STATUS_CODES})
+    code = exc.detail.get("code") or OPENAI_CODES.get(type(exc), exc.error_type)
+    return status, openai_compat.error_object(status, exc.message, exc.detail.get("param"), code)
 
 
 async def _streampool_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, StreampoolError)
     if isinstance(exc, BackendUnavailable):
         log.warning("%s %s: %s", request.method, request.url.path, exc.message)
+    if speaks_openai(request):
+        status, body = openai_error(exc)
+        return JSONResponse(body, status_code=status, headers=_retry_after(status))
     return streampool_error_response(exc)
 
 
@@ -58,11 +90,19 @@ async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
     first = errors[0] if errors else {}
     where = ".".join(str(part) for part in first.get("loc", ()) if part != "body")
     message = f"{where}: {first.get('msg', 'invalid')}" if where else first.get("msg", "invalid request")
+    if speaks_openai(request):
+        param = where if where and first.get("type") != "json_invalid" else None
+        return JSONResponse(
+            openai_compat.error_object(400, message, param, first.get("type")), status_code=400
+        )
     return JSONResponse(error_body(message, "validation", detail=errors), status_code=422)
 
 
 async def _http_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, StarletteHTTPException)
+    if speaks_openai(request):
+        body = openai_compat.error_object(exc.status_code, str(exc.detail))
+        return JSONResponse(body, status_code=exc.status_code, headers=exc.headers)
     error_type = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
     return JSONResponse(
         error_body(str(exc.detail), error_type), status_code=exc.status_code, headers=exc.headers
@@ -71,6 +111,8 @@ async def _http_error(request: Request, exc: Exception) -> JSONResponse:
 
 async def _unexpected_error(request: Request, exc: Exception) -> JSONResponse:
     log.exception("%s %s failed", request.method, request.url.path)
+    if speaks_openai(request):
+        return JSONResponse(openai_compat.error_object(500, "internal error"), status_code=500)
     return JSONResponse(error_body("internal error", "internal"), status_code=500)
 
 

@@ -1,27 +1,51 @@
-"""The `streampool` command: run the gateway, a worker, or everything; prepare the default model."""
+"""The `streampool` command: run the gateway, a worker, or everything; prepare the default model;
+submit, follow, inspect and cancel jobs."""
 
 from __future__ import annotations
 
 import argparse
+import os
+import shlex
+import signal
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any, TypeVar
 
-from shared.config import Settings
+from pydantic import ValidationError
+from pydantic_settings import BaseSettings
+
+from shared.client import Client, GatewayError
+from shared.config import ClientSettings, Settings
+from shared.console import Terminal, summary
+from shared.events import DeltaEvent, ErrorEvent, Event, JobState
 from shared.logs import configure_logging
+from shared.requests import ChatMessage, JobRequest
+
+SettingsT = TypeVar("SettingsT", bound=BaseSettings)
+
+# Exit codes of the client commands. 2 stays argparse's usage error, so a cancelled job gets 3.
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+EXIT_CANCELLED = 3
+EXIT_INTERRUPTED = 130
+EXIT_CODES = {JobState.completed: EXIT_OK, JobState.failed: EXIT_FAILED, JobState.cancelled: EXIT_CANCELLED}
+SAMPLING_OPTIONS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stream_step")
 
 
-def _add_setting_flags(parser: argparse.ArgumentParser) -> None:
+def _add_setting_flags(parser: argparse.ArgumentParser, settings_class: type[BaseSettings]) -> None:
     """One flag per setting (`--redis-url` for STREAMPOOL_REDIS_URL); a flag wins over the variable."""
     group = parser.add_argument_group("settings (each also read from STREAMPOOL_<NAME>)")
-    for name, field in Settings.model_fields.items():
+    for name, field in settings_class.model_fields.items():
         group.add_argument(f"--{name.replace('_', '-')}", dest=name, default=None, help=field.description)
 
 
-def settings_from(args: argparse.Namespace) -> Settings:
+def settings_from(args: argparse.Namespace, settings_class: type[SettingsT]) -> SettingsT:
     overrides = {
-        name: getattr(args, name) for name in Settings.model_fields if getattr(args, name) is not None
+        name: getattr(args, name) for name in settings_class.model_fields if getattr(args, name) is not None
     }
-    return Settings(**overrides)
+    return settings_class(**overrides)
 
 
 def _gateway(settings: Settings) -> None:
@@ -56,13 +80,183 @@ COMMANDS: dict[str, tuple[Callable[[Settings], None], str]] = {
 }
 
 
-def main(argv: Sequence[str] | None = None) -> None:
+def job_request(args: argparse.Namespace) -> JobRequest:
+    """The job the submit options describe; `--system` implies `--chat`."""
+    options: dict[str, Any] = {
+        name: getattr(args, name) for name in SAMPLING_OPTIONS if getattr(args, name) is not None
+    }
+    if args.chat or args.system is not None:
+        system = [] if args.system is None else [ChatMessage(role="system", content=args.system)]
+        options["messages"] = [*system, ChatMessage(role="user", content=args.prompt)]
+    else:
+        options["prompt"] = args.prompt
+    return JobRequest(**options)
+
+
+def _problem(exc: ValidationError) -> str:
+    # The deepest error is the most specific: a union (`stop`) reports one error per member.
+    error = max(exc.errors(), key=lambda error: len(error["loc"]))
+    return f"{error['loc'][0]}: {error['msg']}" if error["loc"] else error["msg"]
+
+
+@contextmanager
+def _sigint_deferred() -> Iterator[None]:
+    """Holds Ctrl-C back while a chunk is printed and its cursor noted, so that the detach hint
+    resumes exactly after the printed text (the command is single-threaded)."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
+def _stream(
+    client: Client, terminal: Terminal, args: argparse.Namespace, job_id: str, after: str | None
+) -> int:
+    """Prints a job's text as it comes; Ctrl-C detaches from the job (or cancels it)."""
+    cursor = after
+    last: Event | None = None
+    try:
+        for job_event in client.follow(job_id, after):
+            with _sigint_deferred():
+                if isinstance(job_event.event, DeltaEvent):
+                    terminal.text(job_event.event.text)
+                cursor, last = job_event.id, job_event.event
+    except KeyboardInterrupt:
+        terminal.end_text()
+        return _detach(client, terminal, args, job_id, cursor)
+    terminal.end_text()
+    record = client.record(job_id)
+    if record.status is JobState.failed:
+        terminal.error(last.code if isinstance(last, ErrorEvent) else "failed", record.error or "")
+    else:
+        terminal.note(summary(record))
+    return EXIT_CODES[record.status]
+
+
+def _detach(
+    client: Client, terminal: Terminal, args: argparse.Namespace, job_id: str, cursor: str | None
+) -> int:
+    """Ctrl-C while streaming: cancel the job if asked to, else leave it running and say how to return."""
+    if args.cancel_on_exit:
+        terminal.note(f"job {job_id}: {client.cancel(job_id).message}")
+    else:
+        url = f" --url {shlex.quote(args.url)}" if args.url else ""
+        after = f" --after {cursor}" if cursor else ""
+        terminal.note(
+            f"detached; job {job_id} keeps running\n"
+            f"  follow it: streampool follow {job_id}{after}{url}\n"
+            f"  cancel it: streampool cancel {job_id}{url}"
+        )
+    return EXIT_INTERRUPTED
+
+
+def _submit(client: Client, terminal: Terminal, args: argparse.Namespace) -> int:
+    if args.cancel_on_exit and not args.stream:
+        terminal.error("usage", "--cancel-on-exit goes with --stream")
+        return EXIT_USAGE
+    try:
+        request = job_request(args)
+    except ValidationError as exc:
+        terminal.error("validation", _problem(exc))
+        return EXIT_USAGE
+    job_id = client.submit(request, args.idempotency_key).id
+    if not args.stream:
+        terminal.line(job_id)
+        return EXIT_OK
+    terminal.note(f"job {job_id}")
+    return _stream(client, terminal, args, job_id, None)
+
+
+def _follow(client: Client, terminal: Terminal, args: argparse.Namespace) -> int:
+    return _stream(client, terminal, args, args.job_id, args.after)
+
+
+def _status(client: Client, terminal: Terminal, args: argparse.Namespace) -> int:
+    terminal.record(client.record(args.job_id), args.json)
+    return EXIT_OK
+
+
+def _cancel(client: Client, terminal: Terminal, args: argparse.Namespace) -> int:
+    answer = client.cancel(args.job_id)
+    terminal.line(f"{answer.status.value}: {answer.message}")
+    return EXIT_OK
+
+
+ClientCommand = Callable[[Client, Terminal, argparse.Namespace], int]
+CLIENT_COMMANDS: dict[str, ClientCommand] = {
+    "submit": _submit,
+    "follow": _follow,
+    "status": _status,
+    "cancel": _cancel,
+}
+STREAM_EPILOG = (
+    "While the text streams, Ctrl-C detaches and prints how to follow or cancel the job. Exit codes: "
+    "0 completed (or submitted, without --stream), 1 failed or a gateway error, 2 usage error, "
+    "3 cancelled, 130 interrupted."
+)
+
+
+def _add_client_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    def add(name: str, help_text: str, epilog: str | None = None) -> argparse.ArgumentParser:
+        parser = commands.add_parser(name, help=help_text, description=help_text, epilog=epilog)
+        _add_setting_flags(parser, ClientSettings)
+        return parser
+
+    submit = add("submit", "submit a generation job and print its id", STREAM_EPILOG)
+    follow = add("follow", "print a job's text from a cursor to its end", STREAM_EPILOG)
+    status = add("status", "print a job's record")
+    cancel = add("cancel", "cancel a job (idempotent) and print what it did")
+    for parser in (follow, status, cancel):
+        parser.add_argument("job_id", metavar="ID")
+    submit.add_argument("prompt")
+    submit.add_argument("--max-tokens", type=int, help="tokens to generate (default 256)")
+    submit.add_argument("--temperature", type=float, help="0-2; 0 is greedy (default 1)")
+    submit.add_argument("--top-p", type=float, help="nucleus sampling (default 1)")
+    submit.add_argument("--top-k", type=int, help="top-k sampling")
+    submit.add_argument("--seed", type=int, help="for reproducible sampling")
+    submit.add_argument("--stop", action="append", help="a string that ends generation (repeatable)")
+    submit.add_argument("--stream-step", type=int, help="tokens per delta event (default 1)")
+    submit.add_argument("--chat", action="store_true", help="send the prompt as one user message")
+    submit.add_argument("--system", help="a system message before the prompt (implies --chat)")
+    submit.add_argument("--idempotency-key", help="the same key returns the same job")
+    submit.add_argument("--stream", action="store_true", help="print the text as it comes, then a summary")
+    follow.add_argument("--after", help="the stream id to resume after (default: the start)")
+    for parser in (submit, follow):
+        parser.add_argument("--cancel-on-exit", action="store_true", help="Ctrl-C cancels the job")
+    status.add_argument("--json", action="store_true", help="JSON even on a terminal")
+
+
+def _run_client(args: argparse.Namespace) -> int:
+    terminal = Terminal()
+    try:
+        with Client(settings_from(args, ClientSettings).url) as client:
+            return CLIENT_COMMANDS[args.command](client, terminal, args)
+    except GatewayError as exc:
+        terminal.error(exc.error_type, exc.message)
+        return EXIT_FAILED
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        # The reader went away (`| head`): point stdout at nothing so the exit flush stays quiet.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_FAILED
+
+
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="streampool", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     for name, (_, help_text) in COMMANDS.items():
-        _add_setting_flags(commands.add_parser(name, help=help_text, description=help_text))
-    args = parser.parse_args(argv)
-    settings = settings_from(args)
+        _add_setting_flags(commands.add_parser(name, help=help_text, description=help_text), Settings)
+    _add_client_commands(commands)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    if args.command in CLIENT_COMMANDS:
+        sys.exit(_run_client(args))
+    settings = settings_from(args, Settings)
     configure_logging(settings.log_level)
     COMMANDS[args.command][0](settings)
 

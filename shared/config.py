@@ -1,4 +1,4 @@
-"""The one settings class: every knob of streampool, read from `STREAMPOOL_*` variables or flags."""
+"""Settings read from `STREAMPOOL_*` variables or flags: the servers' knobs, and the client commands' URL."""
 
 from __future__ import annotations
 
@@ -64,3 +64,11 @@ class Settings(BaseSettings):
     def job_lifetime_seconds(self) -> int:
         """TTL of a job's keys before it ends, so that even an abandoned job cannot live forever."""
         return self.job_timeout_seconds * 2 + self.retention_seconds
+
+
+class ClientSettings(BaseSettings):
+    """The client commands' settings (submit, follow, status, cancel): where the gateway answers."""
+
+    model_config = SettingsConfigDict(env_prefix="STREAMPOOL_", extra="forbid")
+
+    url: str = Field("http://127.0.0.1:8000", description="gateway the client commands talk to")

@@ -86,8 +86,13 @@ def _stop(processes: list[subprocess.Popen[bytes]]) -> None:
             process.kill()
 
 
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    raise SystemExit(0)  # unwinds through run_all's `finally`, which stops the children
+
+
 def run_all(settings: Settings) -> int:
     logging.getLogger("httpx").setLevel(logging.WARNING)  # the health polling below is not news
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     if settings.model == DEFAULT_MODEL_DIR:
         from worker.model_prep import prepare_model
 

@@ -1,0 +1,96 @@
+"""OpenAI-compatible completions and chat completions, run as jobs on the shared queue.
+
+They answer as vLLM's OpenAI server does, and name the job in `X-Streampool-Job-Id`
+so that it can also be followed, replayed or cancelled through the native API.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+from typing import Any
+
+from fastapi import APIRouter, Request, Response
+from fastapi.responses import JSONResponse
+from sse_starlette import EventSourceResponse, ServerSentEvent
+
+from gateway.compat.openai import (
+    CHAT_COMPLETIONS_PATH,
+    COMPLETIONS_PATH,
+    Answer,
+    ChatBody,
+    ChunkStream,
+    CompletionBody,
+    check_model,
+    completion,
+)
+from gateway.deps import Services, ServicesDep
+from gateway.errors import openai_error
+from gateway.generation import JOB_ID_HEADER, JobCancelled, JobRun, error_from_event
+from gateway.metrics import GatewayMetrics
+from shared.errors import StreampoolError
+from shared.events import CancelledEvent, ErrorEvent
+from shared.workers import live_workers
+
+router = APIRouter(tags=["openai"])
+
+
+@router.post(COMPLETIONS_PATH, response_model=None)
+async def completions(body: CompletionBody, request: Request, services: ServicesDep) -> Response:
+    """OpenAI's (legacy) text completion: one prompt, one choice."""
+    return await _answer(body, request, services)
+
+
+@router.post(CHAT_COMPLETIONS_PATH, response_model=None)
+async def chat_completions(body: ChatBody, request: Request, services: ServicesDep) -> Response:
+    """OpenAI's chat completion: the messages rendered with the model's chat template."""
+    return await _answer(body, request, services)
+
+
+async def _answer(body: CompletionBody | ChatBody, request: Request, services: Services) -> Response:
+    """Refusals, an unknown model, a full queue and a lost Redis are all answered before the job runs."""
+    job = body.job_request(services.settings.max_tokens_limit)
+    check_model(body.model, {worker.model for worker in await live_workers(services.redis, services.keys)})
+    run = await JobRun.submit(services, job)
+    answer = Answer(chat=body.chat, job_id=run.job_id, model=body.model, created=int(time.time()))
+    headers = {JOB_ID_HEADER: run.job_id}
+    if body.stream:
+        frames = _frames(run, ChunkStream(answer, body.include_usage), services.metrics)
+        return EventSourceResponse(frames, headers=headers, ping=services.settings.sse_ping_seconds)
+    result = await run.result(request)
+    logprobs = result.logprobs if job.logprobs is not None else None
+    return JSONResponse(
+        completion(answer, result.text, logprobs, result.finish_reason, result.usage), headers=headers
+    )
+
+
+def _frame(data: dict[str, Any]) -> ServerSentEvent:
+    # Only `data:` lines, as OpenAI streams them: no `event:` or `id:` fields.
+    return ServerSentEvent(data=json.dumps(data))
+
+
+async def _frames(
+    run: JobRun, chunks: ChunkStream, metrics: GatewayMetrics
+) -> AsyncIterator[ServerSentEvent]:
+    """The answer's chunks then `[DONE]`; a failure ends it as an `error` chunk, never a silent close.
+
+    Closing this generator early (the client went away) closes the job's events, which cancels the job.
+    """
+    metrics.streams_open.inc()
+    try:
+        # `JobRun.events` is an async generator; closing it is what cancels an unfinished job.
+        async with aclosing(run.events()) as events:
+            async for event in events:
+                if isinstance(event, ErrorEvent):
+                    raise error_from_event(event)
+                if isinstance(event, CancelledEvent):
+                    raise JobCancelled("the job was cancelled")
+                for chunk in chunks.feed(event):
+                    yield _frame(chunk)
+    except StreampoolError as exc:
+        yield _frame(openai_error(exc)[1])
+    finally:
+        metrics.streams_open.dec()
+    yield ServerSentEvent(data="[DONE]")

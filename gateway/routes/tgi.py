@@ -1,0 +1,132 @@
+"""text-generation-inference's API: `POST /generate`, `POST /generate_stream`, `POST /`, `GET /info`.
+
+Jobs go through the same queue, streams and cancel keys as the native API; a client
+that leaves before the end cancels its job. Every answer names its job in a header.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+from importlib.metadata import version
+
+from fastapi import APIRouter, Request, Response
+from pydantic import BaseModel
+from pydantic_core import to_json
+from sse_starlette import EventSourceResponse, ServerSentEvent
+
+from gateway.compat import tgi
+from gateway.deps import Services, ServicesDep
+from gateway.generation import JOB_ID_HEADER, JobRun
+from shared.errors import BackendUnavailable, StreampoolError
+from shared.workers import live_workers
+
+router = APIRouter(tags=["tgi"])
+
+
+def _json(content: BaseModel | list[BaseModel], status_code: int, job_id: str) -> Response:
+    # pydantic writes a -inf logprob as null; the json module would refuse it.
+    return Response(
+        to_json(content, inf_nan_mode="null"),
+        status_code=status_code,
+        media_type="application/json",
+        headers={JOB_ID_HEADER: job_id},
+    )
+
+
+async def _submit(services: Services, body: tgi.GenerateRequest, *, stream: bool) -> JobRun:
+    request = body.job_request(services.settings.max_tokens_limit, stream=stream)
+    return await JobRun.submit(services, request)
+
+
+async def _generate(
+    services: Services, body: tgi.GenerateRequest, request: Request, *, listed: bool
+) -> Response:
+    """The whole answer; TGI's `POST /` lists it, as the Inference API did."""
+    run = await _submit(services, body, stream=False)
+    try:
+        result = await run.result(request)
+    except StreampoolError as exc:
+        # The job failed after it was accepted: answered with TGI's status for the failure.
+        answer, status = tgi.error(exc.message, exc.error_type)
+        return _json(answer, status, run.job_id)
+    generation = tgi.generated(
+        body, result.text, result.logprobs, result.finish_reason, result.usage.completion_tokens
+    )
+    return _json([generation] if listed else generation, 200, run.job_id)
+
+
+async def _token_events(
+    services: Services, run: JobRun, body: tgi.GenerateRequest
+) -> AsyncIterator[ServerSentEvent]:
+    """The job's tokens as TGI events, each sent once no event at hand shows it to be the last."""
+    tokens = tgi.TokenStream(body)
+    services.metrics.streams_open.inc()
+    try:
+        async with aclosing(tgi.with_lookahead(run.events())) as events:
+            async for event, next_at_hand in events:
+                messages = tokens.feed(event)
+                if not next_at_hand:
+                    messages += tokens.flush()
+                for message in messages:
+                    yield ServerSentEvent(data=message.model_dump_json())
+    except StreampoolError as exc:
+        # The response has started: the failure becomes a last event, never a silent close.
+        for message in [*tokens.flush(), tgi.error(exc.message, exc.error_type)[0]]:
+            yield ServerSentEvent(data=message.model_dump_json())
+    finally:
+        services.metrics.streams_open.dec()
+
+
+async def _stream(services: Services, body: tgi.GenerateRequest) -> EventSourceResponse:
+    run = await _submit(services, body, stream=True)
+    return EventSourceResponse(
+        _token_events(services, run, body),
+        ping=services.settings.sse_ping_seconds,
+        headers={JOB_ID_HEADER: run.job_id},
+    )
+
+
+@router.post("/generate")
+async def generate(body: tgi.GenerateRequest, request: Request, services: ServicesDep) -> Response:
+    """Generate, and answer once with the whole text (and `details` when asked for)."""
+    return await _generate(services, body, request, listed=False)
+
+
+@router.post("/generate_stream")
+async def generate_stream(body: tgi.GenerateRequest, services: ServicesDep) -> EventSourceResponse:
+    """Generate, streaming one Server-Sent Event per token; the last carries the whole text."""
+    return await _stream(services, body)
+
+
+@router.post("/")
+async def compat_generate(body: tgi.GenerateRequest, request: Request, services: ServicesDep) -> Response:
+    """`/generate_stream` or `/generate` by the body's `stream` flag: where `InferenceClient(url)` posts."""
+    if body.stream:
+        return await _stream(services, body)
+    return await _generate(services, body, request, listed=True)
+
+
+@router.get("/info")
+async def info(services: ServicesDep) -> tgi.Info:
+    """The served model and limits, from live workers' heartbeats and the settings."""
+    workers = await live_workers(services.redis, services.keys)
+    if not workers:
+        raise BackendUnavailable("no worker has a live heartbeat")
+    # TGI serves one model: the one most workers serve, and a context every one of them has.
+    model = Counter(worker.model for worker in workers).most_common(1)[0][0]
+    serving = [worker for worker in workers if worker.model == model]
+    max_total_tokens = min(worker.max_model_len for worker in serving)
+    settings = services.settings
+    return tgi.Info(
+        model_id=model,
+        model_dtype=settings.dtype,
+        max_concurrent_requests=settings.max_queued_jobs or None,
+        max_input_tokens=max_total_tokens - 1,
+        max_input_length=max_total_tokens - 1,
+        max_total_tokens=max_total_tokens,
+        max_new_tokens=settings.max_tokens_limit,
+        version=version("streampool"),
+        workers=len(serving),
+    )

@@ -1,0 +1,310 @@
+"use strict";
+// streampool playground: submit a job, follow its events over SSE, and pick the stream up
+// again after a reload, from the text and last event id kept in sessionStorage.
+
+const TERMINAL = { done: "completed", cancelled: "cancelled", error: "failed" }; // event type -> state
+const FINISHED = new Set(Object.values(TERMINAL));
+const ACTIVE = new Set(["submitting", "queued", "running"]);
+const NUMBERS = ["max_tokens", "temperature", "top_p", "top_k", "seed", "stream_step"];
+
+const $ = (id) => document.getElementById(id);
+const ui = {
+  form: $("request"), promptInput: $("prompt-input"), chatInput: $("chat-input"),
+  generate: $("generate"), cancel: $("cancel"), model: $("model"),
+  section: $("job"), jobId: $("job-id"), state: $("state"), ttft: $("ttft"), tokens: $("tokens"),
+  rate: $("rate"), error: $("error"), outcome: $("outcome"), text: $("text"),
+};
+
+/** The job on show (see newJob); saved to sessionStorage after every event. */
+let job = null;
+/** The EventSource following `job`, while its stream is open. */
+let source = null;
+
+function newJob(id, request, submittedAt) {
+  return {
+    id, request, state: "queued", text: "", lastEventId: "", tokens: 0, cancelling: false,
+    submittedAt, firstTokenAt: null, firstTokens: 0, lastTokenAt: null, outcome: "", error: "",
+  };
+}
+
+// ---- the request form
+
+const ESCAPES = { n: "\n", t: "\t", "\\": "\\" };
+const unescapeStop = (line) => line.replace(/\\([nt\\])/g, (_, c) => ESCAPES[c]);
+const escapeStop = (stop) => stop.replace(/[\\\n\t]/g, (c) => ({ "\\": "\\\\", "\n": "\\n", "\t": "\\t" })[c]);
+
+function showMode() {
+  const chat = ui.form.elements.mode.value === "chat";
+  ui.promptInput.hidden = ui.promptInput.disabled = chat; // disabled: left out of validation
+  ui.chatInput.hidden = ui.chatInput.disabled = !chat;
+}
+
+/** The POST /v1/jobs body; empty optional fields are left out, so the gateway's defaults apply. */
+function requestBody() {
+  const data = new FormData(ui.form);
+  const body = {};
+  if (data.get("mode") === "chat") {
+    const system = data.get("system");
+    body.messages = [
+      ...(system.trim() ? [{ role: "system", content: system }] : []),
+      { role: "user", content: data.get("user") },
+    ];
+  } else {
+    body.prompt = data.get("prompt");
+  }
+  for (const name of NUMBERS) {
+    const value = data.get(name).trim();
+    if (value !== "") body[name] = Number(value);
+  }
+  const stop = data.get("stop").split("\n").filter((line) => line !== "").map(unescapeStop);
+  if (stop.length) body.stop = stop.length === 1 ? stop[0] : stop;
+  return body;
+}
+
+/** Shows the request of a job re-attached after a reload. */
+function fillForm(body) {
+  const fields = ui.form.elements;
+  const chat = Array.isArray(body.messages);
+  fields.mode.value = chat ? "chat" : "prompt";
+  showMode();
+  if (chat) {
+    fields.system.value = body.messages.find((m) => m.role === "system")?.content ?? "";
+    fields.user.value = body.messages.findLast((m) => m.role === "user")?.content ?? "";
+  } else {
+    fields.prompt.value = body.prompt;
+  }
+  for (const name of NUMBERS) fields[name].value = body[name] ?? "";
+  fields.stop.value = [body.stop ?? []].flat().map(escapeStop).join("\n");
+}
+
+// ---- talking to the gateway
+
+/** JSON from the gateway; a failure throws with the gateway's `{error, error_type}`. */
+async function fetchJSON(url, options) {
+  const response = await fetch(url, options);
+  const body = await response.json().catch(() => null);
+  if (!response.ok) {
+    const why = body?.error ? `${body.error} (${response.status} ${body.error_type})` : `HTTP ${response.status}`;
+    throw new Error(why);
+  }
+  return body;
+}
+
+const storageKey = (id) => `streampool.job.${id}`;
+
+function save() {
+  try {
+    // Text and last event id go together, so a resume has no gap and no duplicate.
+    sessionStorage.setItem(storageKey(job.id), JSON.stringify(job));
+  } catch {
+    // Storage full or off: a reload then replays the job from its start.
+  }
+}
+
+function restore(id) {
+  try {
+    return JSON.parse(sessionStorage.getItem(storageKey(id)));
+  } catch {
+    return null;
+  }
+}
+
+function follow() {
+  const after = job.lastEventId ? `?after=${encodeURIComponent(job.lastEventId)}` : "";
+  source = new EventSource(`/v1/jobs/${encodeURIComponent(job.id)}/events${after}`);
+  for (const type of ["status", "delta", "done", "cancelled"]) source.addEventListener(type, onEvent);
+  source.addEventListener("error", onError);
+}
+
+function detach() {
+  source?.close();
+  source = null;
+}
+
+function onEvent(message) {
+  const event = JSON.parse(message.data);
+  job.error = "";
+  if (event.type === "status") {
+    job.state = event.state;
+  } else if (event.type === "delta") {
+    addDelta(event);
+  } else {
+    end(event);
+  }
+  job.lastEventId = message.lastEventId;
+  save();
+  render();
+}
+
+function addDelta(event) {
+  if (job.submittedAt) { // timings only for jobs this tab submitted, not for replays
+    const now = Date.now();
+    if (job.firstTokenAt === null) {
+      job.firstTokenAt = now;
+      job.firstTokens = event.token_ids.length;
+    }
+    job.lastTokenAt = now;
+  }
+  job.tokens += event.token_ids.length;
+  job.text += event.text;
+  ui.text.append(event.text);
+}
+
+function end(event) {
+  detach(); // or the browser reconnects when the gateway closes the finished stream
+  job.state = TERMINAL[event.type];
+  const usage = (u) => `${u.prompt_tokens} prompt + ${u.completion_tokens} completion tokens`;
+  if (event.type === "done") job.outcome = `Finished (${event.finish_reason}): ${usage(event.usage)}.`;
+  if (event.type === "cancelled") job.outcome = `Cancelled: ${usage(event.usage)}.`;
+  if (event.type === "error") job.error = `Job failed: ${event.message} (${event.code})`;
+}
+
+/** The job's `error` event, the gateway's own failure, or a lost or refused connection. */
+function onError(event) {
+  if (event instanceof MessageEvent) {
+    const data = JSON.parse(event.data);
+    if (data.seq !== undefined) return onEvent(event); // the job failed: its terminal event
+    // The gateway failed mid-stream (an event without id): the browser reconnects from the last real one.
+    job.error = `Stream interrupted: ${data.message}. Reconnecting…`;
+  } else if (source?.readyState === EventSource.CLOSED) {
+    detach();
+    return explainRefusal();
+  } else {
+    job.error ||= "Connection lost. Reconnecting…";
+  }
+  render();
+}
+
+/** EventSource cannot read why a stream was refused (404, 410, …): ask the same URL as JSON. */
+async function explainRefusal() {
+  const url = `/v1/jobs/${encodeURIComponent(job.id)}/events?limit=1&after=${encodeURIComponent(job.lastEventId)}`;
+  try {
+    await fetchJSON(url);
+    job.error = "The event stream was refused. Reload the page to try again.";
+  } catch (err) {
+    job.error = err.message;
+  }
+  job.state = "error";
+  render();
+}
+
+// ---- actions
+
+async function generate(event) {
+  event.preventDefault();
+  if (job && ACTIVE.has(job.state)) return;
+  detach();
+  if (job?.id) sessionStorage.removeItem(storageKey(job.id));
+  history.replaceState(null, "", location.pathname); // the old job's id leaves the URL
+  const request = requestBody();
+  job = newJob(null, request, Date.now());
+  job.state = "submitting";
+  ui.text.textContent = "";
+  render();
+  try {
+    const accepted = await fetchJSON("/v1/jobs", {
+      method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(request),
+    });
+    job.id = accepted.id;
+    job.state = accepted.status;
+  } catch (err) {
+    job.state = "error";
+    job.error = err.message;
+    render();
+    return;
+  }
+  history.replaceState(null, "", `?job=${encodeURIComponent(job.id)}`); // a reload re-attaches
+  save();
+  render();
+  follow();
+}
+
+async function cancel() {
+  const target = job;
+  target.cancelling = true;
+  render();
+  try {
+    await fetchJSON(`/v1/jobs/${encodeURIComponent(target.id)}/cancel`, { method: "POST" });
+    // The stream ends with `cancelled` (or `done`, if the job finished first).
+  } catch (err) {
+    target.error = `Cancel failed: ${err.message}`;
+    target.cancelling = false;
+    render();
+  }
+}
+
+/** After a reload (or from a shared link): show what this tab saw, then stream the rest. */
+async function attach(id) {
+  const saved = restore(id);
+  job = saved ?? newJob(id, null, null);
+  if (job.request) fillForm(job.request);
+  ui.text.textContent = job.text;
+  render();
+  if (saved && FINISHED.has(job.state)) return; // its terminal event is already here
+  try {
+    await fetchJSON(`/v1/jobs/${encodeURIComponent(id)}`); // 404 for an unknown or expired job
+  } catch (err) {
+    job.state = "error";
+    job.error = err.message;
+    render();
+    return;
+  }
+  follow();
+}
+
+async function showModels() {
+  try {
+    const models = await fetchJSON("/v1/models");
+    ui.model.textContent = models.data.map((model) => model.id).join(", ") || "none (no live worker)";
+  } catch (err) {
+    ui.model.textContent = `unknown (${err.message})`;
+  }
+}
+
+// ---- the view
+
+function tokensPerSecond() {
+  const seconds = (job.lastTokenAt - job.firstTokenAt) / 1000;
+  const tokens = job.tokens - job.firstTokens; // the rate after the first token
+  return job.firstTokenAt !== null && seconds > 0 && tokens > 0 ? (tokens / seconds).toFixed(1) : "—";
+}
+
+function render() {
+  const state = job?.state ?? "idle";
+  ui.section.dataset.state = state;
+  ui.state.textContent = state;
+  if (job?.id && ui.jobId.textContent !== job.id) {
+    const link = document.createElement("a");
+    link.href = `/v1/jobs/${encodeURIComponent(job.id)}`;
+    link.textContent = job.id;
+    ui.jobId.replaceChildren(link);
+  } else if (!job?.id) {
+    ui.jobId.textContent = "—";
+  }
+  ui.tokens.textContent = job?.tokens ?? 0;
+  ui.ttft.textContent = job?.submittedAt && job.firstTokenAt ? `${job.firstTokenAt - job.submittedAt} ms` : "—";
+  ui.rate.textContent = job ? tokensPerSecond() : "—";
+  ui.error.textContent = job?.error ?? "";
+  ui.error.hidden = !job?.error;
+  ui.outcome.textContent = job?.outcome ?? "";
+  ui.outcome.hidden = !job?.outcome;
+  ui.text.setAttribute("aria-busy", String(ACTIVE.has(state)));
+  ui.generate.disabled = ACTIVE.has(state);
+  ui.cancel.disabled = !(state === "queued" || state === "running") || job.cancelling;
+}
+
+ui.form.addEventListener("submit", generate);
+ui.form.addEventListener("keydown", (event) => {
+  if (event.key === "Enter" && (event.ctrlKey || event.metaKey)) {
+    event.preventDefault();
+    ui.form.requestSubmit();
+  }
+});
+for (const radio of ui.form.elements.mode) radio.addEventListener("change", showMode);
+ui.cancel.addEventListener("click", cancel);
+
+showMode();
+showModels();
+const jobParam = new URLSearchParams(location.search).get("job");
+if (jobParam) attach(jobParam);
+else render();

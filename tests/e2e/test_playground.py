@@ -1,0 +1,237 @@
+"""The browser playground at `GET /`: a real Chromium drives the page against the running system."""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+from playwright.sync_api import Browser, Page, Request, expect, sync_playwright
+
+from gateway.routes import playground as playground_routes
+from tests.conftest import System
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+FINISHED = re.compile(r"^(completed|cancelled|failed|error)$")
+GENERATION_MS = 180_000  # generous: other suites may share the CPU
+STORY = "Once upon a time, in a lighthouse by the sea, there lived"
+
+# Every change to the job section, as (state, length of the text so far), to see the text arrive in steps.
+RECORD_CHANGES = """() => {
+  window.changes = [];
+  const section = document.getElementById("job"), text = document.getElementById("text");
+  new MutationObserver(() => window.changes.push([section.dataset.state, text.textContent.length]))
+    .observe(section, {subtree: true, childList: true, characterData: true, attributes: true});
+}"""
+STREAMING_OR_OVER = """(tokens) => {
+  const state = document.getElementById("job").dataset.state;
+  const seen = Number(document.getElementById("tokens").textContent);
+  return !["submitting", "queued", "running"].includes(state) || (state === "running" && seen >= tokens);
+}"""
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    """Debian's Chromium, headless, driven by Playwright (whose own browsers are not installed)."""
+    if not os.access(CHROMIUM, os.X_OK):
+        pytest.skip(f"no Chromium at {CHROMIUM}: the browser tests need Debian's `chromium` package")
+    with sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(
+            executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS
+        )
+        yield chromium
+        chromium.close()
+
+
+@dataclass
+class Playground:
+    """The page, loaded from the gateway, and the script errors it raised."""
+
+    page: Page
+    base_url: str
+    errors: list[str]
+
+    @property
+    def state(self) -> str:
+        return self.page.locator("#job").get_attribute("data-state") or ""
+
+    @property
+    def text(self) -> str:
+        return self.page.locator("#text").text_content() or ""
+
+    @property
+    def job_id(self) -> str:
+        return self.page.locator("#job-id").text_content() or ""
+
+    def generate(self) -> dict[str, Any]:
+        """Clicks Generate; the body the page posted to /v1/jobs."""
+        with self.page.expect_request(lambda r: r.method == "POST" and r.url.endswith("/v1/jobs")) as sent:
+            self.page.click("#generate")
+        body = sent.value.post_data_json
+        assert isinstance(body, dict), body
+        return body
+
+    def wait_streaming(self, tokens: int) -> None:
+        """Until the job runs and `tokens` tokens are shown (or it is already over: then it fails)."""
+        self.page.wait_for_function(STREAMING_OR_OVER, arg=tokens, timeout=GENERATION_MS)
+        assert self.state == "running", f"the job was over before {tokens} tokens: {self.state}"
+
+    def wait_finished(self) -> str:
+        expect(self.page.locator("#job")).to_have_attribute("data-state", FINISHED, timeout=GENERATION_MS)
+        return self.state
+
+    def record(self) -> dict[str, Any]:
+        answer = httpx.get(f"{self.base_url}/v1/jobs/{self.job_id}")
+        assert answer.status_code == 200, answer.text
+        record: dict[str, Any] = answer.json()
+        return record
+
+
+@pytest.fixture
+def playground(browser: Browser, system: System) -> Iterator[Playground]:
+    context = browser.new_context(base_url=system.base_url)
+    page = context.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda error: errors.append(str(error)))
+    page.goto("/")
+    expect(page.locator("#model")).to_have_text(system.settings.model_name)
+    yield Playground(page, system.base_url, errors)
+    context.close()
+
+
+def test_root_serves_the_page_and_its_assets(system: System) -> None:
+    page = httpx.get(f"{system.base_url}/")
+    assert page.status_code == 200
+    assert page.headers["content-type"].startswith("text/html")
+    assert "<title>streampool playground</title>" in page.text
+    assets = re.findall(r'(?:href|src)="(/playground/[^"]+)"', page.text)
+    assert sorted(assets) == ["/playground/playground.css", "/playground/playground.js"]
+    types = {asset: httpx.get(f"{system.base_url}{asset}").headers["content-type"] for asset in assets}
+    assert types["/playground/playground.js"].startswith("text/javascript")
+    assert types["/playground/playground.css"].startswith("text/css")
+    missing = httpx.get(f"{system.base_url}/playground/app.py")
+    assert missing.status_code == 404 and missing.json()["error_type"] == "not_found"
+
+
+def test_playground_leaves_post_root_to_the_tgi_routes() -> None:
+    app = FastAPI()
+    app.include_router(playground_routes.router)
+
+    @app.post("/")  # stands in for the TGI route, included after the playground
+    async def tgi_root() -> dict[str, str]:
+        return {"answered_by": "tgi"}
+
+    with TestClient(app) as client:
+        assert client.post("/", json={"inputs": "Hi"}).json() == {"answered_by": "tgi"}
+        assert client.get("/").headers["content-type"].startswith("text/html")
+
+
+def test_a_prompt_streams_into_the_page_and_ends_as_the_record_text(playground: Playground) -> None:
+    page = playground.page
+    page.fill("#prompt", "The three primary colors are")
+    page.fill("input[name=max_tokens]", "40")
+    page.fill("input[name=temperature]", "0")
+    page.evaluate(RECORD_CHANGES)
+    body = playground.generate()
+    assert body == {
+        "prompt": "The three primary colors are",
+        "max_tokens": 40,
+        "temperature": 0,
+        "top_p": 1,
+        "stream_step": 1,
+    }
+
+    assert playground.wait_finished() == "completed"
+    record = playground.record()
+    assert record["status"] == "completed"
+    assert playground.text == record["output"]["text"] != ""
+    assert page.locator("#tokens").text_content() == str(record["output"]["token_count"])
+    assert re.fullmatch(r"\d+ ms", page.locator("#ttft").text_content() or "")
+    assert page.url.endswith(f"/?job={record['id']}")
+    final_length = page.evaluate("document.getElementById('text').textContent.length")
+    changes: list[tuple[str, int]] = page.evaluate("window.changes")
+    assert any(state == "running" and 0 < length < final_length for state, length in changes), changes
+    assert playground.errors == []
+
+
+def test_cancel_in_chat_mode_ends_the_job_cancelled(playground: Playground) -> None:
+    page = playground.page
+    page.check("input[name=mode][value=chat]")
+    page.fill("#system", "You are a storyteller.")
+    page.fill("#user", "Write a very long story about a dragon.")
+    page.fill("input[name=max_tokens]", "400")
+    page.fill("input[name=temperature]", "0")  # greedy: a long story, not an early end
+    body = playground.generate()
+    assert body["messages"] == [
+        {"role": "system", "content": "You are a storyteller."},
+        {"role": "user", "content": "Write a very long story about a dragon."},
+    ]
+    assert "prompt" not in body
+
+    playground.wait_streaming(tokens=3)
+    page.click("#cancel")
+    assert playground.wait_finished() == "cancelled"
+    record = playground.record()
+    assert record["status"] == "cancelled"
+    assert playground.text == record["output"]["text"]
+    assert record["output"]["token_count"] < 400
+    assert page.locator("#outcome").text_content() == (
+        f"Cancelled: {record['usage']['prompt_tokens']} prompt + "
+        f"{record['usage']['completion_tokens']} completion tokens."
+    )
+    assert page.locator("#cancel").is_disabled() and page.locator("#generate").is_enabled()
+    assert playground.errors == []
+
+
+def test_a_reload_mid_stream_resumes_without_gap_or_duplicate(playground: Playground) -> None:
+    page = playground.page
+    page.fill("#prompt", STORY)
+    page.fill("input[name=max_tokens]", "250")
+    page.fill("input[name=temperature]", "0")  # greedy: this story runs the full 250 tokens
+    playground.generate()
+    playground.wait_streaming(tokens=10)
+    before = playground.text
+
+    def resumes(request: Request) -> bool:
+        return "/events?after=" in request.url
+
+    with page.expect_request(resumes) as resumed:
+        page.reload()
+    assert re.search(r"/events\?after=\d+-\d+$", resumed.value.url)
+    assert playground.wait_finished() == "completed"
+    record = playground.record()
+    assert record["status"] == "completed"
+    assert playground.text == record["output"]["text"]
+    assert record["output"]["text"].startswith(before) and len(record["output"]["text"]) > len(before)
+    assert page.locator("#tokens").text_content() == str(record["output"]["token_count"])
+    assert page.locator("#prompt").input_value() == STORY  # the form came back too
+    assert playground.errors == []
+
+
+def test_a_rejected_request_shows_the_gateway_error(playground: Playground, system: System) -> None:
+    page = playground.page
+    page.fill("#prompt", "Hi")
+    page.fill("input[name=max_tokens]", str(system.settings.max_tokens_limit + 1))
+    playground.generate()
+    assert playground.wait_finished() == "error"
+    expect(page.locator("#error")).to_have_text(
+        f"max_tokens: must be at most {system.settings.max_tokens_limit} (422 validation)"
+    )
+    assert "job=" not in page.url and page.locator("#generate").is_enabled()
+    assert playground.errors == []

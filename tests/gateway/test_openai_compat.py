@@ -1,0 +1,466 @@
+"""OpenAI compatibility without Redis or a worker: request mapping, answers and chunks, error shapes.
+
+Answers and chunks are parsed with the `openai` package's own models, as its client parses them.
+The last tests run the gateway app in-process, pointed at a port where no Redis answers:
+everything they check is decided before a job would reach Redis.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import pytest
+from openai.types import Completion
+from openai.types.chat import ChatCompletion, ChatCompletionChunk
+from pydantic import ValidationError
+
+from gateway.app import create_app
+from gateway.compat.openai import (
+    Answer,
+    ChatBody,
+    ChunkStream,
+    CompletionBody,
+    ModelNotFound,
+    chat_logprobs,
+    check_model,
+    completion,
+    completion_logprobs,
+)
+from gateway.errors import openai_error
+from gateway.generation import JobCancelled
+from shared.errors import (
+    BackendUnavailable,
+    EngineError,
+    InvalidRequest,
+    Overloaded,
+    PromptTooLong,
+    StreampoolError,
+)
+from shared.events import DeltaEvent, DoneEvent, Event, JobState, StatusEvent, TokenLogprob, TopLogprob, Usage
+from tests.conftest import free_port, make_settings
+
+LIMIT = 2048
+MODEL = "SmolLM2-135M-Instruct"
+CHAT = [{"role": "user", "content": "Hi"}]
+
+
+def _completion(**body: Any) -> CompletionBody:
+    return CompletionBody.model_validate({"model": MODEL, "prompt": "Once", **body})
+
+
+def _chat(**body: Any) -> ChatBody:
+    return ChatBody.model_validate({"model": MODEL, "messages": CHAT, **body})
+
+
+def _refusal(body: CompletionBody | ChatBody) -> InvalidRequest:
+    with pytest.raises(InvalidRequest) as caught:
+        body.job_request(LIMIT)
+    return caught.value
+
+
+# Request mapping
+
+
+def test_completion_sampling_options_reach_the_job() -> None:
+    job = _completion(
+        max_tokens=7, temperature=0.5, top_p=0.9, top_k=40, seed=3, stop=["\n", "."], logprobs=2
+    ).job_request(LIMIT)
+    assert (job.prompt, job.messages, job.max_tokens, job.temperature, job.top_p) == (
+        "Once",
+        None,
+        7,
+        0.5,
+        0.9,
+    )
+    assert (job.top_k, job.seed, job.stop_strings, job.logprobs) == (40, 3, ["\n", "."], 2)
+
+
+def test_completion_defaults_to_16_tokens_and_the_limit_caps_the_default() -> None:
+    assert _completion().job_request(LIMIT).max_tokens == 16
+    assert _completion().job_request(8).max_tokens == 8
+
+
+@pytest.mark.parametrize("top_k", [-1, 0])
+def test_top_k_of_minus_one_or_zero_means_no_limit_as_in_vllm(top_k: int) -> None:
+    assert _completion(top_k=top_k).job_request(LIMIT).top_k is None
+
+
+def test_completion_prompt_may_be_a_list_of_one_string() -> None:
+    assert _completion(prompt=["Once upon"]).job_request(LIMIT).prompt == "Once upon"
+
+
+@pytest.mark.parametrize("prompt", [["a", "b"], [1, 2, 3], [[1, 2]], []])
+def test_token_id_and_batched_prompts_are_refused(prompt: Any) -> None:
+    error = _refusal(_completion(prompt=prompt))
+    assert error.detail["param"] == "prompt"
+    assert "token ids and batches are not supported" in error.message
+
+
+def test_chat_text_parts_are_joined_and_developer_is_system() -> None:
+    messages = [
+        {"role": "developer", "content": "Be brief."},
+        {"role": "user", "content": [{"type": "text", "text": "one"}, {"type": "text", "text": "two"}]},
+        {"role": "assistant", "content": "ok"},
+    ]
+    job = _chat(messages=messages).job_request(LIMIT)
+    assert job.prompt is None and job.messages is not None
+    assert [(m.role, m.content) for m in job.messages] == [
+        ("system", "Be brief."),
+        ("user", "one\ntwo"),
+        ("assistant", "ok"),
+    ]
+
+
+def test_chat_without_max_tokens_gets_the_native_default() -> None:
+    assert _chat().job_request(LIMIT).max_tokens == 256
+
+
+def test_chat_max_completion_tokens_wins_over_max_tokens_and_is_the_one_named() -> None:
+    assert _chat(max_tokens=9, max_completion_tokens=5).job_request(LIMIT).max_tokens == 5
+    error = _refusal(_chat(max_tokens=9, max_completion_tokens=0))
+    assert error.detail["param"] == "max_completion_tokens"
+
+
+@pytest.mark.parametrize(
+    ("options", "job_logprobs"),
+    [({}, None), ({"logprobs": True}, 0), ({"logprobs": True, "top_logprobs": 3}, 3)],
+)
+def test_chat_logprobs_and_top_logprobs_become_the_job_logprobs(
+    options: dict[str, Any], job_logprobs: int | None
+) -> None:
+    assert _chat(**options).job_request(LIMIT).logprobs == job_logprobs
+
+
+UNSUPPORTED: list[tuple[str, dict[str, Any], str]] = [
+    ("completion", {"n": 2}, "n"),
+    ("chat", {"n": 3}, "n"),
+    ("completion", {"best_of": 2}, "best_of"),
+    ("completion", {"echo": True}, "echo"),
+    ("completion", {"suffix": "end"}, "suffix"),
+    ("completion", {"logit_bias": {"50256": -100}}, "logit_bias"),
+    ("chat", {"presence_penalty": 0.5}, "presence_penalty"),
+    ("chat", {"frequency_penalty": -1}, "frequency_penalty"),
+    ("chat", {"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+    ("chat", {"tool_choice": "auto"}, "tool_choice"),
+    ("chat", {"functions": [{"name": "f"}]}, "functions"),
+    ("chat", {"function_call": {"name": "f"}}, "function_call"),
+    ("chat", {"response_format": {"type": "json_object"}}, "response_format"),
+    ("chat", {"top_logprobs": 2}, "top_logprobs"),
+    ("completion", {"stream_options": {"include_usage": True}}, "stream_options"),
+]
+
+
+@pytest.mark.parametrize(
+    ("kind", "options", "param"), UNSUPPORTED, ids=[param for _, _, param in UNSUPPORTED]
+)
+def test_unsupported_option_is_refused_with_its_parameter_named(
+    kind: str, options: dict[str, Any], param: str
+) -> None:
+    body = _chat(**options) if kind == "chat" else _completion(**options)
+    error = _refusal(body)
+    assert error.detail == {"param": param, "code": "unsupported_parameter"}
+    assert error.message.startswith(f"{param}: ")
+
+
+def test_harmless_options_are_accepted() -> None:
+    harmless = {
+        "n": 1,
+        "presence_penalty": 0,
+        "frequency_penalty": 0.0,
+        "logit_bias": {},
+        "user": "someone",
+        "tool_choice": "none",
+        "parallel_tool_calls": False,
+        "response_format": {"type": "text"},
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    body = _chat(**harmless)
+    assert body.job_request(LIMIT).messages is not None
+    assert body.include_usage
+
+
+def test_null_options_mean_their_defaults() -> None:
+    nulls = dict.fromkeys(["n", "presence_penalty", "frequency_penalty", "stream", "logit_bias", "seed"])
+    assert _completion(**nulls, echo=None).job_request(LIMIT) == _completion().job_request(LIMIT)
+    assert _chat(**nulls, logprobs=None).job_request(LIMIT) == _chat().job_request(LIMIT)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"model": MODEL, "prompt": "hi", "metadata": {"a": "b"}},  # unknown parameter
+        {"model": MODEL, "messages": [{"role": "tool", "content": "42"}]},
+        {"model": MODEL, "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
+        {"model": MODEL, "prompt": "hi", "stream_options": {"continuous_usage_stats": True}},
+    ],
+)
+def test_bodies_a_job_cannot_take_fail_validation(body: dict[str, Any]) -> None:
+    model = ChatBody if "messages" in body else CompletionBody
+    with pytest.raises(ValidationError):
+        model.model_validate(body)
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        (_completion(temperature=3.5), "temperature"),
+        (_completion(seed=-1), "seed"),
+        (_completion(prompt=""), "prompt"),
+        (_completion(logprobs=50), "logprobs"),
+        (_chat(logprobs=True, top_logprobs=50), "top_logprobs"),
+        (_completion(stop=""), "stop"),
+    ],
+)
+def test_job_validation_errors_name_the_openai_parameter(body: CompletionBody | ChatBody, param: str) -> None:
+    error = _refusal(body)
+    assert error.detail["param"] == param
+    assert error.message.startswith(f"{param}: ")
+
+
+def test_max_tokens_above_the_gateway_limit_is_refused() -> None:
+    error = _refusal(_completion(max_tokens=LIMIT + 1))
+    assert error.detail == {"param": "max_tokens", "code": "invalid_value"}
+    assert str(LIMIT) in error.message
+
+
+def test_a_model_no_live_worker_serves_is_not_found() -> None:
+    check_model(MODEL, {MODEL})
+    with pytest.raises(ModelNotFound) as caught:
+        check_model("gpt-4o", {MODEL})
+    assert caught.value.detail == {"param": "model"} and MODEL in caught.value.message
+    with pytest.raises(BackendUnavailable):
+        check_model(MODEL, set())
+
+
+# Answers and chunks
+
+
+def _logprob(token: str, logprob: float, *alternatives: tuple[str, float]) -> TokenLogprob:
+    top = [TopLogprob(token_id=i, token=t, logprob=lp) for i, (t, lp) in enumerate(alternatives)]
+    return TokenLogprob(token_id=99, token=token, logprob=logprob, top_logprobs=top)
+
+
+USAGE = Usage(prompt_tokens=5, completion_tokens=2)
+
+
+def test_completion_answer_parses_as_an_openai_completion() -> None:
+    answer = Answer(chat=False, job_id="abc", model=MODEL, created=1700000000)
+    parsed = Completion.model_validate(completion(answer, "Hello", None, "length", USAGE))
+    assert (parsed.id, parsed.object, parsed.model, parsed.created) == (
+        "cmpl-abc",
+        "text_completion",
+        MODEL,
+        1700000000,
+    )
+    assert [(c.index, c.text, c.logprobs, c.finish_reason) for c in parsed.choices] == [
+        (0, "Hello", None, "length")
+    ]
+    assert parsed.usage is not None and parsed.usage.total_tokens == 7
+
+
+def test_chat_answer_parses_as_an_openai_chat_completion_with_logprobs() -> None:
+    answer = Answer(chat=True, job_id="abc", model=MODEL, created=1700000000)
+    logprobs = [_logprob("Hi", -0.25, ("Hi", -0.25), ("Hey", -1.5))]
+    parsed = ChatCompletion.model_validate(completion(answer, "Hi", logprobs, "stop", USAGE))
+    assert (parsed.id, parsed.object) == ("chatcmpl-abc", "chat.completion")
+    choice = parsed.choices[0]
+    assert (choice.message.role, choice.message.content, choice.finish_reason) == ("assistant", "Hi", "stop")
+    assert choice.logprobs is not None and choice.logprobs.content is not None
+    token = choice.logprobs.content[0]
+    assert (token.token, token.logprob, token.bytes) == ("Hi", -0.25, [72, 105])
+    assert [(top.token, top.logprob) for top in token.top_logprobs] == [("Hi", -0.25), ("Hey", -1.5)]
+
+
+def _events(*deltas: DeltaEvent) -> list[Event]:
+    queued = StatusEvent(seq=0, state=JobState.queued)
+    running = StatusEvent(seq=1, state=JobState.running)
+    done = DoneEvent(seq=2 + len(deltas), finish_reason="stop", usage=USAGE)
+    return [queued, running, *deltas, done]
+
+
+def _delta(seq: int, text: str, logprobs: list[TokenLogprob] | None = None) -> DeltaEvent:
+    return DeltaEvent(seq=seq, text=text, token_ids=[seq] * max(len(logprobs or []), 1), logprobs=logprobs)
+
+
+def _stream(answer: Answer, include_usage: bool, events: list[Event]) -> list[dict[str, Any]]:
+    chunks = ChunkStream(answer, include_usage)
+    # Through JSON, as the client sees them.
+    return [json.loads(json.dumps(chunk)) for event in events for chunk in chunks.feed(event)]
+
+
+def test_chat_stream_opens_with_the_role_then_content_then_the_finish_reason() -> None:
+    answer = Answer(chat=True, job_id="abc", model=MODEL, created=1700000000)
+    raw = _stream(answer, False, _events(_delta(2, "Hel"), _delta(3, "lo")))
+    chunks = [ChatCompletionChunk.model_validate(chunk) for chunk in raw]
+    assert {(c.id, c.object, c.model) for c in chunks} == {("chatcmpl-abc", "chat.completion.chunk", MODEL)}
+    deltas = [
+        (c.choices[0].delta.role, c.choices[0].delta.content, c.choices[0].finish_reason) for c in chunks
+    ]
+    assert deltas == [("assistant", "", None), (None, "Hel", None), (None, "lo", None), (None, None, "stop")]
+    assert all("usage" not in chunk for chunk in raw)
+
+
+def test_include_usage_adds_a_last_chunk_with_no_choices_and_usage_null_before() -> None:
+    answer = Answer(chat=True, job_id="abc", model=MODEL, created=1700000000)
+    raw = _stream(answer, True, _events(_delta(2, "Hel")))
+    chunks = [ChatCompletionChunk.model_validate(chunk) for chunk in raw]
+    assert [chunk["usage"] for chunk in raw[:-1]] == [None, None, None]
+    assert chunks[-2].choices[0].finish_reason == "stop"
+    assert chunks[-1].choices == []
+    assert chunks[-1].usage is not None
+    assert (chunks[-1].usage.prompt_tokens, chunks[-1].usage.completion_tokens) == (5, 2)
+    assert chunks[-1].usage.total_tokens == 7
+
+
+def test_completion_stream_chunks_carry_text_and_logprob_offsets_continue() -> None:
+    # The `openai` client reads these chunks as `Completion`s without validating them
+    # (a streamed `finish_reason` is null until the end), so their shape is checked here.
+    answer = Answer(chat=False, job_id="abc", model=MODEL, created=1700000000)
+    first = _delta(2, "Hello", [_logprob("Hel", -0.5), _logprob("lo", -0.25)])
+    second = _delta(3, " you", [_logprob(" you", -1.0)])
+    chunks = _stream(answer, False, _events(first, second))
+    assert {(c["id"], c["object"], c["model"], c["created"]) for c in chunks} == {
+        ("cmpl-abc", "text_completion", MODEL, 1700000000)
+    }
+    choices = [chunk["choices"] for chunk in chunks]
+    assert [[(c["index"], c["text"], c["finish_reason"]) for c in cs] for cs in choices] == [
+        [(0, "Hello", None)],
+        [(0, " you", None)],
+        [(0, "", "stop")],
+    ]
+    logprobs = [cs[0]["logprobs"] for cs in choices]
+    assert [lp["text_offset"] for lp in logprobs[:2]] == [[0, 3], [5]]
+    assert [lp["tokens"] for lp in logprobs[:2]] == [["Hel", "lo"], [" you"]]
+    assert logprobs[2] is None
+
+
+def test_completion_top_logprobs_always_hold_the_sampled_token() -> None:
+    logprobs = completion_logprobs([_logprob("b", -3.0, ("a", -0.1)), _logprob("a", -0.1, ("a", -0.1))], 10)
+    assert logprobs == {
+        "tokens": ["b", "a"],
+        "token_logprobs": [-3.0, -0.1],
+        "top_logprobs": [{"a": -0.1, "b": -3.0}, {"a": -0.1}],
+        "text_offset": [10, 11],
+    }
+
+
+def test_logprobs_of_minus_infinity_are_clamped_for_json() -> None:
+    content = chat_logprobs([_logprob("x", float("-inf"), ("y", float("-inf")))])["content"]
+    assert content[0]["logprob"] == content[0]["top_logprobs"][0]["logprob"] == -9999.0
+    assert json.loads(json.dumps(content)) == content
+
+
+# Errors
+
+
+@pytest.mark.parametrize(
+    ("exc", "status", "kind", "param", "code"),
+    [
+        (
+            InvalidRequest("n: no", param="n", code="unsupported_parameter"),
+            400,
+            "invalid_request_error",
+            "n",
+            "unsupported_parameter",
+        ),
+        (
+            ModelNotFound("no such model", param="model"),
+            404,
+            "invalid_request_error",
+            "model",
+            "model_not_found",
+        ),
+        (
+            PromptTooLong("prompt has 3001 tokens"),
+            400,
+            "invalid_request_error",
+            None,
+            "context_length_exceeded",
+        ),
+        (JobCancelled("the job was cancelled"), 410, "invalid_request_error", None, "cancelled"),
+        (Overloaded("queue full"), 429, "rate_limit_error", None, "overloaded"),
+        (BackendUnavailable("Redis is unreachable"), 503, "server_error", None, "unavailable"),
+        (
+            EngineError("the worker stopped the job", code="worker_stopped"),
+            500,
+            "server_error",
+            None,
+            "worker_stopped",
+        ),
+    ],
+)
+def test_failures_map_to_openai_status_type_and_code(
+    exc: StreampoolError, status: int, kind: str, param: str | None, code: str
+) -> None:
+    assert openai_error(exc) == (
+        status,
+        {"error": {"message": exc.message, "type": kind, "param": param, "code": code}},
+    )
+
+
+@pytest.fixture
+async def gateway() -> AsyncIterator[httpx.AsyncClient]:
+    """The app in-process, with its Redis at a port where nothing answers."""
+    app = create_app(make_settings(f"redis://127.0.0.1:{free_port()}/0"))
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as http:
+            yield http
+
+
+def _openai_error(answer: httpx.Response) -> dict[str, Any]:
+    body = answer.json()
+    assert set(body) == {"error"} and set(body["error"]) == {"message", "type", "param", "code"}, body
+    error: dict[str, Any] = body["error"]
+    return error
+
+
+async def test_refused_option_answers_an_openai_400_naming_it(gateway: httpx.AsyncClient) -> None:
+    answer = await gateway.post("/v1/chat/completions", json={"model": MODEL, "messages": CHAT, "n": 2})
+    assert answer.status_code == 400
+    error = _openai_error(answer)
+    assert (error["type"], error["param"]) == ("invalid_request_error", "n")
+
+
+@pytest.mark.parametrize(
+    ("content", "param"),
+    [
+        (json.dumps({"model": MODEL, "prompt": "hi", "frobnicate": 1}), "frobnicate"),
+        (json.dumps({"prompt": "hi"}), "model"),
+        ("{not json", None),
+    ],
+)
+async def test_invalid_body_answers_an_openai_400(
+    gateway: httpx.AsyncClient, content: str, param: str | None
+) -> None:
+    answer = await gateway.post(
+        "/v1/completions", content=content, headers={"Content-Type": "application/json"}
+    )
+    assert answer.status_code == 400
+    assert _openai_error(answer)["param"] == param
+
+
+async def test_redis_down_answers_an_openai_503_with_retry_after(gateway: httpx.AsyncClient) -> None:
+    answer = await gateway.post("/v1/completions", json={"model": MODEL, "prompt": "hi"})
+    assert answer.status_code == 503
+    assert int(answer.headers["Retry-After"]) >= 1
+    assert _openai_error(answer)["type"] == "server_error"
+
+
+async def test_wrong_method_answers_in_openai_shape(gateway: httpx.AsyncClient) -> None:
+    answer = await gateway.get("/v1/chat/completions")
+    assert answer.status_code == 405
+    assert _openai_error(answer)["type"] == "invalid_request_error"
+
+
+async def test_native_routes_keep_their_error_shape(gateway: httpx.AsyncClient) -> None:
+    answer = await gateway.post("/v1/jobs", json={"prompt": "hi", "n": 2})
+    assert answer.status_code == 422
+    assert answer.json()["error_type"] == "validation"
+    answer = await gateway.get("/v1/jobs/abc")
+    assert answer.status_code == 503
+    assert answer.json()["error_type"] == "unavailable"
