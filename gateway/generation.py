@@ -16,7 +16,16 @@ from fastapi import Request
 from gateway.deps import Services
 from gateway.relay import START
 from shared.errors import EngineError, Overloaded, PromptTooLong, StreampoolError
-from shared.events import DeltaEvent, DoneEvent, ErrorEvent, Event, TokenLogprob, Usage, event_adapter
+from shared.events import (
+    CancelledEvent,
+    DeltaEvent,
+    DoneEvent,
+    ErrorEvent,
+    Event,
+    TokenLogprob,
+    Usage,
+    event_adapter,
+)
 from shared.requests import JobRequest
 
 DISCONNECT_POLL_SECONDS = 0.5
@@ -32,6 +41,14 @@ def error_from_event(event: ErrorEvent) -> StreampoolError:
     if event.code == PromptTooLong.error_type:
         return PromptTooLong(event.message)
     return EngineError(event.message, code=event.code)
+
+
+def raise_for_failure(event: Event) -> None:
+    """Raise what an `error` or `cancelled` event means for a client waiting on the output."""
+    if isinstance(event, ErrorEvent):
+        raise error_from_event(event)
+    if isinstance(event, CancelledEvent):
+        raise JobCancelled("the job was cancelled")
 
 
 @dataclass
@@ -100,9 +117,6 @@ class JobRun:
                 result.logprobs.extend(event.logprobs or [])
             elif isinstance(event, DoneEvent):
                 result.finish_reason, result.usage = event.finish_reason, event.usage
-            elif isinstance(event, ErrorEvent):
-                raise error_from_event(event)
-            elif event.type == "cancelled":
-                raise JobCancelled("the job was cancelled")
+            raise_for_failure(event)
         result.text = "".join(texts)
         return result

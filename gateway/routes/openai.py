@@ -28,10 +28,9 @@ from gateway.compat.openai import (
 )
 from gateway.deps import Services, ServicesDep
 from gateway.errors import openai_error
-from gateway.generation import JOB_ID_HEADER, JobCancelled, JobRun, error_from_event
+from gateway.generation import JOB_ID_HEADER, JobRun, raise_for_failure
 from gateway.metrics import GatewayMetrics
 from shared.errors import StreampoolError
-from shared.events import CancelledEvent, ErrorEvent
 from shared.workers import live_workers
 
 router = APIRouter(tags=["openai"])
@@ -80,13 +79,9 @@ async def _frames(
     """
     metrics.streams_open.inc()
     try:
-        # `JobRun.events` is an async generator; closing it is what cancels an unfinished job.
         async with aclosing(run.events()) as events:
             async for event in events:
-                if isinstance(event, ErrorEvent):
-                    raise error_from_event(event)
-                if isinstance(event, CancelledEvent):
-                    raise JobCancelled("the job was cancelled")
+                raise_for_failure(event)
                 for chunk in chunks.feed(event):
                     yield _frame(chunk)
     except StreampoolError as exc:
