@@ -9,6 +9,7 @@ from fastapi import FastAPI
 
 from gateway.deps import Services
 from gateway.errors import install_error_handlers
+from gateway.fanout import StreamHub
 from gateway.metrics import GatewayMetrics
 from gateway.relay import Relay
 from gateway.routes import health, jobs, openai, playground, tgi
@@ -25,17 +26,19 @@ def create_app(settings: Settings) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         keys = Keys(settings.key_prefix)
         redis = connect(settings.redis_url)
+        hub = StreamHub(connect(settings.redis_url, reader_name=keys.stream_reader_name), redis)
         app.state.services = Services(
             settings=settings,
             keys=keys,
             redis=redis,
             store=JobStore(redis, keys, settings),
-            relay=Relay(redis, keys),
+            relay=Relay(redis, keys, hub),
             metrics=GatewayMetrics(),
         )
         try:
             yield
         finally:
+            await hub.close()
             await redis.aclose()
 
     app = FastAPI(title="streampool", version="0.1.0", lifespan=lifespan)

@@ -1,17 +1,24 @@
-"""Reading job streams from a client's cursor: follow until the terminal event, or one page."""
+"""Reading job streams from a client's cursor: follow until the terminal event, or one page.
+
+A follower first catches up with its own reads, then takes new entries from the
+process's one `StreamHub` reader; if it falls behind, it catches up again from Redis,
+so a slow client costs Redis reads, never unbounded gateway memory.
+"""
 
 from __future__ import annotations
 
-import json
+import asyncio
 import re
-from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from collections.abc import AsyncGenerator, AsyncIterator
+from contextlib import aclosing
 from typing import Any
 
 import redis.asyncio as aioredis
 
+from gateway.entries import Entry
+from gateway.fanout import StreamHub, Subscription
 from shared.errors import CursorExpired, InvalidRequest, JobNotFound
-from shared.events import TERMINAL_EVENT_TYPES, JobState
+from shared.events import JobState
 from shared.keys import Keys
 from shared.redis_client import redis_errors
 
@@ -19,31 +26,7 @@ CURSOR = re.compile(r"[0-9]{1,20}(-[0-9]{1,20})?")
 MAX_ID_PART = 2**64 - 1
 START = "0-0"
 READ_BATCH = 512
-FOLLOW_BLOCK_MS = 5000
-TERMINAL_STATES = {"done": JobState.completed, "cancelled": JobState.cancelled, "error": JobState.failed}
-
-
-@dataclass(frozen=True)
-class Entry:
-    """One stream entry as stored: its stream id (the cursor), event type and event JSON."""
-
-    id: str
-    type: str
-    data: str
-
-    @property
-    def terminal(self) -> bool:
-        return self.type in TERMINAL_EVENT_TYPES
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"id": self.id, **json.loads(self.data)}
-
-    @property
-    def state(self) -> JobState | None:
-        """The job state this entry moves the job into, if it is a status or terminal event."""
-        if self.type == "status":
-            return JobState(json.loads(self.data)["state"])
-        return TERMINAL_STATES.get(self.type)
+IDLE_CHECK_SECONDS = 5.0  # how long a silent stream waits before checking its job still exists
 
 
 def _id_tuple(stream_id: str) -> tuple[int, int]:
@@ -73,9 +56,10 @@ def parse_cursor(cursor: str | None) -> str:
 class Relay:
     """Reads one job's stream for one client."""
 
-    def __init__(self, redis: aioredis.Redis, keys: Keys) -> None:
+    def __init__(self, redis: aioredis.Redis, keys: Keys, hub: StreamHub) -> None:
         self.redis = redis
         self.keys = keys
+        self.hub = hub
 
     async def check(self, job_id: str, cursor: str) -> JobState:
         """The job's state; 404 for an unknown job, 410 for a cursor older than what is kept."""
@@ -126,21 +110,65 @@ class Relay:
     async def follow(self, job_id: str, cursor: str) -> AsyncIterator[Entry]:
         """Every entry after `cursor`, as it is appended, up to and including the terminal event.
 
-        A cursor already at or past the terminal event ends the stream at once. The first read
-        does not wait, so a finished job answers without delay.
+        A cursor already at or past the terminal event ends the stream at once.
         """
-        block: int | None = None
+        stream = self.keys.stream(job_id)
         while True:
-            entries = await self._read(job_id, cursor, READ_BATCH, block)
-            block = FOLLOW_BLOCK_MS
-            if not entries:
+            async with aclosing(self._catch_up(job_id, cursor)) as caught_up:
+                async for entry in caught_up:
+                    yield entry
+                    cursor = entry.id
+                    if entry.terminal:
+                        return
+            async with (
+                self.hub.subscribe(stream, cursor) as subscription,
+                aclosing(self._live(job_id, subscription, cursor)) as live,
+            ):
+                async for entry in live:
+                    yield entry
+                    cursor = entry.id
+                    if entry.terminal:
+                        return
+                if not subscription.lagged:
+                    return  # the job ended while idle and its follower has everything
+
+    async def _catch_up(self, job_id: str, cursor: str) -> AsyncGenerator[Entry, None]:
+        """What the stream already holds after `cursor`, with plain (non-blocking) reads."""
+        while True:
+            entries = await self._read(job_id, cursor, READ_BATCH, None)
+            for entry in entries:
+                yield entry
+            if len(entries) < READ_BATCH:
+                return
+            cursor = entries[-1].id
+
+    async def _live(
+        self, job_id: str, subscription: Subscription, cursor: str
+    ) -> AsyncGenerator[Entry, None]:
+        """New entries from the hub, after filling the gap up to where the hub already was."""
+        if _id_tuple(subscription.started_after) > _id_tuple(cursor):
+            with redis_errors():
+                gap = await self.redis.xrange(
+                    self.keys.stream(job_id), min=f"({cursor}", max=subscription.started_after
+                )
+            for entry_id, fields in gap:
+                yield Entry(entry_id, fields["type"], fields["data"])
+                cursor = entry_id
+        while not (subscription.lagged and subscription.queue.empty()):
+            try:
+                # Entries already delivered are taken at once, without a wait (and its task) each.
+                if subscription.queue.empty():
+                    item = await asyncio.wait_for(subscription.queue.get(), IDLE_CHECK_SECONDS)
+                else:
+                    item = subscription.queue.get_nowait()
+            except asyncio.TimeoutError:
                 # An ended job has its terminal event in the stream already (the same script
-                # wrote both), so an empty read after seeing the state means nothing is left.
+                # wrote both): once it has ended, an empty read after the cursor means nothing is left.
                 if (await self._status(job_id)).terminal and not await self._read(job_id, cursor, 1, None):
                     return
                 continue
-            for entry in entries:
-                yield entry
-                if entry.terminal:
-                    return
-            cursor = entries[-1].id
+            if isinstance(item, Exception):
+                raise item
+            if _id_tuple(item.id) > _id_tuple(cursor):
+                yield item
+                cursor = item.id

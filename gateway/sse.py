@@ -7,8 +7,8 @@ from collections.abc import AsyncIterator
 
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
+from gateway.entries import Entry
 from gateway.metrics import GatewayMetrics
-from gateway.relay import Entry
 from shared.errors import StreampoolError
 
 

@@ -43,6 +43,11 @@ class Keys:
     def worker_pattern(self) -> str:
         return f"{self.prefix}:worker:*"
 
+    @property
+    def stream_reader_name(self) -> str:
+        """CLIENT SETNAME of a gateway's one stream reader connection."""
+        return f"{self.prefix}:stream-reader"
+
     def job_keys(self, job_id: str) -> list[str]:
         """Keys that live and expire with a job."""
         return [self.job(job_id), self.stream(job_id), self.cancel(job_id)]

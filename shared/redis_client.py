@@ -12,9 +12,19 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from shared.errors import BackendUnavailable
 
 
-def connect(url: str) -> aioredis.Redis:
-    """A pooled client that answers `str`; connections are made lazily and re-made after an outage."""
-    client: aioredis.Redis = aioredis.Redis.from_url(url, decode_responses=True, health_check_interval=30)
+def connect(url: str, reader_name: str | None = None) -> aioredis.Redis:
+    """A client that answers `str`; connections are made lazily and re-made after an outage.
+
+    With `reader_name`, a client of one connection of its own, for a long blocking reader,
+    named so that `CLIENT LIST` shows what it is.
+    """
+    client: aioredis.Redis = aioredis.Redis.from_url(
+        url,
+        decode_responses=True,
+        health_check_interval=30,
+        single_connection_client=reader_name is not None,
+        client_name=reader_name,
+    )
     return client
 
 

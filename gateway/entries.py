@@ -1,0 +1,34 @@
+"""A job stream entry as the gateway relays it."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from shared.events import TERMINAL_EVENT_TYPES, JobState
+
+TERMINAL_STATES = {"done": JobState.completed, "cancelled": JobState.cancelled, "error": JobState.failed}
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One stream entry as stored: its stream id (the cursor), event type and event JSON."""
+
+    id: str
+    type: str
+    data: str
+
+    @property
+    def terminal(self) -> bool:
+        return self.type in TERMINAL_EVENT_TYPES
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"id": self.id, **json.loads(self.data)}
+
+    @property
+    def state(self) -> JobState | None:
+        """The job state this entry moves the job into, if it is a status or terminal event."""
+        if self.type == "status":
+            return JobState(json.loads(self.data)["state"])
+        return TERMINAL_STATES.get(self.type)

@@ -1,0 +1,99 @@
+"""The gateway's one stream reader against the real Redis: fan-out, wake-up, slow followers."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+
+import pytest
+import redis.asyncio as aioredis
+
+from gateway import fanout
+from gateway.fanout import StreamHub
+from gateway.relay import START, Relay
+from shared.keys import Keys
+from shared.redis_client import connect
+from tests.conftest import delete_prefix
+
+
+@pytest.fixture
+async def relay(redis_url: str, redis_client: aioredis.Redis) -> AsyncIterator[Relay]:
+    keys = Keys(f"sptest-fanout-{uuid.uuid4().hex[:8]}")
+    hub = StreamHub(connect(redis_url, reader_name=keys.stream_reader_name), redis_client)
+    yield Relay(redis_client, keys, hub)
+    await hub.close()
+    delete_prefix(redis_url, keys.prefix)
+
+
+async def _append(redis_client: aioredis.Redis, relay: Relay, job_id: str, kind: str = "delta") -> str:
+    entry_id: str = await redis_client.xadd(relay.keys.stream(job_id), {"type": kind, "data": "{}"})
+    return entry_id
+
+
+async def _blocked_readers(redis_client: aioredis.Redis, relay: Relay) -> int:
+    """Connections of this relay's gateway blocked in XREAD."""
+    return sum(
+        1
+        for client in await redis_client.client_list()
+        if client.get("cmd") == "xread" and client.get("name") == relay.keys.stream_reader_name
+    )
+
+
+async def _follow_all(relay: Relay, job_id: str, cursor: str = START) -> list[str]:
+    return [entry.id async for entry in relay.follow(job_id, cursor)]
+
+
+async def test_many_followers_share_one_blocking_reader(redis_client: aioredis.Redis, relay: Relay) -> None:
+    jobs = [uuid.uuid4().hex for _ in range(50)]
+    for job_id in jobs:
+        await _append(redis_client, relay, job_id, "status")
+    followers = [asyncio.create_task(_follow_all(relay, job_id)) for job_id in jobs]
+    while relay.hub.streams < len(jobs):
+        await asyncio.sleep(0.01)
+    assert await _blocked_readers(redis_client, relay) == 1  # one XREAD for 50 open streams
+    ends = {job_id: await _append(redis_client, relay, job_id, "done") for job_id in jobs}
+    results = await asyncio.gather(*followers)
+    assert [ids[-1] for ids in results] == [ends[job_id] for job_id in jobs]
+    assert all(len(ids) == 2 for ids in results)
+
+
+async def test_a_stream_added_while_the_reader_blocks_is_watched_at_once(
+    redis_client: aioredis.Redis, relay: Relay, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(fanout, "HUB_BLOCK_MS", 60_000)  # without the wake-up, B would wait a minute
+    first, second = uuid.uuid4().hex, uuid.uuid4().hex
+    await _append(redis_client, relay, first, "status")
+    following_first = asyncio.create_task(_follow_all(relay, first))
+    while await _blocked_readers(redis_client, relay) == 0:
+        await asyncio.sleep(0.01)
+    await _append(redis_client, relay, second, "status")
+    following_second = asyncio.create_task(_follow_all(relay, second))
+    while relay.hub.streams < 2:
+        await asyncio.sleep(0.01)
+    end = await _append(redis_client, relay, second, "done")
+    assert (await asyncio.wait_for(following_second, 30))[-1] == end
+    await _append(redis_client, relay, first, "done")
+    assert len(await following_first) == 2
+
+
+async def test_a_follower_that_falls_behind_catches_up_without_gap_or_duplicate(
+    redis_client: aioredis.Redis, relay: Relay, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(fanout, "SUBSCRIBER_QUEUE", 4)
+    job_id = uuid.uuid4().hex
+    await _append(redis_client, relay, job_id, "status")
+    follower = relay.follow(job_id, START)
+    received = [(await anext(follower)).id]
+    reading = asyncio.create_task(anext(follower))  # catches up, subscribes, waits for more
+    while relay.hub.streams < 1:
+        await asyncio.sleep(0.01)
+    for _ in range(40):
+        await _append(redis_client, relay, job_id)
+    await _append(redis_client, relay, job_id, "done")
+    while relay.hub.streams:  # the hub dropped it once its mailbox overflowed
+        await asyncio.sleep(0.01)
+    received.append((await reading).id)
+    received += [entry.id async for entry in follower]
+    stored = [entry_id for entry_id, _ in await redis_client.xrange(relay.keys.stream(job_id))]
+    assert received == stored
