@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 EXTRA ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && echo gpu || echo cpu)
 INSTALLED := $(VENV)/.installed-$(EXTRA)
 
-.PHONY: setup run test lint model clean
+.PHONY: setup run test lint model clean bench bench-quick
 
 $(INSTALLED): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -31,6 +31,20 @@ run: setup
 
 test: setup
 	$(BIN)/pytest
+
+# The benchmark (bench/RESULTS.md); QUICK=1 (or `make bench-quick`) is a smoke run of a few minutes.
+# Only the `bench` extra is added: re-resolving the cpu extra would bring torchvision back.
+BENCH_INSTALLED := $(VENV)/.installed-bench
+
+$(BENCH_INSTALLED): $(INSTALLED)
+	$(BIN)/pip install --quiet -e '.[bench]'
+	touch $@
+
+bench: model $(BENCH_INSTALLED)
+	$(BIN)/python -m bench.run $(if $(QUICK),--quick)
+
+bench-quick:
+	$(MAKE) bench QUICK=1
 
 lint: $(INSTALLED)
 	$(BIN)/ruff check .

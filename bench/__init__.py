@@ -1,0 +1,1 @@
+"""streampool's benchmark: `make bench` (or `python -m bench.run`) writes bench/RESULTS.md."""

@@ -1,0 +1,73 @@
+"""What Redis itself says: command counts, CPU and clients (INFO deltas), and its XADD ceiling
+(`redis-benchmark` on this machine, in the same run as the figures it bounds)."""
+
+from __future__ import annotations
+
+import csv
+import io
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass
+from urllib.parse import urlparse
+
+import redis
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    calls: dict[str, int]
+    cpu_seconds: float
+    connected_clients: int
+    taken: float
+
+
+def snapshot(client: redis.Redis) -> Snapshot:
+    stats = client.info("commandstats")
+    cpu = client.info("cpu")
+    clients = client.info("clients")
+    calls = {name.removeprefix("cmdstat_"): int(value["calls"]) for name, value in stats.items()}
+    return Snapshot(
+        calls=calls,
+        cpu_seconds=float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"]),
+        connected_clients=int(clients["connected_clients"]),
+        taken=time.monotonic(),
+    )
+
+
+def calls_between(before: Snapshot, after: Snapshot) -> dict[str, int]:
+    names = set(before.calls) | set(after.calls)
+    delta = {name: after.calls.get(name, 0) - before.calls.get(name, 0) for name in names}
+    return {name: count for name, count in sorted(delta.items()) if count}
+
+
+def cpu_percent(before: Snapshot, after: Snapshot) -> float:
+    return 100 * (after.cpu_seconds - before.cpu_seconds) / max(after.taken - before.taken, 1e-9)
+
+
+@dataclass(frozen=True)
+class Ceiling:
+    pipeline: int
+    requests_per_second: float
+    p50_ms: float
+
+
+def xadd_ceiling(url: str, key: str, pipeline: int, requests: int, clients: int = 50) -> Ceiling:
+    """`redis-benchmark` running XADD (the worker's command, MAXLEN ~ like the worker) on one of our keys.
+
+    The same command as `-t xadd`, but on a key under the bench's prefix, so nothing else is written.
+    """
+    program = shutil.which("redis-benchmark")
+    if program is None:
+        raise RuntimeError("redis-benchmark is missing (Debian: apt-get install redis-tools)")
+    parsed = urlparse(url)
+    command = [
+        program,
+        *("-h", parsed.hostname or "127.0.0.1", "-p", str(parsed.port or 6379)),
+        *("-c", str(clients), "-n", str(requests), "-P", str(pipeline), "--csv"),
+        *("XADD", key, "MAXLEN", "~", "100000", "*", "myfield", "myvalue"),
+    ]
+    output = subprocess.run(command, check=True, capture_output=True, text=True).stdout
+    rows = list(csv.DictReader(io.StringIO(output)))
+    row = rows[-1]
+    return Ceiling(pipeline, float(row["rps"]), float(row.get("p50_latency_ms") or "nan"))

@@ -1,0 +1,207 @@
+"""Relay capacity with the engine taken out: many SSE clients on one gateway process, fed by the
+synthetic producer. Clients run in separate processes (raw asyncio sockets, cheaper than httpx),
+so that the load generator is not what gets measured."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import multiprocessing as mp
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from multiprocessing.sharedctypes import Synchronized
+from typing import Any
+
+import psutil
+import redis
+
+from bench import redis_probe
+from bench.sse_client import sse_events
+from bench.stats import percentile
+from bench.synthetic_producer import SyntheticProducer
+from bench.system import Child
+from shared.events import TERMINAL_EVENT_TYPES
+
+CONNECT_AT_ONCE = 64
+CONNECT_TIMEOUT_SECONDS = 120
+DRAIN_TIMEOUT_SECONDS = 60
+LAG_TARGET_SECONDS = 0.020
+DELIVERED_TARGET = 0.99
+
+
+async def _lines(reader: asyncio.StreamReader) -> AsyncIterator[str]:
+    while line := await reader.readline():
+        yield line.decode()
+
+
+async def _one_stream(
+    port: int, job_id: str, gate: asyncio.Semaphore, connected: Any, lags: list[float]
+) -> int:
+    """Follow one job over HTTP/1.0 (no chunked framing to undo); the number of deltas received."""
+    async with gate:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        head = f"GET /v1/jobs/{job_id}/events HTTP/1.0\r\nHost: bench\r\nAccept: text/event-stream\r\n\r\n"
+        writer.write(head.encode())
+        status = await reader.readline()
+        if b" 200 " not in status:
+            raise RuntimeError(f"job {job_id}: {status!r}")
+        while (await reader.readline()).strip():
+            pass
+    with connected.get_lock():
+        connected.value += 1
+    received = 0
+    try:
+        async for kind, data in sse_events(_lines(reader)):
+            if kind == "delta":
+                lags.append(time.time() - float(json.loads(data)["text"]))
+                received += 1
+            elif kind in TERMINAL_EVENT_TYPES:
+                break
+    finally:
+        writer.close()
+    return received
+
+
+def client_process(port: int, job_ids: list[str], connected: Any, results: Any) -> None:
+    """One client process: follow its share of the jobs, then report lags and counts."""
+
+    async def main() -> tuple[list[float], int, int]:
+        gate = asyncio.Semaphore(CONNECT_AT_ONCE)
+        lags: list[float] = []
+        outcomes = await asyncio.gather(
+            *(_one_stream(port, job_id, gate, connected, lags) for job_id in job_ids),
+            return_exceptions=True,
+        )
+        failures = sum(isinstance(item, BaseException) for item in outcomes)
+        received = sum(item for item in outcomes if isinstance(item, int))
+        return lags, received, failures
+
+    try:
+        import uvloop
+
+        uvloop.install()
+    except ImportError:
+        pass
+    began = time.process_time()
+    lags, received, failures = asyncio.run(main())
+    cpu = time.process_time() - began
+    results.put({"lags": lags, "received": received, "failures": failures, "cpu": cpu})
+
+
+@dataclass
+class RelayLevel:
+    """One load level: `streams` SSE clients at `rate` events a second each."""
+
+    streams: int
+    rate: float
+    seconds: float
+    sent: int
+    received: int
+    failures: int
+    lags: list[float] = field(repr=False)
+    gateway_cpu_percent: float
+    redis_cpu_percent: float
+    client_cpu_percent: float
+    producer_cpu_percent: float
+    gateway_redis_connections: int
+    connected_clients_delta: int
+    worst_tick_late: float
+
+    @property
+    def lag_p50(self) -> float:
+        return percentile(self.lags, 50)
+
+    @property
+    def lag_p99(self) -> float:
+        return percentile(self.lags, 99)
+
+    @property
+    def delivered_per_second(self) -> float:
+        return self.received / self.seconds
+
+    @property
+    def sustained(self) -> bool:
+        """Lag within the target, nothing lost, and the producer kept its schedule."""
+        return (
+            self.lag_p99 <= LAG_TARGET_SECONDS
+            and self.received >= DELIVERED_TARGET * self.sent
+            and self.worst_tick_late < 0.1
+        )
+
+
+def _redis_connections(gateway: Child, redis_port: int) -> int:
+    return sum(
+        1
+        for conn in gateway.handle.net_connections(kind="tcp")
+        if conn.raddr and conn.raddr.port == redis_port and conn.status == psutil.CONN_ESTABLISHED
+    )
+
+
+async def run_level(
+    producer: SyntheticProducer,
+    gateway: Child,
+    sync_redis: redis.Redis,
+    gateway_port: int,
+    redis_port: int,
+    streams: int,
+    rate: float,
+    seconds: float,
+    client_processes: int,
+    on_progress: Callable[[str], None],
+) -> RelayLevel:
+    """Create the jobs, connect every client, produce for `seconds`, end the jobs, gather the clients."""
+    idle = redis_probe.snapshot(sync_redis)
+    job_ids = await producer.create(streams)
+    context = mp.get_context("spawn")
+    connected: Synchronized[int] = context.Value("i", 0)  # type: ignore[assignment]
+    results = context.Queue()
+    shares = [job_ids[n::client_processes] for n in range(client_processes)]
+    clients = [
+        context.Process(target=client_process, args=(gateway_port, share, connected, results))
+        for share in shares
+        if share
+    ]
+    for process in clients:
+        process.start()
+    deadline = time.monotonic() + CONNECT_TIMEOUT_SECONDS
+    while connected.value < streams and time.monotonic() < deadline:
+        on_progress(f"{connected.value}/{streams} connected")
+        await asyncio.sleep(0.2)
+    if connected.value < streams:
+        raise RuntimeError(f"only {connected.value} of {streams} SSE clients connected")
+    on_progress(f"producing {streams} x {rate:g}/s for {seconds:g} s")
+    handles = [psutil.Process(process.pid) for process in clients]
+    me = psutil.Process()
+    before = redis_probe.snapshot(sync_redis)
+    gateway_before = gateway.cpu_seconds()
+    clients_before = sum(sum(h.cpu_times()[:2]) for h in handles)
+    me_before = sum(me.cpu_times()[:2])
+    production = await producer.produce(job_ids, rate, seconds)
+    after = redis_probe.snapshot(sync_redis)
+    elapsed = after.taken - before.taken
+    gateway_cpu = 100 * (gateway.cpu_seconds() - gateway_before) / elapsed
+    client_cpu = 100 * (sum(sum(h.cpu_times()[:2]) for h in handles) - clients_before) / elapsed
+    producer_cpu = 100 * (sum(me.cpu_times()[:2]) - me_before) / elapsed
+    connections = _redis_connections(gateway, redis_port)
+    on_progress("ending the jobs, draining the clients")
+    await producer.finish(job_ids)
+    gathered = [await asyncio.to_thread(results.get, True, DRAIN_TIMEOUT_SECONDS) for _ in clients]
+    for process in clients:
+        process.join(timeout=10)
+    return RelayLevel(
+        streams=streams,
+        rate=rate,
+        seconds=production.seconds,
+        sent=production.events,
+        received=sum(item["received"] for item in gathered),
+        failures=sum(item["failures"] for item in gathered),
+        lags=[lag for item in gathered for lag in item["lags"]],
+        gateway_cpu_percent=gateway_cpu,
+        redis_cpu_percent=redis_probe.cpu_percent(before, after),
+        client_cpu_percent=client_cpu,
+        producer_cpu_percent=producer_cpu,
+        gateway_redis_connections=connections,
+        connected_clients_delta=after.connected_clients - idle.connected_clients,
+        worst_tick_late=production.worst_tick_late,
+    )

@@ -1,0 +1,274 @@
+"""bench/RESULTS.md, its plots and results.json from one run's figures."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402 - the backend must be chosen first
+
+from bench.cancel import CancelSample  # noqa: E402
+from bench.commands import StepCost  # noqa: E402
+from bench.redis_probe import Ceiling  # noqa: E402
+from bench.relay_load import RelayLevel  # noqa: E402
+from bench.stats import PhaseSummary, percentile  # noqa: E402
+
+
+@dataclass
+class Results:
+    """Everything one run measured, in the order the phases ran."""
+
+    command: str
+    mode: str
+    machine: dict[str, str]
+    max_tokens: int
+    in_process: list[PhaseSummary] = field(default_factory=list)
+    full_path: list[PhaseSummary] = field(default_factory=list)
+    pickup: list[float] = field(default_factory=list)
+    cancels: list[CancelSample] = field(default_factory=list)
+    step_costs: list[StepCost] = field(default_factory=list)
+    ceilings: list[Ceiling] = field(default_factory=list)
+    relay: list[RelayLevel] = field(default_factory=list)
+    minutes: float = 0.0
+
+
+def _ms(seconds: float) -> str:
+    return "n/a" if math.isnan(seconds) else f"{seconds * 1000:.1f}"
+
+
+def _verdict(met: bool) -> str:
+    return "**met**" if met else "**missed**"
+
+
+def _plots(results: Results, out: Path) -> list[str]:
+    names = []
+    figure, axis = plt.subplots(figsize=(6, 4))
+    for label, summaries in (("in-process engine", results.in_process), ("full path", results.full_path)):
+        rates = [s.tokens_per_second for s in summaries]
+        axis.plot([s.concurrency for s in summaries], rates, "o-", label=label)
+    axis.set(xscale="log", xlabel="concurrent streams", ylabel="tokens/s", title="Throughput")
+    axis.legend()
+    figure.savefig(out / "throughput.png", dpi=100, bbox_inches="tight")
+    names.append("throughput.png")
+    figure, axis = plt.subplots(figsize=(6, 4))
+    for level in results.relay:
+        lags = sorted(level.lags)
+        if lags:
+            share = [(n + 1) / len(lags) for n in range(len(lags))]
+            axis.plot([lag * 1000 for lag in lags], share, label=f"{level.streams} streams")
+    axis.axvline(20, color="grey", linestyle="--", label="20 ms target")
+    axis.set(xscale="log", xlabel="relay lag, ms (XADD to client receipt)", ylabel="share of events")
+    axis.set_title("Relay lag CDF, one gateway, 10 events/s per stream")
+    axis.legend()
+    figure.savefig(out / "relay_lag_cdf.png", dpi=100, bbox_inches="tight")
+    names.append("relay_lag_cdf.png")
+    plt.close("all")
+    return names
+
+
+def _throughput_table(results: Results) -> list[str]:
+    lines = [
+        "| streams | in-process tok/s | full path tok/s | ratio | TTFT p50 in-proc / full (added), ms "
+        "| TTFT p99 in-proc / full (added), ms | ITL p50 in-proc / full, ms | ITL p99 in-proc / full, ms "
+        "| client CPU % in-proc / full |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for a, b in zip(results.in_process, results.full_path, strict=False):
+        lines.append(
+            f"| {a.concurrency} | {a.tokens_per_second:.1f} | {b.tokens_per_second:.1f} "
+            f"| {b.tokens_per_second / a.tokens_per_second:.3f} "
+            f"| {_ms(a.ttft_p50)} / {_ms(b.ttft_p50)} ({_ms(b.ttft_p50 - a.ttft_p50)}) "
+            f"| {_ms(a.ttft_p99)} / {_ms(b.ttft_p99)} ({_ms(b.ttft_p99 - a.ttft_p99)}) "
+            f"| {_ms(a.itl_p50)} / {_ms(b.itl_p50)} | {_ms(a.itl_p99)} / {_ms(b.itl_p99)} "
+            f"| {a.client_cpu_percent:.0f} / {b.client_cpu_percent:.0f} |"
+        )
+    return lines
+
+
+def _relay_table(results: Results) -> list[str]:
+    lines = [
+        "| streams x 10/s | sent | delivered | delivered/s | lag p50 ms | lag p99 ms | lag max ms "
+        "| gateway CPU % | Redis CPU % | clients CPU % | producer CPU % | gateway Redis conns "
+        "| connected_clients delta | sustained |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in results.relay:
+        lines.append(
+            f"| {r.streams} | {r.sent} | {r.received} ({r.failures} failed streams) "
+            f"| {r.delivered_per_second:.0f} | {_ms(r.lag_p50)} | {_ms(r.lag_p99)} "
+            f"| {_ms(max(r.lags, default=math.nan))} | {r.gateway_cpu_percent:.0f} "
+            f"| {r.redis_cpu_percent:.0f} | {r.client_cpu_percent:.0f} | {r.producer_cpu_percent:.0f} "
+            f"| {r.gateway_redis_connections} | {r.connected_clients_delta:+d} "
+            f"| {'yes' if r.sustained else 'no'} |"
+        )
+    return lines
+
+
+def write(results: Results, out: Path, extra_notes: list[str]) -> Path:
+    """Write the plots, results.json and RESULTS.md under `out`; answers RESULTS.md's path."""
+    plots = _plots(results, out)
+    raw = dataclasses.asdict(results)
+    for level in raw["relay"]:
+        level["lags"] = {f"p{q}": percentile(level["lags"], q) for q in (50, 90, 99, 99.9, 100)}
+    (out / "results.json").write_text(json.dumps(raw, indent=1, default=str))
+    text = "\n".join(render(results, plots, extra_notes)) + "\n"
+    path = out / "RESULTS.md"
+    path.write_text(text)
+    return path
+
+
+def _facts(results: Results) -> dict[str, Any]:
+    """The figures the targets are judged on."""
+    pairs = list(zip(results.in_process, results.full_path, strict=True))
+    ratios = [b.tokens_per_second / a.tokens_per_second for a, b in pairs]
+    added50 = [b.ttft_p50 - a.ttft_p50 for a, b in pairs]
+    added99 = [b.ttft_p99 - a.ttft_p99 for a, b in pairs]
+    at_1000 = next((r for r in results.relay if r.streams == 1000), None)
+    sustained = [r for r in results.relay if r.sustained]
+    steps = [c.steps_after_accepted for c in results.cancels]
+    return {
+        "ratios": ratios,
+        "added50": added50,
+        "added99": added99,
+        "pickup_p50": percentile(results.pickup, 50),
+        "pickup_p99": percentile(results.pickup, 99),
+        "at_1000": at_1000,
+        "best": max(sustained, key=lambda r: r.streams * r.rate, default=None),
+        "cancel_steps_max": max(steps, default=-1),
+        "cancel_steps_p50": percentile(steps, 50),
+        "cancel_ms_p50": percentile([c.seconds_to_cancelled_event for c in results.cancels], 50),
+        "cancel_ms_p99": percentile([c.seconds_to_cancelled_event for c in results.cancels], 99),
+    }
+
+
+def _targets(results: Results, facts: dict[str, Any]) -> list[str]:
+    ratios, added50, added99 = facts["ratios"], facts["added50"], facts["added99"]
+    levels = [s.concurrency for s in results.full_path]
+    ratio_text = ", ".join(f"{c}: {r:.3f}" for c, r in zip(levels, ratios, strict=False))
+    ttft_text = ", ".join(
+        f"{c}: {_ms(a)} / {_ms(b)}" for c, a, b in zip(levels, added50, added99, strict=False)
+    )
+    at_1000: RelayLevel | None = facts["at_1000"]
+    best: RelayLevel | None = facts["best"]
+    ceiling = ", ".join(f"P{c.pipeline}: {c.requests_per_second:,.0f}/s" for c in results.ceilings)
+    relay_text = (
+        f"p99 {_ms(at_1000.lag_p99)} ms, {at_1000.received}/{at_1000.sent} delivered"
+        if at_1000
+        else "not run (quick mode has no 1,000 level?)"
+    )
+    best_text = (
+        f"{best.streams * best.rate:,.0f} events/s ({best.streams} streams)" if best else "no level sustained"
+    )
+    rtt = ", ".join(f"{c.jobs} jobs: {c.round_trips_per_step:.2f}" for c in results.step_costs)
+    return [
+        "| target | measured (this run) | verdict |",
+        "| --- | --- | --- |",
+        f"| tokens/s full / in-process >= 0.97 at 1-32 streams | {ratio_text} "
+        f"| {_verdict(bool(ratios) and min(ratios) >= 0.97)} |",
+        f"| TTFT added p50 <= 5 ms, p99 <= 20 ms, judged at 1 stream (streams: p50 / p99 added, ms) "
+        f"| {ttft_text} | {_verdict(bool(added50) and added50[0] <= 0.005 and added99[0] <= 0.020)} |",
+        f"| queue pickup p99 <= 10 ms | p50 {_ms(facts['pickup_p50'])} ms, p99 {_ms(facts['pickup_p99'])} ms "
+        f"| {_verdict(facts['pickup_p99'] <= 0.010)} |",
+        f"| relay lag p99 <= 20 ms, 1,000 SSE streams x 10/s, one gateway | {relay_text} "
+        f"| {_verdict(at_1000 is not None and at_1000.sustained)} |",
+        f"| highest rate one gateway sustains vs redis-benchmark XADD | {best_text} vs {ceiling} "
+        "| (reported) |",
+        f"| cancel to engine abort <= 2 decoding steps | max {facts['cancel_steps_max']} steps, "
+        f"p50 {facts['cancel_steps_p50']}; {_ms(facts['cancel_ms_p50'])} / {_ms(facts['cancel_ms_p99'])} ms "
+        f"p50/p99 to the `cancelled` event | {_verdict(0 <= facts['cancel_steps_max'] <= 2)} |",
+        f"| Redis round trips per engine step per worker = 1 | {rtt} "
+        f"| {_verdict(all(c.round_trips_per_step <= 1.05 for c in results.step_costs))} |",
+    ]
+
+
+def _step_costs(results: Results) -> list[str]:
+    lines = [
+        "| running jobs | engine steps | round trips | round trips/step | XADD/step | EXISTS/step "
+        "| EVAL (finish) | all commands/step | all commands in the window |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for c in results.step_costs:
+        top = ", ".join(f"{name} {count}" for name, count in sorted(c.calls.items(), key=lambda i: -i[1])[:8])
+        lines.append(
+            f"| {c.jobs} | {c.steps} | {c.round_trips} | {c.round_trips_per_step:.2f} "
+            f"| {c.per_step('xadd'):.2f} "
+            f"| {c.per_step('exists'):.2f} | {c.calls.get('eval', 0)} | {c.all_per_step:.1f} | {top} |"
+        )
+    return lines
+
+
+def render(results: Results, plots: list[str], extra_notes: list[str]) -> list[str]:
+    facts = _facts(results)
+    machine = "\n".join(f"- {name}: {value}" for name, value in results.machine.items())
+    cancel_rows = [
+        f"| {n + 1} | {_ms(c.seconds_to_cancelled_event)} | {c.steps_after_accepted} "
+        f"| {c.steps_after_published} |"
+        for n, c in enumerate(results.cancels)
+    ]
+    return [
+        "# streampool benchmark results",
+        "",
+        f"Produced by `{results.command}` ({results.mode} mode, {results.minutes:.1f} minutes), one run:",
+        "every ratio below compares figures measured minutes apart on the same machine. The machine is",
+        "noisy; read ratios, not absolute values. Raw figures: [results.json](results.json).",
+        "",
+        "## Machine",
+        "",
+        machine,
+        "",
+        "## Targets (DESIGN.md)",
+        "",
+        *_targets(results, facts),
+        "",
+        f"## 1. Engine in-process vs full path (max_tokens {results.max_tokens}, temperature 0, seed fixed)",
+        "",
+        "Tokens are counted from token_ids (in-process) and from the terminal event's usage (full path).",
+        "The full path's clock starts before the HTTP submission; in-process it starts before rendering.",
+        "",
+        *_throughput_table(results),
+        "",
+        f"![throughput]({plots[0]})",
+        "",
+        "## 2. Queue pickup (enqueue to worker start)",
+        "",
+        f"{len(results.pickup)} jobs of max_tokens 1, one every 20 ms over HTTP; created_at (gateway, before",
+        "its submit script) to started_at (worker, before its start script): time.time() of one machine.",
+        "",
+        f"p50 {_ms(facts['pickup_p50'])} ms, p99 {_ms(facts['pickup_p99'])} ms, "
+        f"max {_ms(max(results.pickup, default=math.nan))} ms.",
+        "",
+        "## 3. Relay capacity, engine taken out",
+        "",
+        *_relay_table(results),
+        "",
+        "redis-benchmark XADD ceiling, same run, same Redis: "
+        + ", ".join(
+            f"pipeline {c.pipeline}: {c.requests_per_second:,.0f} XADD/s (p50 {c.p50_ms} ms)"
+            for c in results.ceilings
+        )
+        + ".",
+        "",
+        f"![relay lag CDF]({plots[1]})",
+        "",
+        "## 4. Cancel latency",
+        "",
+        "| job | cancel POST to `cancelled` event, ms | steps after the cancel returned (client view) "
+        "| steps after it returned (stream view) |",
+        "| --- | --- | --- | --- |",
+        *cancel_rows,
+        "",
+        "## 5. Redis commands and round trips per engine step, one worker",
+        "",
+        *_step_costs(results),
+        "",
+        "## Notes",
+        "",
+        *extra_notes,
+    ]

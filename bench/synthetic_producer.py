@@ -1,0 +1,88 @@
+"""A stand-in for workers, used only by the benchmark: real job records (JobStore submit + start, so the
+gateway sees running jobs) whose streams get delta events at a set rate, appended with XADD exactly as
+the worker's publisher does (fields type/data, data a DeltaEvent JSON) and one pipeline per tick.
+Each delta's `text` is its send time (time.time()), from which a client computes the relay lag."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+
+import redis.asyncio as aioredis
+
+from shared.events import DeltaEvent, DoneEvent, JobState, Usage
+from shared.jobstore import JobStore, Outcome
+from shared.requests import JobRequest
+
+TICK_SECONDS = 0.01
+CREATE_BATCH = 200
+WORKER_ID = "bench-synthetic-producer"
+FIRST_SEQ = 2  # as the worker: 0 is `queued`, 1 is `running`
+
+
+@dataclass
+class Production:
+    """What one run appended, and how closely it kept to its schedule."""
+
+    events: int
+    seconds: float
+    worst_tick_late: float
+
+
+class SyntheticProducer:
+    def __init__(self, redis: aioredis.Redis, store: JobStore) -> None:
+        self.redis = redis
+        self.store = store
+        self.maxlen = store.settings.stream_maxlen
+        self.seq: dict[str, int] = {}
+
+    async def create(self, count: int) -> list[str]:
+        """`count` running jobs: submitted and started through JobStore, as gateway and worker would."""
+        request = JobRequest(prompt="synthetic", max_tokens=1)
+        job_ids: list[str] = []
+        for start in range(0, count, CREATE_BATCH):
+            size = min(CREATE_BATCH, count - start)
+            submissions = await asyncio.gather(*(self.store.submit(request) for _ in range(size)))
+            ids = [s.job_id for s in submissions]
+            await asyncio.gather(*(self.store.start(job_id, WORKER_ID, "synthetic") for job_id in ids))
+            job_ids += ids
+        self.seq.update({job_id: FIRST_SEQ for job_id in job_ids})
+        return job_ids
+
+    def _delta(self, job_id: str, sent: float) -> str:
+        seq = self.seq[job_id]
+        self.seq[job_id] = seq + 1
+        return DeltaEvent(seq=seq, text=repr(sent), token_ids=[0]).model_dump_json()
+
+    async def produce(self, job_ids: list[str], rate: float, seconds: float) -> Production:
+        """Every stream gets `rate` events a second: each tick serves the streams whose turn it is."""
+        groups = max(1, round(1 / (rate * TICK_SECONDS)))
+        began = time.monotonic()
+        events, tick, worst_late = 0, 0, 0.0
+        while (due := began + tick * TICK_SECONDS) < began + seconds:
+            late = time.monotonic() - due
+            if late < 0:
+                await asyncio.sleep(-late)
+            worst_late = max(worst_late, late)
+            pipe = self.redis.pipeline(transaction=False)
+            sent = time.time()
+            for job_id in job_ids[tick % groups :: groups]:
+                stream = self.store.keys.stream(job_id)
+                fields = {"type": "delta", "data": self._delta(job_id, sent)}
+                pipe.xadd(stream, fields, maxlen=self.maxlen, approximate=True)  # type: ignore[arg-type]
+                events += 1
+            await pipe.execute()
+            tick += 1
+        return Production(events, time.monotonic() - began, worst_late)
+
+    async def finish(self, job_ids: list[str]) -> None:
+        """End every job with a terminal `done` event through JobStore's own finish script."""
+        pipe = self.redis.pipeline(transaction=False)
+        for job_id in job_ids:
+            produced = self.seq[job_id] - FIRST_SEQ
+            usage = Usage(prompt_tokens=1, completion_tokens=produced)
+            done = DoneEvent(seq=self.seq[job_id], finish_reason="stop", usage=usage)
+            outcome = Outcome(state=JobState.completed, text="", token_count=produced, usage=usage)
+            pipe.execute_command("EVAL", *self.store.finish_command(job_id, [done], outcome))
+        await pipe.execute()

@@ -1,0 +1,147 @@
+"""The system under test: a gateway and a worker as `python -m` subprocesses under the bench's own prefix."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+import httpx
+import psutil
+import redis
+
+from shared.config import Settings
+from shared.keys import Keys
+from shared.launcher import child_environment
+
+ROOT = Path(__file__).resolve().parent.parent
+START_TIMEOUT_SECONDS = 300
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def bench_settings(redis_url: str, **overrides: object) -> Settings:
+    """Settings of one bench run: a fresh key prefix and port, so nothing collides with anyone else's."""
+    values: dict[str, object] = {
+        "redis_url": redis_url,
+        "key_prefix": f"spbench-{uuid.uuid4().hex[:8]}",
+        "host": "127.0.0.1",
+        "port": free_port(),
+        "log_level": "WARNING",
+        "max_queued_jobs": 0,
+    }
+    values.update(overrides)
+    return Settings(**values)  # type: ignore[arg-type]
+
+
+def delete_prefix(url: str, prefix: str) -> int:
+    """Every key under the prefix, and arq's job keys of its jobs (arq keeps its own prefix)."""
+    client = redis.Redis.from_url(url, decode_responses=True)
+    names = list(client.scan_iter(match=f"{prefix}:*", count=1000))
+    job_ids = {name.split(":")[2] for name in names if name.startswith(f"{prefix}:job:")}
+    names += [Keys(prefix).arq_job(job_id) for job_id in job_ids]
+    for start in range(0, len(names), 1000):
+        client.delete(*names[start : start + 1000])
+    return len(names)
+
+
+@dataclass
+class Child:
+    """One streampool process and its log file."""
+
+    name: str
+    process: subprocess.Popen[bytes]
+    log: IO[bytes]
+    handle: psutil.Process = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.handle = psutil.Process(self.process.pid)
+
+    def cpu_seconds(self) -> float:
+        times = self.handle.cpu_times()
+        return float(times.user + times.system)
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+        try:
+            self.process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        self.log.close()
+
+
+def start(name: str, module_args: list[str], settings: Settings, log_dir: Path) -> Child:
+    log_dir.mkdir(parents=True, exist_ok=True)
+    log = open(log_dir / f"{name}.log", "wb")  # noqa: SIM115 - closed by Child.stop
+    process = subprocess.Popen(
+        [sys.executable, "-m", *module_args],
+        env=child_environment(settings),
+        cwd=ROOT,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    return Child(name, process, log)
+
+
+def start_gateway(settings: Settings, log_dir: Path) -> Child:
+    return start("gateway", ["shared.cli", "gateway"], settings, log_dir)
+
+
+def start_worker(settings: Settings, log_dir: Path, counters: Path) -> Child:
+    """The product's worker, wrapped only to expose its publisher's round-trip count (bench.probe_worker)."""
+    return start("worker", ["bench.probe_worker", str(counters)], settings, log_dir)
+
+
+def base_url(settings: Settings) -> str:
+    return f"http://127.0.0.1:{settings.port}"
+
+
+def wait_ready(settings: Settings, children: list[Child], workers: int) -> None:
+    """Until the gateway answers (and, when `workers`, /health counts that many live workers)."""
+    deadline = time.monotonic() + START_TIMEOUT_SECONDS
+    while time.monotonic() < deadline:
+        dead = [child.name for child in children if child.process.poll() is not None]
+        if dead:
+            raise RuntimeError(f"{dead} exited at start; see their logs")
+        try:
+            answer = httpx.get(f"{base_url(settings)}/health", timeout=2)
+            if answer.status_code in (200, 503) and not workers:
+                return
+            if answer.status_code == 200 and answer.json()["workers"] >= workers:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.3)
+    raise RuntimeError(f"not ready in {START_TIMEOUT_SECONDS} s")
+
+
+def start_redis(log_dir: Path) -> tuple[subprocess.Popen[bytes], str]:
+    """A private redis-server on a free port: INFO figures then count this system's commands only."""
+    port = free_port()
+    log_dir.mkdir(parents=True, exist_ok=True)
+    process = subprocess.Popen(
+        ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+        stdout=open(log_dir / "redis.log", "wb"),  # noqa: SIM115 - lives as long as the server
+        stderr=subprocess.STDOUT,
+    )
+    url = f"redis://127.0.0.1:{port}/0"
+    client = redis.Redis.from_url(url)
+    for _ in range(100):
+        try:
+            if client.ping():
+                return process, url
+        except redis.RedisError:
+            time.sleep(0.1)
+    process.terminate()
+    raise RuntimeError("redis-server did not come up")
