@@ -11,13 +11,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-import httpx
 import psutil
 import redis
 
 from shared.config import Settings
 from shared.keys import Keys
-from shared.launcher import child_environment
+from shared.launcher import child_environment, wait_healthy
 
 ROOT = Path(__file__).resolve().parent.parent
 START_TIMEOUT_SECONDS = 300
@@ -108,22 +107,10 @@ def base_url(settings: Settings) -> str:
 
 
 def wait_ready(settings: Settings, children: list[Child], workers: int) -> None:
-    """Until the gateway answers (and, when `workers`, /health counts that many live workers)."""
-    deadline = time.monotonic() + START_TIMEOUT_SECONDS
-    while time.monotonic() < deadline:
-        dead = [child.name for child in children if child.process.poll() is not None]
-        if dead:
-            raise RuntimeError(f"{dead} exited at start; see their logs")
-        try:
-            answer = httpx.get(f"{base_url(settings)}/health", timeout=2)
-            if answer.status_code in (200, 503) and not workers:
-                return
-            if answer.status_code == 200 and answer.json()["workers"] >= workers:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.3)
-    raise RuntimeError(f"not ready in {START_TIMEOUT_SECONDS} s")
+    """Until /health counts `workers` live workers."""
+    processes = [child.process for child in children]
+    if not wait_healthy(base_url(settings), processes, workers, START_TIMEOUT_SECONDS):
+        raise RuntimeError(f"not ready in {START_TIMEOUT_SECONDS} s, or a process exited; see their logs")
 
 
 def start_redis(log_dir: Path) -> tuple[subprocess.Popen[bytes], str]:

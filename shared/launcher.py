@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from urllib.parse import urlparse
 
 import httpx
@@ -61,17 +62,24 @@ def child_environment(settings: Settings) -> dict[str, str]:
     return env
 
 
-def _wait_healthy(base_url: str, children: list[subprocess.Popen[bytes]]) -> bool:
-    deadline = time.monotonic() + HEALTH_TIMEOUT_SECONDS
+def wait_healthy(
+    base_url: str,
+    processes: Sequence[subprocess.Popen[bytes]],
+    workers: int = 1,
+    timeout: float = HEALTH_TIMEOUT_SECONDS,
+) -> bool:
+    """True once the gateway's /health counts `workers` live workers; False if a process exits first."""
+    deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if any(child.poll() is not None for child in children):
+        if any(process.poll() is not None for process in processes):
             return False
         try:
-            if httpx.get(f"{base_url}/health", timeout=2).status_code == 200:
+            answer = httpx.get(f"{base_url}/health", timeout=2)
+            if answer.status_code == 200 and answer.json()["workers"] >= workers:
                 return True
         except httpx.HTTPError:
             pass
-        time.sleep(1)
+        time.sleep(0.5)
     return False
 
 
@@ -109,7 +117,7 @@ def run_all(settings: Settings) -> int:
     host = "127.0.0.1" if settings.host in ("0.0.0.0", "::") else settings.host
     base_url = f"http://{host}:{settings.port}"
     try:
-        if not _wait_healthy(base_url, children):
+        if not wait_healthy(base_url, children):
             print("streampool: the gateway or the worker failed to start; see the log above", file=sys.stderr)
             return 1
         print(

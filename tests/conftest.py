@@ -27,7 +27,7 @@ import redis.asyncio as aioredis
 from shared.config import Settings
 from shared.jobstore import JobStore
 from shared.keys import Keys
-from shared.launcher import child_environment
+from shared.launcher import child_environment, wait_healthy
 
 ROOT = Path(__file__).resolve().parent.parent
 SYSTEM_START_TIMEOUT = 240
@@ -105,22 +105,6 @@ class System:
         return Keys(self.settings.key_prefix)
 
 
-def _wait_healthy(base_url: str, workers: int, processes: list[subprocess.Popen[bytes]], logs: Path) -> None:
-    deadline = time.monotonic() + SYSTEM_START_TIMEOUT
-    while time.monotonic() < deadline:
-        dead = [p for p in processes if p.poll() is not None]
-        if dead:
-            raise RuntimeError(f"a streampool process exited at start; logs in {logs}")
-        try:
-            answer = httpx.get(f"{base_url}/health", timeout=2)
-            if answer.status_code == 200 and answer.json()["workers"] >= workers:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    raise RuntimeError(f"the system did not become healthy in {SYSTEM_START_TIMEOUT} s; logs in {logs}")
-
-
 @pytest.fixture(scope="session")
 def system(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[System]:
     """A gateway and two workers, started once for the whole run, as `streampool` processes."""
@@ -141,7 +125,8 @@ def system(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator
     workers = [start(f"worker-{n}") for n in range(WORKERS)]
     base_url = f"http://127.0.0.1:{settings.port}"
     try:
-        _wait_healthy(base_url, WORKERS, [gateway, *workers], logs)
+        if not wait_healthy(base_url, [gateway, *workers], WORKERS, SYSTEM_START_TIMEOUT):
+            raise RuntimeError(f"the system did not become healthy; logs in {logs}")
         yield System(settings, base_url, gateway, workers, logs)
     finally:
         for process in [gateway, *workers]:
