@@ -230,7 +230,8 @@ def _add_client_commands(commands: argparse._SubParsersAction[argparse.ArgumentP
 def _run_client(args: argparse.Namespace) -> int:
     terminal = Terminal()
     try:
-        with Client(settings_from(args, ClientSettings).url) as client:
+        settings = settings_from(args, ClientSettings)
+        with Client(settings.url, api_key=settings.api_key) as client:
             return CLIENT_COMMANDS[args.command](client, terminal, args)
     except GatewayError as exc:
         terminal.error(exc.error_type, exc.message)

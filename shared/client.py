@@ -117,11 +117,13 @@ class Client:
         self,
         base_url: str,
         *,
+        api_key: str | None = None,
         reconnects: int = 5,
         reconnect_delay: float = 0.5,
         transport: httpx.BaseTransport | None = None,
     ) -> None:
-        self._http = httpx.Client(base_url=base_url, timeout=TIMEOUT, transport=transport)
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
+        self._http = httpx.Client(base_url=base_url, timeout=TIMEOUT, transport=transport, headers=headers)
         self.reconnects = reconnects
         self.reconnect_delay = reconnect_delay
 

@@ -31,6 +31,14 @@ class Settings(BaseSettings):
     max_tokens_limit: int = Field(2048, ge=1, description="highest max_tokens a request may ask for")
     poll_wait_max: float = Field(30.0, ge=0, description="longest a long-poll request may wait, seconds")
     sse_ping_seconds: float = Field(15.0, gt=0, description="keep-alive comment interval on idle SSE streams")
+    max_body_bytes: int = Field(1_048_576, ge=1024, description="largest request body accepted, bytes")
+
+    # Authentication (gateway)
+    api_keys: str = Field("", description="API keys clients send as `Authorization: Bearer`, comma-separated")
+    api_keys_file: Path | None = Field(None, description="file of API keys, one per line")
+    allow_unauthenticated: bool = Field(
+        False, description="run the gateway without API keys (every client may use every job)"
+    )
 
     # Worker
     model: Path = Field(DEFAULT_MODEL_DIR, description="model folder the worker serves")
@@ -53,6 +61,18 @@ class Settings(BaseSettings):
     job_timeout_seconds: int = Field(3600, ge=1, description="longest a job may run")
     heartbeat_seconds: float = Field(2.0, gt=0, description="interval of worker heartbeats")
     heartbeat_ttl_seconds: float = Field(10.0, gt=0, description="a worker silent this long counts as gone")
+    metrics_port: int = Field(
+        9100, ge=1, le=65535, description="worker port for /health and Prometheus /metrics (on 0.0.0.0)"
+    )
+
+    # Recovery (worker)
+    lease_seconds: float = Field(
+        6.0, gt=0, description="a running job's lease, renewed by heartbeats; once lapsed, others resume it"
+    )
+    max_attempts: int = Field(3, ge=1, description="runs of one job (first run and resumes) before it fails")
+    drain_seconds: float = Field(
+        30.0, ge=0, description="how long a stopping worker lets running jobs finish before handing them over"
+    )
 
     log_level: str = Field("INFO", description="logging level")
 
@@ -72,3 +92,4 @@ class ClientSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="STREAMPOOL_", extra="forbid")
 
     url: str = Field("http://127.0.0.1:8000", description="gateway the client commands talk to")
+    api_key: str | None = Field(None, description="API key sent as `Authorization: Bearer`")

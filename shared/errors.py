@@ -2,9 +2,11 @@
 
 StreampoolError
 ├── InvalidRequest        422 validation
+├── Unauthorized          401 unauthorized (no or unknown API key)
 ├── JobNotFound           404 not_found
 ├── CursorExpired         410 cursor_expired
 ├── PromptTooLong         413 prompt_too_long
+├── BodyTooLarge          413 body_too_large
 ├── Overloaded            429 overloaded
 ├── BackendUnavailable    503 unavailable (Redis unreachable, no worker)
 └── EngineError           a generation failed inside the engine (worker side)
@@ -28,6 +30,10 @@ class InvalidRequest(StreampoolError):
     error_type = "validation"
 
 
+class Unauthorized(StreampoolError):
+    error_type = "unauthorized"
+
+
 class JobNotFound(StreampoolError):
     error_type = "not_found"
 
@@ -38,6 +44,10 @@ class CursorExpired(StreampoolError):
 
 class PromptTooLong(StreampoolError):
     error_type = "prompt_too_long"
+
+
+class BodyTooLarge(StreampoolError):
+    error_type = "body_too_large"
 
 
 class Overloaded(StreampoolError):

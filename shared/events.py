@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from dataclasses import dataclass, field
 from enum import Enum
 from typing import Annotated, Literal
 
@@ -45,10 +47,14 @@ class TokenLogprob(BaseModel):
 
 
 class StatusEvent(BaseModel):
+    """A state change; a `running` event with `resumed` says another worker took the job over."""
+
     type: Literal["status"] = "status"
     seq: int
     state: JobState
     message: str | None = None
+    resumed: bool = False
+    attempt: int | None = None  # on `running` events: which run of the job (1 first) starts
 
 
 class DeltaEvent(BaseModel):
@@ -85,3 +91,25 @@ Event = Annotated[
 event_adapter: TypeAdapter[Event] = TypeAdapter(Event)
 
 TERMINAL_EVENT_TYPES = frozenset({"done", "cancelled", "error"})
+
+
+@dataclass(frozen=True)
+class Progress:
+    """What a job's stream holds so far: the seq its next event takes and the tokens already emitted.
+
+    A worker that resumes another's job continues from here, so the stream stays one sequence.
+    """
+
+    next_seq: int
+    token_ids: list[int] = field(default_factory=list)
+    text: str = ""
+
+    @classmethod
+    def of(cls, events: Iterable[Event]) -> Progress:
+        next_seq, token_ids, texts = 0, [], []
+        for event in events:
+            next_seq = event.seq + 1
+            if isinstance(event, DeltaEvent):
+                token_ids.extend(event.token_ids)
+                texts.append(event.text)
+        return cls(next_seq, token_ids, "".join(texts))

@@ -7,9 +7,9 @@ so a reader can never see one without the other.
 
 from __future__ import annotations
 
-import json
 import time
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
@@ -19,15 +19,27 @@ from arq.jobs import serialize_job
 
 from shared.config import Settings
 from shared.errors import JobNotFound, Overloaded
-from shared.events import CancelledEvent, Event, JobState, StatusEvent, Usage
-from shared.keys import Keys
+from shared.events import (
+    CancelledEvent,
+    ErrorEvent,
+    Event,
+    JobState,
+    Progress,
+    StatusEvent,
+    Usage,
+    event_adapter,
+)
+from shared.keys import ANONYMOUS_OWNER, Keys
 from shared.redis_client import redis_errors
 from shared.requests import CancelAnswer, JobOutput, JobRecord, JobRequest
 
 ARQ_FUNCTION = "run_job"
+FIRST_WORKER_SEQ = 2  # seq 0 is `queued` (submit), 1 is `running` (start)
+DEADLINE_EXCEEDED = "deadline_exceeded"
+DEADLINE_PASSED = "the job's deadline passed before a worker could start it"
 
 # KEYS: record, stream, idempotency ('' for none), queue, arq job
-# ARGV: id, created_at, request, queued event, arq payload, lifetime, max queued, maxlen, score
+# ARGV: id, created_at, request, queued event, arq payload, lifetime, max queued, maxlen, score, owner
 SUBMIT_LUA = """
 if KEYS[3] ~= '' then
   local existing = redis.call('GET', KEYS[3])
@@ -38,7 +50,8 @@ if limit > 0 then
   local depth = redis.call('ZCARD', KEYS[4])
   if depth >= limit then return {'overloaded', tostring(depth)} end
 end
-redis.call('HSET', KEYS[1], 'id', ARGV[1], 'status', 'queued', 'created_at', ARGV[2], 'request', ARGV[3])
+redis.call('HSET', KEYS[1], 'id', ARGV[1], 'status', 'queued', 'created_at', ARGV[2], 'request', ARGV[3],
+           'owner', ARGV[10])
 if KEYS[3] ~= '' then redis.call('HSET', KEYS[1], 'idempotency_key', KEYS[3]) end
 redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[8], '*', 'type', 'status', 'data', ARGV[4])
 redis.call('EXPIRE', KEYS[1], ARGV[6])
@@ -47,18 +60,6 @@ redis.call('SET', KEYS[5], ARGV[5], 'EX', ARGV[6])
 redis.call('ZADD', KEYS[4], ARGV[9], ARGV[1])
 if KEYS[3] ~= '' then redis.call('SET', KEYS[3], ARGV[1], 'EX', ARGV[6]) end
 return {'created', ARGV[1], 'queued', ARGV[2]}
-"""
-
-# KEYS: record, stream, queue ; ARGV: worker, model, started_at, running event, maxlen, id
-# The job leaves arq's queue set as it starts, so that the set holds only waiting jobs
-# (arq checked it before calling us, and with one try it never looks again).
-START_LUA = """
-local status = redis.call('HGET', KEYS[1], 'status')
-if status ~= 'queued' then return {'refused', status or 'missing'} end
-redis.call('HSET', KEYS[1], 'status', 'running', 'worker', ARGV[1], 'model', ARGV[2], 'started_at', ARGV[3])
-redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[5], '*', 'type', 'status', 'data', ARGV[4])
-redis.call('ZREM', KEYS[3], ARGV[6])
-return {'running', redis.call('HGET', KEYS[1], 'request')}
 """
 
 # Once a job ends, every key it made expires after the retention period. The idempotency
@@ -71,25 +72,74 @@ local function expire_job(retention)
 end
 """
 
-# KEYS: record, stream, cancel ; ARGV: final state, maxlen, retention, number of events n,
-# then n (type, data) pairs with the terminal event last, then field/value pairs for the record.
-# A job that is no longer running is left as it is: nothing is appended.
+# KEYS: record, stream, cancel, queue, lease, running, arq job
+# ARGV: id, worker, model, now, running event, deadline error event, deadline message, maxlen,
+#       lease ms, retention
+# A queued job starts (attempt 1); a running one that a worker handed back (`requeued`) resumes
+# with the next attempt, and the answer carries its stream so that the new worker continues
+# where the last one stopped. The starting worker takes the job's lease and the job leaves
+# arq's queue set, so that the set holds only waiting jobs. A queued job past its `deadline`
+# fails instead, without ever running. The request's JSON is decoded only when it has one.
+START_LUA = (
+    EXPIRE_JOB_LUA
+    + """
+local function take(attempt)
+  redis.call('HSET', KEYS[1], 'worker', ARGV[2], 'model', ARGV[3], 'attempts', attempt)
+  redis.call('ZREM', KEYS[4], ARGV[1])
+  redis.call('SET', KEYS[5], ARGV[2], 'PX', ARGV[9])
+  redis.call('SADD', KEYS[6], ARGV[1])
+end
+local status, request, created = unpack(redis.call('HMGET', KEYS[1], 'status', 'request', 'created_at'))
+if status == 'running' and redis.call('HGET', KEYS[1], 'requeued') then
+  redis.call('HDEL', KEYS[1], 'requeued')
+  local attempt = tonumber(redis.call('HGET', KEYS[1], 'attempts')) + 1
+  take(attempt)
+  return {'resumed', request, created, attempt, redis.call('XRANGE', KEYS[2], '-', '+')}
+end
+if status ~= 'queued' then return {'refused', status or 'missing'} end
+if string.find(request, '"deadline":', 1, true) then
+  local deadline = cjson.decode(request)['deadline']
+  if type(deadline) == 'number' and deadline <= tonumber(ARGV[4]) then
+    redis.call('HSET', KEYS[1], 'status', 'failed', 'finished_at', ARGV[4], 'error', ARGV[7],
+               'token_count', 0, 'usage', '{"prompt_tokens":0,"completion_tokens":0}')
+    redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[8], '*', 'type', 'error', 'data', ARGV[6])
+    redis.call('ZREM', KEYS[4], ARGV[1])
+    redis.call('DEL', KEYS[7])
+    expire_job(ARGV[10])
+    return {'expired'}
+  end
+end
+redis.call('HSET', KEYS[1], 'status', 'running', 'started_at', ARGV[4])
+redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[8], '*', 'type', 'status', 'data', ARGV[5])
+take(1)
+return {'running', request, created}
+"""
+)
+
+# KEYS: record, stream, cancel, lease, running ; ARGV: id, worker, final state, maxlen, retention,
+# number of events n, then n (type, data) pairs with the terminal event last, then field/value
+# pairs for the record. A job that is no longer running is left as it is, and so is one whose
+# lease this worker no longer holds ('lost': another worker resumes it): nothing is appended.
 FINISH_LUA = (
     EXPIRE_JOB_LUA
     + """
 local status = redis.call('HGET', KEYS[1], 'status')
 if status ~= 'running' then return status or 'missing' end
-local events = tonumber(ARGV[4])
+if redis.call('GET', KEYS[4]) ~= ARGV[2] then return 'lost' end
+local events = tonumber(ARGV[6])
 for i = 0, events - 1 do
-  redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[2], '*', 'type', ARGV[5 + 2 * i], 'data', ARGV[6 + 2 * i])
+  redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[4], '*', 'type', ARGV[7 + 2 * i], 'data', ARGV[8 + 2 * i])
 end
-redis.call('HSET', KEYS[1], 'status', ARGV[1], unpack(ARGV, 5 + 2 * events))
-expire_job(ARGV[3])
-return ARGV[1]
+redis.call('HSET', KEYS[1], 'status', ARGV[3], unpack(ARGV, 7 + 2 * events))
+redis.call('DEL', KEYS[4])
+redis.call('SREM', KEYS[5], ARGV[1])
+expire_job(ARGV[5])
+return ARGV[3]
 """
 )
 
 # KEYS: record, stream, cancel, queue, arq job ; ARGV: id, now, cancelled event, maxlen, retention, lifetime
+# The cancel key of a running job holds when the first cancel was asked for (for the cancel latency).
 CANCEL_LUA = (
     EXPIRE_JOB_LUA
     + """
@@ -105,7 +155,7 @@ if status == 'queued' then
   return 'cancelled_queued'
 end
 if status == 'running' then
-  redis.call('SET', KEYS[3], '1', 'EX', ARGV[6])
+  redis.call('SET', KEYS[3], ARGV[2], 'EX', ARGV[6], 'NX')
 end
 return status
 """
@@ -120,6 +170,11 @@ def _optional_timestamp(value: str | None) -> datetime | None:
     return _timestamp(value) if value else None
 
 
+def _events(entries: Iterable[dict[str, str]]) -> list[Event]:
+    """The events of stream entries (each a `type` and its JSON `data`)."""
+    return [event_adapter.validate_json(fields["data"]) for fields in entries]
+
+
 @dataclass(frozen=True)
 class Submission:
     """A submitted job: new, or the one an earlier request with the same idempotency key made."""
@@ -128,6 +183,21 @@ class Submission:
     created: bool
     status: JobState
     created_at: datetime
+
+
+@dataclass(frozen=True)
+class Started:
+    """A job a worker has taken: what to generate, which run of the job this is, and where it stands."""
+
+    request: JobRequest
+    attempt: int
+    progress: Progress
+    submitted_at: float  # epoch seconds, the record's `created_at`
+
+    @property
+    def resumed(self) -> bool:
+        """Another worker ran the job before and handed it back (or lost it) midway."""
+        return self.attempt > 1
 
 
 @dataclass(frozen=True)
@@ -166,8 +236,13 @@ class JobStore:
         self._start = redis.register_script(START_LUA)
         self._cancel = redis.register_script(CANCEL_LUA)
 
-    async def submit(self, request: JobRequest, idempotency_key: str | None = None) -> Submission:
-        """Write record, `queued` event and arq job in one atomic round trip."""
+    async def submit(
+        self, request: JobRequest, idempotency_key: str | None = None, owner: str = ANONYMOUS_OWNER
+    ) -> Submission:
+        """Write record (with its owner), `queued` event and arq job in one atomic round trip.
+
+        An idempotency key is the owner's own: another owner's same key makes another job.
+        """
         job_id = uuid.uuid4().hex
         now = time.time()
         queued = StatusEvent(seq=0, state=JobState.queued).model_dump_json()
@@ -175,7 +250,7 @@ class JobStore:
         keys = [
             self.keys.job(job_id),
             self.keys.stream(job_id),
-            self.keys.idempotency(idempotency_key) if idempotency_key else "",
+            self.keys.idempotency(idempotency_key, owner) if idempotency_key else "",
             self.keys.queue,
             self.keys.arq_job(job_id),
         ]
@@ -189,6 +264,7 @@ class JobStore:
             self.settings.max_queued_jobs,
             self.settings.stream_maxlen,
             int(now * 1000),
+            owner,
         ]
         with redis_errors():
             verdict, *values = await self._submit(keys=keys, args=args)
@@ -207,22 +283,48 @@ class JobStore:
             raise JobNotFound(f"job {job_id} of this idempotency key has expired")
         return Submission(job_id, False, JobState(status), _timestamp(created_at))
 
-    async def start(self, job_id: str, worker_id: str, model: str) -> JobRequest | None:
-        """Move a queued job to running; None when it is no longer queued (cancelled meanwhile)."""
-        running = StatusEvent(seq=1, state=JobState.running).model_dump_json()
-        with redis_errors():
-            verdict, value = await self._start(
-                keys=[self.keys.job(job_id), self.keys.stream(job_id), self.keys.queue],
-                args=[worker_id, model, repr(time.time()), running, self.settings.stream_maxlen, job_id],
-            )
-        if verdict != "running":
-            return None
-        return JobRequest.model_validate_json(value)
+    async def start(self, job_id: str, worker_id: str, model: str) -> Started | None:
+        """Take a queued job, or resume a handed-back one, under this worker's lease.
 
-    def finish_command(self, job_id: str, events: list[Event], outcome: Outcome) -> tuple[Any, ...]:
-        """An EVAL that appends the last events (terminal last) and ends a running job, atomically."""
-        keys = self.keys.job_keys(job_id)
+        None when there is nothing to run: the job was cancelled, another worker holds it, or
+        its deadline passed while it was queued (then it has failed with `deadline_exceeded`).
+        """
+        now = time.time()
+        running = StatusEvent(seq=1, state=JobState.running, attempt=1).model_dump_json()
+        expired = ErrorEvent(seq=1, message=DEADLINE_PASSED, code=DEADLINE_EXCEEDED).model_dump_json()
+        keys = [
+            *self.keys.job_keys(job_id),
+            self.keys.queue,
+            self.keys.lease(job_id),
+            self.keys.running,
+            self.keys.arq_job(job_id),
+        ]
+        lease_ms = int(self.settings.lease_seconds * 1000)
+        args: list[str | int] = [job_id, worker_id, model, repr(now), running, expired, DEADLINE_PASSED]
+        args += [self.settings.stream_maxlen, lease_ms, self.settings.retention_seconds]
+        with redis_errors():
+            verdict, *values = await self._start(keys=keys, args=args)
+        if verdict == "running":
+            request, created_at = values
+            return Started(
+                JobRequest.model_validate_json(request), 1, Progress(FIRST_WORKER_SEQ), float(created_at)
+            )
+        if verdict == "resumed":
+            request, created_at, attempt, entries = values
+            events = _events(dict(zip(fields[::2], fields[1::2], strict=True)) for _, fields in entries)
+            progress = Progress.of(events)
+            return Started(JobRequest.model_validate_json(request), int(attempt), progress, float(created_at))
+        return None
+
+    def finish_command(
+        self, job_id: str, worker_id: str, events: list[Event], outcome: Outcome
+    ) -> tuple[Any, ...]:
+        """An EVAL that appends the last events (terminal last) and ends a running job, atomically,
+        if this worker still holds its lease."""
+        keys = [*self.keys.job_keys(job_id), self.keys.lease(job_id), self.keys.running]
         args = [
+            job_id,
+            worker_id,
             outcome.state.value,
             self.settings.stream_maxlen,
             self.settings.retention_seconds,
@@ -261,6 +363,13 @@ class JobStore:
             id=job_id, status=state, message=f"job already {state.value}; nothing changed"
         ), False
 
+    async def check_owner(self, job_id: str, owner: str) -> None:
+        """`JobNotFound` unless the job exists and is `owner`'s: another owner cannot tell it exists."""
+        with redis_errors():
+            recorded = await self.redis.hget(self.keys.job(job_id), "owner")  # type: ignore[misc]
+        if recorded != owner:
+            raise JobNotFound(f"no job {job_id}")
+
     async def status(self, job_id: str) -> JobState:
         with redis_errors():
             state = await self.redis.hget(self.keys.job(job_id), "status")  # type: ignore[misc]
@@ -295,16 +404,11 @@ class JobStore:
             usage=Usage.model_validate_json(fields["usage"]) if "usage" in fields else None,
             error=fields.get("error"),
             queue_position=rank if state is JobState.queued else None,
+            attempts=int(fields.get("attempts", 0)),
         )
 
     async def _output_so_far(self, job_id: str) -> JobOutput:
         with redis_errors():
             entries = await self.redis.xrange(self.keys.stream(job_id))
-        texts: list[str] = []
-        count = 0
-        for _, entry in entries:
-            if entry["type"] == "delta":
-                delta = json.loads(entry["data"])
-                texts.append(delta["text"])
-                count += len(delta["token_ids"])
-        return JobOutput(text="".join(texts), token_count=count)
+        progress = Progress.of(_events(fields for _, fields in entries))
+        return JobOutput(text=progress.text, token_count=len(progress.token_ids))

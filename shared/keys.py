@@ -5,7 +5,10 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 
-from arq.constants import job_key_prefix
+from arq.constants import in_progress_key_prefix, job_key_prefix, retry_key_prefix
+
+ANONYMOUS_OWNER = "anonymous"
+"""The owner of jobs submitted where no API key is asked for (an owner id is never this word)."""
 
 
 @dataclass(frozen=True)
@@ -31,9 +34,18 @@ class Keys:
         """String: present once a cancel of the running job was asked for."""
         return f"{self.prefix}:job:{job_id}:cancel"
 
-    def idempotency(self, key: str) -> str:
-        """String: job id submitted under an `Idempotency-Key` (hashed, so any header value fits)."""
-        return f"{self.prefix}:idempotency:{hashlib.sha256(key.encode()).hexdigest()}"
+    def lease(self, job_id: str) -> str:
+        """String with a TTL: the id of the worker running the job, renewed by its heartbeat."""
+        return f"{self.prefix}:job:{job_id}:lease"
+
+    @property
+    def running(self) -> str:
+        """Set: ids of jobs a worker has started and not yet ended or handed back, for the reapers."""
+        return f"{self.prefix}:running"
+
+    def idempotency(self, key: str, owner: str = ANONYMOUS_OWNER) -> str:
+        """String: job id one owner submitted under an `Idempotency-Key` (hashed, so any value fits)."""
+        return f"{self.prefix}:idempotency:{owner}:{hashlib.sha256(key.encode()).hexdigest()}"
 
     def worker(self, worker_id: str) -> str:
         """String with a TTL: a worker's heartbeat."""
@@ -42,6 +54,11 @@ class Keys:
     @property
     def worker_pattern(self) -> str:
         return f"{self.prefix}:worker:*"
+
+    @property
+    def model_card(self) -> str:
+        """Hash (`digest`, `card`): what the workers serve, for gateways to count prompt tokens."""
+        return f"{self.prefix}:model-card"
 
     @property
     def stream_reader_name(self) -> str:
@@ -56,3 +73,13 @@ class Keys:
     def arq_job(job_id: str) -> str:
         """arq's serialized job, written at submission so that enqueueing costs no extra round trip."""
         return job_key_prefix + job_id
+
+    @staticmethod
+    def arq_in_progress(job_id: str) -> str:
+        """arq's marker of a job some worker has picked up; it keeps other workers from picking it too."""
+        return in_progress_key_prefix + job_id
+
+    @staticmethod
+    def arq_retry(job_id: str) -> str:
+        """arq's count of a job's tries."""
+        return retry_key_prefix + job_id

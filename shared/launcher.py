@@ -108,7 +108,8 @@ def run_all(settings: Settings) -> int:
     elif not settings.model.is_dir():
         raise SystemExit(f"model folder {settings.model} does not exist")
     redis_server = None if _redis_answers(settings.redis_url) else _start_redis(settings.redis_url)
-    env = child_environment(settings)
+    # A local run needs no keys; keys given (api_keys, api_keys_file) are still required.
+    env = child_environment(settings.model_copy(update={"allow_unauthenticated": True}))
     command = [sys.executable, "-m", "shared.cli"]
     children = [
         subprocess.Popen([*command, "gateway"], env=env),

@@ -8,16 +8,11 @@ session writes under its own key prefix, so it never sees another's keys.
 from __future__ import annotations
 
 import os
-import shutil
-import socket
 import subprocess
-import sys
-import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
 
 import httpx
 import pytest
@@ -27,48 +22,23 @@ import redis.asyncio as aioredis
 from shared.config import Settings
 from shared.jobstore import JobStore
 from shared.keys import Keys
-from shared.launcher import child_environment, wait_healthy
+from shared.launcher import wait_healthy
+from tests.processes import Processes, free_port, redis_answers
 
-ROOT = Path(__file__).resolve().parent.parent
 SYSTEM_START_TIMEOUT = 240
 WORKERS = 2
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _answers(url: str) -> bool:
-    try:
-        return bool(redis.Redis.from_url(url, socket_connect_timeout=1).ping())
-    except redis.RedisError:
-        return False
-
-
 @pytest.fixture(scope="session")
-def redis_url() -> Iterator[str]:
+def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """The Redis at STREAMPOOL_REDIS_URL (or the default); a private redis-server when none answers."""
     url = os.environ.get("STREAMPOOL_REDIS_URL", "redis://127.0.0.1:6379/0")
-    if _answers(url):
+    if redis_answers(url):
         yield url
         return
-    server = shutil.which("redis-server")
-    assert server, "no Redis answers and redis-server is not installed (apt-get install redis-server)"
-    port = free_port()
-    process = subprocess.Popen(
-        [server, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
-        stdout=subprocess.DEVNULL,
-    )
-    url = f"redis://127.0.0.1:{port}/0"
-    for _ in range(100):
-        if _answers(url):
-            break
-        time.sleep(0.1)
-    yield url
-    process.terminate()
-    process.wait()
+    processes = Processes(tmp_path_factory.mktemp("redis"))
+    yield processes.start_redis("redis", free_port(), processes.log_dir, "--appendonly", "no")
+    processes.stop_all()
 
 
 def make_settings(redis_url: str, **overrides: object) -> Settings:
@@ -99,6 +69,8 @@ class System:
     gateway: subprocess.Popen[bytes]
     workers: list[subprocess.Popen[bytes]]
     log_dir: Path
+    worker_urls: list[str]
+    """Each worker's /health and /metrics server."""
 
     @property
     def keys(self) -> Keys:
@@ -108,36 +80,24 @@ class System:
 @pytest.fixture(scope="session")
 def system(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[System]:
     """A gateway and two workers, started once for the whole run, as `streampool` processes."""
-    settings = make_settings(redis_url, port=free_port(), host="127.0.0.1")
-    env = child_environment(settings)
+    settings = make_settings(redis_url, port=free_port(), host="127.0.0.1", allow_unauthenticated=True)
     logs = tmp_path_factory.mktemp("system-logs")
-    command = [sys.executable, "-m", "shared.cli"]
-
-    log_files: list[IO[bytes]] = []
-
-    def start(name: str) -> subprocess.Popen[bytes]:
-        log_files.append(open(logs / f"{name}.log", "wb"))  # noqa: SIM115 - closed at teardown
-        return subprocess.Popen(
-            [*command, name.split("-")[0]], env=env, cwd=ROOT, stdout=log_files[-1], stderr=subprocess.STDOUT
-        )
-
-    gateway = start("gateway")
-    workers = [start(f"worker-{n}") for n in range(WORKERS)]
+    processes = Processes(logs)
+    gateway = processes.start("gateway", "gateway", settings)
+    # Each worker on a metrics port of its own: several share this machine.
+    metrics_ports = [free_port() for _ in range(WORKERS)]
+    workers = [
+        processes.start(f"worker-{n}", "worker", settings.model_copy(update={"metrics_port": port}))
+        for n, port in enumerate(metrics_ports)
+    ]
+    worker_urls = [f"http://127.0.0.1:{port}" for port in metrics_ports]
     base_url = f"http://127.0.0.1:{settings.port}"
     try:
         if not wait_healthy(base_url, [gateway, *workers], WORKERS, SYSTEM_START_TIMEOUT):
             raise RuntimeError(f"the system did not become healthy; logs in {logs}")
-        yield System(settings, base_url, gateway, workers, logs)
+        yield System(settings, base_url, gateway, workers, logs, worker_urls)
     finally:
-        for process in [gateway, *workers]:
-            process.terminate()
-        for process in [gateway, *workers]:
-            try:
-                process.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                process.kill()
-        for log in log_files:
-            log.close()
+        processes.stop_all()
         delete_prefix(redis_url, settings.key_prefix)
 
 

@@ -2,7 +2,18 @@
 
 from __future__ import annotations
 
-from shared.events import CancelledEvent, DeltaEvent, DoneEvent, ErrorEvent, Event, TokenLogprob, Usage
+from shared.events import (
+    CancelledEvent,
+    DeltaEvent,
+    DoneEvent,
+    ErrorEvent,
+    Event,
+    JobState,
+    Progress,
+    StatusEvent,
+    TokenLogprob,
+    Usage,
+)
 from worker.engine import EngineDelta
 
 
@@ -26,6 +37,14 @@ class Chunker:
         self._text: list[str] = []
         self._token_ids: list[int] = []
         self._logprobs: list[TokenLogprob] | None = None
+
+    @classmethod
+    def after(cls, progress: Progress, stream_step: int) -> Chunker:
+        """A chunker that goes on from what the job's stream holds: seq, output and usage continue."""
+        chunker = cls(stream_step, 0, progress.next_seq)
+        chunker.text_parts.append(progress.text)
+        chunker.completion_tokens = len(progress.token_ids)
+        return chunker
 
     @property
     def text(self) -> str:
@@ -65,6 +84,13 @@ class Chunker:
     def done(self, finish_reason: str) -> list[Event]:
         """The held-back tokens, then `done` with the finish reason and exact usage."""
         return [*self.flush(), DoneEvent(seq=self._seq(), finish_reason=finish_reason, usage=self.usage)]
+
+    def resumed(self, attempt: int, message: str) -> list[Event]:
+        """The `running` status that opens a resumed run."""
+        status = StatusEvent(
+            seq=self._seq(), state=JobState.running, message=message, resumed=True, attempt=attempt
+        )
+        return [status]
 
     def cancelled(self) -> list[Event]:
         return [*self.flush(), CancelledEvent(seq=self._seq(), usage=self.usage)]

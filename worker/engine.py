@@ -28,6 +28,14 @@ class Prompt:
     token_ids: list[int]
     request: JobRequest = field(repr=False)
 
+    def continued(self, emitted: list[int]) -> Prompt:
+        """This prompt followed by tokens a run already emitted, with what is left of `max_tokens`:
+        how a resumed job goes on where its last run stopped."""
+        if not emitted:
+            return self
+        rest = self.request.model_copy(update={"max_tokens": self.request.max_tokens - len(emitted)})
+        return Prompt(token_ids=self.token_ids + emitted, request=rest)
+
 
 class Engine(Protocol):
     """What a worker needs of a generation engine."""

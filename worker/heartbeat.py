@@ -1,8 +1,8 @@
-"""A worker's heartbeat: a key with a TTL saying it is alive and which model it serves."""
+"""A worker's heartbeat: a key with a TTL saying it is alive and which model it serves, and the
+renewal of the leases of the jobs it runs."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 import socket
@@ -10,10 +10,11 @@ import time
 from collections.abc import Callable
 
 import redis.asyncio as aioredis
-from redis.exceptions import RedisError
 
 from shared.keys import Keys
+from shared.redis_client import redis_errors
 from shared.workers import WorkerInfo
+from worker.leases import Leases
 
 log = logging.getLogger(__name__)
 
@@ -24,38 +25,29 @@ class Heartbeat:
         redis: aioredis.Redis,
         keys: Keys,
         describe: Callable[[], WorkerInfo],
-        interval: float,
+        leases: Leases,
+        held: Callable[[], list[str]],
         ttl: float,
     ) -> None:
         self.redis = redis
         self.keys = keys
         self.describe = describe
-        self.interval = interval
+        self.leases = leases
+        self.held = held
         self.ttl_ms = int(ttl * 1000)
-        self._task: asyncio.Task[None] | None = None
 
     async def beat(self) -> None:
+        """Renew the leases of the jobs this worker runs (one round trip for all), then say it lives."""
         info = self.describe()
-        await self.redis.set(self.keys.worker(info.worker_id), info.model_dump_json(), px=self.ttl_ms)
+        for job_id in await self.leases.renew(info.worker_id, self.held()):
+            log.warning("job %s: lease lost (lapsed or taken over); its next step stops it here", job_id)
+        with redis_errors():
+            await self.redis.set(self.keys.worker(info.worker_id), info.model_dump_json(), px=self.ttl_ms)
 
-    async def _run(self) -> None:
-        while True:
-            try:
-                await self.beat()
-            except RedisError as exc:  # Redis may come back; the next beat tries again
-                log.warning("heartbeat failed: %s", exc)
-            await asyncio.sleep(self.interval)
-
-    def start(self) -> None:
-        self._task = asyncio.create_task(self._run())
-
-    async def stop(self, worker_id: str) -> None:
-        if self._task is not None:
-            self._task.cancel()
-        try:
+    async def forget(self, worker_id: str) -> None:
+        """Remove the heartbeat at once, so that gateways stop counting this worker."""
+        with redis_errors():
             await self.redis.delete(self.keys.worker(worker_id))
-        except RedisError:
-            pass
 
 
 def new_worker_id() -> str:

@@ -1,66 +1,150 @@
-"""The arq job: start a queued job, drive the engine, publish each step, end with one terminal event."""
+"""The arq job: start or resume a job, drive the engine, publish each step, end with one terminal event.
+
+A job this worker cannot finish is left to another: handed back when the worker stops or
+loses Redis, or given up when another worker took it over (its lease lapsed). The next
+worker resumes it from the tokens its stream holds, so readers see one unbroken stream.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
+from collections.abc import Callable
 from contextlib import aclosing
+from enum import Enum
 from typing import Any
 
-from shared.errors import EngineError, PromptTooLong, StreampoolError
+from arq.worker import Retry
+
+from shared.errors import BackendUnavailable, EngineError, PromptTooLong, StreampoolError
 from shared.events import Event, JobState
-from shared.jobstore import JobStore, Outcome
+from shared.jobstore import JobStore, Outcome, Started
 from shared.logs import job_context
-from shared.requests import JobRequest
 from worker.chunker import Chunker
 from worker.engine import Engine, Prompt
-from worker.publisher import Publisher
+from worker.leases import Leases
+from worker.metrics import RunClock, WorkerMetrics
+from worker.publisher import Publisher, Verdict
 
 log = logging.getLogger(__name__)
 
-FIRST_WORKER_SEQ = 2  # seq 0 is `queued` (gateway), 1 is `running` (start)
+HAND_BACK_RETRY_SECONDS = 0.5
+
+
+class Ending(Enum):
+    """How a run ended for this worker."""
+
+    ended = "ended"  # the job reached a terminal state (here, or before this run could start)
+    left = "left"  # handed back or taken over: another worker resumes it
 
 
 class JobRunner:
-    """Runs one job at a time per call; a worker runs hundreds of calls at once so vLLM batches them."""
+    """Runs one job per call; a worker runs hundreds of calls at once so vLLM batches them."""
 
-    def __init__(self, engine: Engine, store: JobStore, publisher: Publisher, worker_id: str) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        store: JobStore,
+        publisher: Publisher,
+        leases: Leases,
+        worker_id: str,
+        stopping: Callable[[], bool],
+        metrics: WorkerMetrics,
+    ) -> None:
         self.engine = engine
         self.store = store
         self.publisher = publisher
+        self.leases = leases
         self.worker_id = worker_id
-        self.running = 0
+        self.stopping = stopping
+        self.metrics = metrics
+        self.jobs: dict[str, RunClock] = {}
+        """The jobs this worker runs, each with the clock of its run."""
+        metrics.jobs_running.set_function(lambda: len(self.jobs))
 
-    async def run(self, job_id: str) -> None:
+    @property
+    def running(self) -> int:
+        return len(self.jobs)
+
+    def held(self) -> list[str]:
+        """The jobs whose leases this worker holds, for its heartbeat to renew."""
+        return list(self.jobs)
+
+    async def run(self, job_id: str) -> Ending:
         with job_context(job_id):
-            request = await self.store.start(job_id, self.worker_id, self.engine.model_name)
-            if request is None:
-                log.info("not queued any more (cancelled before it started); skipped")
-                return
-            self.running += 1
             try:
-                await self._run_started(job_id, request)
+                started = await self.store.start(job_id, self.worker_id, self.engine.model_name)
+            except BackendUnavailable as exc:
+                log.warning("not started: %s", exc.message)
+                return Ending.left
+            if started is None:
+                log.info("not started: cancelled, past its deadline, or held by another worker")
+                return Ending.ended
+            self.jobs[job_id] = RunClock(self.metrics, started)
+            try:
+                return await self._run_started(job_id, started)
             finally:
-                self.running -= 1
+                self.jobs.pop(job_id, None)
 
-    async def _run_started(self, job_id: str, request: JobRequest) -> None:
-        chunker = Chunker(request.stream_step, 0, FIRST_WORKER_SEQ)
+    async def _run_started(self, job_id: str, started: Started) -> Ending:
+        chunker = Chunker.after(started.progress, started.request.stream_step)
         try:
-            # Tokenizing a long prompt takes a while: off the event loop that serves every other job.
-            prompt = await asyncio.to_thread(self.engine.render, request)
-            chunker.prompt_tokens = len(prompt.token_ids)
-            log.info("running: %d prompt tokens, max_tokens %d", len(prompt.token_ids), request.max_tokens)
-            self._check_fits(prompt)
-            await self._generate(job_id, prompt, chunker)
+            return await self._run_guarded(job_id, started, chunker)
+        except BackendUnavailable as exc:
+            # What the last write did is unknown; the stream is the truth the next run resumes from.
+            log.warning("Redis is unreachable (%s); handing the job back", exc.message)
+            return await self._hand_back(job_id, "its worker lost Redis")
+
+    async def _run_guarded(self, job_id: str, started: Started, chunker: Chunker) -> Ending:
+        """Run the job; a failure ends it with an `error` event, a stop signal hands it back."""
+        try:
+            return await self._generate(job_id, started, chunker)
+        except BackendUnavailable:
+            raise
         except StreampoolError as exc:
-            await self._fail(job_id, chunker, exc.message, exc.error_type)
+            return await self._fail(job_id, chunker, exc.message, exc.error_type)
         except asyncio.CancelledError:
-            # arq cancels the job on timeout or shutdown: the stream still gets its terminal event.
-            await asyncio.shield(self._fail(job_id, chunker, "the worker stopped the job", "worker_stopped"))
+            # arq cancels running jobs when the worker's drain time is over, or a job's time is up.
+            if self.stopping():
+                await asyncio.shield(self._hand_back(job_id, "its worker shut down"))
+            else:
+                message = "the job ran longer than job_timeout_seconds"
+                await asyncio.shield(self._fail(job_id, chunker, message, "timeout"))
             raise
         except Exception as exc:
             log.exception("job crashed")
-            await self._fail(job_id, chunker, f"internal error: {exc!r}", "internal")
+            return await self._fail(job_id, chunker, f"internal error: {exc!r}", "internal")
+
+    async def _generate(self, job_id: str, started: Started, chunker: Chunker) -> Ending:
+        # Tokenizing a long prompt takes a while: off the event loop that serves every other job.
+        prompt = await asyncio.to_thread(self.engine.render, started.request)
+        chunker.prompt_tokens = len(prompt.token_ids)
+        self._check_fits(prompt)
+        if started.resumed:
+            self.metrics.resumes.inc()
+            emitted = started.progress.token_ids
+            log.info("resuming (attempt %d) after %d tokens", started.attempt, len(emitted))
+            message = f"resumed by worker {self.worker_id} after {len(emitted)} tokens"
+            verdict = await self.publisher.step(job_id, chunker.resumed(started.attempt, message))
+            if verdict is not Verdict.go:
+                return await self._stop(job_id, chunker, verdict)
+            prompt = prompt.continued(emitted)
+        else:
+            log.info(
+                "running: %d prompt tokens, max_tokens %d", len(prompt.token_ids), started.request.max_tokens
+            )
+        clock = self.jobs[job_id]
+        async with aclosing(self.engine.generate(job_id, prompt)) as deltas:
+            async for delta in deltas:
+                clock.output(len(delta.token_ids))
+                events = chunker.feed(delta)
+                if delta.finished:
+                    return await self._complete(job_id, chunker, events, delta.finish_reason or "stop")
+                verdict = await self.publisher.step(job_id, events)
+                if verdict is not Verdict.go:
+                    return await self._stop(job_id, chunker, verdict)
+        raise EngineError("the engine ended the request without finishing it")
 
     def _check_fits(self, prompt: Prompt) -> None:
         budget = self.engine.max_model_len - prompt.request.max_tokens
@@ -70,32 +154,30 @@ class JobRunner:
                 f"minus max_tokens {prompt.request.max_tokens} leaves room for {max(budget, 0)}"
             )
 
-    async def _generate(self, job_id: str, prompt: Prompt, chunker: Chunker) -> None:
-        async with aclosing(self.engine.generate(job_id, prompt)) as deltas:
-            async for delta in deltas:
-                events = chunker.feed(delta)
-                if delta.finished:
-                    await self._complete(job_id, chunker, events, delta.finish_reason or "stop")
-                    return
-                if await self.publisher.step(job_id, events):
-                    await self.engine.abort(job_id)
-                    log.info("cancelled after %d tokens; engine request aborted", chunker.completion_tokens)
-                    await self._end(job_id, chunker, chunker.cancelled(), JobState.cancelled)
-                    return
+    async def _stop(self, job_id: str, chunker: Chunker, verdict: Verdict) -> Ending:
+        """A step answered other than `go`: abort the engine request, then end cancelled or leave."""
+        await self.engine.abort(job_id)
+        if verdict is Verdict.cancel:
+            self.metrics.cancelled(self.publisher.cancels_asked_at.pop(job_id, None))
+        if verdict is Verdict.lost:
+            log.warning(
+                "lease lost after %d tokens; the job is not this worker's any more", chunker.completion_tokens
+            )
+            return Ending.left
+        log.info("cancelled after %d tokens; engine request aborted", chunker.completion_tokens)
+        return await self._end(job_id, chunker, chunker.cancelled(), JobState.cancelled)
 
-    async def _complete(self, job_id: str, chunker: Chunker, events: list[Event], reason: str) -> None:
+    async def _complete(self, job_id: str, chunker: Chunker, events: list[Event], reason: str) -> Ending:
         if reason == "abort":  # aborted inside the engine, not by a cancel of ours
             message = "the engine aborted the request"
             failed = events + chunker.error(message, EngineError.error_type)
-            await self._end(job_id, chunker, failed, JobState.failed, error=message)
-            return
+            return await self._end(job_id, chunker, failed, JobState.failed, error=message)
         events += chunker.done(reason)
-        state = await self._end(job_id, chunker, events, JobState.completed, finish_reason=reason)
-        log.info("%s: %d tokens, finish_reason %s", state, chunker.completion_tokens, reason)
+        return await self._end(job_id, chunker, events, JobState.completed, finish_reason=reason)
 
-    async def _fail(self, job_id: str, chunker: Chunker, message: str, code: str) -> None:
+    async def _fail(self, job_id: str, chunker: Chunker, message: str, code: str) -> Ending:
         log.warning("failed (%s): %s", code, message)
-        await self._end(job_id, chunker, chunker.error(message, code), JobState.failed, error=message)
+        return await self._end(job_id, chunker, chunker.error(message, code), JobState.failed, error=message)
 
     async def _end(
         self,
@@ -105,7 +187,7 @@ class JobRunner:
         state: JobState,
         finish_reason: str | None = None,
         error: str | None = None,
-    ) -> str:
+    ) -> Ending:
         """Publish the last events (the terminal one last) and write the outcome to the record."""
         outcome = Outcome(
             state=state,
@@ -115,10 +197,41 @@ class JobRunner:
             finish_reason=finish_reason,
             error=error,
         )
-        return await self.publisher.finish(job_id, events, outcome)
+        answer = await self.publisher.finish(job_id, events, outcome)
+        if answer == Verdict.lost:
+            log.warning("lease lost before the job could end; the job is not this worker's any more")
+            return Ending.left
+        clock = self.jobs.get(job_id)  # gone only if the run was cancelled twice while it ended
+        if answer == state.value and clock is not None:
+            clock.ended(state)
+        log.info("%s: %d tokens, finish_reason %s", answer, chunker.completion_tokens, finish_reason)
+        return Ending.ended
+
+    async def _hand_back(self, job_id: str, reason: str) -> Ending:
+        """Stop generating and release the job's lease now, so that another worker resumes it without
+        waiting for the lease to lapse. While Redis is unreachable, try until it would have lapsed."""
+        await self.engine.abort(job_id)
+        give_up_at = time.monotonic() + self.leases.settings.lease_seconds
+        while True:
+            try:
+                answer = await self.leases.release(job_id, reason, self.worker_id)
+            except BackendUnavailable as exc:
+                if time.monotonic() >= give_up_at:
+                    log.warning(
+                        "not handed back (%s); a reaper releases it once its lease lapses", exc.message
+                    )
+                    return Ending.left
+                await asyncio.sleep(HAND_BACK_RETRY_SECONDS)
+            else:
+                log.info("handed back (%s): %s", reason, answer)
+                return Ending.left
 
 
 async def run_job(ctx: dict[str, Any], job_id: str) -> None:
     """arq's entry point for a job."""
     runner: JobRunner = ctx["runner"]
-    await runner.run(job_id)
+    if await runner.run(job_id) is Ending.left:
+        # The job store has put the job back into arq's queue, or will: arq must not finish it
+        # (that would drop it from the queue and delete its payload). A retry without delay
+        # leaves both alone.
+        raise Retry()

@@ -47,7 +47,8 @@ async def test_submit_writes_record_queued_event_arq_job_and_queue_entry(
 
     [(_, entry)] = await store.redis.xrange(keys.stream(job_id))
     assert entry["type"] == "status"
-    assert json.loads(entry["data"]) == {"type": "status", "seq": 0, "state": "queued", "message": None}
+    queued = {"type": "status", "seq": 0, "state": "queued", "message": None}
+    assert json.loads(entry["data"]) == {**queued, "resumed": False, "attempt": None}
 
     assert await store.redis.zscore(keys.queue, job_id) is not None
     raw = aioredis.Redis.from_url(redis_url)  # arq's payload is a pickle, not text
@@ -112,7 +113,8 @@ async def test_second_cancel_changes_nothing_and_says_so(store: JobStore) -> Non
 
 async def test_start_moves_a_queued_job_to_running_and_returns_its_request(store: JobStore) -> None:
     job_id = (await store.submit(REQUEST)).job_id
-    assert await store.start(job_id, "worker-1", "smol") == REQUEST
+    started = await store.start(job_id, "worker-1", "smol")
+    assert started is not None and (started.request, started.attempt) == (REQUEST, 1)
     record = await store.record(job_id)
     assert (record.status, record.worker, record.model) == (JobState.running, "worker-1", "smol")
     assert record.started_at is not None and record.queue_position is None

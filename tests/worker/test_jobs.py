@@ -1,29 +1,45 @@
-"""The job runner against the real Redis, for engine faults the real engine cannot be made to show.
+"""The job runner against the real Redis, for engine faults the real engine cannot be made to show,
+and for resumes, whose exact prompt and token budget only a scripted engine can report.
 
 `ScriptedEngine` is a test double: it plays back a fixed list of engine outputs, so a test
-can have the engine abort a request on its own or fail to render a prompt. Every normal
-path runs on the real engine in tests/e2e.
+can have the engine abort a request on its own or fail to render a prompt, and it records
+what it was asked to generate. Every normal path (and crashes of real workers) runs on the
+real engine in tests/e2e and tests/faults.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Awaitable, Callable
 
-from shared.events import event_adapter
+import pytest
+from arq.worker import Retry
+
+from shared.events import DeltaEvent, JobState, event_adapter
 from shared.jobstore import JobStore
 from shared.requests import JobRequest
 from worker.engine import EngineDelta, Prompt
-from worker.jobs import JobRunner
-from worker.publisher import Publisher
+from worker.jobs import Ending, JobRunner, run_job
+from worker.leases import Leases
+from worker.metrics import WorkerMetrics
+from worker.publisher import Publisher, Verdict
+
+RUNNER = "worker-1"
 
 
 class ScriptedEngine:
     model_name = "scripted"
     max_model_len = 512
 
-    def __init__(self, outputs: list[EngineDelta], render_error: Exception | None = None) -> None:
+    def __init__(
+        self,
+        outputs: list[EngineDelta],
+        render_error: Exception | None = None,
+        between_steps: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
         self.outputs = outputs
         self.render_error = render_error
+        self.between_steps = between_steps
+        self.prompts: list[Prompt] = []
         self.aborted: list[str] = []
 
     def render(self, request: JobRequest) -> Prompt:
@@ -32,7 +48,10 @@ class ScriptedEngine:
         return Prompt(token_ids=[1, 2, 3], request=request)
 
     async def generate(self, request_id: str, prompt: Prompt) -> AsyncGenerator[EngineDelta, None]:
-        for output in self.outputs:
+        self.prompts.append(prompt)
+        for number, output in enumerate(self.outputs):
+            if number and self.between_steps is not None:
+                await self.between_steps()
             yield output
 
     async def abort(self, request_id: str) -> None:
@@ -45,13 +64,35 @@ class ScriptedEngine:
         pass
 
 
+def runner(store: JobStore, engine: ScriptedEngine, worker_id: str = RUNNER) -> JobRunner:
+    publisher = Publisher(store.redis, store, worker_id)
+    return JobRunner(
+        engine, store, publisher, Leases(store), worker_id, stopping=lambda: False, metrics=WorkerMetrics()
+    )
+
+
+async def stream(store: JobStore, job_id: str) -> list[dict[str, object]]:
+    entries = await store.redis.xrange(store.keys.stream(job_id))
+    return [event_adapter.validate_json(fields["data"]).model_dump() for _, fields in entries]
+
+
 async def run(
     store: JobStore, engine: ScriptedEngine, **request: object
 ) -> tuple[str, list[dict[str, object]]]:
     job_id = (await store.submit(JobRequest.model_validate({"prompt": "hi", **request}))).job_id
-    await JobRunner(engine, store, Publisher(store.redis, store), "worker-1").run(job_id)
-    entries = await store.redis.xrange(store.keys.stream(job_id))
-    return job_id, [event_adapter.validate_json(fields["data"]).model_dump() for _, fields in entries]
+    await runner(store, engine).run(job_id)
+    return job_id, await stream(store, job_id)
+
+
+async def handed_back_after(store: JobStore, tokens: list[tuple[str, int]], **request: object) -> str:
+    """A job whose first run (worker-0) emitted `tokens` (text, id) and then handed it back."""
+    job_id = (await store.submit(JobRequest.model_validate({"prompt": "hi", **request}))).job_id
+    assert await store.start(job_id, "worker-0", "scripted") is not None
+    first_run = Publisher(store.redis, store, "worker-0")
+    deltas = [DeltaEvent(seq=2 + n, text=text, token_ids=[token]) for n, (text, token) in enumerate(tokens)]
+    assert await first_run.step(job_id, deltas) is Verdict.go
+    assert await Leases(store).release(job_id, "its worker shut down", "worker-0") == "requeued"
+    return job_id
 
 
 async def test_an_abort_inside_the_engine_fails_the_job_and_keeps_its_tokens(store: JobStore) -> None:
@@ -87,3 +128,68 @@ async def test_a_prompt_that_leaves_no_room_for_max_tokens_fails_with_prompt_too
     assert "room for 2" in str(events[-1]["message"])
     record = await store.record(job_id)
     assert record.usage is not None and record.usage.prompt_tokens == 3
+
+
+async def test_a_resumed_job_goes_on_from_the_tokens_its_stream_holds(store: JobStore) -> None:
+    job_id = await handed_back_after(store, [("a", 7), ("b", 8)], max_tokens=5)
+    engine = ScriptedEngine(
+        [
+            EngineDelta(text="c", token_ids=[9]),
+            EngineDelta(text="d", token_ids=[10], finished=True, finish_reason="length"),
+        ]
+    )
+    assert await runner(store, engine).run(job_id) is Ending.ended
+
+    (prompt,) = engine.prompts
+    assert (prompt.token_ids, prompt.request.max_tokens) == ([1, 2, 3, 7, 8], 3)
+    events = await stream(store, job_id)
+    assert [event["seq"] for event in events] == list(range(len(events)))
+    assert [event["type"] for event in events] == [
+        "status",
+        "status",
+        "delta",
+        "delta",
+        "status",
+        "delta",
+        "delta",
+        "done",
+    ]
+    resumed = events[4]
+    assert (resumed["state"], resumed["resumed"], resumed["attempt"]) == ("running", True, 2)
+    assert events[-1]["usage"] == {"prompt_tokens": 3, "completion_tokens": 4}
+    record = await store.record(job_id)
+    assert (record.status, record.attempts, record.output.text, record.worker) == (
+        JobState.completed,
+        2,
+        "abcd",
+        RUNNER,
+    )
+
+
+async def test_a_handed_back_job_cancelled_meanwhile_ends_cancelled_without_generating(
+    store: JobStore,
+) -> None:
+    job_id = await handed_back_after(store, [("a", 7)])
+    await store.cancel(job_id)
+    engine = ScriptedEngine([EngineDelta(text="never", token_ids=[99], finished=True, finish_reason="stop")])
+    assert await runner(store, engine).run(job_id) is Ending.ended
+    assert engine.prompts == []
+    events = await stream(store, job_id)
+    assert [event["type"] for event in events] == ["status", "status", "delta", "status", "cancelled"]
+    assert events[-1]["usage"] == {"prompt_tokens": 3, "completion_tokens": 1}
+    assert (await store.record(job_id)).status is JobState.cancelled
+
+
+async def test_a_run_whose_lease_was_taken_stops_writing_and_leaves_the_job_to_arq(store: JobStore) -> None:
+    job_id = (await store.submit(JobRequest(prompt="hi", max_tokens=8))).job_id
+
+    async def lease_lapses() -> None:
+        await store.redis.delete(store.keys.lease(job_id))
+
+    outputs = [EngineDelta(text=t, token_ids=[n]) for n, t in enumerate("abc")]
+    engine = ScriptedEngine(outputs, between_steps=lease_lapses)
+    with pytest.raises(Retry):  # arq keeps its hands off the queue: a reaper requeues the job
+        await run_job({"runner": runner(store, engine)}, job_id)
+    assert engine.aborted == [job_id]
+    assert [event["type"] for event in await stream(store, job_id)] == ["status", "status", "delta"]
+    assert (await store.record(job_id)).status is JobState.running

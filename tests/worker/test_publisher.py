@@ -1,25 +1,33 @@
-"""The publisher against the real Redis: batched steps, cancel checks, ordered events, terminal writes."""
+"""The publisher against the real Redis: batched steps, cancel and lease checks, ordered events,
+terminal writes."""
 
 from __future__ import annotations
 
 import asyncio
-import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
+import redis.asyncio as aioredis
 
 from shared.events import DeltaEvent, DoneEvent, ErrorEvent, Event, JobState, Usage, event_adapter
 from shared.jobstore import JobStore, Outcome
+from shared.keys import Keys
 from shared.requests import JobRequest
-from tests.conftest import UNIT_RETENTION_SECONDS
-from worker.publisher import Publisher
+from tests.conftest import UNIT_RETENTION_SECONDS, make_settings
+from tests.processes import Processes, free_port
+from worker.publisher import Publisher, Verdict
 
 USAGE = Usage(prompt_tokens=5, completion_tokens=2)
 COMPLETED = Outcome(JobState.completed, "ab", 2, USAGE, finish_reason="stop")
 
 
+WORKER = "worker-1"
+
+
 @pytest.fixture
 def publisher(store: JobStore) -> Publisher:
-    return Publisher(store.redis, store)
+    return Publisher(store.redis, store, WORKER)
 
 
 def delta(seq: int, text: str = "a", token_id: int = 1) -> DeltaEvent:
@@ -28,8 +36,12 @@ def delta(seq: int, text: str = "a", token_id: int = 1) -> DeltaEvent:
 
 async def started_job(store: JobStore) -> str:
     job_id = (await store.submit(JobRequest(prompt="hi", max_tokens=2))).job_id
-    assert await store.start(job_id, "worker-1", "smol") is not None
+    assert await store.start(job_id, WORKER, "smol") is not None
     return job_id
+
+
+async def stream_length_after_start(store: JobStore, job_ids: list[str]) -> list[int]:
+    return [await store.redis.xlen(store.keys.stream(job_id)) - 2 for job_id in job_ids]
 
 
 async def stream_events(store: JobStore, job_id: str) -> list[Event]:
@@ -43,35 +55,72 @@ async def stream_events(store: JobStore, job_id: str) -> list[Event]:
 async def test_concurrent_steps_of_many_jobs_share_a_round_trip(
     store: JobStore, publisher: Publisher
 ) -> None:
-    job_ids = [uuid.uuid4().hex for _ in range(50)]
-    cancelled = await asyncio.gather(*(publisher.step(job_id, [delta(2)]) for job_id in job_ids))
-    assert cancelled == [False] * 50
+    job_ids = [await started_job(store) for _ in range(50)]
+    publisher.round_trips = 0
+    verdicts = await asyncio.gather(*(publisher.step(job_id, [delta(2)]) for job_id in job_ids))
+    assert verdicts == [Verdict.go] * 50
     assert publisher.round_trips <= 2
-    for job_id in job_ids:
-        assert await store.redis.xlen(store.keys.stream(job_id)) == 1
+    assert await stream_length_after_start(store, job_ids) == [1] * 50
 
 
 async def test_step_reports_cancel_once_the_cancel_key_is_set(store: JobStore, publisher: Publisher) -> None:
-    job_id, other = uuid.uuid4().hex, uuid.uuid4().hex
-    assert await publisher.step(job_id, [delta(2)]) is False
+    job_id, other = await started_job(store), await started_job(store)
+    assert await publisher.step(job_id, [delta(2)]) is Verdict.go
     await store.redis.set(store.keys.cancel(job_id), "1")
     answers = await asyncio.gather(publisher.step(job_id, [delta(3)]), publisher.step(other, [delta(2)]))
-    assert answers == [True, False]
+    assert answers == [Verdict.cancel, Verdict.go]
 
 
 async def test_step_without_events_still_checks_cancel(store: JobStore, publisher: Publisher) -> None:
-    job_id = uuid.uuid4().hex
+    job_id = await started_job(store)
     await store.redis.set(store.keys.cancel(job_id), "1")
-    assert await publisher.step(job_id, []) is True
-    assert await store.redis.xlen(store.keys.stream(job_id)) == 0
+    assert await publisher.step(job_id, []) is Verdict.cancel
+    assert await stream_length_after_start(store, [job_id]) == [0]
 
 
 async def test_step_appends_events_in_order_with_type_and_data(store: JobStore, publisher: Publisher) -> None:
-    job_id = uuid.uuid4().hex
+    job_id = await started_job(store)
     await publisher.step(job_id, [delta(2, "a", 10), delta(3, "b", 11), delta(4, "c", 12)])
     await publisher.step(job_id, [delta(5, "d", 13)])
-    events = await stream_events(store, job_id)
+    events = (await stream_events(store, job_id))[2:]
     assert events == [delta(2, "a", 10), delta(3, "b", 11), delta(4, "c", 12), delta(5, "d", 13)]
+
+
+async def test_a_worker_without_the_lease_appends_nothing_and_learns_it_lost_the_job(
+    store: JobStore, publisher: Publisher
+) -> None:
+    job_id = await started_job(store)
+    intruder = Publisher(store.redis, store, "worker-2")
+    assert await intruder.step(job_id, [delta(2)]) is Verdict.lost
+    failed = Outcome(JobState.failed, "", 0, USAGE, error="not mine")
+    assert await intruder.finish(job_id, [ErrorEvent(seq=2, message="x", code="internal")], failed) == "lost"
+    await store.redis.delete(store.keys.lease(job_id))  # lapsed: not even its first worker may write
+    assert await publisher.step(job_id, [delta(2)]) is Verdict.lost
+    assert await store.redis.xlen(store.keys.stream(job_id)) == 2
+    assert await store.status(job_id) is JobState.running
+
+
+@pytest.fixture
+async def private_store(tmp_path: Path) -> AsyncIterator[JobStore]:
+    """A store on a redis-server of its own, for a test that flushes the server's scripts."""
+    processes = Processes(tmp_path)
+    url = processes.start_redis("redis", free_port(), tmp_path / "data", "--appendonly", "no")
+    client = aioredis.Redis.from_url(url, decode_responses=True)
+    settings = make_settings(url)
+    yield JobStore(client, Keys(settings.key_prefix), settings)
+    await client.aclose()
+    processes.stop_all()
+
+
+async def test_a_step_after_redis_lost_its_scripts_loads_the_script_and_goes_through(
+    private_store: JobStore,
+) -> None:
+    publisher = Publisher(private_store.redis, private_store, WORKER)
+    job_id = await started_job(private_store)
+    assert await publisher.step(job_id, [delta(2)]) is Verdict.go
+    await private_store.redis.script_flush()  # what a restarted Redis has forgotten
+    assert await publisher.step(job_id, [delta(3)]) is Verdict.go
+    assert [event.seq for event in await stream_events(private_store, job_id)] == [0, 1, 2, 3]
 
 
 async def test_finish_writes_terminal_event_last_and_ends_the_record(
@@ -85,6 +134,8 @@ async def test_finish_writes_terminal_event_last_and_ends_the_record(
     events = await stream_events(store, job_id)
     assert [event.type for event in events] == ["status", "status", "delta", "delta", "done"]
     assert events[-1] == done
+    assert not await store.redis.exists(store.keys.lease(job_id))
+    assert not await store.redis.sismember(store.keys.running, job_id)
     record = await store.record(job_id)
     assert (record.status, record.finish_reason, record.usage) == (JobState.completed, "stop", USAGE)
     assert (record.output.text, record.output.token_count) == ("ab", 2)

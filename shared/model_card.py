@@ -1,0 +1,47 @@
+"""The model card: what a gateway needs to count prompt tokens as the workers will, without torch.
+
+Workers publish it at start-up; gateways read it (checking its digest first, so the whole card,
+megabytes of tokenizer, is only read again when it changed).
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import redis.asyncio as aioredis
+from pydantic import BaseModel
+
+from shared.keys import Keys
+from shared.redis_client import redis_errors
+
+
+class ModelCard(BaseModel):
+    """The served model's context length, tokenizer and chat template."""
+
+    model: str
+    max_model_len: int
+    tokenizer_json: str  # the `tokenizers` serialization of the worker's own tokenizer
+    chat_template: str | None
+    special_tokens: dict[str, str | list[str]]  # what the chat template sees: bos_token, eos_token, ...
+
+    @property
+    def digest(self) -> str:
+        return hashlib.sha256(self.model_dump_json().encode()).hexdigest()
+
+
+async def publish_model_card(redis: aioredis.Redis, keys: Keys, card: ModelCard) -> None:
+    with redis_errors():
+        await redis.hset(keys.model_card, mapping={"digest": card.digest, "card": card.model_dump_json()})  # type: ignore[misc]
+
+
+async def model_card_digest(redis: aioredis.Redis, keys: Keys) -> str | None:
+    """The digest of the published card; None when no worker has published one."""
+    with redis_errors():
+        digest: str | None = await redis.hget(keys.model_card, "digest")  # type: ignore[misc]
+    return digest
+
+
+async def read_model_card(redis: aioredis.Redis, keys: Keys) -> ModelCard | None:
+    with redis_errors():
+        card = await redis.hget(keys.model_card, "card")  # type: ignore[misc]
+    return None if card is None else ModelCard.model_validate_json(card)

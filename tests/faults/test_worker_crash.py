@@ -1,0 +1,94 @@
+"""A worker that dies (SIGKILL) or freezes (SIGSTOP) mid-generation: another worker resumes the job
+from the tokens in its stream, and readers see one seamless stream; after `max_attempts` runs the
+job fails with `worker_lost`."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+
+import httpx
+
+from tests.faults.conftest import (
+    RECOVERY,
+    WAIT_TIMEOUT,
+    Pool,
+    assert_one_seamless_stream,
+    record,
+    wait_for_tokens,
+    wait_until,
+)
+from tests.helpers import LONG_PROMPT, poll_all, read_sse, streamed_text, streamed_token_ids, submit
+
+MAX_TOKENS = 200
+
+
+async def test_a_killed_workers_job_is_resumed_by_another_and_the_reader_sees_one_stream(
+    pool: Pool, client: httpx.AsyncClient
+) -> None:
+    pool.ensure_workers()
+    job_id = await submit(client, prompt=LONG_PROMPT, max_tokens=MAX_TOKENS, temperature=0)
+    reader = asyncio.create_task(read_sse(client, job_id))
+    running = await wait_for_tokens(client, job_id, 10)
+    victim = pool.worker_named(running["worker"])
+    pool.processes.signal(victim, signal.SIGKILL)
+
+    pairs = await asyncio.wait_for(reader, WAIT_TIMEOUT)
+    stream_ids = [stream_id for stream_id, _ in pairs]
+    assert stream_ids == sorted(set(stream_ids), key=lambda sid: tuple(map(int, sid.split("-"))))
+    events = [event for _, event in pairs]
+    assert_one_seamless_stream(events)
+    statuses = [
+        (event["state"], event["resumed"], event["attempt"]) for event in events if event["type"] == "status"
+    ]
+    assert statuses == [("queued", False, None), ("running", False, 1), ("running", True, 2)]
+    resumed_at = next(n for n, event in enumerate(events) if event["type"] == "status" and event["resumed"])
+    assert len(streamed_token_ids(events[:resumed_at])) >= 10  # the kill came mid-generation
+
+    done = events[-1]
+    tokens = streamed_token_ids(events)
+    assert done["type"] == "done" and done["usage"]["completion_tokens"] == len(tokens)
+    if done["finish_reason"] == "length":
+        assert len(tokens) == MAX_TOKENS
+    one_token = await submit(client, prompt=LONG_PROMPT, max_tokens=1, temperature=0)
+    alone = await poll_all(client, one_token)
+    assert done["usage"]["prompt_tokens"] == alone[-1]["usage"]["prompt_tokens"]
+
+    job = await record(client, job_id)
+    assert (job["status"], job["attempts"]) == ("completed", 2)
+    assert job["output"] == {"text": streamed_text(events), "token_count": len(tokens)}
+    assert pool.worker_named(job["worker"]) != victim
+
+
+async def test_a_job_whose_workers_keep_vanishing_fails_with_worker_lost_and_they_write_no_more(
+    pool: Pool, client: httpx.AsyncClient
+) -> None:
+    """Both runs' workers freeze (SIGSTOP) instead of dying, so that each comes back afterwards,
+    having lost its lease, and must not write to the job again."""
+    assert RECOVERY["max_attempts"] == 2
+    pool.ensure_workers()
+    job_id = await submit(client, prompt=LONG_PROMPT, max_tokens=MAX_TOKENS, temperature=0)
+    first = pool.worker_named((await wait_for_tokens(client, job_id, 5))["worker"])
+    pool.processes.signal(first, signal.SIGSTOP)
+    try:
+        resumed = await wait_until(client, job_id, lambda job: job["attempts"] == 2, "no resume")
+        second = pool.worker_named(resumed["worker"])
+        await wait_for_tokens(client, job_id, resumed["output"]["token_count"] + 3)
+        pool.processes.signal(second, signal.SIGSTOP)
+        pool.processes.signal(first, signal.SIGCONT)  # its reaper finds the second lease lapsed
+        failed = await wait_until(client, job_id, lambda job: job["status"] != "running", "never failed")
+    finally:
+        for name in (first, second):
+            pool.processes.signal(name, signal.SIGCONT)
+
+    assert failed["status"] == "failed" and "max_attempts" in failed["error"]
+    # Both workers live on, and the second lets go of the job when it wakes, writing nothing more.
+    await asyncio.to_thread(pool.ensure_workers)
+    await wait_until(client, job_id, lambda _: pool.running_jobs(second) == 0, "the job was not let go")
+    events = await poll_all(client, job_id)
+    assert_one_seamless_stream(events)
+    assert (events[-1]["type"], events[-1]["code"]) == ("error", "worker_lost")
+    resumed_events = [event for event in events if event["type"] == "status" and event["resumed"]]
+    assert [event["attempt"] for event in resumed_events] == [2]
+    assert failed["output"]["token_count"] == len(streamed_token_ids(events))
+    assert "lease lost" in pool.log(second)

@@ -1,0 +1,94 @@
+"""Start streampool's own processes (gateway, worker) and redis-server for tests, each logging to a file."""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import IO
+
+import redis
+
+from shared.config import Settings
+from shared.launcher import child_environment
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def redis_answers(url: str) -> bool:
+    try:
+        return bool(redis.Redis.from_url(url, socket_connect_timeout=1).ping())
+    except redis.RedisError:
+        return False
+
+
+class Processes:
+    """Child processes started as a deployment starts them (`streampool gateway|worker`), stopped together.
+
+    Every child writes its output to `<log_dir>/<name>.log`, which is where to look when a test fails.
+    """
+
+    def __init__(self, log_dir: Path) -> None:
+        self.log_dir = log_dir
+        self.children: dict[str, subprocess.Popen[bytes]] = {}
+        self._logs: list[IO[bytes]] = []
+
+    def start(self, name: str, role: str, settings: Settings) -> subprocess.Popen[bytes]:
+        """`streampool <role>` (gateway or worker) with every setting passed through the environment."""
+        return self._spawn(name, [sys.executable, "-m", "shared.cli", role], env=child_environment(settings))
+
+    def start_redis(self, name: str, port: int, data_dir: Path, *options: str) -> str:
+        """A private `redis-server` on `port` keeping its files in `data_dir`; its URL once it answers."""
+        server = shutil.which("redis-server")
+        assert server, "redis-server is not installed (apt-get install redis-server)"
+        data_dir.mkdir(parents=True, exist_ok=True)
+        command = [server, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(data_dir), "--save", ""]
+        self._spawn(name, [*command, *options])
+        url = f"redis://127.0.0.1:{port}/0"
+        deadline = time.monotonic() + 10
+        while not redis_answers(url):
+            assert time.monotonic() < deadline, f"redis-server did not come up on port {port}"
+            time.sleep(0.05)
+        return url
+
+    def _spawn(
+        self, name: str, command: list[str], env: dict[str, str] | None = None
+    ) -> subprocess.Popen[bytes]:
+        log = open(self.log_dir / f"{name}.log", "ab")  # noqa: SIM115 - closed in stop_all
+        self._logs.append(log)
+        process = subprocess.Popen(command, env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+        self.children[name] = process
+        return process
+
+    def signal(self, name: str, signum: signal.Signals) -> None:
+        self.children[name].send_signal(signum)
+
+    def stop(self, name: str, timeout: float = 60) -> int:
+        """SIGTERM, then SIGKILL if the process has not exited after `timeout`; its exit code."""
+        process = self.children[name]
+        if process.poll() is None:
+            process.terminate()
+        try:
+            return process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            return process.wait()
+
+    def stop_all(self) -> None:
+        for process in self.children.values():
+            if process.poll() is None:
+                process.terminate()
+        for name in self.children:
+            self.stop(name)
+        for log in self._logs:
+            log.close()

@@ -1,0 +1,165 @@
+"""Leases against the real Redis: start takes one, heartbeats renew it, reapers release lapsed ones
+(requeue for a resume, or fail once out of attempts), deadlines fail queued jobs unrun."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from datetime import datetime, timezone
+
+import pytest
+import redis.asyncio as aioredis
+from arq.jobs import deserialize_job
+
+from shared.events import DeltaEvent, JobState, event_adapter
+from shared.jobstore import ARQ_FUNCTION, JobStore
+from shared.requests import JobRequest
+from worker.leases import WORKER_LOST, Leases
+from worker.publisher import Publisher, Verdict
+
+REQUEST = JobRequest(prompt="The capital of France is", max_tokens=8)
+
+
+@pytest.fixture
+def leases(store: JobStore) -> Leases:
+    return Leases(store)
+
+
+async def started(store: JobStore, worker_id: str = "worker-1") -> str:
+    job_id = (await store.submit(REQUEST)).job_id
+    assert await store.start(job_id, worker_id, "smol") is not None
+    return job_id
+
+
+async def lapse(store: JobStore, job_id: str) -> None:
+    """What a lease's TTL does when its worker stops renewing it."""
+    await store.redis.delete(store.keys.lease(job_id))
+
+
+async def events(store: JobStore, job_id: str) -> list[dict[str, object]]:
+    entries = await store.redis.xrange(store.keys.stream(job_id))
+    return [event_adapter.validate_json(fields["data"]).model_dump() for _, fields in entries]
+
+
+async def test_start_takes_the_lease_for_its_worker_and_counts_the_first_attempt(store: JobStore) -> None:
+    job_id = await started(store)
+    assert await store.redis.get(store.keys.lease(job_id)) == "worker-1"
+    assert 0 < await store.redis.pttl(store.keys.lease(job_id)) <= store.settings.lease_seconds * 1000
+    assert await store.redis.sismember(store.keys.running, job_id)
+    assert (await store.record(job_id)).attempts == 1
+    running = (await events(store, job_id))[1]
+    assert (running["state"], running["attempt"], running["resumed"]) == ("running", 1, False)
+
+
+async def test_renew_extends_own_leases_and_reports_lost_ones_without_bringing_them_back(
+    store: JobStore, leases: Leases
+) -> None:
+    mine, lapsed, taken = [await started(store) for _ in range(3)]
+    await store.redis.pexpire(store.keys.lease(mine), 100)
+    await lapse(store, lapsed)
+    await store.redis.set(store.keys.lease(taken), "worker-2")
+    assert await leases.renew("worker-1", [mine, lapsed, taken]) == [lapsed, taken]
+    assert await store.redis.pttl(store.keys.lease(mine)) > 100
+    assert not await store.redis.exists(store.keys.lease(lapsed))
+    assert await store.redis.get(store.keys.lease(taken)) == "worker-2"
+
+
+async def test_reap_requeues_a_job_whose_lease_lapsed_for_arq_to_run_again(
+    store: JobStore, leases: Leases, redis_url: str
+) -> None:
+    job_id, held = await started(store), await started(store)
+    for arq_key in (store.keys.arq_in_progress(job_id), store.keys.arq_retry(job_id)):
+        await store.redis.set(arq_key, "1")  # what arq leaves behind when its worker dies
+    await lapse(store, job_id)
+    assert await leases.lapsed() == [job_id]
+    await leases.reap()
+
+    assert await store.status(job_id) is JobState.running  # states never move backwards
+    assert await store.redis.zscore(store.keys.queue, job_id) is not None
+    assert not await store.redis.sismember(store.keys.running, job_id)
+    assert await store.redis.sismember(store.keys.running, held)
+    for arq_key in (store.keys.arq_in_progress(job_id), store.keys.arq_retry(job_id)):
+        assert not await store.redis.exists(arq_key)
+    raw = aioredis.Redis.from_url(redis_url)  # arq's payload is a pickle, not text
+    try:
+        payload = await raw.get(store.keys.arq_job(job_id))
+    finally:
+        await raw.aclose()
+    assert payload is not None and deserialize_job(payload).function == ARQ_FUNCTION
+    assert await leases.release(job_id, "again") == "requeued"  # a second reaper changes nothing
+
+
+async def test_a_requeued_job_resumes_with_its_stream_and_the_next_attempt(
+    store: JobStore, leases: Leases
+) -> None:
+    job_id = await started(store)
+    first_run = Publisher(store.redis, store, "worker-1")
+    await first_run.step(job_id, [DeltaEvent(seq=2, text="Paris", token_ids=[42, 43])])
+    await lapse(store, job_id)
+    await leases.reap()
+
+    resumed = await store.start(job_id, "worker-2", "smol")
+    assert resumed is not None and resumed.resumed and resumed.attempt == 2
+    assert (resumed.progress.next_seq, resumed.progress.token_ids, resumed.progress.text) == (
+        3,
+        [42, 43],
+        "Paris",
+    )
+    assert await store.redis.zscore(store.keys.queue, job_id) is None
+    assert await store.redis.get(store.keys.lease(job_id)) == "worker-2"
+    record = await store.record(job_id)
+    assert (record.status, record.attempts, record.worker) == (JobState.running, 2, "worker-2")
+    assert await first_run.step(job_id, [DeltaEvent(seq=3, text="!", token_ids=[1])]) is Verdict.lost
+    assert await store.start(job_id, "worker-3", "smol") is None  # only one worker resumes it
+
+
+async def test_a_job_out_of_attempts_fails_with_worker_lost_and_the_output_it_streamed(
+    store_factory: Callable[..., JobStore],
+) -> None:
+    store = store_factory(max_attempts=1)
+    job_id = await started(store)
+    await Publisher(store.redis, store, "worker-1").step(
+        job_id, [DeltaEvent(seq=2, text="Par", token_ids=[5])]
+    )
+    await lapse(store, job_id)
+    await Leases(store).reap()
+
+    stream = await events(store, job_id)
+    assert [event["seq"] for event in stream] == [0, 1, 2, 3]
+    assert (stream[-1]["type"], stream[-1]["code"]) == ("error", WORKER_LOST)
+    assert "max_attempts" in str(stream[-1]["message"])
+    record = await store.record(job_id)
+    assert (record.status, record.output.text, record.output.token_count) == (JobState.failed, "Par", 1)
+    assert record.finished_at is not None and record.error == stream[-1]["message"]
+    assert await store.redis.zscore(store.keys.queue, job_id) is None
+    assert 0 < await store.redis.ttl(store.keys.stream(job_id)) <= store.settings.retention_seconds
+
+
+async def test_a_worker_hands_back_its_own_job_at_once_but_not_another_workers(
+    store: JobStore, leases: Leases
+) -> None:
+    job_id = await started(store)
+    assert await leases.release(job_id, "stopping", "worker-2") == "held"
+    assert await leases.release(job_id, "stopping") == "held"  # a reaper leaves a live lease alone
+    assert await leases.release(job_id, "stopping", "worker-1") == "requeued"
+    assert not await store.redis.exists(store.keys.lease(job_id))
+
+
+async def test_a_queued_job_past_its_deadline_fails_when_a_worker_would_start_it(store: JobStore) -> None:
+    past = JobRequest(prompt="hi", deadline=datetime(2020, 1, 1, tzinfo=timezone.utc))
+    job_id = (await store.submit(past)).job_id
+    assert await store.start(job_id, "worker-1", "smol") is None
+    stream = await events(store, job_id)
+    assert [(event["type"], event["seq"]) for event in stream] == [("status", 0), ("error", 1)]
+    assert stream[-1]["code"] == "deadline_exceeded"
+    record = await store.record(job_id)
+    assert (record.status, record.started_at, record.attempts) == (JobState.failed, None, 0)
+    assert await store.redis.zscore(store.keys.queue, job_id) is None
+    assert not await store.redis.exists(store.keys.lease(job_id))
+
+
+async def test_a_deadline_still_ahead_lets_the_job_start(store: JobStore) -> None:
+    ahead = JobRequest.model_validate({"prompt": "hi", "deadline": time.time() + 3600})
+    job_id = (await store.submit(ahead)).job_id
+    assert await store.start(job_id, "worker-1", "smol") is not None
+    assert await store.status(job_id) is JobState.running

@@ -1,0 +1,97 @@
+"""The worker's /health and /metrics server, on a real socket: what it answers before and after the
+worker is ready, on other paths, and to a request that is no HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+
+import httpx
+import pytest
+
+from tests.helpers import scrape
+from tests.processes import free_port
+from worker.metrics import MetricsServer, Readiness, WorkerMetrics
+
+
+class Switch:
+    """The readiness a test sets, as the worker's state would."""
+
+    def __init__(self) -> None:
+        self.readiness = Readiness.starting
+
+
+Serve = Callable[..., MetricsServer]
+
+
+@pytest.fixture
+async def serve() -> AsyncIterator[Serve]:
+    """Starts servers on free ports on this machine; closes them afterwards."""
+    servers: list[MetricsServer] = []
+
+    def start(metrics: WorkerMetrics, switch: Switch, **options: float) -> MetricsServer:
+        server = MetricsServer(
+            metrics.registry, lambda: switch.readiness, free_port(), "127.0.0.1", **options
+        )
+        server.start()
+        servers.append(server)
+        return server
+
+    yield start
+    for server in servers:
+        await server.close()
+
+
+def client(server: MetricsServer) -> httpx.AsyncClient:
+    return httpx.AsyncClient(base_url=f"http://127.0.0.1:{server.port}", timeout=10)
+
+
+async def test_health_is_503_while_starting_and_draining_and_200_when_ready(serve: Serve) -> None:
+    switch = Switch()
+    async with client(serve(WorkerMetrics(), switch)) as http:
+        answer = await http.get("/health")
+        assert (answer.status_code, answer.json()["status"]) == (503, "starting")
+        switch.readiness = Readiness.ready
+        answer = await http.get("/health")
+        assert (answer.status_code, answer.json()["status"]) == (200, "ready")
+        switch.readiness = Readiness.draining
+        answer = await http.get("/health")
+    assert (answer.status_code, answer.json()["status"]) == (503, "draining")
+    assert "no new jobs" in answer.json()["detail"]
+
+
+async def test_a_ready_worker_whose_event_loop_stopped_running_is_503_stalled(serve: Serve) -> None:
+    switch = Switch()
+    switch.readiness = Readiness.ready
+    # No allowance at all: the loop's last turn is always longer ago than that.
+    async with client(serve(WorkerMetrics(), switch, stall_seconds=0.0)) as http:
+        answer = await http.get("/health")
+    assert (answer.status_code, answer.json()["status"]) == (503, "stalled")
+
+
+async def test_metrics_are_prometheus_text(serve: Serve) -> None:
+    metrics = WorkerMetrics()
+    metrics.generated_tokens.inc(7)
+    async with client(serve(metrics, Switch())) as http:
+        scraped = await scrape(http, "/metrics?name[]=ignored")
+    assert scraped.value("streampool_generated_tokens_total") == 7
+    assert scraped.value("streampool_worker_jobs_finished_total", state="completed") == 0
+
+
+async def test_other_paths_are_404_and_other_methods_refused(serve: Serve) -> None:
+    async with client(serve(WorkerMetrics(), Switch())) as http:
+        assert (await http.get("/v1/jobs")).status_code == 404
+        assert (await http.get("/healthz")).status_code == 404
+        assert (await http.post("/health")).status_code == 501
+
+
+async def test_a_request_that_is_no_http_gets_an_error_and_the_server_serves_on(serve: Serve) -> None:
+    server = serve(WorkerMetrics(), Switch())
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+    writer.write(b"\xff\xfe hello\r\n\r\n")
+    await writer.drain()
+    assert b"Error response" in await reader.read()
+    writer.close()
+    await writer.wait_closed()
+    async with client(server) as http:
+        assert (await http.get("/health")).status_code == 503

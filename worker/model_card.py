@@ -1,0 +1,51 @@
+"""The model card a worker publishes at start-up, so that gateways can refuse too-long prompts early.
+
+Built from the same folder, with the same tokenizer class, that vLLM loads: the gateway's count
+then equals the worker's. The worker still checks every prompt itself; a card it cannot build
+only means gateways leave that check to the worker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+
+import redis.asyncio as aioredis
+
+from shared.keys import Keys
+from shared.model_card import ModelCard, publish_model_card
+
+log = logging.getLogger(__name__)
+
+
+def build_model_card(folder: Path, model: str, max_model_len: int) -> ModelCard | None:
+    """The card of the model in `folder`; None when its tokenizer has no `tokenizers` form."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(folder))
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        return None
+    template = tokenizer.chat_template
+    return ModelCard(
+        model=model,
+        max_model_len=max_model_len,
+        tokenizer_json=backend.to_str(),
+        chat_template=template if isinstance(template, str) else None,
+        special_tokens=dict(tokenizer.special_tokens_map),
+    )
+
+
+async def publish(redis: aioredis.Redis, keys: Keys, folder: Path, model: str, max_model_len: int) -> None:
+    """Build the card off the event loop and publish it; a failure is logged, never fatal."""
+    try:
+        card = await asyncio.to_thread(build_model_card, folder, model, max_model_len)
+    except Exception:
+        log.exception("no model card: gateways will not check prompt lengths")
+        return
+    if card is None:
+        log.warning("no model card (no tokenizer.json form): gateways will not check prompt lengths")
+        return
+    await publish_model_card(redis, keys, card)
+    log.info("model card published: %s, context %d", model, max_model_len)
