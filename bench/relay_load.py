@@ -1,33 +1,47 @@
 """Relay capacity with the engine taken out: many SSE clients on one gateway process, fed by the
 synthetic producer. Clients run in separate processes (raw asyncio sockets, cheaper than httpx),
-so that the load generator is not what gets measured."""
+so that the load generator is not what gets measured.
+
+`python -m bench.relay_load [--streams 100 1000 2000]` runs this phase alone (a private Redis and
+one gateway, no worker, no engine) and prints one line per level; `bench.run` runs it last.
+"""
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import multiprocessing as mp
+import tempfile
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from multiprocessing.sharedctypes import Synchronized
+from pathlib import Path
 from typing import Any
 
+import httpx
 import psutil
 import redis
+import redis.asyncio as aioredis
 
-from bench import redis_probe
+from bench import redis_probe, system
 from bench.sse_client import sse_events
 from bench.stats import percentile
 from bench.synthetic_producer import SyntheticProducer
 from bench.system import Child
+from shared.config import Settings
 from shared.events import TERMINAL_EVENT_TYPES
+from shared.jobstore import JobStore
+from shared.keys import Keys
 
 CONNECT_AT_ONCE = 64
 CONNECT_TIMEOUT_SECONDS = 120
 DRAIN_TIMEOUT_SECONDS = 60
 LAG_TARGET_SECONDS = 0.020
 DELIVERED_TARGET = 0.99
+RATE = 10.0  # events a second per stream, as the design's target
+CLIENT_PROCESSES = 2
 
 
 async def _lines(reader: asyncio.StreamReader) -> AsyncIterator[str]:
@@ -101,6 +115,7 @@ class RelayLevel:
     failures: int
     lags: list[float] = field(repr=False)
     gateway_cpu_percent: float
+    gateway_cpu_per_event: float  # gateway CPU seconds from production start to the last delivery, per event
     redis_cpu_percent: float
     client_cpu_percent: float
     producer_cpu_percent: float
@@ -187,6 +202,8 @@ async def run_level(
     on_progress("ending the jobs, draining the clients")
     await producer.finish(job_ids)
     gathered = [await asyncio.to_thread(results.get, True, DRAIN_TIMEOUT_SECONDS) for _ in clients]
+    received = sum(item["received"] for item in gathered)
+    gateway_cpu_per_event = (gateway.cpu_seconds() - gateway_before) / max(received, 1)
     for process in clients:
         process.join(timeout=10)
     return RelayLevel(
@@ -194,10 +211,11 @@ async def run_level(
         rate=rate,
         seconds=production.seconds,
         sent=production.events,
-        received=sum(item["received"] for item in gathered),
+        received=received,
         failures=sum(item["failures"] for item in gathered),
         lags=[lag for item in gathered for lag in item["lags"]],
         gateway_cpu_percent=gateway_cpu,
+        gateway_cpu_per_event=gateway_cpu_per_event,
         redis_cpu_percent=redis_probe.cpu_percent(before, after),
         client_cpu_percent=client_cpu,
         producer_cpu_percent=producer_cpu,
@@ -205,3 +223,94 @@ async def run_level(
         connected_clients_delta=after.connected_clients - idle.connected_clients,
         worst_tick_late=production.worst_tick_late,
     )
+
+
+async def run_levels(
+    settings: Settings,
+    gateway: Child,
+    streams_per_level: list[int],
+    seconds: float,
+    on_level: Callable[[RelayLevel], None],
+    on_progress: Callable[[int, str], None],
+) -> list[RelayLevel]:
+    """Every level, one after the other, against the running `gateway` and the Redis of `settings`."""
+    redis_client = aioredis.Redis.from_url(settings.redis_url, decode_responses=True)
+    producer = SyntheticProducer(redis_client, JobStore(redis_client, Keys(settings.key_prefix), settings))
+    sync_redis = redis.Redis.from_url(settings.redis_url, decode_responses=True)
+    redis_port = sync_redis.connection_pool.connection_kwargs["port"]
+    levels: list[RelayLevel] = []
+    for streams in streams_per_level:
+        level = await run_level(
+            producer,
+            gateway,
+            sync_redis,
+            settings.port,
+            redis_port,
+            streams,
+            RATE,
+            seconds,
+            CLIENT_PROCESSES,
+            lambda text, s=streams: on_progress(s, text),
+        )
+        levels.append(level)
+        on_level(level)
+    await redis_client.aclose()
+    return levels
+
+
+def describe(level: RelayLevel) -> str:
+    return (
+        f"{level.streams} streams x {level.rate:g}/s: lag p50 {1000 * level.lag_p50:.1f} ms, "
+        f"p99 {1000 * level.lag_p99:.1f} ms, max {1000 * max(level.lags, default=float('nan')):.1f} ms; "
+        f"{level.received}/{level.sent} delivered ({level.delivered_per_second:.0f}/s, "
+        f"{level.failures} failed streams); CPU % gateway {level.gateway_cpu_percent:.0f} "
+        f"({1e6 * level.gateway_cpu_per_event:.0f} us per event), "
+        f"Redis {level.redis_cpu_percent:.0f}, clients {level.client_cpu_percent:.0f}, "
+        f"producer {level.producer_cpu_percent:.0f}; sustained: {'yes' if level.sustained else 'no'}"
+    )
+
+
+def _wait_answering(settings: Settings, gateway: Child) -> None:
+    """Until the gateway answers HTTP (its /health says 503 here: this phase runs no worker)."""
+    deadline = time.monotonic() + system.START_TIMEOUT_SECONDS
+    while gateway.process.poll() is None and time.monotonic() < deadline:
+        try:
+            httpx.get(f"{system.base_url(settings)}/metrics", timeout=2).raise_for_status()
+            return
+        except httpx.HTTPError:
+            time.sleep(0.2)
+    raise RuntimeError("the gateway did not start; see its log")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--streams", type=int, nargs="+", default=[100, 1000], help="SSE clients per level")
+    parser.add_argument("--seconds", type=float, default=10.0, help="production time per level")
+    parser.add_argument("--redis-url", help="use this Redis instead of a private redis-server")
+    args = parser.parse_args()
+    logs = Path(tempfile.mkdtemp(prefix="streampool-relay-"))
+    redis_server, url = (None, args.redis_url) if args.redis_url else system.start_redis(logs)
+    settings = system.bench_settings(url)
+    gateway = system.start_gateway(settings, logs)
+    try:
+        _wait_answering(settings, gateway)
+        levels = run_levels(
+            settings,
+            gateway,
+            args.streams,
+            args.seconds,
+            lambda level: print(describe(level), flush=True),
+            lambda streams, text: None,
+        )
+        asyncio.run(levels)
+    finally:
+        gateway.stop()
+        system.delete_prefix(url, settings.key_prefix)
+        if redis_server is not None:
+            redis_server.terminate()
+            redis_server.wait()
+    print(f"logs: {logs}")
+
+
+if __name__ == "__main__":
+    main()

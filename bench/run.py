@@ -23,7 +23,6 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from bench import cancel, commands, engine_baseline, full_path, pickup, redis_probe, relay_load, system
 from bench.jobclient import client
 from bench.report import Results, write
-from bench.synthetic_producer import SyntheticProducer
 from shared.config import Settings
 from shared.jobstore import JobStore
 from shared.keys import Keys
@@ -49,8 +48,6 @@ FULL = Plan(
     [(1, 10), (8, 2), (32, 2)], 128, 200, 20, 64, [100, 250, 500, 1000, 2000], 10, (200_000, 1_000_000)
 )
 QUICK = Plan([(1, 1), (8, 1), (32, 1)], 32, 50, 5, 32, [100, 1000], 5, (50_000, 300_000))
-RELAY_RATE = 10.0
-CLIENT_PROCESSES = 2
 
 
 def machine(redis_url: str) -> dict[str, str]:
@@ -102,32 +99,6 @@ async def engine_phases(
     await store.redis.aclose()
 
 
-async def relay_phase(
-    settings: Settings, plan: Plan, gateway: system.Child, results: Results, progress: Progress
-) -> None:
-    redis_client = aioredis.Redis.from_url(settings.redis_url, decode_responses=True)
-    producer = SyntheticProducer(redis_client, JobStore(redis_client, Keys(settings.key_prefix), settings))
-    sync_redis = redis.Redis.from_url(settings.redis_url, decode_responses=True)
-    redis_port = sync_redis.connection_pool.connection_kwargs["port"]
-    task = progress.add_task("relay load: levels", total=len(plan.relay_streams))
-    for streams in plan.relay_streams:
-        level = await relay_load.run_level(
-            producer,
-            gateway,
-            sync_redis,
-            settings.port,
-            redis_port,
-            streams,
-            RELAY_RATE,
-            plan.relay_seconds,
-            CLIENT_PROCESSES,
-            lambda text, s=streams: progress.update(task, description=f"relay load: {s} streams, {text}"),
-        )
-        results.relay.append(level)
-        progress.advance(task)
-    await redis_client.aclose()
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="a smoke run of a few minutes")
@@ -164,7 +135,18 @@ def main() -> None:
                 results.ceilings.append(redis_probe.xadd_ceiling(url, key, pipeline, requests))
                 progress.advance(task)
             redis.Redis.from_url(url).delete(key)
-            asyncio.run(relay_phase(settings, plan, children[0], results, progress))
+            task = progress.add_task("relay load: levels", total=len(plan.relay_streams))
+            relay = relay_load.run_levels(
+                settings,
+                children[0],
+                plan.relay_streams,
+                plan.relay_seconds,
+                lambda level: progress.advance(task),
+                lambda streams, text: progress.update(
+                    task, description=f"relay load: {streams} streams, {text}"
+                ),
+            )
+            results.relay = asyncio.run(relay)
     finally:
         for child in children:
             child.stop()

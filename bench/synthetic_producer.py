@@ -19,6 +19,7 @@ TICK_SECONDS = 0.01
 CREATE_BATCH = 200
 WORKER_ID = "bench-synthetic-producer"
 FIRST_SEQ = 2  # as the worker: 0 is `queued`, 1 is `running`
+LEASE_SECONDS = 3600.0  # it renews no lease (no heartbeat): its jobs' leases outlast a level
 
 
 @dataclass
@@ -33,7 +34,8 @@ class Production:
 class SyntheticProducer:
     def __init__(self, redis: aioredis.Redis, store: JobStore) -> None:
         self.redis = redis
-        self.store = store
+        settings = store.settings.model_copy(update={"lease_seconds": LEASE_SECONDS})
+        self.store = JobStore(redis, store.keys, settings)
         self.maxlen = store.settings.stream_maxlen
         self.seq: dict[str, int] = {}
 
@@ -84,5 +86,5 @@ class SyntheticProducer:
             usage = Usage(prompt_tokens=1, completion_tokens=produced)
             done = DoneEvent(seq=self.seq[job_id], finish_reason="stop", usage=usage)
             outcome = Outcome(state=JobState.completed, text="", token_count=produced, usage=usage)
-            pipe.execute_command("EVAL", *self.store.finish_command(job_id, [done], outcome))
+            pipe.execute_command("EVAL", *self.store.finish_command(job_id, WORKER_ID, [done], outcome))
         await pipe.execute()

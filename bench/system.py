@@ -29,14 +29,16 @@ def free_port() -> int:
 
 
 def bench_settings(redis_url: str, **overrides: object) -> Settings:
-    """Settings of one bench run: a fresh key prefix and port, so nothing collides with anyone else's."""
+    """Settings of one bench run: a fresh key prefix and ports, so nothing collides with anyone else's."""
     values: dict[str, object] = {
         "redis_url": redis_url,
         "key_prefix": f"spbench-{uuid.uuid4().hex[:8]}",
         "host": "127.0.0.1",
         "port": free_port(),
+        "metrics_port": free_port(),
         "log_level": "WARNING",
         "max_queued_jobs": 0,
+        "allow_unauthenticated": True,
     }
     values.update(overrides)
     return Settings(**values)  # type: ignore[arg-type]

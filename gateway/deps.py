@@ -6,9 +6,11 @@ from dataclasses import dataclass
 from typing import Annotated
 
 import redis.asyncio as aioredis
-from fastapi import Depends, Request
+from fastapi import Depends, Path, Request
 
+from gateway.auth import Owner
 from gateway.metrics import GatewayMetrics
+from gateway.prompt_limit import PromptLimit
 from gateway.relay import Relay
 from shared.config import Settings
 from shared.jobstore import JobStore
@@ -25,6 +27,7 @@ class Services:
     store: JobStore
     relay: Relay
     metrics: GatewayMetrics
+    prompt_limit: PromptLimit
 
 
 def _services(request: Request) -> Services:
@@ -33,3 +36,14 @@ def _services(request: Request) -> Services:
 
 
 ServicesDep = Annotated[Services, Depends(_services)]
+
+JobIdPath = Annotated[str, Path(max_length=64, description="job id")]
+
+
+async def _owned_job_id(job_id: JobIdPath, owner: Owner, services: ServicesDep) -> str:
+    await services.store.check_owner(job_id, owner)
+    return job_id
+
+
+OwnedJobId = Annotated[str, Depends(_owned_job_id)]
+"""The path's job id, once it is known to be the caller's: any other key gets 404 for it."""

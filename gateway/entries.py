@@ -3,17 +3,17 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from shared.events import TERMINAL_EVENT_TYPES, JobState
 
 TERMINAL_STATES = {"done": JobState.completed, "cancelled": JobState.cancelled, "error": JobState.failed}
 
 
-@dataclass(frozen=True)
-class Entry:
-    """One stream entry as stored: its stream id (the cursor), event type and event JSON."""
+class Entry(NamedTuple):
+    """One stream entry as stored: its stream id (the cursor), event type and event JSON.
+
+    A named tuple: the relay makes one per event, and a tuple is the cheapest object to make."""
 
     id: str
     type: str

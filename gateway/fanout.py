@@ -5,6 +5,18 @@ subscribes here. The hub keeps one blocking XREAD over every subscribed stream o
 single dedicated connection, so Redis connections do not grow with the number of open
 streams. A new subscription wakes the blocked read with CLIENT UNBLOCK so that its
 stream is watched at once.
+
+A follower is woken once per batch of entries, not once per entry, and takes them all
+at once. One that does not keep up is dropped (`lagged`) and catches up from Redis on
+its own, so a slow client costs Redis reads, never unbounded gateway memory. When Redis
+fails, the reader retries with backoff and carries on from every stream's cursor, so
+open streams resume by themselves once Redis is back.
+
+Each read names every watched stream with its cursor. redis-py packs a command's
+arguments anew at every call, in Python, which for 1,000 streams cost the reader more
+than the entries it brought back; the hub keeps each stream's name and cursor packed
+(RESP bulk strings) and repacks a cursor only when it moves, and reads the reply raw,
+without redis-py's per-entry dictionaries.
 """
 
 from __future__ import annotations
@@ -12,43 +24,108 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Collection
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 import redis.asyncio as aioredis
+from redis.asyncio.connection import AbstractConnection
 from redis.exceptions import RedisError
 
 from gateway.entries import Entry
-from shared.errors import BackendUnavailable
 
 log = logging.getLogger(__name__)
 
 HUB_BLOCK_MS = 5000
 HUB_READ_COUNT = 256
+READ_MARGIN_SECONDS = 5.0  # past its BLOCK time, a read without an answer means a dead connection
 WAKE_RETRY_SECONDS = 0.001
-SUBSCRIBER_QUEUE = 1024  # entries held for one follower before it must catch up from Redis itself
+SUBSCRIBER_BUFFER = 1024  # entries held for one follower before it must catch up from Redis itself
+RETRY_FIRST_SECONDS = 0.05  # the reader's first wait after a Redis failure, doubled up to the last
+RETRY_LAST_SECONDS = 2.0
 
 
 @dataclass(eq=False)
 class Subscription:
-    """A follower's mailbox: new entries of one stream, or the news that it fell behind or failed."""
+    """A follower's mailbox: new entries of one stream, or the news that it fell behind."""
 
     stream: str
     started_after: str
-    queue: asyncio.Queue[Entry | Exception] = field(
-        default_factory=lambda: asyncio.Queue(maxsize=SUBSCRIBER_QUEUE)
-    )
+    pending: list[Entry] = field(default_factory=list)
     lagged: bool = False
+    _waiter: asyncio.Future[None] | None = None
+
+    def take(self) -> list[Entry]:
+        """Every entry delivered since the last take, oldest first."""
+        pending, self.pending = self.pending, []
+        return pending
+
+    async def wait(self, timeout: float) -> None:
+        """Until entries are pending, the hub dropped this subscription, or `timeout` s passed."""
+        if self.pending or self.lagged:
+            return
+        loop = asyncio.get_running_loop()
+        self._waiter = waiter = loop.create_future()
+        timer = loop.call_later(timeout, _wake, waiter)
+        try:
+            await waiter
+        finally:
+            timer.cancel()
+            self._waiter = None
+
+    def interrupt(self) -> None:
+        """End a `wait` in progress now."""
+        if self._waiter is not None:
+            _wake(self._waiter)
+
+    def offer(self, entries: list[Entry]) -> bool:
+        """Hand new entries over; False (and lagged) when that would overflow the buffer."""
+        if len(self.pending) + len(entries) > SUBSCRIBER_BUFFER:
+            self.lagged = True
+        else:
+            self.pending += entries
+        self.interrupt()
+        return not self.lagged
+
+
+def _wake(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
+
+
+def _bulk(value: str) -> bytes:
+    """One argument of a Redis command as the protocol carries it (a RESP bulk string)."""
+    data = value.encode()
+    return b"$%d\r\n%s\r\n" % (len(data), data)
+
+
+@dataclass(eq=False)
+class _Watched:
+    """A stream the reader watches: its followers, and the cursor the next read starts after."""
+
+    name: bytes  # packed
+    cursor: str
+    after: bytes  # the cursor, packed
+    subscriptions: set[Subscription] = field(default_factory=set)
+
+    def advance(self, cursor: str) -> None:
+        self.cursor, self.after = cursor, _bulk(cursor)
+
+
+def _entry(entry_id: str, fields: list[str]) -> Entry:
+    if fields[0] == "type" and fields[2] == "data":  # the order every writer of job streams uses
+        return Entry(entry_id, fields[1], fields[3])
+    named = dict(zip(fields[::2], fields[1::2], strict=True))
+    return Entry(entry_id, named["type"], named["data"])
 
 
 class StreamHub:
     def __init__(self, reader: aioredis.Redis, control: aioredis.Redis) -> None:
         self._reader = reader  # one connection, used only for the hub's blocking reads
+        self._connection: AbstractConnection | None = None
         self._control = control  # the shared pool, for CLIENT UNBLOCK
-        self._subscribers: dict[str, set[Subscription]] = {}
-        self._cursors: dict[str, str] = {}
+        self._watched: dict[str, _Watched] = {}
         self._task: asyncio.Task[None] | None = None
         self._reader_id: int | None = None
         self._reading = False
@@ -57,7 +134,8 @@ class StreamHub:
 
     @property
     def streams(self) -> int:
-        return len(self._subscribers)
+        """How many streams the reader watches."""
+        return len(self._watched)
 
     async def close(self) -> None:
         for task in (self._task, self._waker):
@@ -65,83 +143,110 @@ class StreamHub:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
+        if self._connection is not None:
+            await self._connection.disconnect()
         await self._reader.aclose()
 
     @asynccontextmanager
     async def subscribe(self, stream: str, cursor: str) -> AsyncIterator[Subscription]:
         """Entries of `stream` appended after the hub's cursor for it (see `started_after`)."""
-        started_after = self._cursors.setdefault(stream, cursor)
-        subscription = Subscription(stream, started_after)
-        self._subscribers.setdefault(stream, set()).add(subscription)
-        self._unwatched = True
+        watched = self._watched.get(stream)
+        if watched is None:
+            watched = self._watched[stream] = _Watched(_bulk(stream), cursor, _bulk(cursor))
+            self._unwatched = True
+            if self._reading and (self._waker is None or self._waker.done()):
+                self._waker = asyncio.create_task(self._wake())
+        subscription = Subscription(stream, watched.cursor)
+        watched.subscriptions.add(subscription)
         if self._task is None or self._task.done():
             self._task = asyncio.create_task(self._run())
-        elif self._waker is None or self._waker.done():
-            self._waker = asyncio.create_task(self._wake())
         try:
             yield subscription
         finally:
             self._unsubscribe(subscription)
 
     def _unsubscribe(self, subscription: Subscription) -> None:
-        subscribers = self._subscribers.get(subscription.stream)
-        if subscribers is None:
+        watched = self._watched.get(subscription.stream)
+        if watched is None:
             return
-        subscribers.discard(subscription)
-        if not subscribers:
-            del self._subscribers[subscription.stream]
-            del self._cursors[subscription.stream]
+        watched.subscriptions.discard(subscription)
+        if not watched.subscriptions:
+            del self._watched[subscription.stream]
 
     async def _wake(self) -> None:
-        """Interrupt the blocked XREAD until a new one watches the streams added since.
+        """Interrupt the blocked XREAD so that the next one watches the streams added since.
 
         CLIENT UNBLOCK travels on another connection, so it can reach Redis before the
-        XREAD it means to interrupt; it is repeated until the reader has taken them in.
+        XREAD it means to interrupt; it is repeated until it finds the read blocked, or
+        the read has returned by itself. A reader that is not reading takes the new
+        streams in at its next read.
         """
         try:
-            while self._unwatched and self._task is not None and not self._task.done():
-                if self._reading and self._reader_id is not None:
-                    await self._control.client_unblock(self._reader_id)
+            while self._unwatched and self._reading and self._reader_id is not None:
+                if await self._control.client_unblock(self._reader_id):
+                    return
                 await asyncio.sleep(WAKE_RETRY_SECONDS)
         except RedisError as exc:
             log.warning("could not wake the stream reader: %s", exc)
 
     async def _run(self) -> None:
+        """Read while anyone subscribes; on a Redis failure, retry with backoff from the same cursors."""
+        retry_in = RETRY_FIRST_SECONDS
+        while self._watched:
+            watched = dict(self._watched)
+            try:
+                reply = await self._read(watched.values())
+            except (RedisError, OSError) as exc:
+                await self._drop_connection()
+                if retry_in == RETRY_FIRST_SECONDS:
+                    log.warning("stream reader: Redis failed (%s); retrying", exc)
+                await asyncio.sleep(retry_in)
+                retry_in = min(2 * retry_in, RETRY_LAST_SECONDS)
+                continue
+            if retry_in != RETRY_FIRST_SECONDS:
+                log.warning("stream reader: Redis answers again; following %d streams", len(self._watched))
+                retry_in = RETRY_FIRST_SECONDS
+            for stream, entries in reply or ():
+                self._deliver(watched[stream], [_entry(entry_id, fields) for entry_id, fields in entries])
+
+    async def _read(self, watched: Collection[_Watched]) -> list[Any] | None:
+        """One XREAD BLOCK over the watched streams from their cursors; the raw reply."""
+        if self._connection is None:
+            self._connection = self._reader.connection_pool.make_connection()  # type: ignore[no-untyped-call]
+        connection = self._connection
+        if self._reader_id is None:
+            await connection.send_command("CLIENT", "ID")
+            self._reader_id = int(await connection.read_response())
+        command = b"".join(
+            [
+                b"*%d\r\n" % (6 + 2 * len(watched)),
+                *map(_bulk, ("XREAD", "COUNT", str(HUB_READ_COUNT), "BLOCK", str(HUB_BLOCK_MS), "STREAMS")),
+                *[stream.name for stream in watched],
+                *[stream.after for stream in watched],
+            ]
+        )
+        self._unwatched = False
+        self._reading = True
         try:
-            self._reader_id = await self._reader.client_id()
-            while self._subscribers:
-                streams: dict[Any, Any] = dict(self._cursors)
-                self._unwatched = False
-                self._reading = True
-                try:
-                    reply = await self._reader.xread(streams, count=HUB_READ_COUNT, block=HUB_BLOCK_MS)
-                finally:
-                    self._reading = False
-                for stream, entries in reply or []:
-                    self._deliver(stream, [Entry(i, f["type"], f["data"]) for i, f in entries])
-        except (RedisError, OSError) as exc:
-            failure = BackendUnavailable(f"Redis is unreachable: {exc}")
-            for subscribers in self._subscribers.values():
-                for subscription in subscribers:
-                    _offer(subscription, failure)
+            await connection.send_packed_command(command)
+            reply: list[Any] | None = await connection.read_response(
+                timeout=HUB_BLOCK_MS / 1000 + READ_MARGIN_SECONDS
+            )
         finally:
-            self._reader_id = None
+            self._reading = False
+        return reply
 
-    def _deliver(self, stream: str, entries: list[Entry]) -> None:
-        if stream not in self._cursors:
-            return  # every follower of it left while the read was in flight
-        self._cursors[stream] = entries[-1].id
-        for subscription in list(self._subscribers.get(stream, ())):
-            for entry in entries:
-                if not _offer(subscription, entry):
-                    subscription.lagged = True
-                    self._unsubscribe(subscription)
-                    break
+    async def _drop_connection(self) -> None:
+        self._reader_id = None
+        if self._connection is not None:
+            await self._connection.disconnect(nowait=True)
 
-
-def _offer(subscription: Subscription, item: Entry | Exception) -> bool:
-    try:
-        subscription.queue.put_nowait(item)
-        return True
-    except asyncio.QueueFull:
-        return False
+    def _deliver(self, watched: _Watched, entries: list[Entry]) -> None:
+        if not watched.subscriptions:
+            # Every follower of it left while the read was in flight. A follower that came
+            # since has a watch of its own, from its own cursor, which this read did not use.
+            return
+        watched.advance(entries[-1].id)
+        for subscription in list(watched.subscriptions):
+            if not subscription.offer(entries):
+                self._unsubscribe(subscription)

@@ -71,10 +71,10 @@ class JobRun:
         self.ended = False
 
     @classmethod
-    async def submit(cls, services: Services, request: JobRequest) -> JobRun:
+    async def submit(cls, services: Services, request: JobRequest, owner: str) -> JobRun:
         """Queue the job now, so that refusals (429, 503) still become plain HTTP errors."""
         try:
-            submission = await services.store.submit(request)
+            submission = await services.store.submit(request, owner=owner)
         except Overloaded:
             services.metrics.jobs_rejected.labels(reason="overloaded").inc()
             raise

@@ -1,13 +1,13 @@
 """Reading job streams from a client's cursor: follow until the terminal event, or one page.
 
 A follower first catches up with its own reads, then takes new entries from the
-process's one `StreamHub` reader; if it falls behind, it catches up again from Redis,
-so a slow client costs Redis reads, never unbounded gateway memory.
+process's one `StreamHub` reader, as many at a time as have arrived; if it falls
+behind, it catches up again from Redis, so a slow client costs Redis reads, never
+unbounded gateway memory.
 """
 
 from __future__ import annotations
 
-import asyncio
 import re
 from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
@@ -17,7 +17,8 @@ import redis.asyncio as aioredis
 
 from gateway.entries import Entry
 from gateway.fanout import StreamHub, Subscription
-from shared.errors import CursorExpired, InvalidRequest, JobNotFound
+from gateway.sse import OpenStreams
+from shared.errors import BackendUnavailable, CursorExpired, InvalidRequest, JobNotFound
 from shared.events import JobState
 from shared.keys import Keys
 from shared.redis_client import redis_errors
@@ -26,7 +27,7 @@ CURSOR = re.compile(r"[0-9]{1,20}(-[0-9]{1,20})?")
 MAX_ID_PART = 2**64 - 1
 START = "0-0"
 READ_BATCH = 512
-IDLE_CHECK_SECONDS = 5.0  # how long a silent stream waits before checking its job still exists
+IDLE_SECONDS = 5.0  # how long a silent follow waits before checking its job still exists
 
 
 def _id_tuple(stream_id: str) -> tuple[int, int]:
@@ -53,13 +54,22 @@ def parse_cursor(cursor: str | None) -> str:
     return cursor
 
 
+def _through_terminal(entries: list[Entry]) -> list[Entry]:
+    """The entries up to and including the first terminal one: nothing after it is relayed."""
+    for n, entry in enumerate(entries):
+        if entry.terminal:
+            return entries[: n + 1]
+    return entries
+
+
 class Relay:
-    """Reads one job's stream for one client."""
+    """Reads job streams for clients: one page, or a follow to the terminal event."""
 
     def __init__(self, redis: aioredis.Redis, keys: Keys, hub: StreamHub) -> None:
         self.redis = redis
         self.keys = keys
         self.hub = hub
+        self.open_streams = OpenStreams()
 
     async def check(self, job_id: str, cursor: str) -> JobState:
         """The job's state; 404 for an unknown job, 410 for a cursor older than what is kept."""
@@ -77,7 +87,7 @@ class Relay:
             )
         return JobState(status)
 
-    async def _read(self, job_id: str, cursor: str, count: int, block_ms: int | None) -> list[Entry]:
+    async def read(self, job_id: str, cursor: str, count: int, block_ms: int | None) -> list[Entry]:
         with redis_errors():
             reply = await self.redis.xread({self.keys.stream(job_id): cursor}, count=count, block=block_ms)
         if not reply:
@@ -94,81 +104,127 @@ class Relay:
         """
         state = await self.check(job_id, cursor)
         block = int(wait * 1000) if wait > 0 and not state.terminal else None
-        entries = await self._read(job_id, cursor, limit, block)
+        entries = await self.read(job_id, cursor, limit, block)
         done = any(entry.terminal for entry in entries) or (state.terminal and not entries)
         for entry in entries:
             state = entry.state or state
         return entries, state, done
 
-    async def _status(self, job_id: str) -> JobState:
+    async def ended(self, job_id: str, cursor: str) -> bool:
+        """Whether the job has ended and `cursor` is at its last entry.
+
+        An ended job has its terminal event in the stream already (the same script wrote
+        both): once it has ended, an empty read after the cursor means nothing is left.
+        """
         with redis_errors():
             status = await self.redis.hget(self.keys.job(job_id), "status")  # type: ignore[misc]
         if status is None:
             raise JobNotFound(f"no job {job_id}")
-        return JobState(status)
+        return JobState(status).terminal and not await self.read(job_id, cursor, 1, None)
 
-    async def follow(self, job_id: str, cursor: str) -> AsyncIterator[Entry]:
-        """Every entry after `cursor`, as it is appended, up to and including the terminal event.
+    def follow(self, job_id: str, cursor: str) -> Following:
+        """Every entry after `cursor`, as it is appended, up to and including the terminal event."""
+        return Following(self, job_id, cursor)
 
-        A cursor already at or past the terminal event ends the stream at once.
-        """
-        stream = self.keys.stream(job_id)
-        while True:
-            async with aclosing(self._catch_up(job_id, cursor)) as caught_up:
-                async for entry in caught_up:
+
+class Following:
+    """One client's follow of one job stream: `async for` gives one entry at a time, `batches`
+    gives as many as have arrived together. A cursor already at or past the terminal event
+    ends the follow at once; `stop` ends it early (the client left, or the gateway stops)."""
+
+    def __init__(self, relay: Relay, job_id: str, cursor: str) -> None:
+        self.relay = relay
+        self.job_id = job_id
+        self.cursor = cursor
+        self.stopped = False
+        self._subscription: Subscription | None = None
+
+    def stop(self) -> None:
+        self.stopped = True
+        if self._subscription is not None:
+            self._subscription.interrupt()
+
+    async def __aiter__(self) -> AsyncIterator[Entry]:
+        async with aclosing(self.batches(IDLE_SECONDS)) as batches:
+            async for batch in batches:
+                for entry in batch:
                     yield entry
-                    cursor = entry.id
-                    if entry.terminal:
+
+    async def batches(self, idle_seconds: float) -> AsyncGenerator[list[Entry], None]:
+        """New entries in order, in batches as they arrive; an empty batch after each
+        `idle_seconds` of silence (when a client may want a keep-alive)."""
+        relay = self.relay
+        stream = relay.keys.stream(self.job_id)
+        while not self.stopped:
+            async with aclosing(self._catch_up()) as caught_up:
+                async for batch in caught_up:
+                    batch = _through_terminal(batch)
+                    self.cursor = batch[-1].id
+                    yield batch
+                    if batch[-1].terminal:
                         return
-            async with (
-                self.hub.subscribe(stream, cursor) as subscription,
-                aclosing(self._live(job_id, subscription, cursor)) as live,
-            ):
-                async for entry in live:
-                    yield entry
-                    cursor = entry.id
-                    if entry.terminal:
-                        return
+            if self.stopped:
+                return
+            async with relay.hub.subscribe(stream, self.cursor) as subscription:
+                self._subscription = subscription
+                try:
+                    async with aclosing(self._live(subscription, idle_seconds)) as live:
+                        async for batch in live:
+                            batch = _through_terminal(batch)
+                            if batch:
+                                self.cursor = batch[-1].id
+                            yield batch
+                            if batch and batch[-1].terminal:
+                                return
+                finally:
+                    self._subscription = None
                 if not subscription.lagged:
-                    return  # the job ended while idle and its follower has everything
+                    return  # stopped, or the job ended while idle and this follow has everything
 
-    async def _catch_up(self, job_id: str, cursor: str) -> AsyncGenerator[Entry, None]:
-        """What the stream already holds after `cursor`, with plain (non-blocking) reads."""
-        while True:
-            entries = await self._read(job_id, cursor, READ_BATCH, None)
-            for entry in entries:
-                yield entry
+    async def _catch_up(self) -> AsyncGenerator[list[Entry], None]:
+        """What the stream already holds after the cursor, with plain (non-blocking) reads."""
+        cursor = self.cursor
+        while not self.stopped:
+            entries = await self.relay.read(self.job_id, cursor, READ_BATCH, None)
+            if entries:
+                yield entries
+                cursor = entries[-1].id
             if len(entries) < READ_BATCH:
                 return
-            cursor = entries[-1].id
 
     async def _live(
-        self, job_id: str, subscription: Subscription, cursor: str
-    ) -> AsyncGenerator[Entry, None]:
+        self, subscription: Subscription, idle_seconds: float
+    ) -> AsyncGenerator[list[Entry], None]:
         """New entries from the hub, after filling the gap up to where the hub already was."""
-        if _id_tuple(subscription.started_after) > _id_tuple(cursor):
+        relay, cursor = self.relay, _id_tuple(self.cursor)
+        if _id_tuple(subscription.started_after) > cursor:
             with redis_errors():
-                gap = await self.redis.xrange(
-                    self.keys.stream(job_id), min=f"({cursor}", max=subscription.started_after
+                gap = await relay.redis.xrange(
+                    relay.keys.stream(self.job_id), min=f"({self.cursor}", max=subscription.started_after
                 )
-            for entry_id, fields in gap:
-                yield Entry(entry_id, fields["type"], fields["data"])
-                cursor = entry_id
-        while not (subscription.lagged and subscription.queue.empty()):
-            try:
-                # Entries already delivered are taken at once, without a wait (and its task) each.
-                if subscription.queue.empty():
-                    item = await asyncio.wait_for(subscription.queue.get(), IDLE_CHECK_SECONDS)
-                else:
-                    item = subscription.queue.get_nowait()
-            except asyncio.TimeoutError:
-                # An ended job has its terminal event in the stream already (the same script
-                # wrote both): once it has ended, an empty read after the cursor means nothing is left.
-                if (await self._status(job_id)).terminal and not await self._read(job_id, cursor, 1, None):
-                    return
-                continue
-            if isinstance(item, Exception):
-                raise item
-            if _id_tuple(item.id) > _id_tuple(cursor):
-                yield item
-                cursor = item.id
+            if gap:
+                yield [Entry(entry_id, fields["type"], fields["data"]) for entry_id, fields in gap]
+                cursor = _id_tuple(gap[-1][0])
+        while True:
+            await subscription.wait(idle_seconds)
+            if self.stopped:
+                return
+            entries = subscription.take()
+            if entries:
+                if _id_tuple(entries[0].id) <= cursor:  # from a read sent before this follow subscribed
+                    entries = [entry for entry in entries if _id_tuple(entry.id) > cursor]
+                if entries:
+                    cursor = _id_tuple(entries[-1].id)
+                    yield entries
+            elif subscription.lagged or await self._ended_while_idle():
+                return
+            else:
+                yield []
+
+    async def _ended_while_idle(self) -> bool:
+        """Whether a silent job has ended with nothing left to read; Redis down counts as not
+        (the hub resumes the stream once Redis is back)."""
+        try:
+            return await self.relay.ended(self.job_id, self.cursor)
+        except BackendUnavailable:
+            return False

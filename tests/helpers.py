@@ -4,15 +4,31 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import httpx
 from httpx_sse import aconnect_sse
+from prometheus_client.parser import text_string_to_metric_families
+
+from gateway.app import create_app
+from shared.config import Settings
 
 TERMINAL = {"done", "cancelled", "error"}
 # With greedy decoding the default model goes on past 40 tokens after this prompt (many
 # plain prompts make an instruct model stop at once); tests that need a long stream use it.
 LONG_PROMPT = "The history of the Roman Empire"
+
+
+@asynccontextmanager
+async def in_process_gateway(settings: Settings) -> AsyncIterator[httpx.AsyncClient]:
+    """A client of a gateway app run in this process (its lifespan included), without a socket."""
+    app = create_app(settings)
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as http:
+            yield http
 
 
 async def submit(client: httpx.AsyncClient, **body: Any) -> str:
@@ -23,11 +39,16 @@ async def submit(client: httpx.AsyncClient, **body: Any) -> str:
 
 
 async def read_sse(
-    client: httpx.AsyncClient, job_id: str, last_event_id: str | None = None, stop_after: int | None = None
+    client: httpx.AsyncClient,
+    job_id: str,
+    last_event_id: str | None = None,
+    stop_after: int | None = None,
+    into: list[tuple[str, dict[str, Any]]] | None = None,
 ) -> list[tuple[str, dict[str, Any]]]:
-    """(stream id, event) pairs from the cursor to the terminal event, or the first `stop_after`."""
+    """(stream id, event) pairs from the cursor to the terminal event, or the first `stop_after`;
+    appended to `into` as they arrive, when given, so that a test can see how far a reader got."""
     headers = {"Last-Event-ID": last_event_id} if last_event_id else {}
-    events: list[tuple[str, dict[str, Any]]] = []
+    events: list[tuple[str, dict[str, Any]]] = [] if into is None else into
     async with aconnect_sse(client, "GET", f"/v1/jobs/{job_id}/events", headers=headers) as source:
         assert source.response.status_code == 200, await source.response.aread()
         async for sse in source.aiter_sse():
@@ -79,3 +100,27 @@ def streamed_text(events: list[dict[str, Any]]) -> str:
 
 def streamed_token_ids(events: list[dict[str, Any]]) -> list[int]:
     return [token for event in deltas(events) for token in event["token_ids"]]
+
+
+class Scrape:
+    """One read of a Prometheus /metrics page: each sample's value by its name and labels."""
+
+    def __init__(self, text: str) -> None:
+        self.samples = {
+            (sample.name, frozenset(sample.labels.items())): sample.value
+            for family in text_string_to_metric_families(text)
+            for sample in family.samples
+        }
+
+    def value(self, name: str, **labels: str) -> float:
+        """A sample's value; 0 for one not exported yet (a label value not seen so far)."""
+        return self.samples.get((name, frozenset(labels.items())), 0.0)
+
+    def names(self) -> set[str]:
+        return {name for name, _ in self.samples}
+
+
+async def scrape(client: httpx.AsyncClient, url: str = "/metrics") -> Scrape:
+    answer = await client.get(url)
+    assert answer.status_code == 200, answer.text
+    return Scrape(answer.text)

@@ -19,7 +19,9 @@ import pytest
 
 from shared import cli
 from shared.requests import ChatMessage, JobRequest
-from tests.conftest import ROOT, System, free_port
+from tests.conftest import System
+from tests.gateway.keyed_gateway import KEY_A, KEY_B, KeyedGateway, bearer, run_keyed_gateway
+from tests.processes import ROOT, free_port
 
 STREAMPOOL = [sys.executable, "-m", "shared.cli"]
 JOB_ID = re.compile(r"\b[0-9a-f]{32}\b")
@@ -259,6 +261,31 @@ def test_the_url_comes_from_streampool_url_without_the_flag(system: System) -> N
     )
     assert result.returncode == cli.EXIT_OK, result.stderr
     assert record(system, result.stdout.strip())["status"] in {"queued", "running", "completed"}
+
+
+@pytest.fixture(scope="module")
+def keyed(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[KeyedGateway]:
+    yield from run_keyed_gateway(redis_url, tmp_path_factory.mktemp("cli-auth"))
+
+
+def test_the_api_key_comes_from_the_flag_or_streampool_api_key(keyed: KeyedGateway) -> None:
+    submitted = httpx.post(f"{keyed.base_url}/v1/jobs", json={"prompt": "hi"}, headers=bearer(KEY_A))
+    job_id = submitted.json()["id"]
+    status = [*STREAMPOOL, "status", job_id, "--json", "--url", keyed.base_url]
+    without_key = {name: value for name, value in os.environ.items() if name != "STREAMPOOL_API_KEY"}
+    refused = run(status, env=without_key)
+    assert refused.returncode == cli.EXIT_FAILED
+    assert refused.stderr.startswith("unauthorized: ")
+    for result in (
+        run([*status, "--api-key", KEY_A], env=without_key),
+        run(status, env={**without_key, "STREAMPOOL_API_KEY": KEY_A}),
+    ):
+        assert result.returncode == cli.EXIT_OK, result.stderr
+        assert json.loads(result.stdout)["id"] == job_id
+    # Another key's job is as unknown as a job that never was.
+    foreign = run([*status, "--api-key", KEY_B], env=without_key)
+    assert foreign.returncode == cli.EXIT_FAILED
+    assert foreign.stderr.startswith("not_found: ")
 
 
 def test_no_gateway_is_an_unreachable_error() -> None:

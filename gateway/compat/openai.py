@@ -10,13 +10,21 @@ from __future__ import annotations
 from abc import abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from shared.errors import BackendUnavailable, InvalidRequest, StreampoolError
 from shared.events import DeltaEvent, DoneEvent, Event, TokenLogprob, Usage
-from shared.requests import ChatMessage, JobRequest
+from shared.requests import (
+    MAX_MESSAGES,
+    MAX_PROMPT_CHARS,
+    MAX_STOP_CHARS,
+    MAX_STOP_STRINGS,
+    ChatMessage,
+    JobRequest,
+    Text,
+)
 
 COMPLETIONS_PATH = "/v1/completions"
 CHAT_COMPLETIONS_PATH = "/v1/chat/completions"
@@ -25,6 +33,16 @@ MIN_LOGPROB = -9999.0  # JSON has no -inf; vLLM clamps the same way
 
 Refusal = tuple[bool, str, str]
 """(whether the option is refused, its parameter, why)"""
+
+# Bounds that keep every value of a body finite and small; what a job accepts is checked
+# afterwards, against the job's own bounds, and reported under the OpenAI parameter's name.
+Integer = Annotated[int, Field(ge=-(2**63), le=2**64 - 1)]
+Number = Annotated[float, Field(ge=-1e6, le=1e6, allow_inf_nan=False)]
+Name = Annotated[Text, Field(max_length=256)]
+PromptText = Annotated[Text, Field(max_length=MAX_PROMPT_CHARS)]
+StopText = Annotated[Text, Field(max_length=MAX_STOP_CHARS)]
+Objects = Annotated[list[Any], Field(max_length=128)]
+TokenIds = Annotated[list[Integer], Field(max_length=MAX_PROMPT_CHARS)]
 
 
 class ModelNotFound(StreampoolError):
@@ -64,6 +82,19 @@ def _job_request(fields: dict[str, Any], params: Mapping[str, str]) -> JobReques
         raise InvalidRequest(message, param=param, code=error["type"]) from exc
 
 
+class OpenAIError(BaseModel):
+    message: str
+    type: str
+    param: str | None
+    code: str | None
+
+
+class OpenAIErrorBody(BaseModel):
+    """Every error answer of the OpenAI-compatible routes."""
+
+    error: OpenAIError
+
+
 class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -79,20 +110,20 @@ class _Body(BaseModel):
     chat: ClassVar[bool]
     default_max_tokens: ClassVar[int]
 
-    model: str
+    model: Name
     stream: bool | None = False
     stream_options: StreamOptions | None = None
-    max_tokens: int | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None  # vLLM's extension; -1 and 0 mean no limit there
-    seed: int | None = None
-    stop: str | list[str] | None = None
-    n: int | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    logit_bias: dict[str, float] | None = None
-    user: str | None = None  # an end-user id for OpenAI's abuse monitoring: nothing to do here
+    max_tokens: Integer | None = None
+    temperature: Number | None = None
+    top_p: Number | None = None
+    top_k: Integer | None = None  # vLLM's extension; -1 and 0 mean no limit there
+    seed: Integer | None = None
+    stop: StopText | Annotated[list[StopText], Field(max_length=MAX_STOP_STRINGS)] | None = None
+    n: Integer | None = None
+    presence_penalty: Number | None = None
+    frequency_penalty: Number | None = None
+    logit_bias: Annotated[dict[Name, Number], Field(max_length=1024)] | None = None
+    user: Name | None = None  # an end-user id for OpenAI's abuse monitoring: nothing to do here
 
     @property
     def include_usage(self) -> bool:
@@ -148,11 +179,16 @@ class CompletionBody(_Body):
     chat = False
     default_max_tokens = 16  # OpenAI's and vLLM's default for completions
 
-    prompt: str | list[str] | list[int] | list[list[int]]
-    logprobs: int | None = None
+    prompt: (
+        PromptText
+        | Annotated[list[PromptText], Field(max_length=MAX_MESSAGES)]
+        | TokenIds
+        | Annotated[list[TokenIds], Field(max_length=MAX_MESSAGES)]
+    )
+    logprobs: Integer | None = None
     echo: bool | None = None
-    suffix: str | None = None
-    best_of: int | None = None
+    suffix: PromptText | None = None
+    best_of: Integer | None = None
 
     def _refusals(self) -> list[Refusal]:
         one_text = isinstance(self.prompt, str) or (len(self.prompt) == 1 and isinstance(self.prompt[0], str))
@@ -174,15 +210,15 @@ class ContentPart(BaseModel):
 
     model_config = ConfigDict(extra="allow")
 
-    type: str
-    text: str | None = None
+    type: Name
+    text: PromptText | None = None
 
 
 class Message(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[ContentPart]
+    content: PromptText | Annotated[list[ContentPart], Field(max_length=MAX_MESSAGES)]
 
     @field_validator("content")
     @classmethod
@@ -210,14 +246,14 @@ class ChatBody(_Body):
     chat = True
     default_max_tokens = JobRequest.model_fields["max_tokens"].default
 
-    messages: list[Message]
-    max_completion_tokens: int | None = None
+    messages: Annotated[list[Message], Field(max_length=MAX_MESSAGES)]
+    max_completion_tokens: Integer | None = None
     logprobs: bool | None = None
-    top_logprobs: int | None = None
-    tools: list[Any] | None = None
-    tool_choice: str | dict[str, Any] | None = None
-    functions: list[Any] | None = None
-    function_call: str | dict[str, Any] | None = None
+    top_logprobs: Integer | None = None
+    tools: Objects | None = None
+    tool_choice: Name | dict[str, Any] | None = None
+    functions: Objects | None = None
+    function_call: Name | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None  # meaningless without tools
     response_format: dict[str, Any] | None = None
 
@@ -317,17 +353,74 @@ class Answer:
         return {"id": self.id, "object": object_name, "created": self.created, "model": self.model}
 
 
+class UsageObject(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class _Response(BaseModel):
+    id: str
+    created: int
+    model: str
+    usage: UsageObject
+
+
+class CompletionChoice(BaseModel):
+    index: int
+    text: str
+    logprobs: dict[str, Any] | None
+    finish_reason: str
+
+
+class CompletionResponse(_Response):
+    """A whole answer of `/v1/completions` (`stream` false)."""
+
+    object: Literal["text_completion"] = "text_completion"
+    choices: list[CompletionChoice]
+
+
+class AssistantMessage(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str
+
+
+class ChatChoice(BaseModel):
+    index: int
+    message: AssistantMessage
+    logprobs: dict[str, Any] | None
+    finish_reason: str
+
+
+class ChatCompletionResponse(_Response):
+    """A whole answer of `/v1/chat/completions` (`stream` false)."""
+
+    object: Literal["chat.completion"] = "chat.completion"
+    choices: list[ChatChoice]
+
+
 def completion(
     answer: Answer, text: str, logprobs: list[TokenLogprob] | None, finish_reason: str, usage: Usage
 ) -> dict[str, Any]:
-    """A whole (non-streamed) answer."""
-    output = {"message": {"role": "assistant", "content": text}} if answer.chat else {"text": text}
-    choice = {"index": 0, **output, "logprobs": answer.logprobs(logprobs), "finish_reason": finish_reason}
-    return {
-        **answer.envelope("chat.completion" if answer.chat else "text_completion"),
-        "choices": [choice],
+    """A whole (non-streamed) answer, in the shape its documented model has."""
+    envelope: dict[str, Any] = {
+        "id": answer.id,
+        "created": answer.created,
+        "model": answer.model,
         "usage": usage_object(usage),
     }
+    choice: dict[str, Any] = {
+        "index": 0,
+        "logprobs": answer.logprobs(logprobs),
+        "finish_reason": finish_reason,
+    }
+    response: BaseModel
+    if answer.chat:
+        message = AssistantMessage(content=text)
+        response = ChatCompletionResponse(**envelope, choices=[ChatChoice(**choice, message=message)])
+    else:
+        response = CompletionResponse(**envelope, choices=[CompletionChoice(**choice, text=text)])
+    return response.model_dump()
 
 
 class ChunkStream:

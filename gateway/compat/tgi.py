@@ -9,14 +9,15 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncGenerator, AsyncIterator
-from typing import Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from shared.errors import InvalidRequest
 from shared.events import CancelledEvent, DeltaEvent, DoneEvent, ErrorEvent, Event, TokenLogprob
-from shared.requests import MAX_STOP_STRINGS, JobRequest
+from shared.requests import MAX_PROMPT_CHARS, MAX_STOP_CHARS, MAX_STOP_STRINGS, JobRequest, Text
 
+GENERATION_PATHS = frozenset({"/generate", "/generate_stream", "/"})
 DEFAULT_MAX_NEW_TOKENS = 100  # TGI's default
 ROUTER = "streampool"
 
@@ -35,31 +36,36 @@ GENERATION_ERROR = ("generation", 424)
 # Job fields under the names a TGI client used for them.
 PARAMETER_NAMES = {"prompt": "inputs", "max_tokens": "parameters.max_new_tokens"}
 
+# Bounds that keep every value finite and small; what a job accepts is checked afterwards.
+Integer = Annotated[int, Field(ge=-(2**63), le=2**64 - 1)]
+Number = Annotated[float, Field(ge=-1e6, le=1e6, allow_inf_nan=False)]
+StopText = Annotated[Text, Field(max_length=MAX_STOP_CHARS)]
+
 
 class Parameters(BaseModel):
     """TGI's `parameters`; unknown ones are refused, and so are values a job cannot honour."""
 
     model_config = ConfigDict(extra="forbid")
 
-    max_new_tokens: int | None = Field(default=None, ge=1)
-    temperature: float | None = Field(default=None, ge=0)
-    top_p: float | None = Field(default=None, gt=0, le=1)
-    top_k: int | None = Field(default=None, ge=1)
-    seed: int | None = Field(default=None, ge=0)
-    stop: list[str] = []
+    max_new_tokens: Integer | None = Field(default=None, ge=1)
+    temperature: Number | None = Field(default=None, ge=0)
+    top_p: Number | None = Field(default=None, gt=0, le=1)
+    top_k: Integer | None = Field(default=None, ge=1)
+    seed: Integer | None = Field(default=None, ge=0)
+    stop: list[StopText] = Field(default=[], max_length=MAX_STOP_STRINGS)
     do_sample: bool = False
     details: bool = False
     decoder_input_details: bool = False
     return_full_text: bool | None = None
-    truncate: int | None = None
-    repetition_penalty: float | None = None
-    frequency_penalty: float | None = None
-    typical_p: float | None = None
+    truncate: Integer | None = None
+    repetition_penalty: Number | None = None
+    frequency_penalty: Number | None = None
+    typical_p: Number | None = None
     watermark: bool = False
     grammar: dict[str, Any] | None = None
-    best_of: int | None = None
-    top_n_tokens: int | None = None
-    adapter_id: str | None = None
+    best_of: Integer | None = None
+    top_n_tokens: Integer | None = None
+    adapter_id: Annotated[Text, Field(max_length=256)] | None = None
 
     @property
     def sampling(self) -> bool:
@@ -108,7 +114,7 @@ class GenerateRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    inputs: str = Field(min_length=1)
+    inputs: Text = Field(min_length=1, max_length=MAX_PROMPT_CHARS)
     parameters: Parameters = Parameters()
     stream: bool = False
 

@@ -5,10 +5,12 @@ from __future__ import annotations
 import logging
 from typing import Annotated
 
-from fastapi import APIRouter, Header, Path, Query, Request, Response
+from fastapi import APIRouter, Header, Query, Request, Response
 from fastapi.responses import JSONResponse
 
-from gateway.deps import ServicesDep
+from gateway.auth import REQUIRE_KEY, Owner
+from gateway.deps import OwnedJobId, ServicesDep
+from gateway.errors import documented
 from gateway.relay import parse_cursor
 from gateway.sse import event_stream
 from shared.errors import InvalidRequest, Overloaded
@@ -16,9 +18,18 @@ from shared.requests import CancelAnswer, EventsPage, JobAccepted, JobRecord, Jo
 
 log = logging.getLogger(__name__)
 
-router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
+router = APIRouter(
+    prefix="/v1/jobs", tags=["jobs"], dependencies=[REQUIRE_KEY], responses=documented(401, 422, 503)
+)
 
-JobIdPath = Annotated[str, Path(max_length=64, description="job id")]
+EVENTS_CONTENT = {
+    "text/event-stream": {
+        "schema": {
+            "type": "string",
+            "description": "with `Accept: text/event-stream`: an event per stream entry, `id:` its stream id",
+        }
+    }
+}
 
 
 def _urls(job_id: str) -> JobUrls:
@@ -26,21 +37,26 @@ def _urls(job_id: str) -> JobUrls:
     return JobUrls(self=base, events=f"{base}/events", cancel=f"{base}/cancel")
 
 
-@router.post("", status_code=202, response_model=JobAccepted)
+@router.post("", status_code=202, response_model=JobAccepted, responses=documented(400, 413, 429))
 async def submit_job(
     body: JobRequest,
+    owner: Owner,
     services: ServicesDep,
     response: Response,
     idempotency_key: Annotated[str | None, Header(max_length=256)] = None,
 ) -> JobAccepted:
-    """Queue a generation job; answers at once with where to follow it."""
+    """Queue a generation job; answers at once with where to follow it.
+
+    A prompt that cannot fit the context with `max_tokens` is refused (413) before any job is made.
+    """
     if body.max_tokens > services.settings.max_tokens_limit:
         raise InvalidRequest(
             f"max_tokens: must be at most {services.settings.max_tokens_limit}",
             detail=[{"loc": ["body", "max_tokens"], "type": "less_than_equal", "input": body.max_tokens}],
         )
+    await services.prompt_limit.check(body)
     try:
-        submission = await services.store.submit(body, idempotency_key)
+        submission = await services.store.submit(body, idempotency_key, owner)
     except Overloaded:
         services.metrics.jobs_rejected.labels(reason="overloaded").inc()
         raise
@@ -56,14 +72,19 @@ async def submit_job(
     )
 
 
-@router.get("/{job_id}", response_model=JobRecord)
-async def get_job(job_id: JobIdPath, services: ServicesDep) -> JobRecord:
+@router.get("/{job_id}", response_model=JobRecord, responses=documented(404))
+async def get_job(job_id: OwnedJobId, services: ServicesDep) -> JobRecord:
     """The job record: state, timings, output so far, usage."""
     return await services.store.record(job_id)
 
 
-@router.post("/{job_id}/cancel", status_code=202, response_model=CancelAnswer)
-async def cancel_job(job_id: JobIdPath, services: ServicesDep, response: Response) -> CancelAnswer:
+@router.post(
+    "/{job_id}/cancel",
+    status_code=202,
+    response_model=CancelAnswer,
+    responses={200: {"model": CancelAnswer, "description": "the job had already ended"}, **documented(404)},
+)
+async def cancel_job(job_id: OwnedJobId, services: ServicesDep, response: Response) -> CancelAnswer:
     """Cancel a job; idempotent, and a finished job stays as it was (answered with 200)."""
     answer, took_effect = await services.store.cancel(job_id)
     if not took_effect:
@@ -72,13 +93,20 @@ async def cancel_job(job_id: JobIdPath, services: ServicesDep, response: Respons
     return answer
 
 
-@router.get("/{job_id}/events", response_model=EventsPage)
+@router.get(
+    "/{job_id}/events",
+    response_model=EventsPage,
+    responses={200: {"content": EVENTS_CONTENT}, **documented(404, 410)},
+)
 async def job_events(
-    job_id: JobIdPath,
+    job_id: OwnedJobId,
     request: Request,
     services: ServicesDep,
     after: Annotated[str | None, Query(max_length=41, description="stream id to read after")] = None,
-    wait: Annotated[float, Query(ge=0, description="long-poll: seconds to wait for an event")] = 0.0,
+    wait: Annotated[
+        float,
+        Query(ge=0, le=3600, description="long-poll: seconds to wait for an event (at most poll_wait_max)"),
+    ] = 0.0,
     limit: Annotated[int, Query(ge=1, le=1000, description="long-poll: most events per page")] = 100,
     last_event_id: Annotated[str | None, Header(max_length=41)] = None,
 ) -> Response:

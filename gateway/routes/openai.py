@@ -16,43 +16,68 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
+from gateway.auth import REQUIRE_KEY, Owner
 from gateway.compat.openai import (
     CHAT_COMPLETIONS_PATH,
     COMPLETIONS_PATH,
     Answer,
     ChatBody,
+    ChatCompletionResponse,
     ChunkStream,
     CompletionBody,
+    CompletionResponse,
     check_model,
     completion,
 )
 from gateway.deps import Services, ServicesDep
-from gateway.errors import openai_error
+from gateway.errors import documented, openai_error
 from gateway.generation import JOB_ID_HEADER, JobRun, raise_for_failure
 from gateway.metrics import GatewayMetrics
 from shared.errors import StreampoolError
 from shared.workers import live_workers
 
-router = APIRouter(tags=["openai"])
+# A failed job answers 410 when it was cancelled through the native API while its client waited.
+# Every 4xx has OpenAI's shape, validation errors included: "4XX" keeps FastAPI from listing its own 422.
+ERRORS = {
+    **documented(400, 401, 404, 410, 413, 429, 503, openai=True),
+    "4XX": documented(400, openai=True)[400] | {"description": "any other client error"},
+}
+STREAM = {"text/event-stream": {"schema": {"type": "string", "description": "chunks, then [DONE]"}}}
+
+router = APIRouter(tags=["openai"], dependencies=[REQUIRE_KEY], responses=ERRORS)
 
 
-@router.post(COMPLETIONS_PATH, response_model=None)
-async def completions(body: CompletionBody, request: Request, services: ServicesDep) -> Response:
+@router.post(
+    COMPLETIONS_PATH,
+    response_model=None,
+    responses={200: {"model": CompletionResponse, "content": STREAM}},
+)
+async def completions(
+    body: CompletionBody, request: Request, owner: Owner, services: ServicesDep
+) -> Response:
     """OpenAI's (legacy) text completion: one prompt, one choice."""
-    return await _answer(body, request, services)
+    return await _answer(body, request, owner, services)
 
 
-@router.post(CHAT_COMPLETIONS_PATH, response_model=None)
-async def chat_completions(body: ChatBody, request: Request, services: ServicesDep) -> Response:
+@router.post(
+    CHAT_COMPLETIONS_PATH,
+    response_model=None,
+    responses={200: {"model": ChatCompletionResponse, "content": STREAM}},
+)
+async def chat_completions(body: ChatBody, request: Request, owner: Owner, services: ServicesDep) -> Response:
     """OpenAI's chat completion: the messages rendered with the model's chat template."""
-    return await _answer(body, request, services)
+    return await _answer(body, request, owner, services)
 
 
-async def _answer(body: CompletionBody | ChatBody, request: Request, services: Services) -> Response:
-    """Refusals, an unknown model, a full queue and a lost Redis are all answered before the job runs."""
+async def _answer(
+    body: CompletionBody | ChatBody, request: Request, owner: str, services: Services
+) -> Response:
+    """Refusals, a prompt too long, an unknown model, a full queue and a lost Redis are all answered
+    before the job runs."""
     job = body.job_request(services.settings.max_tokens_limit)
+    await services.prompt_limit.check(job)
     check_model(body.model, {worker.model for worker in await live_workers(services.redis, services.keys)})
-    run = await JobRun.submit(services, job)
+    run = await JobRun.submit(services, job, owner)
     answer = Answer(chat=body.chat, job_id=run.job_id, model=body.model, created=int(time.time()))
     headers = {JOB_ID_HEADER: run.job_id}
     if body.stream:

@@ -10,19 +10,34 @@ from collections import Counter
 from collections.abc import AsyncIterator
 from contextlib import aclosing
 from importlib.metadata import version
+from typing import Any
 
 from fastapi import APIRouter, Request, Response
 from pydantic import BaseModel
 from pydantic_core import to_json
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
+from gateway.auth import REQUIRE_KEY, Owner
 from gateway.compat import tgi
 from gateway.deps import Services, ServicesDep
+from gateway.errors import documented
 from gateway.generation import JOB_ID_HEADER, JobRun
 from shared.errors import BackendUnavailable, StreampoolError
 from shared.workers import live_workers
 
-router = APIRouter(tags=["tgi"])
+router = APIRouter(tags=["tgi"], dependencies=[REQUIRE_KEY], responses=documented(401, 503))
+
+# As TGI: 422 for any invalid input (a prompt too long for the context included).
+GENERATION_ERRORS: dict[int | str, dict[str, Any]] = {
+    **documented(400, 413, 422, 429),
+    424: {"model": tgi.ErrorResponse, "description": "generation failed"},
+    500: {"model": tgi.ErrorResponse, "description": "the job was cancelled before it ended"},
+}
+STREAM = {
+    "text/event-stream": {
+        "schema": {"type": "string", "description": "one event per token; the last has `generated_text`"}
+    }
+}
 
 
 def _json(content: BaseModel | list[BaseModel], status_code: int, job_id: str) -> Response:
@@ -35,16 +50,20 @@ def _json(content: BaseModel | list[BaseModel], status_code: int, job_id: str) -
     )
 
 
-async def _submit(services: Services, body: tgi.GenerateRequest, *, stream: bool) -> JobRun:
+async def _submit(services: Services, body: tgi.GenerateRequest, owner: str, *, stream: bool) -> JobRun:
+    """Invalid input, a prompt too long and no live worker are all answered before a job is made."""
     request = body.job_request(services.settings.max_tokens_limit, stream=stream)
-    return await JobRun.submit(services, request)
+    await services.prompt_limit.check(request)
+    if not await live_workers(services.redis, services.keys):
+        raise BackendUnavailable("no worker has a live heartbeat")
+    return await JobRun.submit(services, request, owner)
 
 
 async def _generate(
-    services: Services, body: tgi.GenerateRequest, request: Request, *, listed: bool
+    services: Services, body: tgi.GenerateRequest, request: Request, owner: str, *, listed: bool
 ) -> Response:
     """The whole answer; TGI's `POST /` lists it, as the Inference API did."""
-    run = await _submit(services, body, stream=False)
+    run = await _submit(services, body, owner, stream=False)
     try:
         result = await run.result(request)
     except StreampoolError as exc:
@@ -79,8 +98,8 @@ async def _token_events(
         services.metrics.streams_open.dec()
 
 
-async def _stream(services: Services, body: tgi.GenerateRequest) -> EventSourceResponse:
-    run = await _submit(services, body, stream=True)
+async def _stream(services: Services, body: tgi.GenerateRequest, owner: str) -> EventSourceResponse:
+    run = await _submit(services, body, owner, stream=True)
     return EventSourceResponse(
         _token_events(services, run, body),
         ping=services.settings.sse_ping_seconds,
@@ -88,24 +107,45 @@ async def _stream(services: Services, body: tgi.GenerateRequest) -> EventSourceR
     )
 
 
-@router.post("/generate")
-async def generate(body: tgi.GenerateRequest, request: Request, services: ServicesDep) -> Response:
+@router.post(
+    "/generate",
+    response_model=None,
+    responses={200: {"model": tgi.GenerateResponse | tgi.DetailedResponse}, **GENERATION_ERRORS},
+)
+async def generate(
+    body: tgi.GenerateRequest, request: Request, owner: Owner, services: ServicesDep
+) -> Response:
     """Generate, and answer once with the whole text (and `details` when asked for)."""
-    return await _generate(services, body, request, listed=False)
+    return await _generate(services, body, request, owner, listed=False)
 
 
-@router.post("/generate_stream")
-async def generate_stream(body: tgi.GenerateRequest, services: ServicesDep) -> EventSourceResponse:
+@router.post(
+    "/generate_stream",
+    response_model=None,
+    responses={200: {"content": STREAM}, **GENERATION_ERRORS},
+)
+async def generate_stream(
+    body: tgi.GenerateRequest, owner: Owner, services: ServicesDep
+) -> EventSourceResponse:
     """Generate, streaming one Server-Sent Event per token; the last carries the whole text."""
-    return await _stream(services, body)
+    return await _stream(services, body, owner)
 
 
-@router.post("/")
-async def compat_generate(body: tgi.GenerateRequest, request: Request, services: ServicesDep) -> Response:
+@router.post(
+    "/",
+    response_model=None,
+    responses={
+        200: {"model": list[tgi.GenerateResponse | tgi.DetailedResponse], "content": STREAM},
+        **GENERATION_ERRORS,
+    },
+)
+async def compat_generate(
+    body: tgi.GenerateRequest, request: Request, owner: Owner, services: ServicesDep
+) -> Response:
     """`/generate_stream` or `/generate` by the body's `stream` flag: where `InferenceClient(url)` posts."""
     if body.stream:
-        return await _stream(services, body)
-    return await _generate(services, body, request, listed=True)
+        return await _stream(services, body, owner)
+    return await _generate(services, body, request, owner, listed=True)
 
 
 @router.get("/info")

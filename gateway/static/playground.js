@@ -1,11 +1,15 @@
 "use strict";
 // streampool playground: submit a job, follow its events over SSE, and pick the stream up
 // again after a reload, from the text and last event id kept in sessionStorage.
+// A gateway that asks for an API key (401) gets one pasted into the page; EventSource cannot
+// send it, so with a key the events are read from a fetch() of the same SSE stream instead.
 
 const TERMINAL = { done: "completed", cancelled: "cancelled", error: "failed" }; // event type -> state
 const FINISHED = new Set(Object.values(TERMINAL));
 const ACTIVE = new Set(["submitting", "queued", "running"]);
 const NUMBERS = ["max_tokens", "temperature", "top_p", "top_k", "seed", "stream_step"];
+const KEY_STORAGE = "streampool.apiKey";
+const RECONNECT_MS = 1000;
 
 const $ = (id) => document.getElementById(id);
 const ui = {
@@ -13,12 +17,15 @@ const ui = {
   generate: $("generate"), cancel: $("cancel"), model: $("model"),
   section: $("job"), jobId: $("job-id"), state: $("state"), ttft: $("ttft"), tokens: $("tokens"),
   rate: $("rate"), error: $("error"), outcome: $("outcome"), text: $("text"),
+  auth: $("auth"), authReason: $("auth-reason"), apiKey: $("api-key"),
 };
 
 /** The job on show (see newJob); saved to sessionStorage after every event. */
 let job = null;
-/** The EventSource following `job`, while its stream is open. */
+/** What follows `job` while its stream is open: an EventSource, or a fetch() stream's `{close}`. */
 let source = null;
+/** The API key the gateway asked for, kept for this tab only ("" when none is needed). */
+let apiKey = sessionStorage.getItem(KEY_STORAGE) ?? "";
 
 function newJob(id, request, submittedAt) {
   return {
@@ -79,10 +86,13 @@ function fillForm(body) {
 
 // ---- talking to the gateway
 
+const withKey = (headers = {}) => (apiKey ? { ...headers, Authorization: `Bearer ${apiKey}` } : headers);
+
 /** JSON from the gateway; a failure throws with the gateway's `{error, error_type}`. */
-async function fetchJSON(url, options) {
-  const response = await fetch(url, options);
+async function fetchJSON(url, options = {}) {
+  const response = await fetch(url, { ...options, headers: withKey(options.headers) });
   const body = await response.json().catch(() => null);
+  if (response.status === 401) askForKey(body?.error);
   if (!response.ok) {
     const why = body?.error ? `${body.error} (${response.status} ${body.error_type})` : `HTTP ${response.status}`;
     throw new Error(why);
@@ -111,7 +121,9 @@ function restore(id) {
 
 function follow() {
   const after = job.lastEventId ? `?after=${encodeURIComponent(job.lastEventId)}` : "";
-  source = new EventSource(`/v1/jobs/${encodeURIComponent(job.id)}/events${after}`);
+  const url = `/v1/jobs/${encodeURIComponent(job.id)}/events${after}`;
+  if (apiKey) return followWithKey(url);
+  source = new EventSource(url);
   for (const type of ["status", "delta", "done", "cancelled"]) source.addEventListener(type, onEvent);
   source.addEventListener("error", onError);
 }
@@ -119,6 +131,93 @@ function follow() {
 function detach() {
   source?.close();
   source = null;
+}
+
+/** The events of a `text/event-stream` body, read with fetch() so that the key goes with it. */
+function followWithKey(url) {
+  const controller = new AbortController();
+  const following = { close: () => controller.abort() };
+  source = following;
+  readEvents(url, controller.signal).then((ended) => {
+    if (!ended || source !== following) return;
+    // The stream closed before the job ended (the gateway went away): resume, as EventSource would.
+    job.error ||= "Connection lost. Reconnecting…";
+    render();
+    setTimeout(() => source === following && follow(), RECONNECT_MS);
+  });
+}
+
+/** Dispatches each event to the same handlers as EventSource's; true when the body ended by itself. */
+async function readEvents(url, signal) {
+  let response;
+  try {
+    response = await fetch(url, { headers: withKey({ Accept: "text/event-stream" }), signal });
+  } catch {
+    return !signal.aborted;
+  }
+  if (!response.ok) {
+    detach();
+    explainRefusal();
+    return false;
+  }
+  const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
+  let buffer = "";
+  let event = { type: "message", data: [] };
+  let lastEventId = job.lastEventId;
+  for (;;) {
+    let chunk;
+    try {
+      chunk = await reader.read();
+    } catch {
+      return !signal.aborted;
+    }
+    if (chunk.done) return true;
+    const lines = (buffer + chunk.value).split(/\r\n|\r|\n/);
+    buffer = lines.pop();
+    for (const line of lines) {
+      if (line === "") {
+        if (event.data.length) {
+          const message = new MessageEvent(event.type, { data: event.data.join("\n"), lastEventId });
+          (event.type === "error" ? onError : onEvent)(message);
+          if (signal.aborted) return false; // a terminal event detached the stream
+        }
+        event = { type: "message", data: [] };
+        continue;
+      }
+      const colon = line.indexOf(":");
+      if (colon === 0) continue; // a keep-alive comment
+      const field = colon < 0 ? line : line.slice(0, colon);
+      const value = colon < 0 ? "" : line.slice(colon + 1).replace(/^ /, "");
+      if (field === "event") event.type = value;
+      else if (field === "data") event.data.push(value);
+      else if (field === "id") lastEventId = value;
+    }
+  }
+}
+
+/** A 401: show the key form, with why the gateway refused. */
+function askForKey(reason) {
+  ui.authReason.textContent = apiKey ? `The API key was refused: ${reason ?? "401"}` : "This gateway needs an API key.";
+  ui.auth.hidden = false;
+  ui.apiKey.focus();
+}
+
+function useKey(event) {
+  event.preventDefault();
+  apiKey = ui.apiKey.value.trim();
+  try {
+    sessionStorage.setItem(KEY_STORAGE, apiKey);
+  } catch {
+    // Storage off: the key lasts until a reload.
+  }
+  ui.apiKey.value = "";
+  ui.auth.hidden = true;
+  if (job?.state === "error") {
+    job.error = "";
+    render();
+  }
+  showModels();
+  if (job?.id && !FINISHED.has(job.state) && !source) attach(job.id);
 }
 
 function onEvent(message) {
@@ -302,6 +401,7 @@ ui.form.addEventListener("keydown", (event) => {
 });
 for (const radio of ui.form.elements.mode) radio.addEventListener("change", showMode);
 ui.cancel.addEventListener("click", cancel);
+ui.auth.addEventListener("submit", useKey);
 
 showMode();
 showModels();

@@ -5,6 +5,7 @@ from __future__ import annotations
 from functools import cache
 
 import httpx
+import redis.asyncio as aioredis
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from tests.conftest import System
@@ -96,11 +97,19 @@ async def test_stop_string_ends_generation(client: httpx.AsyncClient) -> None:
     assert "," not in record["output"]["text"]
 
 
-async def test_prompt_longer_than_the_context_fails_with_the_numbers(client: httpx.AsyncClient) -> None:
-    job_id = await submit(client, prompt="word " * 3000, max_tokens=16)
-    events = [event for _, event in await read_sse(client, job_id)]
-    assert events[-1]["type"] == "error"
-    assert events[-1]["code"] == "prompt_too_long"
-    assert "2048" in events[-1]["message"]
-    record = (await client.get(f"/v1/jobs/{job_id}")).json()
-    assert record["status"] == "failed" and record["error"] == events[-1]["message"]
+async def test_prompt_longer_than_the_context_is_refused_with_the_numbers_before_any_job(
+    client: httpx.AsyncClient, system: System, redis_client: aioredis.Redis
+) -> None:
+    jobs_before = await _job_keys(redis_client, system)
+    answer = await client.post("/v1/jobs", json={"prompt": "word " * 3000, "max_tokens": 16})
+    assert answer.status_code == 413, answer.text
+    body = answer.json()
+    assert body["error_type"] == "prompt_too_long"
+    assert body["max_tokens"] == 16 and body["context_length"] == system.settings.max_model_len == 2048
+    assert body["prompt_tokens"] > 2048 - 16
+    assert str(body["prompt_tokens"]) in body["error"] and "2048" in body["error"]
+    assert await _job_keys(redis_client, system) == jobs_before
+
+
+async def _job_keys(redis_client: aioredis.Redis, system: System) -> set[str]:
+    return {name async for name in redis_client.scan_iter(match=system.keys.job("*"), count=1000)}

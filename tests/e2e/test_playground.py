@@ -17,6 +17,7 @@ from playwright.sync_api import Browser, Page, Request, expect, sync_playwright
 
 from gateway.routes import playground as playground_routes
 from tests.conftest import System
+from tests.gateway.keyed_gateway import KEY_A, KeyedGateway, bearer, run_keyed_gateway
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [
@@ -235,3 +236,41 @@ def test_a_rejected_request_shows_the_gateway_error(playground: Playground, syst
     )
     assert "job=" not in page.url and page.locator("#generate").is_enabled()
     assert playground.errors == []
+
+
+@pytest.fixture(scope="module")
+def keyed(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[KeyedGateway]:
+    """A gateway that requires a key, with no worker: a job stays queued until it is cancelled."""
+    yield from run_keyed_gateway(redis_url, tmp_path_factory.mktemp("playground-auth"))
+
+
+def test_a_gateway_that_asks_for_a_key_gets_one_and_streams_with_it(
+    browser: Browser, keyed: KeyedGateway
+) -> None:
+    context = browser.new_context(base_url=keyed.base_url)
+    page = context.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda error: errors.append(str(error)))
+    page.goto("/")
+    expect(page.locator("#auth")).to_be_visible()  # /v1/models answered 401
+    page.fill("#api-key", KEY_A)
+    page.click("#use-key")
+    expect(page.locator("#auth")).to_be_hidden()
+    expect(page.locator("#model")).to_have_text("none (no live worker)")
+
+    page.fill("#prompt", "Hi")
+    with page.expect_request(lambda r: "/events" in r.url) as streamed:
+        page.click("#generate")
+    assert streamed.value.headers["authorization"] == f"Bearer {KEY_A}"
+    assert streamed.value.headers["accept"] == "text/event-stream"
+    expect(page.locator("#job")).to_have_attribute("data-state", "queued")  # the stream's first event
+    page.click("#cancel")
+    # The cancel's `cancelled` event arrives through the same fetch() stream.
+    expect(page.locator("#job")).to_have_attribute("data-state", "cancelled")
+    expect(page.locator("#outcome")).to_have_text("Cancelled: 0 prompt + 0 completion tokens.")
+    record = httpx.get(
+        f"{keyed.base_url}/v1/jobs/{page.locator('#job-id').text_content()}", headers=bearer(KEY_A)
+    )
+    assert record.json()["status"] == "cancelled"
+    assert errors == []
+    context.close()

@@ -80,10 +80,10 @@ async def test_a_stream_added_while_the_reader_blocks_is_watched_at_once(
 async def test_a_follower_that_falls_behind_catches_up_without_gap_or_duplicate(
     redis_client: aioredis.Redis, relay: Relay, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(fanout, "SUBSCRIBER_QUEUE", 4)
+    monkeypatch.setattr(fanout, "SUBSCRIBER_BUFFER", 4)
     job_id = uuid.uuid4().hex
     await _append(redis_client, relay, job_id, "status")
-    follower = relay.follow(job_id, START)
+    follower = aiter(relay.follow(job_id, START))
     received = [(await anext(follower)).id]
     reading = asyncio.create_task(anext(follower))  # catches up, subscribes, waits for more
     while relay.hub.streams < 1:

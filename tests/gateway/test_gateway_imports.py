@@ -13,7 +13,7 @@ PROBE = """
 import json, sys
 from gateway.app import create_app
 from shared.config import Settings
-create_app(Settings())
+create_app(Settings(allow_unauthenticated=True))
 print(json.dumps(sorted(name for name in sys.modules if name.split('.')[0] in ('torch', 'vllm'))))
 """
 

@@ -14,25 +14,22 @@ import httpx
 import pytest
 import redis.asyncio as aioredis
 
-from gateway.app import create_app
 from shared.config import Settings
-from tests.conftest import delete_prefix, free_port, make_settings
+from tests.conftest import delete_prefix, make_settings
+from tests.helpers import in_process_gateway
+from tests.processes import free_port
 
 
 @pytest.fixture
 async def settings(redis_url: str) -> AsyncIterator[Settings]:
-    settings = make_settings(redis_url, max_queued_jobs=3)
+    settings = make_settings(
+        redis_url, max_queued_jobs=3, allow_unauthenticated=True, max_body_bytes=MAX_BODY_BYTES
+    )
     yield settings
     delete_prefix(redis_url, settings.key_prefix)
 
 
-@pytest.fixture
-async def gateway(settings: Settings) -> AsyncIterator[httpx.AsyncClient]:
-    app = create_app(settings)
-    async with app.router.lifespan_context(app):
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as http:
-            yield http
+MAX_BODY_BYTES = 64 * 1024
 
 
 async def _keys(redis_client: aioredis.Redis, settings: Settings) -> set[str]:
@@ -180,12 +177,98 @@ async def test_health_without_workers_is_503_with_the_reason(gateway: httpx.Asyn
 
 async def test_gateway_answers_503_when_redis_is_unreachable() -> None:
     nothing_listens = free_port()
-    app = create_app(Settings(redis_url=f"redis://127.0.0.1:{nothing_listens}/0", key_prefix="sptest-down"))
-    async with app.router.lifespan_context(app):
-        async with httpx.AsyncClient(
-            transport=httpx.ASGITransport(app=app), base_url="http://gateway"
-        ) as http:
-            submit = await http.post("/v1/jobs", json={"prompt": "hi"})
-            health = await http.get("/health")
+    settings = Settings(
+        redis_url=f"redis://127.0.0.1:{nothing_listens}/0",
+        key_prefix="sptest-down",
+        allow_unauthenticated=True,
+    )
+    async with in_process_gateway(settings) as http:
+        submit = await http.post("/v1/jobs", json={"prompt": "hi"})
+        health = await http.get("/health")
     assert submit.status_code == 503 and submit.json()["error_type"] == "unavailable"
     assert health.status_code == 503 and "Redis" in health.json()["error"]
+
+
+# Raw bodies no JSON encoder would write: lone surrogates, NUL, numbers past any range, deep nesting.
+ODD_BODIES: list[tuple[str, str, bytes]] = [
+    ("lone surrogate in prompt", "/v1/jobs", b'{"prompt": "a\\ud800b"}'),
+    ("lone low surrogate", "/v1/jobs", b'{"prompt": "\\udfff"}'),
+    ("NUL in prompt", "/v1/jobs", b'{"prompt": "a\\u0000b"}'),
+    ("surrogate in a message", "/v1/jobs", b'{"messages": [{"role": "user", "content": "\\ud83d"}]}'),
+    ("NUL in a stop string", "/v1/jobs", b'{"prompt": "hi", "stop": ["\\u0000"]}'),
+    ("max_tokens infinite", "/v1/jobs", b'{"prompt": "hi", "max_tokens": 1e400}'),
+    ("max_tokens of 5000 digits", "/v1/jobs", b'{"prompt": "hi", "max_tokens": ' + b"9" * 5000 + b"}"),
+    ("temperature NaN", "/v1/jobs", b'{"prompt": "hi", "temperature": NaN}'),
+    ("seed past 64 bits", "/v1/jobs", b'{"prompt": "hi", "seed": 1180591620717411303424}'),
+    ("nested ten thousand deep", "/v1/jobs", b'{"prompt": ' + b"[" * 10_000 + b"]" * 10_000 + b"}"),
+    ("messages as an object", "/v1/jobs", b'{"messages": {"role": "user", "content": "hi"}}'),
+    ("17 stop strings", "/v1/jobs", b'{"prompt": "hi", "stop": [' + b",".join([b'"x"'] * 17) + b"]}"),
+    ("OpenAI prompt with a surrogate", "/v1/completions", b'{"model": "m", "prompt": "\\ud800"}'),
+    ("OpenAI max_tokens huge", "/v1/completions", b'{"model": "m", "prompt": "hi", "max_tokens": 1e30}'),
+    (
+        "OpenAI temperature infinite",
+        "/v1/chat/completions",
+        b'{"model": "m", "messages": [{"role": "user", "content": "hi"}], "temperature": Infinity}',
+    ),
+    (
+        "OpenAI NUL in a message",
+        "/v1/chat/completions",
+        b'{"model": "m", "messages": [{"role": "user", "content": "\\u0000"}]}',
+    ),
+    ("TGI inputs with a surrogate", "/generate", b'{"inputs": "\\ud800"}'),
+    ("TGI seed past 64 bits", "/generate_stream", b'{"inputs": "hi", "parameters": {"seed": 1e300}}'),
+    (
+        "TGI a hundred stop strings",
+        "/",
+        b'{"inputs": "hi", "parameters": {"stop": [' + b",".join([b'"x"'] * 100) + b"]}}",
+    ),
+]
+
+
+@pytest.mark.parametrize(("case", "path", "raw"), ODD_BODIES, ids=[case for case, _, _ in ODD_BODIES])
+async def test_odd_input_is_a_clear_4xx_and_creates_nothing(
+    gateway: httpx.AsyncClient,
+    redis_client: aioredis.Redis,
+    settings: Settings,
+    case: str,
+    path: str,
+    raw: bytes,
+) -> None:
+    arq_before = await _arq_jobs(redis_client)
+    answer = await gateway.post(path, content=raw, headers={"Content-Type": "application/json"})
+    assert 400 <= answer.status_code < 500, answer.text
+    assert answer.json()["error"]
+    assert await _keys(redis_client, settings) == set()
+    assert await _arq_jobs(redis_client) == arq_before
+
+
+def _body(size: int) -> list[bytes]:
+    return [b'{"prompt": "', *[b"x" * 1024] * (size // 1024), b'"}']
+
+
+async def _chunked(chunks: list[bytes]) -> AsyncIterator[bytes]:
+    for chunk in chunks:
+        yield chunk
+
+
+@pytest.mark.parametrize("path", ["/v1/jobs", "/v1/completions", "/generate"])
+@pytest.mark.parametrize("declared", [True, False], ids=["content-length", "chunked"])
+async def test_a_body_over_max_body_bytes_is_413_and_creates_nothing(
+    gateway: httpx.AsyncClient, redis_client: aioredis.Redis, settings: Settings, path: str, declared: bool
+) -> None:
+    body = _body(MAX_BODY_BYTES + 1024)
+    content = b"".join(body) if declared else _chunked(body)
+    answer = await gateway.post(path, content=content, headers={"Content-Type": "application/json"})
+    assert answer.status_code == 413, answer.text
+    if path == "/v1/completions":
+        assert answer.json()["error"]["code"] == "body_too_large"
+    else:
+        assert answer.json()["error_type"] == "body_too_large"
+        assert answer.json()["max_body_bytes"] == MAX_BODY_BYTES
+    assert await _keys(redis_client, settings) == set()
+
+
+async def test_a_body_just_under_max_body_bytes_is_read(gateway: httpx.AsyncClient) -> None:
+    prompt = "x" * (MAX_BODY_BYTES - 100)
+    answer = await gateway.post("/v1/jobs", json={"prompt": prompt, "max_tokens": 1})
+    assert answer.status_code == 202, answer.text

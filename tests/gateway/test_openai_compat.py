@@ -17,7 +17,6 @@ from openai.types import Completion
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from pydantic import ValidationError
 
-from gateway.app import create_app
 from gateway.compat.openai import (
     Answer,
     ChatBody,
@@ -40,7 +39,9 @@ from shared.errors import (
     StreampoolError,
 )
 from shared.events import DeltaEvent, DoneEvent, Event, JobState, StatusEvent, TokenLogprob, TopLogprob, Usage
-from tests.conftest import free_port, make_settings
+from tests.conftest import make_settings
+from tests.helpers import in_process_gateway
+from tests.processes import free_port
 
 LIMIT = 2048
 MODEL = "SmolLM2-135M-Instruct"
@@ -405,11 +406,9 @@ def test_failures_map_to_openai_status_type_and_code(
 @pytest.fixture
 async def gateway() -> AsyncIterator[httpx.AsyncClient]:
     """The app in-process, with its Redis at a port where nothing answers."""
-    app = create_app(make_settings(f"redis://127.0.0.1:{free_port()}/0"))
-    async with app.router.lifespan_context(app):
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as http:
-            yield http
+    settings = make_settings(f"redis://127.0.0.1:{free_port()}/0", allow_unauthenticated=True)
+    async with in_process_gateway(settings) as http:
+        yield http
 
 
 def _openai_error(answer: httpx.Response) -> dict[str, Any]:

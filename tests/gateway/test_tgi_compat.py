@@ -159,7 +159,6 @@ def test_max_new_tokens_above_the_limit_is_refused() -> None:
         ({"temperature": 3.0}, "parameters.temperature: "),
         ({"stop": [""]}, "parameters.stop: "),
         ({"seed": 2**64 - 1}, "parameters.seed: "),
-        ({"stop": ["x"] * 17}, "at most 16 stop strings"),
     ],
 )
 def test_values_a_job_refuses_are_reported_under_tgi_names(parameters: dict[str, Any], message: str) -> None:
@@ -170,6 +169,8 @@ def test_values_a_job_refuses_are_reported_under_tgi_names(parameters: dict[str,
 def test_unknown_parameters_and_empty_inputs_fail_validation() -> None:
     with pytest.raises(ValidationError, match="presence_penalty"):
         body(presence_penalty=1.0)
+    with pytest.raises(ValidationError, match="at most 16 items"):
+        body(stop=["x"] * 17)
     with pytest.raises(ValidationError, match="inputs"):
         GenerateRequest.model_validate({"inputs": ""})
 

@@ -1,0 +1,106 @@
+"""API keys: who a request comes from, as the owner id its jobs are recorded under.
+
+Keys are held only as SHA-256 digests, and a presented key is compared with every one of
+them in constant time, so neither the keys nor which of them matched leak through timing.
+An owner id is a short hash of the key's digest: it names the key without revealing it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import logging
+from dataclasses import dataclass
+from typing import Annotated
+
+from fastapi import Depends, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from shared.config import Settings
+from shared.errors import Unauthorized
+from shared.keys import ANONYMOUS_OWNER
+
+log = logging.getLogger(__name__)
+
+OWNER_ID_LENGTH = 16
+
+
+class AuthNotConfigured(Exception):
+    """Neither API keys nor the explicit choice to run without them."""
+
+
+def _digest(key: str) -> bytes:
+    return hashlib.sha256(key.encode()).digest()
+
+
+def owner_id(key: str) -> str:
+    """The owner id of a key: what its jobs' records keep instead of the key."""
+    return hashlib.sha256(b"streampool-owner:" + _digest(key)).hexdigest()[:OWNER_ID_LENGTH]
+
+
+@dataclass(frozen=True)
+class ApiKeys:
+    """The configured keys as digests; `digests` empty means every caller is anonymous."""
+
+    digests: tuple[bytes, ...]
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> ApiKeys:
+        """The keys of `api_keys` and `api_keys_file`; refuses to run with none unless told to."""
+        keys = [key.strip() for key in settings.api_keys.split(",")]
+        if settings.api_keys_file is not None:
+            try:
+                keys += [line.strip() for line in settings.api_keys_file.read_text().splitlines()]
+            except OSError as exc:
+                raise AuthNotConfigured(f"cannot read api_keys_file {settings.api_keys_file}: {exc}") from exc
+        digests = tuple(dict.fromkeys(_digest(key) for key in keys if key))
+        if digests:
+            log.info("API keys required: %d configured", len(digests))
+        elif settings.allow_unauthenticated:
+            log.warning("no API keys configured: any client may submit, read and cancel any job")
+        else:
+            raise AuthNotConfigured(
+                "no API keys configured. Set STREAMPOOL_API_KEYS (comma-separated) or "
+                "STREAMPOOL_API_KEYS_FILE (one key per line), or set STREAMPOOL_ALLOW_UNAUTHENTICATED=true "
+                "to run without authentication."
+            )
+        return cls(digests)
+
+    @property
+    def required(self) -> bool:
+        return bool(self.digests)
+
+    def owner(self, presented: str | None) -> str:
+        """The caller's owner id; `Unauthorized` for a missing or unknown key where keys are required."""
+        if not self.required:
+            return ANONYMOUS_OWNER
+        if not presented:
+            raise Unauthorized("an API key is required: send `Authorization: Bearer <key>`")
+        candidate = _digest(presented)
+        # Every digest is compared, whatever matched before: the time taken says nothing.
+        matched = [hmac.compare_digest(candidate, known) for known in self.digests]
+        if not any(matched):
+            raise Unauthorized("the API key is not valid")
+        return owner_id(presented)
+
+
+_bearer = HTTPBearer(auto_error=False, description="an API key of the gateway")
+
+
+def _caller(
+    request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
+) -> str:
+    api_keys: ApiKeys = request.app.state.api_keys
+    try:
+        return api_keys.owner(credentials.credentials if credentials else None)
+    except Unauthorized:
+        if request.method == "POST":  # a submission (or a cancel) refused
+            request.app.state.metrics.jobs_rejected.labels(reason="unauthorized").inc()
+        raise
+
+
+Owner = Annotated[str, Depends(_caller)]
+"""The owner id of the calling key (`anonymous` where no key is required)."""
+
+REQUIRE_KEY = Depends(_caller)
+"""For routes and routers that need a key but not who holds it."""

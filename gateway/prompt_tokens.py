@@ -1,0 +1,92 @@
+"""Counting a job's prompt tokens from a model card, as the worker's tokenizer will. Pure, no I/O.
+
+Chat messages are rendered the way Hugging Face transformers' `apply_chat_template` renders
+them (a sandboxed Jinja environment with `trim_blocks` and `lstrip_blocks`, the special
+tokens as variables, `add_generation_prompt`), then encoded without special tokens; a plain
+prompt is encoded with them, as the worker does.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from typing import Any, NoReturn
+
+import jinja2
+from jinja2.ext import Extension, loopcontrols
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+from tokenizers import Tokenizer
+
+from shared.errors import InvalidRequest
+from shared.model_card import ModelCard
+from shared.requests import JobRequest
+
+
+class _Generation(Extension):
+    """transformers' `{% generation %}` block, which marks assistant text: here it renders its body."""
+
+    tags = {"generation"}
+
+    def parse(self, parser: Any) -> jinja2.nodes.Node:
+        lineno = next(parser.stream).lineno
+        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+        return jinja2.nodes.CallBlock(self.call_method("_render"), [], [], body).set_lineno(lineno)
+
+    def _render(self, caller: Any) -> str:
+        return str(caller())
+
+
+def _raise_exception(message: str) -> NoReturn:
+    raise jinja2.exceptions.TemplateError(message)
+
+
+def _tojson(
+    value: Any,
+    ensure_ascii: bool = False,
+    indent: int | None = None,
+    separators: tuple[str, str] | None = None,
+    sort_keys: bool = False,
+) -> str:
+    # As transformers: unlike Jinja's own filter, no HTML escaping.
+    return json.dumps(
+        value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+    )
+
+
+def compile_chat_template(source: str) -> jinja2.Template:
+    environment = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[_Generation, loopcontrols]
+    )
+    environment.filters["tojson"] = _tojson
+    environment.globals["raise_exception"] = _raise_exception
+    environment.globals["strftime_now"] = lambda format: datetime.now().strftime(format)
+    return environment.from_string(source)
+
+
+class PromptCounter:
+    """The prompt token count of a job on the card's model."""
+
+    def __init__(self, card: ModelCard) -> None:
+        self.card = card
+        self.digest = card.digest
+        self._tokenizer = Tokenizer.from_str(card.tokenizer_json)
+        self._template = compile_chat_template(card.chat_template) if card.chat_template else None
+
+    def render_chat(self, request: JobRequest) -> str | None:
+        """The chat as the model sees it; None without a chat template (the worker will refuse it)."""
+        if self._template is None or request.messages is None:
+            return None
+        messages = [message.model_dump() for message in request.messages]
+        try:
+            return self._template.render(
+                messages=messages, add_generation_prompt=True, **self.card.special_tokens
+            )
+        except (jinja2.TemplateError, TypeError, ValueError) as exc:
+            raise InvalidRequest(f"messages: the model's chat template refuses them: {exc}") from exc
+
+    def count(self, request: JobRequest) -> int | None:
+        """How many tokens the prompt is; None when it cannot be known here."""
+        if request.prompt is not None:
+            return len(self._tokenizer.encode(request.prompt, add_special_tokens=True))
+        text = self.render_chat(request)
+        return None if text is None else len(self._tokenizer.encode(text, add_special_tokens=False))

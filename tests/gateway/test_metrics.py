@@ -1,0 +1,69 @@
+"""The gateway's /metrics, in-process with no worker: the queue's figures read from Redis at each
+scrape (and left out while Redis is down), requests counted by route template, refusals by reason."""
+
+from __future__ import annotations
+
+import redis.asyncio as aioredis
+
+from shared.jobstore import JobStore
+from shared.keys import Keys
+from tests.conftest import delete_test_keys, make_settings
+from tests.helpers import Scrape, in_process_gateway, scrape, submit
+from tests.processes import free_port
+
+MAX_BODY_BYTES = 4096
+
+
+def _jobs_by_state(scraped: Scrape) -> dict[str, float]:
+    return {state: scraped.value("streampool_jobs", state=state) for state in ("queued", "running")}
+
+
+async def test_queue_figures_are_read_from_redis_at_each_scrape(
+    redis_url: str, redis_client: aioredis.Redis
+) -> None:
+    settings = make_settings(redis_url, allow_unauthenticated=True)
+    store = JobStore(redis_client, Keys(settings.key_prefix), settings)
+    try:
+        async with in_process_gateway(settings) as http:
+            first = await submit(http, prompt="hi")
+            await submit(http, prompt="hi")
+            before = await scrape(http)
+            assert await store.start(first, "worker-1", "model") is not None  # as a worker takes it
+            after = await scrape(http)
+    finally:
+        await delete_test_keys(redis_client, store.keys)
+    assert before.value("streampool_queue_depth") == 2
+    assert _jobs_by_state(before) == {"queued": 2, "running": 0}
+    assert _jobs_by_state(after) == {"queued": 1, "running": 1}
+    assert after.value("streampool_jobs_submitted_total") == 2
+    assert after.value("streampool_http_requests_total", route="/v1/jobs", status="202") == 2
+
+
+async def test_metrics_answer_without_the_queue_figures_while_redis_is_down() -> None:
+    settings = make_settings(f"redis://127.0.0.1:{free_port()}/0", allow_unauthenticated=True)
+    async with in_process_gateway(settings) as http:
+        assert (await http.get("/v1/jobs/abc")).status_code == 503
+        assert (await http.get("/v1/jobs/abc/nowhere")).status_code == 404
+        scraped = await scrape(http)
+    assert not {"streampool_queue_depth", "streampool_jobs"} & scraped.names()
+    assert scraped.value("streampool_http_requests_total", route="/v1/jobs/{job_id}", status="503") == 1
+    assert scraped.value("streampool_http_requests_total", route="other", status="404") == 1
+
+
+async def test_refusals_count_by_reason_and_under_their_route() -> None:
+    settings = make_settings(
+        f"redis://127.0.0.1:{free_port()}/0", api_keys="a-key", max_body_bytes=MAX_BODY_BYTES
+    )
+    async with in_process_gateway(settings) as http:
+        assert (await http.post("/v1/jobs", json={"prompt": "hi"})).status_code == 401
+        assert (await http.get("/v1/jobs/abc")).status_code == 401  # a read, not a refused submission
+        too_large = {"prompt": "x" * MAX_BODY_BYTES}
+        answer = await http.post("/v1/jobs", json=too_large, headers={"Authorization": "Bearer a-key"})
+        assert answer.status_code == 413
+        scraped = await scrape(http)
+    assert scraped.value("streampool_jobs_rejected_total", reason="unauthorized") == 1
+    assert scraped.value("streampool_jobs_rejected_total", reason="body_too_large") == 1
+    assert scraped.value("streampool_jobs_rejected_total", reason="overloaded") == 0
+    assert scraped.value("streampool_http_requests_total", route="/v1/jobs", status="401") == 1
+    assert scraped.value("streampool_http_requests_total", route="/v1/jobs/{job_id}", status="401") == 1
+    assert scraped.value("streampool_http_requests_total", route="/v1/jobs", status="413") == 1

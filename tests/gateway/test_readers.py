@@ -1,0 +1,191 @@
+"""Readers that stop reading or vanish, over real sockets against a real gateway process.
+
+The gateway runs without workers: jobs are submitted over HTTP and stay queued, and
+the test appends their events itself, with XADD as the worker's publisher does (fields
+`type` and `data`), because a stalled reader only shows its cost under far more data
+than the engine writes in a test's time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from dataclasses import dataclass
+
+import httpx
+import psutil
+import pytest
+import redis.asyncio as aioredis
+
+from shared.config import Settings
+from shared.events import DeltaEvent, DoneEvent, Usage
+from shared.keys import Keys
+from tests.conftest import delete_prefix, make_settings
+from tests.helpers import read_sse, submit
+from tests.processes import Processes, free_port
+
+START_TIMEOUT = 60
+WAIT_TIMEOUT = 60
+STALL_EVENTS = 40_000
+STALL_TEXT = "x" * 1000  # ~1 KB a frame: 40 MB in all, far past any socket buffer
+RSS_GROWTH_LIMIT = 20 * 2**20  # half of what the stalled reader is sent
+
+
+@dataclass
+class Gateway:
+    settings: Settings
+    base_url: str
+    process: psutil.Process
+
+    @property
+    def keys(self) -> Keys:
+        return Keys(self.settings.key_prefix)
+
+
+def _wait_answering(base_url: str, processes: Processes) -> None:
+    """Until the gateway answers HTTP (its /health says 503: there is no worker here)."""
+    deadline = time.monotonic() + START_TIMEOUT
+    while True:
+        try:
+            httpx.get(f"{base_url}/metrics", timeout=2).raise_for_status()
+            return
+        except httpx.HTTPError:
+            assert time.monotonic() < deadline, f"the gateway did not start; logs in {processes.log_dir}"
+            time.sleep(0.2)
+
+
+@pytest.fixture(scope="module")
+def gateway(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
+    settings = make_settings(redis_url, port=free_port(), host="127.0.0.1", allow_unauthenticated=True)
+    processes = Processes(tmp_path_factory.mktemp("readers"))
+    child = processes.start("gateway", "gateway", settings)
+    base_url = f"http://127.0.0.1:{settings.port}"
+    try:
+        _wait_answering(base_url, processes)
+        yield Gateway(settings, base_url, psutil.Process(child.pid))
+    finally:
+        processes.stop_all()
+        delete_prefix(redis_url, settings.key_prefix)
+
+
+@pytest.fixture
+async def http(gateway: Gateway) -> AsyncIterator[httpx.AsyncClient]:
+    async with httpx.AsyncClient(base_url=gateway.base_url, timeout=120) as client:
+        yield client
+
+
+async def _open_stream(gateway: Gateway, job_id: str) -> socket.socket:
+    """A raw socket that asked for the job's events and read the answer's head, nothing more."""
+    sock = socket.create_connection(("127.0.0.1", gateway.settings.port))
+    request = f"GET /v1/jobs/{job_id}/events HTTP/1.1\r\nHost: test\r\nAccept: text/event-stream\r\n\r\n"
+    sock.sendall(request.encode())
+    head = b""
+    while b"\r\n\r\n" not in head:
+        head += await asyncio.to_thread(sock.recv, 1)
+    assert head.startswith(b"HTTP/1.1 200"), head
+    return sock
+
+
+def _read_to_terminal(sock: socket.socket) -> list[tuple[str, str]]:
+    """(stream id, event type) of every frame up to the terminal one (chunk sizes are skipped)."""
+    sock.settimeout(WAIT_TIMEOUT)
+    received = b""
+    while b"event: done" not in received:
+        data = sock.recv(1 << 20)
+        assert data, "the stream closed before its terminal event"
+        received += data
+    frames: list[tuple[str, str]] = []
+    entry_id = ""
+    for line in received.decode().split("\r\n"):
+        if line.startswith("id: "):
+            entry_id = line[4:]
+        elif line.startswith("event: "):
+            frames.append((entry_id, line[7:]))
+    return frames
+
+
+async def _metric(http: httpx.AsyncClient, name: str) -> float:
+    text = (await http.get("/metrics")).text
+    return next(float(line.split()[-1]) for line in text.splitlines() if line.startswith(f"{name} "))
+
+
+async def _wait_for(what: str, check: Callable[[], Awaitable[bool]]) -> None:
+    deadline = time.monotonic() + WAIT_TIMEOUT
+    while not await check():
+        assert time.monotonic() < deadline, what
+        await asyncio.sleep(0.1)
+
+
+async def _streams_open(http: httpx.AsyncClient) -> float:
+    return await _metric(http, "streampool_sse_streams_open")
+
+
+async def _streams_open_are(http: httpx.AsyncClient, expected: float) -> bool:
+    return await _streams_open(http) == expected
+
+
+async def _reader_blocked(redis_client: aioredis.Redis, gateway: Gateway) -> bool:
+    """Whether the gateway's one stream reader sits in a blocking XREAD (it watches some stream)."""
+    return any(
+        client.get("name") == gateway.keys.stream_reader_name and "b" in client.get("flags", "")
+        for client in await redis_client.client_list()
+    )
+
+
+async def _reader_idle(redis_client: aioredis.Redis, gateway: Gateway) -> bool:
+    return not await _reader_blocked(redis_client, gateway)
+
+
+async def _append_deltas(redis_client: aioredis.Redis, stream: str, first_seq: int, count: int) -> None:
+    for start in range(first_seq, first_seq + count, 1000):
+        pipe = redis_client.pipeline(transaction=False)
+        for seq in range(start, min(start + 1000, first_seq + count)):
+            data = DeltaEvent(seq=seq, text=STALL_TEXT, token_ids=[0]).model_dump_json()
+            pipe.xadd(stream, {"type": "delta", "data": data})
+        await pipe.execute()
+
+
+async def test_a_reader_that_stops_reading_costs_bounded_memory_and_resumes_without_a_gap(
+    gateway: Gateway, http: httpx.AsyncClient, redis_client: aioredis.Redis
+) -> None:
+    job_id = await submit(http, prompt="stalled reader", max_tokens=1)
+    stream = gateway.keys.stream(job_id)
+    stalled = await _open_stream(gateway, job_id)
+    await _wait_for("the stalled reader's stream is open", lambda: _reader_blocked(redis_client, gateway))
+    rss_before = gateway.process.memory_info().rss
+
+    await _append_deltas(redis_client, stream, 1, STALL_EVENTS)
+    usage = Usage(prompt_tokens=1, completion_tokens=STALL_EVENTS)
+    done = DoneEvent(seq=STALL_EVENTS + 1, finish_reason="length", usage=usage)
+    await redis_client.xadd(stream, {"type": "done", "data": done.model_dump_json()})
+    # Another reader of the same job is not held back by the stalled one.
+    others = await read_sse(http, job_id)
+    assert len(others) == STALL_EVENTS + 2 and others[-1][1]["type"] == "done"
+    await asyncio.sleep(1)  # the gateway has had time to buffer whatever it would
+    growth = gateway.process.memory_info().rss - rss_before
+    assert growth < RSS_GROWTH_LIMIT, f"the gateway grew {growth / 2**20:.0f} MiB for one stalled reader"
+
+    received = await asyncio.to_thread(_read_to_terminal, stalled)
+    stalled.close()
+    stored = [(entry_id, fields["type"]) for entry_id, fields in await redis_client.xrange(stream)]
+    assert received == stored  # every event once, in order, though it fell far behind
+
+
+async def test_readers_that_vanish_free_their_streams_at_once(
+    gateway: Gateway, http: httpx.AsyncClient, redis_client: aioredis.Redis
+) -> None:
+    baseline = await _streams_open(http)
+    job_ids = [await submit(http, prompt=f"vanishing reader {n}", max_tokens=1) for n in range(20)]
+    sockets = [await _open_stream(gateway, job_id) for job_id in job_ids]
+    await _wait_for("every stream is open", lambda: _streams_open_are(http, baseline + len(sockets)))
+    assert await _reader_blocked(redis_client, gateway)
+    for sock in sockets[::2]:
+        sock.close()  # a clean close
+    for sock in sockets[1::2]:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+        sock.close()  # a reset, as a client that crashed
+    # Their jobs are silent: only noticing the disconnect can end these streams.
+    await _wait_for("the streams closed", lambda: _streams_open_are(http, baseline))
+    await _wait_for("the stream reader stopped watching", lambda: _reader_idle(redis_client, gateway))
