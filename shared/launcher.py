@@ -19,6 +19,7 @@ from shared.config import DEFAULT_MODEL_DIR, Settings
 
 HEALTH_TIMEOUT_SECONDS = 300
 LOCAL_HOSTS = {"127.0.0.1", "localhost", "::1"}
+STOP_MARGIN_SECONDS = 15.0
 
 
 def _redis_answers(url: str) -> bool:
@@ -83,13 +84,14 @@ def wait_healthy(
     return False
 
 
-def _stop(processes: list[subprocess.Popen[bytes]]) -> None:
+def _stop(processes: list[subprocess.Popen[bytes]], timeout: float) -> None:
+    """SIGINT (the worker drains), then SIGKILL to whatever has not exited after `timeout`."""
     for process in processes:
         if process.poll() is None:
             process.send_signal(signal.SIGINT)
     for process in processes:
         try:
-            process.wait(timeout=30)
+            process.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             process.kill()
 
@@ -134,4 +136,6 @@ def run_all(settings: Settings) -> int:
     except KeyboardInterrupt:
         return 0
     finally:
-        _stop(children + ([redis_server] if redis_server else []))
+        # The worker's drain, then the time it needs to hand its jobs over and stop its engine.
+        stop_timeout = settings.drain_seconds + STOP_MARGIN_SECONDS
+        _stop(children + ([redis_server] if redis_server else []), stop_timeout)

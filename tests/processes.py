@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import shutil
 import signal
 import socket
@@ -36,6 +38,9 @@ class Processes:
     """Child processes started as a deployment starts them (`streampool gateway|worker`), stopped together.
 
     Every child writes its output to `<log_dir>/<name>.log`, which is where to look when a test fails.
+    Each child leads a process group of its own, with the processes it starts (a worker's vLLM engine
+    core and its engine worker): `kill` ends the group as a crashed machine or container would, and
+    stopping a child also ends whatever of its group outlived it, so that no engine is left running.
     """
 
     def __init__(self, log_dir: Path) -> None:
@@ -66,23 +71,38 @@ class Processes:
     ) -> subprocess.Popen[bytes]:
         log = open(self.log_dir / f"{name}.log", "ab")  # noqa: SIM115 - closed in stop_all
         self._logs.append(log)
-        process = subprocess.Popen(command, env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+        process = subprocess.Popen(
+            command, env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
         self.children[name] = process
         return process
 
     def signal(self, name: str, signum: signal.Signals) -> None:
+        """`signum` to the child alone, as an orchestrator signals a container's main process."""
         self.children[name].send_signal(signum)
 
+    def kill(self, name: str) -> None:
+        """SIGKILL to the child and every process it started: a crash of its machine or container."""
+        self._kill_group(self.children[name])
+
+    @staticmethod
+    def _kill_group(process: subprocess.Popen[bytes]) -> None:
+        with contextlib.suppress(ProcessLookupError):  # the group is empty already
+            os.killpg(process.pid, signal.SIGKILL)
+
     def stop(self, name: str, timeout: float = 60) -> int:
-        """SIGTERM, then SIGKILL if the process has not exited after `timeout`; its exit code."""
+        """SIGTERM, then SIGKILL if the process has not exited after `timeout`; its exit code. What is
+        left of its process group afterwards is killed."""
         process = self.children[name]
         if process.poll() is None:
             process.terminate()
         try:
             return process.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
-            process.kill()
+            self._kill_group(process)
             return process.wait()
+        finally:
+            self._kill_group(process)
 
     def stop_all(self) -> None:
         for process in self.children.values():
