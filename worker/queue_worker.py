@@ -1,18 +1,15 @@
 """arq's Worker, adapted to jobs that stream for a long time and can move between workers.
 
-Three changes. A Redis outage pauses the poll loop instead of ending the process (arq lets
+Two changes. A Redis outage pauses the poll loop instead of ending the process (arq lets
 the first connection error end `main`, and so the worker). A stop signal always stops the
 intake first, also with no drain time, so that running jobs know to hand themselves over
-rather than fail when arq cancels them. Polls are jittered: idle workers polling at the same
-fixed period fall into lockstep, one always just ahead of the others, and that one would take
-every job submitted while they are idle.
+rather than fail when arq cancels them.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import random
 from signal import Signals
 from typing import Any
 
@@ -55,8 +52,6 @@ class QueueWorker(Worker):
         if self._redis_down:
             log.info("Redis answers again; taking jobs")
             self._redis_down = False
-        # arq then waits only for what is left of poll_delay: the period is random, 1 to 1.25 poll_delay.
-        await asyncio.sleep(random.uniform(0.5, 1.0) * self.poll_delay_s)
 
     def handle_sig(self, signum: Signals) -> None:
         self.allow_pick_jobs = False
