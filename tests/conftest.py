@@ -54,10 +54,18 @@ def make_settings(redis_url: str, **overrides: object) -> Settings:
 
 
 def delete_prefix(url: str, prefix: str) -> None:
-    client = redis.Redis.from_url(url)
+    """Every key under the prefix, and arq's job keys (arq's own prefix) of the prefix's jobs.
+
+    Synchronous, unlike `delete_test_keys`: fixtures of browser tests tear down inside Playwright's
+    running event loop.
+    """
+    client = redis.Redis.from_url(url, decode_responses=True)
     names = list(client.scan_iter(match=f"{prefix}:*", count=1000))
-    if names:
-        client.delete(*names)
+    job_ids = {name.split(":")[2] for name in names if name.startswith(f"{prefix}:job:")}
+    names += [Keys(prefix).arq_job(job_id) for job_id in job_ids]
+    for start in range(0, len(names), 1000):
+        client.delete(*names[start : start + 1000])
+    client.close()
 
 
 @dataclass

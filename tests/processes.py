@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 from typing import IO
 
+import httpx
 import redis
 
 from shared.config import Settings
@@ -32,6 +33,19 @@ def redis_answers(url: str) -> bool:
         return bool(redis.Redis.from_url(url, socket_connect_timeout=1).ping())
     except redis.RedisError:
         return False
+
+
+def wait_answering(base_url: str, process: subprocess.Popen[bytes], timeout: float = 60) -> None:
+    """Until a gateway answers HTTP at all, whatever its /health says (503 while no worker runs)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        assert process.poll() is None, "the gateway exited"
+        try:
+            httpx.get(f"{base_url}/metrics", timeout=2).raise_for_status()
+            return
+        except httpx.HTTPError:
+            assert time.monotonic() < deadline, f"the gateway did not answer at {base_url}"
+            time.sleep(0.1)
 
 
 class Processes:

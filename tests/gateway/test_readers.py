@@ -24,9 +24,8 @@ from shared.events import DeltaEvent, DoneEvent, Usage
 from shared.keys import Keys
 from tests.conftest import delete_prefix, make_settings
 from tests.helpers import read_sse, submit
-from tests.processes import Processes, free_port
+from tests.processes import Processes, free_port, wait_answering
 
-START_TIMEOUT = 60
 WAIT_TIMEOUT = 60
 STALL_EVENTS = 40_000
 STALL_TEXT = "x" * 1000  # ~1 KB a frame: 40 MB in all, far past any socket buffer
@@ -44,18 +43,6 @@ class Gateway:
         return Keys(self.settings.key_prefix)
 
 
-def _wait_answering(base_url: str, processes: Processes) -> None:
-    """Until the gateway answers HTTP (its /health says 503: there is no worker here)."""
-    deadline = time.monotonic() + START_TIMEOUT
-    while True:
-        try:
-            httpx.get(f"{base_url}/metrics", timeout=2).raise_for_status()
-            return
-        except httpx.HTTPError:
-            assert time.monotonic() < deadline, f"the gateway did not start; logs in {processes.log_dir}"
-            time.sleep(0.2)
-
-
 @pytest.fixture(scope="module")
 def gateway(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
     settings = make_settings(redis_url, port=free_port(), host="127.0.0.1", allow_unauthenticated=True)
@@ -63,7 +50,7 @@ def gateway(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     child = processes.start("gateway", "gateway", settings)
     base_url = f"http://127.0.0.1:{settings.port}"
     try:
-        _wait_answering(base_url, processes)
+        wait_answering(base_url, child)
         yield Gateway(settings, base_url, psutil.Process(child.pid))
     finally:
         processes.stop_all()
