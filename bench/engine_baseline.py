@@ -7,23 +7,34 @@ import asyncio
 import itertools
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import psutil
 
+from bench import first_token
 from bench.stats import PhaseSummary, StreamTiming, summarize
 from bench.workload import closed_loop
 from shared.config import Settings
 from shared.requests import JobRequest
 
 
-async def run_levels(
+@dataclass
+class EngineRun:
+    """One start of the in-process engine: its concurrency levels, then its first-token samples."""
+
+    levels: list[PhaseSummary]
+    first_tokens: list[float]  # seconds
+
+
+async def run(
     settings: Settings,
     levels: list[tuple[int, int]],
     max_tokens: int,
+    first_tokens: int,
     on_done: Callable[[], None],
-) -> list[PhaseSummary]:
-    """Each (concurrency, rounds) level in turn, after one warm-up stream; the engine is shut down at the end
-    so that it never runs beside the worker's."""
+) -> EngineRun:
+    """Each (concurrency, rounds) level in turn after one warm-up stream, then `first_tokens` jobs one at a
+    time (bench.first_token); the engine is shut down at the end so that it never runs beside the worker's."""
     from worker.vllm_engine import VllmEngine  # heavy: imported only when this phase runs
 
     before = set(_live_children())
@@ -44,7 +55,8 @@ async def run_levels(
         for concurrency, rounds in levels:
             timings, seconds, cpu = await closed_loop(concurrency, rounds, max_tokens, one, on_done)
             summaries.append(summarize(concurrency, timings, seconds, cpu))
-        return summaries
+        timings, _, _ = await closed_loop(1, first_tokens, first_token.MAX_TOKENS, one, on_done)
+        return EngineRun(summaries, [timing.ttft for timing in timings])
     finally:
         engine.shutdown()
         await _engine_gone(before)

@@ -1,6 +1,7 @@
 """`python -m bench.run [--quick]`: every phase of the benchmark in one run, one after the other, then
-bench/RESULTS.md. The in-process engine is shut down before the worker starts: on 2 cores two engines
-must never run during a measurement."""
+bench/RESULTS.md. The in-process engine runs before the system and again after it (the full path is
+compared with both, so that a machine that drifts during the run shows as the gap between them), and is
+shut down before the worker starts: on 2 cores two engines must never run during a measurement."""
 
 from __future__ import annotations
 
@@ -20,7 +21,17 @@ import redis
 import redis.asyncio as aioredis
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from bench import cancel, commands, engine_baseline, full_path, pickup, redis_probe, relay_load, system
+from bench import (
+    cancel,
+    commands,
+    engine_baseline,
+    first_token,
+    full_path,
+    pickup,
+    redis_probe,
+    relay_load,
+    system,
+)
 from bench.jobclient import client
 from bench.report import Results, write
 from shared.config import Settings
@@ -36,6 +47,7 @@ class Plan:
 
     levels: list[tuple[int, int]]  # (concurrent streams, rounds per stream slot)
     max_tokens: int
+    first_tokens: int  # jobs one at a time for time to first token, each side (each in-process run)
     pickup_jobs: int
     cancels: int
     step_tokens: int
@@ -45,9 +57,9 @@ class Plan:
 
 
 FULL = Plan(
-    [(1, 10), (8, 2), (32, 2)], 128, 200, 20, 64, [100, 250, 500, 1000, 2000], 10, (200_000, 1_000_000)
+    [(1, 10), (8, 2), (32, 2)], 128, 200, 200, 20, 64, [100, 250, 500, 1000, 2000], 10, (200_000, 1_000_000)
 )
-QUICK = Plan([(1, 1), (8, 1), (32, 1)], 32, 50, 5, 32, [100, 1000], 5, (50_000, 300_000))
+QUICK = Plan([(1, 1), (8, 1), (32, 1)], 32, 20, 50, 5, 32, [100, 1000], 5, (50_000, 300_000))
 
 
 def machine(redis_url: str) -> dict[str, str]:
@@ -87,6 +99,10 @@ async def engine_phases(
         results.full_path = await full_path.run_levels(
             http, plan.levels, plan.max_tokens, lambda: progress.advance(task)
         )
+        task = progress.add_task("first token: jobs one at a time", total=plan.first_tokens)
+        results.first_tokens = await first_token.full_path(
+            http, store, plan.first_tokens, lambda: progress.advance(task)
+        )
         task = progress.add_task("queue pickup: tiny jobs", total=plan.pickup_jobs)
         results.pickup = await pickup.measure(http, store, plan.pickup_jobs, lambda: progress.advance(task))
         task = progress.add_task("cancel latency: jobs", total=plan.cancels)
@@ -97,6 +113,15 @@ async def engine_phases(
             results.step_costs.append(cost)
             progress.advance(task)
     await store.redis.aclose()
+
+
+def in_process(settings: Settings, plan: Plan, progress: Progress, when: str) -> engine_baseline.EngineRun:
+    streams = sum(c * r for c, r in plan.levels) + plan.first_tokens
+    task = progress.add_task(f"in-process engine, {when}: streams", total=streams)
+    run = engine_baseline.run(
+        settings, plan.levels, plan.max_tokens, plan.first_tokens, lambda: progress.advance(task)
+    )
+    return asyncio.run(run)
 
 
 def main() -> None:
@@ -117,11 +142,7 @@ def main() -> None:
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     try:
         with Progress(*columns) as progress:
-            task = progress.add_task("in-process engine: streams", total=sum(c * r for c, r in plan.levels))
-            baseline = engine_baseline.run_levels(
-                settings, plan.levels, plan.max_tokens, lambda: progress.advance(task)
-            )
-            results.in_process = asyncio.run(baseline)
+            results.in_process.append(in_process(settings, plan, progress, "before the system"))
             leftovers = [p.name() for p in psutil.Process().children(recursive=True)]
             notes.append(f"- This process's children when the worker started: {', '.join(leftovers)}.")
             children += [system.start_gateway(settings, logs), system.start_worker(settings, logs, counters)]
@@ -129,6 +150,7 @@ def main() -> None:
             system.wait_ready(settings, children, workers=1)
             asyncio.run(engine_phases(settings, plan, counters, results, progress))
             children.pop().stop()  # the worker: the relay phase must not share the cores with an engine
+            results.in_process.append(in_process(settings, plan, progress, "after the system"))
             task = progress.add_task("redis-benchmark XADD ceiling", total=2)
             key = Keys(settings.key_prefix).stream("redis-benchmark")
             for pipeline, requests in zip((1, 16), plan.benchmark_requests, strict=False):

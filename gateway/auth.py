@@ -87,7 +87,7 @@ class ApiKeys:
 _bearer = HTTPBearer(auto_error=False, description="an API key of the gateway")
 
 
-def _caller(
+async def _caller(
     request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
 ) -> str:
     api_keys: ApiKeys = request.app.state.api_keys

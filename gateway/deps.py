@@ -30,7 +30,8 @@ class Services:
     prompt_limit: PromptLimit
 
 
-def _services(request: Request) -> Services:
+async def _services(request: Request) -> Services:
+    """Async, as every dependency here: FastAPI runs a plain function in its thread pool (a hop)."""
     services: Services = request.app.state.services
     return services
 

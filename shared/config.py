@@ -57,7 +57,12 @@ class Settings(BaseSettings):
     )
     cpu_kvcache_gib: int = Field(1, ge=1, description="KV cache size on the CPU backend, GiB")
     worker_max_jobs: int = Field(256, ge=1, description="jobs one worker runs at once (vLLM batches them)")
-    worker_poll_delay: float = Field(0.002, gt=0, description="seconds between queue polls of an idle worker")
+    worker_poll_delay: float = Field(
+        0.5,
+        gt=0,
+        description="seconds between queue polls of an idle worker; a wake-up message on every enqueue "
+        "makes it poll at once, so this only bounds how late a missed wake-up is made good",
+    )
     job_timeout_seconds: int = Field(3600, ge=1, description="longest a job may run")
     heartbeat_seconds: float = Field(2.0, gt=0, description="interval of worker heartbeats")
     heartbeat_ttl_seconds: float = Field(10.0, gt=0, description="a worker silent this long counts as gone")

@@ -39,7 +39,8 @@ DEADLINE_EXCEEDED = "deadline_exceeded"
 DEADLINE_PASSED = "the job's deadline passed before a worker could start it"
 
 # KEYS: record, stream, idempotency ('' for none), queue, arq job
-# ARGV: id, created_at, request, queued event, arq payload, lifetime, max queued, maxlen, score, owner
+# ARGV: id, created_at, request, queued event, arq payload, lifetime, max queued, maxlen, score, owner,
+#       wake-up channel
 SUBMIT_LUA = """
 if KEYS[3] ~= '' then
   local existing = redis.call('GET', KEYS[3])
@@ -58,6 +59,7 @@ redis.call('EXPIRE', KEYS[1], ARGV[6])
 redis.call('EXPIRE', KEYS[2], ARGV[6])
 redis.call('SET', KEYS[5], ARGV[5], 'EX', ARGV[6])
 redis.call('ZADD', KEYS[4], ARGV[9], ARGV[1])
+redis.call('PUBLISH', ARGV[11], ARGV[1])
 if KEYS[3] ~= '' then redis.call('SET', KEYS[3], ARGV[1], 'EX', ARGV[6]) end
 return {'created', ARGV[1], 'queued', ARGV[2]}
 """
@@ -265,6 +267,7 @@ class JobStore:
             self.settings.stream_maxlen,
             int(now * 1000),
             owner,
+            self.keys.queue_wakeup,
         ]
         with redis_errors():
             verdict, *values = await self._submit(keys=keys, args=args)

@@ -22,6 +22,11 @@ class Keys:
         """arq's sorted set of queued and running jobs."""
         return f"{self.prefix}:queue"
 
+    @property
+    def queue_wakeup(self) -> str:
+        """Pub/sub channel: a job id each time one is put on the queue, so idle workers take it at once."""
+        return f"{self.prefix}:queue:wakeup"
+
     def job(self, job_id: str) -> str:
         """Hash: the job record."""
         return f"{self.prefix}:job:{job_id}"

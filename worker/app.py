@@ -3,6 +3,7 @@ shutdown."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import math
@@ -11,6 +12,7 @@ import socket
 import time
 from typing import Any
 
+import uvloop
 from arq.connections import RedisSettings
 from arq.worker import func
 
@@ -118,6 +120,7 @@ def build_worker(settings: Settings) -> QueueWorker:
         # On SIGTERM or SIGINT: no new jobs; running ones get this long, then hand themselves over.
         job_completion_wait=math.ceil(settings.drain_seconds),
         in_progress_seconds=settings.lease_seconds,
+        wakeup_channel=keys.queue_wakeup,
     )
     return worker
 
@@ -132,4 +135,7 @@ def readiness(worker: QueueWorker) -> Readiness:
 
 
 def run(settings: Settings) -> None:
+    # uvloop, as the gateway runs under uvicorn: each hop of a job's intake and of every engine
+    # step's pipeline costs less. arq's worker takes the loop it finds set here.
+    asyncio.set_event_loop(uvloop.new_event_loop())
     build_worker(settings).run()

@@ -41,7 +41,7 @@ return lost
 
 # KEYS: record, stream, cancel, lease, running, queue, arq job, arq in-progress, arq retry
 # ARGV: id, worker ('' releases only a lapsed lease), max attempts, arq payload, lifetime, score,
-#       now, retention, maxlen, failure message
+#       now, retention, maxlen, failure message, wake-up channel
 # arq's in-progress and retry keys of the lost run go, so that arq runs the job again at once.
 # A job out of attempts fails with the output its stream holds, after an `error` event
 # numbered after the stream's last event.
@@ -59,6 +59,7 @@ if tonumber(redis.call('HGET', KEYS[1], 'attempts') or '1') < tonumber(ARGV[3]) 
   redis.call('HSET', KEYS[1], 'requeued', '1')
   redis.call('SET', KEYS[7], ARGV[4], 'EX', ARGV[5])
   redis.call('ZADD', KEYS[6], ARGV[6], ARGV[1])
+  redis.call('PUBLISH', ARGV[11], ARGV[1])
   return 'requeued'
 end
 local texts, tokens, seq = {}, 0, -1
@@ -151,6 +152,7 @@ class Leases:
             self.settings.retention_seconds,
             self.settings.stream_maxlen,
             f"{reason}; the job has run {attempts} time{'s' if attempts > 1 else ''} (max_attempts)",
+            self.keys.queue_wakeup,
         ]
         with redis_errors():
             return str(await self._release(keys=keys, args=args))

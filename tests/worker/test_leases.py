@@ -72,7 +72,11 @@ async def test_reap_requeues_a_job_whose_lease_lapsed_for_arq_to_run_again(
         await store.redis.set(arq_key, "1")  # what arq leaves behind when its worker dies
     await lapse(store, job_id)
     assert await leases.lapsed() == [job_id]
-    await leases.reap()
+    async with store.redis.pubsub() as wakeups:
+        await wakeups.subscribe(store.keys.queue_wakeup)
+        await leases.reap()
+        woken = [await wakeups.get_message(timeout=5) for _ in range(2)]  # subscribe's answer, then the job
+    assert [message["data"] for message in woken if message] == [1, job_id]  # idle workers take it at once
 
     assert await store.status(job_id) is JobState.running  # states never move backwards
     assert await store.redis.zscore(store.keys.queue, job_id) is not None

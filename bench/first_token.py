@@ -1,0 +1,60 @@
+"""Time to first token at 1 stream, with enough samples to settle a few milliseconds, and where the full
+path's share of it goes.
+
+Both sides run the same jobs one at a time (max_tokens 2: the first token is streamed by an engine step,
+as in any longer job). Along the full path each job's first token is split at points stamped by one
+machine's clock: the client before its POST, the gateway's `created_at` (before its submit script), the
+worker's `started_at` (before its start script), the Redis stream id of the first `delta` (the moment
+Redis appended it, millisecond resolution) and the client's receipt of that delta.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import httpx
+
+from bench.jobclient import follow, submit
+from bench.stats import StreamTiming
+from bench.workload import request
+from shared.jobstore import JobStore
+
+MAX_TOKENS = 2
+
+
+@dataclass(frozen=True)
+class FirstToken:
+    """One job's first token through the full path, in seconds, split where the clocks were read."""
+
+    ttft: float  # client, before the POST, to the first delta's receipt
+    to_record: float  # before the POST to the gateway's created_at: client, HTTP, validation, prompt count
+    pickup: float  # created_at to started_at: the queue
+    to_append: float  # started_at to the first delta's append: start, render, engine, publish
+    relay: float  # the first delta's append to its receipt: gateway reader, fan-out, SSE, client
+
+
+async def full_path(
+    http: httpx.AsyncClient, store: JobStore, samples: int, on_done: Callable[[], None]
+) -> list[FirstToken]:
+    """`samples` jobs submitted over HTTP and followed over SSE, one after another."""
+    measured = []
+    for number in range(samples):
+        wall, timing = time.time(), StreamTiming(started=time.monotonic())
+        job_id = await submit(http, request(number, MAX_TOKENS))
+        await follow(http, job_id, timing)
+        received = wall + timing.ttft
+        record = await store.record(job_id)
+        if record.started_at is None:
+            raise RuntimeError(f"job {job_id} streamed a token but has no started_at")
+        entries = await store.redis.xrange(store.keys.stream(job_id))
+        appended = next(int(entry_id.split("-")[0]) / 1000 for entry_id, f in entries if f["type"] == "delta")
+        created, started = record.created_at.timestamp(), record.started_at.timestamp()
+        measured.append(
+            FirstToken(
+                timing.ttft, created - wall, started - created, appended - started, received - appended
+            )
+        )
+        on_done()
+    return measured

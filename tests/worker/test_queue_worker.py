@@ -1,0 +1,55 @@
+"""The queue worker's intake against the real Redis: every enqueue wakes an idle worker, which takes
+the job at once instead of at its backstop poll (an hour here, so only the wake-up can deliver)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Any
+
+import redis.asyncio as aioredis
+from arq.connections import RedisSettings
+from arq.worker import func
+
+from shared.jobstore import ARQ_FUNCTION, JobStore
+from shared.requests import JobRequest
+from worker.queue_worker import QueueWorker
+
+REQUEST = JobRequest(prompt="The capital of France is", max_tokens=8)
+AN_HOUR = 3600.0
+
+
+async def subscribed(redis: aioredis.Redis, channel: str) -> None:
+    """Until one subscriber listens on the channel (the worker, after its first poll)."""
+    while (await redis.pubsub_numsub(channel))[0][1] < 1:
+        await asyncio.sleep(0.01)
+
+
+async def test_an_idle_worker_takes_each_job_when_its_wakeup_comes(store: JobStore, redis_url: str) -> None:
+    taken: asyncio.Queue[str] = asyncio.Queue()
+
+    async def run_job(ctx: dict[str, Any], job_id: str) -> None:
+        await taken.put(job_id)
+
+    worker = QueueWorker(
+        functions=[func(run_job, name=ARQ_FUNCTION)],
+        queue_name=store.keys.queue,
+        redis_settings=RedisSettings.from_dsn(redis_url),
+        poll_delay=AN_HOUR,
+        in_progress_seconds=10,
+        wakeup_channel=store.keys.queue_wakeup,
+        handle_signals=False,
+        keep_result=0,
+    )
+    running = asyncio.create_task(worker.main())
+    try:
+        await asyncio.wait_for(subscribed(store.redis, store.keys.queue_wakeup), 30)
+        for _ in range(2):  # the second wake-up finds the worker idle again
+            job_id = (await store.submit(REQUEST)).job_id
+            assert await asyncio.wait_for(taken.get(), 30) == job_id
+        await asyncio.gather(*worker.tasks.values())  # arq's close cancels jobs still finishing
+    finally:
+        running.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await running
+        await worker.pool.aclose(close_connection_pool=True)  # arq's close() calls a deprecated close
