@@ -19,6 +19,7 @@ from pathlib import Path
 import psutil
 import redis
 import redis.asyncio as aioredis
+import uvloop
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from bench import (
@@ -37,6 +38,7 @@ from bench.report import Results, write
 from shared.config import Settings
 from shared.jobstore import JobStore
 from shared.keys import Keys
+from worker import cpu_placement
 
 OUT = Path(__file__).resolve().parent
 
@@ -121,7 +123,7 @@ def in_process(settings: Settings, plan: Plan, progress: Progress, when: str) ->
     run = engine_baseline.run(
         settings, plan.levels, plan.max_tokens, plan.first_tokens, lambda: progress.advance(task)
     )
-    return asyncio.run(run)
+    return uvloop.run(run)  # the loop the worker runs its engine on
 
 
 def main() -> None:
@@ -143,13 +145,24 @@ def main() -> None:
     try:
         with Progress(*columns) as progress:
             results.in_process.append(in_process(settings, plan, progress, "before the system"))
-            leftovers = [p.name() for p in psutil.Process().children(recursive=True)]
+            leftovers = [f"{p.name()} ({p.status()})" for p in psutil.Process().children(recursive=True)]
             notes.append(f"- This process's children when the worker started: {', '.join(leftovers)}.")
             children += [system.start_gateway(settings, logs), system.start_worker(settings, logs, counters)]
             progress.console.print("waiting for the gateway and the worker's engine")
             system.wait_ready(settings, children, workers=1)
-            asyncio.run(engine_phases(settings, plan, counters, results, progress))
+            serving = [children[0].handle, psutil.Process()]
+            serving += [psutil.Process(redis_server.pid)] if redis_server is not None else []
+            placement = system.share_worker_cores(children[1], serving)
+            if placement is not None:
+                notes.append(
+                    f"- During the engine phases the gateway, Redis and this process ran on core(s) "
+                    f"{sorted(placement[1])}, with the worker and its engine core, off the model runner's."
+                )
+            uvloop.run(engine_phases(settings, plan, counters, results, progress))
             children.pop().stop()  # the worker: the relay phase must not share the cores with an engine
+            if placement is not None:  # the relay phase has every core
+                for process in serving:
+                    cpu_placement.bind(process, placement[0])
             results.in_process.append(in_process(settings, plan, progress, "after the system"))
             task = progress.add_task("redis-benchmark XADD ceiling", total=2)
             key = Keys(settings.key_prefix).stream("redis-benchmark")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
@@ -17,6 +18,7 @@ import redis
 from shared.config import Settings
 from shared.keys import Keys
 from shared.launcher import child_environment, wait_healthy
+from worker import cpu_placement
 
 ROOT = Path(__file__).resolve().parent.parent
 START_TIMEOUT_SECONDS = 300
@@ -134,3 +136,17 @@ def start_redis(log_dir: Path) -> tuple[subprocess.Popen[bytes], str]:
             time.sleep(0.1)
     process.terminate()
     raise RuntimeError("redis-server did not come up")
+
+
+def share_worker_cores(worker: Child, others: list[psutil.Process]) -> tuple[set[int], set[int]] | None:
+    """On a CPU host, bind `others` (gateway, Redis, this process) to the cores the worker keeps off its
+    model runner's, as the README advises where they share the host: the in-process side runs there too.
+
+    Answers (the cores they had, the cores they are bound to now); None where the worker is not bound.
+    """
+    allowed, worker_cores = set(os.sched_getaffinity(0)), set(worker.handle.cpu_affinity())
+    if worker_cores >= allowed:
+        return None
+    for process in others:
+        cpu_placement.bind(process, worker_cores)
+    return allowed, worker_cores

@@ -23,6 +23,7 @@ from shared.config import Settings
 from shared.errors import EngineError
 from shared.events import TokenLogprob, TopLogprob
 from shared.requests import JobRequest
+from worker import cpu_placement
 from worker.engine import EngineDelta, Prompt
 
 CPU_GPU_MEMORY_UTILIZATION = 0.3
@@ -88,6 +89,7 @@ class VllmEngine:
         if tokenizer is None:
             raise EngineError(f"{settings.model} has no tokenizer; streampool renders prompts with it")
         self._tokenizer = tokenizer
+        self._cores_before = cpu_placement.keep_off_model_cores() if current_platform.is_cpu() else None
 
     def render(self, request: JobRequest) -> Prompt:
         if request.messages is not None:
@@ -141,3 +143,5 @@ class VllmEngine:
 
     def shutdown(self) -> None:
         self._llm.shutdown()
+        if self._cores_before is not None:  # an in-process engine's host process lives on
+            cpu_placement.restore(self._cores_before)

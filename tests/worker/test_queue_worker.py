@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import AsyncIterator
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -25,31 +26,62 @@ async def subscribed(redis: aioredis.Redis, channel: str) -> None:
         await asyncio.sleep(0.01)
 
 
-async def test_an_idle_worker_takes_each_job_when_its_wakeup_comes(store: JobStore, redis_url: str) -> None:
-    taken: asyncio.Queue[str] = asyncio.Queue()
-
-    async def run_job(ctx: dict[str, Any], job_id: str) -> None:
-        await taken.put(job_id)
-
-    worker = QueueWorker(
+def queue_worker(store: JobStore, redis_url: str, run_job: Any, max_jobs: int = 10) -> QueueWorker:
+    return QueueWorker(
         functions=[func(run_job, name=ARQ_FUNCTION)],
         queue_name=store.keys.queue,
         redis_settings=RedisSettings.from_dsn(redis_url),
+        max_jobs=max_jobs,
         poll_delay=AN_HOUR,
         in_progress_seconds=10,
         wakeup_channel=store.keys.queue_wakeup,
         handle_signals=False,
         keep_result=0,
     )
-    running = asyncio.create_task(worker.main())
+
+
+@contextlib.asynccontextmanager
+async def running(worker: QueueWorker, store: JobStore) -> AsyncIterator[None]:
+    """The worker's loop, from when it listens for wake-ups until its jobs have ended."""
+    main = asyncio.create_task(worker.main())
     try:
         await asyncio.wait_for(subscribed(store.redis, store.keys.queue_wakeup), 30)
+        yield
+        await asyncio.gather(*worker.tasks.values())  # arq's close cancels jobs still finishing
+    finally:
+        main.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await main
+        await worker.pool.aclose(close_connection_pool=True)  # arq's close() calls a deprecated close
+
+
+async def test_an_idle_worker_takes_each_job_when_its_wakeup_comes(store: JobStore, redis_url: str) -> None:
+    taken: asyncio.Queue[str] = asyncio.Queue()
+
+    async def run_job(ctx: dict[str, Any], job_id: str) -> None:
+        await taken.put(job_id)
+
+    async with running(queue_worker(store, redis_url, run_job), store):
         for _ in range(2):  # the second wake-up finds the worker idle again
             job_id = (await store.submit(REQUEST)).job_id
             assert await asyncio.wait_for(taken.get(), 30) == job_id
-        await asyncio.gather(*worker.tasks.values())  # arq's close cancels jobs still finishing
-    finally:
-        running.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await running
-        await worker.pool.aclose(close_connection_pool=True)  # arq's close() calls a deprecated close
+
+
+async def test_a_full_worker_takes_the_next_queued_job_as_soon_as_a_slot_frees(
+    store: JobStore, redis_url: str
+) -> None:
+    taken: asyncio.Queue[str] = asyncio.Queue()
+    release = asyncio.Event()
+
+    async def run_job(ctx: dict[str, Any], job_id: str) -> None:
+        await taken.put(job_id)
+        await release.wait()
+
+    async with running(queue_worker(store, redis_url, run_job, max_jobs=1), store):
+        first = (await store.submit(REQUEST)).job_id
+        assert await asyncio.wait_for(taken.get(), 30) == first
+        second = (await store.submit(REQUEST)).job_id  # its wake-up comes while the only slot is taken
+        await asyncio.sleep(0.5)
+        assert taken.empty() and await store.redis.zscore(store.keys.queue, second) is not None
+        release.set()
+        assert await asyncio.wait_for(taken.get(), 30) == second
