@@ -1,12 +1,12 @@
 """arq's Worker, adapted to jobs that stream for a long time and can move between workers.
 
 Four changes. An idle worker waits for a wake-up message (published with every enqueue)
-instead of polling the queue every few milliseconds, and idle workers cost Redis nothing;
-the poll interval is only a backstop. The jobs a poll finds are claimed in one script (arq
-takes four round trips a job for the same checks). A Redis outage pauses the
-poll loop instead of ending the process (arq lets the first connection error end `main`, and
-so the worker). A stop signal always stops the intake first, also with no drain time, so that
-running jobs know to hand themselves over rather than fail when arq cancels them.
+instead of polling the queue every few milliseconds; the poll interval is only a backstop.
+The jobs a poll finds are claimed in one script (arq takes four round trips a job for the
+same checks). A Redis outage pauses the poll loop instead of ending the process (arq lets
+the first connection error end `main`, and so the worker). A stop signal always stops the
+intake first, also with no drain time, so that running jobs know to hand themselves over
+rather than fail when arq cancels them.
 """
 
 from __future__ import annotations
