@@ -50,8 +50,7 @@ def delete_prefix(url: str, prefix: str) -> int:
     """Every key under the prefix, and arq's job keys of its jobs (arq keeps its own prefix)."""
     client = redis.Redis.from_url(url, decode_responses=True)
     names = list(client.scan_iter(match=f"{prefix}:*", count=1000))
-    job_ids = {name.split(":")[2] for name in names if name.startswith(f"{prefix}:job:")}
-    names += [Keys(prefix).arq_job(job_id) for job_id in job_ids]
+    names += Keys(prefix).arq_jobs_among(names)
     for start in range(0, len(names), 1000):
         client.delete(*names[start : start + 1000])
     return len(names)

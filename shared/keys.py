@@ -74,6 +74,11 @@ class Keys:
         """Keys that live and expire with a job."""
         return [self.job(job_id), self.stream(job_id), self.cancel(job_id)]
 
+    def arq_jobs_among(self, names: list[str]) -> list[str]:
+        """arq's job keys of the jobs whose keys are among `names`: what deleting a prefix must add."""
+        job_ids = {name.split(":")[2] for name in names if name.startswith(f"{self.prefix}:job:")}
+        return [self.arq_job(job_id) for job_id in sorted(job_ids)]
+
     @staticmethod
     def arq_job(job_id: str) -> str:
         """arq's serialized job, written at submission so that enqueueing costs no extra round trip."""

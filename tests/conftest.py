@@ -61,8 +61,7 @@ def delete_prefix(url: str, prefix: str) -> None:
     """
     client = redis.Redis.from_url(url, decode_responses=True)
     names = list(client.scan_iter(match=f"{prefix}:*", count=1000))
-    job_ids = {name.split(":")[2] for name in names if name.startswith(f"{prefix}:job:")}
-    names += [Keys(prefix).arq_job(job_id) for job_id in job_ids]
+    names += Keys(prefix).arq_jobs_among(names)
     for start in range(0, len(names), 1000):
         client.delete(*names[start : start + 1000])
     client.close()
@@ -128,8 +127,7 @@ UNIT_RETENTION_SECONDS = 60
 async def delete_test_keys(client: aioredis.Redis, keys: Keys) -> None:
     """Every key under a test's prefix, and the arq job keys (arq's own prefix) of its jobs."""
     names = [name async for name in client.scan_iter(match=f"{keys.prefix}:*", count=1000)]
-    job_ids = {name.split(":")[2] for name in names if name.startswith(f"{keys.prefix}:job:")}
-    names += [keys.arq_job(job_id) for job_id in job_ids]
+    names += keys.arq_jobs_among(names)
     if names:
         await client.delete(*names)
 
