@@ -35,6 +35,7 @@ async def run(
 ) -> EngineRun:
     """Each (concurrency, rounds) level in turn after one warm-up stream, then `first_tokens` jobs one at a
     time (bench.first_token); the engine is shut down at the end so that it never runs beside the worker's."""
+    from worker.engine import render
     from worker.vllm_engine import VllmEngine  # heavy: imported only when this phase runs
 
     before = set(_live_children())
@@ -43,7 +44,7 @@ async def run(
 
     async def one(request: JobRequest) -> StreamTiming:
         timing = StreamTiming(started=time.monotonic())
-        prompt = await asyncio.to_thread(engine.render, request)  # as the worker does
+        prompt = await render(engine, request)  # as the worker does
         async for delta in engine.generate(f"bench-{next(ids)}", prompt):
             timing.add(time.monotonic(), len(delta.token_ids))
             timing.tokens += len(delta.token_ids)

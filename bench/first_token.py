@@ -14,11 +14,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import httpx
-
-from bench.jobclient import follow, submit
-from bench.stats import StreamTiming
+from bench.sse_client import EventsConnection, Submitter
 from bench.workload import request
+from shared.events import TERMINAL_EVENT_TYPES
 from shared.jobstore import JobStore
 
 MAX_TOKENS = 2
@@ -36,25 +34,53 @@ class FirstToken:
 
 
 async def full_path(
-    http: httpx.AsyncClient, store: JobStore, samples: int, on_done: Callable[[], None]
+    port: int, store: JobStore, samples: int, on_done: Callable[[], None]
 ) -> list[FirstToken]:
-    """`samples` jobs submitted over HTTP and followed over SSE, one after another."""
+    """`samples` jobs submitted over HTTP and followed over SSE, one after another.
+
+    The client is the bench's leanest (raw sockets: bench.sse_client), so that what it adds to the time
+    to first token is as small as a client's can be; the throughput levels use httpx.
+    """
+    submitter = Submitter(port)
     measured = []
-    for number in range(samples):
-        wall, timing = time.time(), StreamTiming(started=time.monotonic())
-        job_id = await submit(http, request(number, MAX_TOKENS))
-        await follow(http, job_id, timing)
-        received = wall + timing.ttft
-        record = await store.record(job_id)
-        if record.started_at is None:
-            raise RuntimeError(f"job {job_id} streamed a token but has no started_at")
-        entries = await store.redis.xrange(store.keys.stream(job_id))
-        appended = next(int(entry_id.split("-")[0]) / 1000 for entry_id, f in entries if f["type"] == "delta")
-        created, started = record.created_at.timestamp(), record.started_at.timestamp()
-        measured.append(
-            FirstToken(
-                timing.ttft, created - wall, started - created, appended - started, received - appended
-            )
-        )
-        on_done()
+    try:
+        for number in range(samples):
+            body = request(number, MAX_TOKENS).model_dump_json(exclude_none=True).encode()
+            wall, began = time.time(), time.monotonic()
+            job_id = str((await submitter.submit(body))["id"])
+            received = await _first_delta(port, job_id) - began + wall
+            measured.append(await _split(store, job_id, wall, received))
+            on_done()
+    finally:
+        submitter.close()
     return measured
+
+
+async def _first_delta(port: int, job_id: str) -> float:
+    """Follow the job to its terminal event; when (monotonic) its first delta arrived."""
+    connection = await EventsConnection.open(port, job_id)
+    first = None
+    try:
+        async for kind, _ in connection.events():
+            if kind == "delta" and first is None:
+                first = time.monotonic()
+            elif kind in TERMINAL_EVENT_TYPES:
+                break
+    finally:
+        connection.close()
+    if first is None:
+        raise RuntimeError(f"job {job_id} ended without a delta")
+    return first
+
+
+async def _split(store: JobStore, job_id: str, wall: float, received: float) -> FirstToken:
+    """The job's first token split at the record's times and its first delta's stream id."""
+    record = await store.record(job_id)
+    if record.started_at is None:
+        raise RuntimeError(f"job {job_id} streamed a token but has no started_at")
+    entries = await store.redis.xrange(store.keys.stream(job_id))
+    appended = next(int(entry_id.split("-")[0]) / 1000 for entry_id, f in entries if f["type"] == "delta")
+    created, started = record.created_at.timestamp(), record.started_at.timestamp()
+    return FirstToken(
+        received - wall, created - wall, started - created, appended - started, received - appended
+    )

@@ -14,7 +14,7 @@ import json
 import multiprocessing as mp
 import tempfile
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from multiprocessing.sharedctypes import Synchronized
 from pathlib import Path
@@ -26,7 +26,7 @@ import redis
 import redis.asyncio as aioredis
 
 from bench import redis_probe, system
-from bench.sse_client import sse_events
+from bench.sse_client import EventsConnection
 from bench.stats import percentile
 from bench.synthetic_producer import SyntheticProducer
 from bench.system import Child
@@ -44,36 +44,24 @@ RATE = 10.0  # events a second per stream, as the design's target
 CLIENT_PROCESSES = 2
 
 
-async def _lines(reader: asyncio.StreamReader) -> AsyncIterator[str]:
-    while line := await reader.readline():
-        yield line.decode()
-
-
 async def _one_stream(
     port: int, job_id: str, gate: asyncio.Semaphore, connected: Any, lags: list[float]
 ) -> int:
-    """Follow one job over HTTP/1.0 (no chunked framing to undo); the number of deltas received."""
+    """Follow one job; the number of deltas received."""
     async with gate:
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        head = f"GET /v1/jobs/{job_id}/events HTTP/1.0\r\nHost: bench\r\nAccept: text/event-stream\r\n\r\n"
-        writer.write(head.encode())
-        status = await reader.readline()
-        if b" 200 " not in status:
-            raise RuntimeError(f"job {job_id}: {status!r}")
-        while (await reader.readline()).strip():
-            pass
+        connection = await EventsConnection.open(port, job_id)
     with connected.get_lock():
         connected.value += 1
     received = 0
     try:
-        async for kind, data in sse_events(_lines(reader)):
+        async for kind, data in connection.events():
             if kind == "delta":
                 lags.append(time.time() - float(json.loads(data)["text"]))
                 received += 1
             elif kind in TERMINAL_EVENT_TYPES:
                 break
     finally:
-        writer.close()
+        connection.close()
     return received
 
 

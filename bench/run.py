@@ -103,7 +103,7 @@ async def engine_phases(
         )
         task = progress.add_task("first token: jobs one at a time", total=plan.first_tokens)
         results.first_tokens = await first_token.full_path(
-            http, store, plan.first_tokens, lambda: progress.advance(task)
+            settings.port, store, plan.first_tokens, lambda: progress.advance(task)
         )
         task = progress.add_task("queue pickup: tiny jobs", total=plan.pickup_jobs)
         results.pickup = await pickup.measure(http, store, plan.pickup_jobs, lambda: progress.advance(task))

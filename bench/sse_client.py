@@ -1,14 +1,17 @@
-"""Server-Sent Events line parsing for the bench's clients (httpx in the engine phases, raw sockets in
-the relay phase), so both read frames the same way."""
+"""The bench's lean HTTP clients on raw asyncio sockets, cheaper than httpx, so that the load generator
+adds as little as it can to what it measures, and the Server-Sent Events parsing every client shares."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 from collections.abc import AsyncIterator
+from typing import Any
 
 
 async def sse_events(lines: AsyncIterator[str]) -> AsyncIterator[tuple[str, str]]:
     """(event type, data) per frame; comments (pings) and ids are skipped."""
-    event, data = "message", []
+    event, data = "message", list[str]()
     async for raw in lines:
         line = raw.rstrip("\r\n")
         if not line:
@@ -19,3 +22,67 @@ async def sse_events(lines: AsyncIterator[str]) -> AsyncIterator[tuple[str, str]
             event = line[6:].strip()
         elif line.startswith("data:"):
             data.append(line[5:].lstrip(" "))
+
+
+async def _lines(reader: asyncio.StreamReader) -> AsyncIterator[str]:
+    while line := await reader.readline():
+        yield line.decode()
+
+
+async def _head(reader: asyncio.StreamReader, what: str) -> dict[str, str]:
+    """The status line (which must be 2xx) and the headers of an answer."""
+    status = await reader.readline()
+    if status[9:10] != b"2":
+        raise RuntimeError(f"{what}: {status!r}")
+    headers = {}
+    while line := (await reader.readline()).strip():
+        name, _, value = line.decode().partition(":")
+        headers[name.lower()] = value.strip()
+    return headers
+
+
+class EventsConnection:
+    """One job's SSE over HTTP/1.0 (no chunked framing to undo), a connection of its own."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader, self.writer = reader, writer
+
+    @classmethod
+    async def open(cls, port: int, job_id: str) -> EventsConnection:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        head = f"GET /v1/jobs/{job_id}/events HTTP/1.0\r\nHost: bench\r\nAccept: text/event-stream\r\n\r\n"
+        writer.write(head.encode())
+        await _head(reader, f"events of job {job_id}")
+        return cls(reader, writer)
+
+    def events(self) -> AsyncIterator[tuple[str, str]]:
+        return sse_events(_lines(self.reader))
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+class Submitter:
+    """`POST /v1/jobs` over one kept-alive HTTP/1.1 connection."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self._connection: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
+
+    async def submit(self, body: bytes) -> dict[str, Any]:
+        """The gateway's answer to a submission (`id`, `status`, ...)."""
+        if self._connection is None:
+            self._connection = await asyncio.open_connection("127.0.0.1", self.port)
+        reader, writer = self._connection
+        head = (
+            "POST /v1/jobs HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n"
+        )
+        writer.write(head.encode() + body)
+        headers = await _head(reader, "submit")
+        answer: dict[str, Any] = json.loads(await reader.readexactly(int(headers["content-length"])))
+        return answer
+
+    def close(self) -> None:
+        if self._connection is not None:
+            self._connection[1].close()

@@ -20,8 +20,6 @@ from shared.model_card import model_card_digest, read_model_card
 from shared.requests import JobRequest
 
 CARD_REFRESH_SECONDS = 5.0
-INLINE_COUNT_CHARS = 2_000
-"""A prompt this short is counted on the event loop (well under a millisecond): a thread hop costs more."""
 
 
 def prompt_too_long(prompt_tokens: int, max_tokens: int, context_length: int) -> PromptTooLong:
@@ -67,7 +65,7 @@ class PromptLimit:
         counter = await self.counter()
         if counter is None:
             return
-        if _prompt_chars(request) <= INLINE_COUNT_CHARS:
+        if request.quick_to_tokenize:
             prompt_tokens = counter.count(request)
         else:
             prompt_tokens = await asyncio.to_thread(counter.count, request)
@@ -75,7 +73,3 @@ class PromptLimit:
         if prompt_tokens is not None and prompt_tokens + request.max_tokens > context:
             self.metrics.jobs_rejected.labels(reason="prompt_too_long").inc()
             raise prompt_too_long(prompt_tokens, request.max_tokens, context)
-
-
-def _prompt_chars(request: JobRequest) -> int:
-    return len(request.prompt or "") + sum(len(message.content) for message in request.messages or [])

@@ -11,6 +11,9 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 DEFAULT_MODEL_DIR = Path.home() / ".cache" / "streampool" / "models" / "SmolLM2-135M-Instruct"
 
 
+Dtype = Literal["auto", "half", "float16", "bfloat16", "float", "float32"]
+
+
 class Settings(BaseSettings):
     """Built once at start-up and passed down; nothing else reads the environment."""
 
@@ -46,8 +49,8 @@ class Settings(BaseSettings):
         None, description="model id shown to clients (default: folder name)"
     )
     max_model_len: int = Field(2048, ge=16, description="context length: prompt plus generated tokens")
-    dtype: Literal["auto", "half", "float16", "bfloat16", "float", "float32"] = Field(
-        "auto", description="weights dtype passed to vLLM"
+    dtype: Dtype = Field(
+        "auto", description="weights dtype passed to vLLM; auto is float32 on an x86 CPU without AVX-512"
     )
     enforce_eager: bool | None = Field(
         None, description="disable CUDA graphs / compilation (default: on CPU only)"

@@ -21,6 +21,8 @@ MAX_PROMPT_CHARS = 1_000_000
 MAX_MESSAGES = 1024
 MAX_STOP_STRINGS = 16
 MAX_STOP_CHARS = 256
+QUICK_TO_TOKENIZE_CHARS = 2_000
+"""A prompt this short is tokenized on the event loop (well under a millisecond): a thread hop costs more."""
 
 
 def _plain_text(value: str) -> str:
@@ -79,6 +81,12 @@ class JobRequest(BaseModel):
         if (self.prompt is None) == (self.messages is None):
             raise ValueError("give exactly one of 'prompt' or 'messages'")
         return self
+
+    @property
+    def quick_to_tokenize(self) -> bool:
+        """Short enough to tokenize on the event loop; a longer prompt goes to a thread."""
+        chars = len(self.prompt or "") + sum(len(message.content) for message in self.messages or [])
+        return chars <= QUICK_TO_TOKENIZE_CHARS
 
     @property
     def stop_strings(self) -> list[str]:

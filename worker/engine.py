@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -60,3 +61,11 @@ class Engine(Protocol):
         ...
 
     def shutdown(self) -> None: ...
+
+
+async def render(engine: Engine, request: JobRequest) -> Prompt:
+    """The request's prompt, tokenized on the event loop when short; a long one takes a while to
+    tokenize: off the event loop that serves every other job."""
+    if request.quick_to_tokenize:
+        return engine.render(request)
+    return await asyncio.to_thread(engine.render, request)

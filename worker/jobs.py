@@ -22,7 +22,7 @@ from shared.events import Event, JobState
 from shared.jobstore import JobStore, Outcome, Started
 from shared.logs import job_context
 from worker.chunker import Chunker
-from worker.engine import Engine, Prompt
+from worker.engine import Engine, Prompt, render
 from worker.leases import Leases
 from worker.metrics import RunClock, WorkerMetrics
 from worker.publisher import Publisher, Verdict
@@ -117,8 +117,7 @@ class JobRunner:
             return await self._fail(job_id, chunker, f"internal error: {exc!r}", "internal")
 
     async def _generate(self, job_id: str, started: Started, chunker: Chunker) -> Ending:
-        # Tokenizing a long prompt takes a while: off the event loop that serves every other job.
-        prompt = await asyncio.to_thread(self.engine.render, started.request)
+        prompt = await render(self.engine, started.request)
         chunker.prompt_tokens = len(prompt.token_ids)
         self._check_fits(prompt)
         if started.resumed:

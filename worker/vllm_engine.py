@@ -24,6 +24,7 @@ from shared.errors import EngineError
 from shared.events import TokenLogprob, TopLogprob
 from shared.requests import JobRequest
 from worker import cpu_placement
+from worker.cpu_dtype import dtype_for_cpu
 from worker.engine import EngineDelta, Prompt
 
 CPU_GPU_MEMORY_UTILIZATION = 0.3
@@ -42,7 +43,7 @@ def engine_args(settings: Settings) -> AsyncEngineArgs:
     return AsyncEngineArgs(
         model=str(settings.model),
         served_model_name=[settings.model_name],
-        dtype=settings.dtype,
+        dtype=dtype_for_cpu(settings.dtype) if on_cpu else settings.dtype,
         max_model_len=settings.max_model_len,
         enforce_eager=on_cpu if settings.enforce_eager is None else settings.enforce_eager,
         max_num_seqs=settings.worker_max_jobs,

@@ -85,3 +85,27 @@ async def test_a_full_worker_takes_the_next_queued_job_as_soon_as_a_slot_frees(
         assert taken.empty() and await store.redis.zscore(store.keys.queue, second) is not None
         release.set()
         assert await asyncio.wait_for(taken.get(), 30) == second
+
+
+async def test_a_poll_passes_over_jobs_another_worker_has_taken(store: JobStore, redis_url: str) -> None:
+    """A job stays at the head of the queue until its worker's start script removes it (these jobs never
+    start one): a free worker claims the job behind it instead of stalling until its backstop poll."""
+    taken: asyncio.Queue[tuple[str, str]] = asyncio.Queue()
+    release = asyncio.Event()
+
+    def worker(name: str) -> QueueWorker:
+        async def run_job(ctx: dict[str, Any], job_id: str) -> None:
+            await taken.put((name, job_id))
+            await release.wait()
+
+        return queue_worker(store, redis_url, run_job, max_jobs=1)
+
+    async with running(worker("one"), store), running(worker("two"), store):
+        first = (await store.submit(REQUEST)).job_id
+        first_taker, job_id = await asyncio.wait_for(taken.get(), 30)
+        assert job_id == first
+        second = (await store.submit(REQUEST)).job_id
+        second_taker, job_id = await asyncio.wait_for(taken.get(), 30)
+        assert (job_id, second_taker) == (second, {"one": "two", "two": "one"}[first_taker])
+        assert await store.redis.zscore(store.keys.queue, first) is not None  # still at the head
+        release.set()
