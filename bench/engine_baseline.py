@@ -56,7 +56,9 @@ async def run(
         for concurrency, rounds in levels:
             timings, seconds, cpu = await closed_loop(concurrency, rounds, max_tokens, one, on_done)
             summaries.append(summarize(concurrency, timings, seconds, cpu))
-        timings, _, _ = await closed_loop(1, first_tokens, first_token.MAX_TOKENS, one, on_done)
+        timings, _, _ = await closed_loop(
+            1, first_tokens, first_token.MAX_TOKENS, one, on_done, first_token.request
+        )
         return EngineRun(summaries, [timing.ttft for timing in timings])
     finally:
         engine.shutdown()

@@ -303,6 +303,10 @@ def render(results: Results, plots: list[str], extra_notes: list[str]) -> list[s
         "",
         f"## 2. Time to first token at 1 stream (max_tokens {first_token.MAX_TOKENS}, jobs one at a time)",
         "",
+        f"Short greedy prompts ({', '.join(repr(p) for p in first_token.SHORT_PROMPTS)}), the same on both"
+        " sides. Each full-path job is one `POST /v1/jobs` with `Accept: text/event-stream` (submit and"
+        " follow in one request), from a raw-socket client on one kept-alive connection.",
+        "",
         *_first_token_tables(results),
         "",
         "## 3. Queue pickup (enqueue to worker start)",

@@ -4,9 +4,7 @@ adds as little as it can to what it measures, and the Server-Sent Events parsing
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import AsyncIterator
-from typing import Any
 
 
 async def sse_events(lines: AsyncIterator[str]) -> AsyncIterator[tuple[str, str]]:
@@ -63,26 +61,38 @@ class EventsConnection:
 
 
 class Submitter:
-    """`POST /v1/jobs` over one kept-alive HTTP/1.1 connection."""
+    """`POST /v1/jobs` asking for the job's events, over one kept-alive HTTP/1.1 connection."""
 
     def __init__(self, port: int) -> None:
         self.port = port
         self._connection: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
 
-    async def submit(self, body: bytes) -> dict[str, Any]:
-        """The gateway's answer to a submission (`id`, `status`, ...)."""
+    async def submit_and_follow(self, body: bytes) -> tuple[str, AsyncIterator[tuple[str, str]]]:
+        """Submit asking for the job's events: its id, and its events to the end of the answer (read them
+        all before the next submission: they share the connection)."""
         if self._connection is None:
             self._connection = await asyncio.open_connection("127.0.0.1", self.port)
         reader, writer = self._connection
         head = (
-            "POST /v1/jobs HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\n"
+            f"POST /v1/jobs HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\n"
+            "Accept: text/event-stream\r\n"
             f"Content-Length: {len(body)}\r\n\r\n"
         )
         writer.write(head.encode() + body)
         headers = await _head(reader, "submit")
-        answer: dict[str, Any] = json.loads(await reader.readexactly(int(headers["content-length"])))
-        return answer
+        return headers["x-streampool-job-id"], sse_events(_chunked_lines(reader))
 
     def close(self) -> None:
         if self._connection is not None:
             self._connection[1].close()
+
+
+async def _chunked_lines(reader: asyncio.StreamReader) -> AsyncIterator[str]:
+    """The lines of a chunked HTTP/1.1 body, up to its last chunk."""
+    pending = b""
+    while size := int((await reader.readline()).strip(), 16):
+        pending += (await reader.readexactly(size + 2))[:-2]
+        *lines, pending = pending.split(b"\n")
+        for line in lines:
+            yield line.decode() + "\n"
+    await reader.readline()  # the empty line after the last chunk

@@ -40,6 +40,7 @@ async def closed_loop(
     max_tokens: int,
     run_one: Callable[[JobRequest], Awaitable[StreamTiming]],
     on_done: Callable[[], None],
+    requests: Callable[[int, int], JobRequest] = request,
 ) -> tuple[list[StreamTiming], float, float]:
     """`concurrency` streams at all times, each slot running `rounds` requests back to back.
 
@@ -50,7 +51,7 @@ async def closed_loop(
     async def slot(number: int) -> list[StreamTiming]:
         done = []
         for round_ in range(rounds):
-            done.append(await run_one(request(number + round_ * concurrency, max_tokens)))
+            done.append(await run_one(requests(number + round_ * concurrency, max_tokens)))
             on_done()
         return done
 

@@ -29,7 +29,7 @@ from shared.events import (
 from shared.requests import JobRequest
 
 DISCONNECT_POLL_SECONDS = 0.5
-JOB_ID_HEADER = "X-Streampool-Job-Id"  # names the job behind an OpenAI or TGI answer
+JOB_ID_HEADER = "X-Streampool-Job-Id"  # names the job behind an answer that streams it or waits for it
 
 
 class JobCancelled(StreampoolError):

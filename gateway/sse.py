@@ -94,13 +94,19 @@ class EventStream(Response):
 
     media_type = "text/event-stream"
 
-    def __init__(self, following: Following, metrics: GatewayMetrics, ping_seconds: float) -> None:
+    def __init__(
+        self,
+        following: Following,
+        metrics: GatewayMetrics,
+        ping_seconds: float,
+        headers: dict[str, str] | None = None,
+    ) -> None:
         self.following = following
         self.metrics = metrics
         self.ping_seconds = ping_seconds
         self.status_code = 200
         self.background = None
-        self.init_headers(HEADERS)
+        self.init_headers(HEADERS | (headers or {}))
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
@@ -134,5 +140,7 @@ class EventStream(Response):
         self.following.stop()
 
 
-def event_stream(following: Following, metrics: GatewayMetrics, ping_seconds: float) -> EventStream:
-    return EventStream(following, metrics, ping_seconds)
+def event_stream(
+    following: Following, metrics: GatewayMetrics, ping_seconds: float, headers: dict[str, str] | None = None
+) -> EventStream:
+    return EventStream(following, metrics, ping_seconds, headers)

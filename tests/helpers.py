@@ -9,7 +9,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import httpx
-from httpx_sse import aconnect_sse
+from httpx_sse import EventSource, aconnect_sse
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.app import create_app
@@ -48,18 +48,33 @@ async def read_sse(
     """(stream id, event) pairs from the cursor to the terminal event, or the first `stop_after`;
     appended to `into` as they arrive, when given, so that a test can see how far a reader got."""
     headers = {"Last-Event-ID": last_event_id} if last_event_id else {}
-    events: list[tuple[str, dict[str, Any]]] = [] if into is None else into
     async with aconnect_sse(client, "GET", f"/v1/jobs/{job_id}/events", headers=headers) as source:
-        assert source.response.status_code == 200, await source.response.aread()
-        async for sse in source.aiter_sse():
-            if not sse.data:
-                # A keep-alive comment: httpx-sse reports it as an empty event once an id was seen.
-                continue
-            event = json.loads(sse.data)
-            assert sse.event == event["type"]
-            events.append((sse.id, event))
-            if event["type"] in TERMINAL or (stop_after is not None and len(events) >= stop_after):
-                break
+        return await _events_of(source, stop_after, [] if into is None else into)
+
+
+async def submit_and_read_sse(
+    client: httpx.AsyncClient, stop_after: int | None = None, **body: Any
+) -> tuple[str, list[tuple[str, dict[str, Any]]]]:
+    """Submit with `Accept: text/event-stream`: the job's id and its events, as `read_sse` gives them."""
+    async with aconnect_sse(client, "POST", "/v1/jobs", json=body) as source:
+        job_id = source.response.headers["X-Streampool-Job-Id"]
+        assert source.response.headers["Location"] == f"/v1/jobs/{job_id}"
+        return job_id, await _events_of(source, stop_after, [])
+
+
+async def _events_of(
+    source: EventSource, stop_after: int | None, events: list[tuple[str, dict[str, Any]]]
+) -> list[tuple[str, dict[str, Any]]]:
+    assert source.response.status_code == 200, await source.response.aread()
+    async for sse in source.aiter_sse():
+        if not sse.data:
+            # A keep-alive comment: httpx-sse reports it as an empty event once an id was seen.
+            continue
+        event = json.loads(sse.data)
+        assert sse.event == event["type"]
+        events.append((sse.id, event))
+        if event["type"] in TERMINAL or (stop_after is not None and len(events) >= stop_after):
+            break
     return events
 
 

@@ -11,8 +11,9 @@ from fastapi.responses import JSONResponse
 from gateway.auth import REQUIRE_KEY, Owner
 from gateway.deps import OwnedJobId, ServicesDep
 from gateway.errors import documented
-from gateway.relay import parse_cursor
-from gateway.sse import event_stream
+from gateway.generation import JOB_ID_HEADER
+from gateway.relay import START, parse_cursor
+from gateway.sse import EventStream, event_stream
 from shared.errors import InvalidRequest, Overloaded
 from shared.requests import CancelAnswer, EventsPage, JobAccepted, JobRecord, JobRequest, JobUrls
 
@@ -32,20 +33,42 @@ EVENTS_CONTENT = {
 }
 
 
+SUBMIT_STREAM_CONTENT = {
+    "text/event-stream": {
+        "schema": {
+            "type": "string",
+            "description": "with `Accept: text/event-stream`: the job's events from its first, as its events "
+            "route streams them; the job's id in `X-Streampool-Job-Id` and `Location`",
+        }
+    }
+}
+
+
+def _wants_events(request: Request) -> bool:
+    return "text/event-stream" in request.headers.get("accept", "")
+
+
 def _urls(job_id: str) -> JobUrls:
     base = f"/v1/jobs/{job_id}"
     return JobUrls(self=base, events=f"{base}/events", cancel=f"{base}/cancel")
 
 
-@router.post("", status_code=202, response_model=JobAccepted, responses=documented(400, 413, 429))
+@router.post(
+    "",
+    status_code=202,
+    response_model=JobAccepted,
+    responses={200: {"content": SUBMIT_STREAM_CONTENT}, **documented(400, 413, 429)},
+)
 async def submit_job(
     body: JobRequest,
     owner: Owner,
     services: ServicesDep,
+    request: Request,
     response: Response,
     idempotency_key: Annotated[str | None, Header(max_length=256)] = None,
-) -> JobAccepted:
-    """Queue a generation job; answers at once with where to follow it.
+) -> JobAccepted | EventStream:
+    """Queue a generation job; answers at once with where to follow it, or, with
+    `Accept: text/event-stream`, follows it from its first event in the same request.
 
     A prompt that cannot fit the context with `max_tokens` is refused (413) before any job is made.
     """
@@ -61,12 +84,17 @@ async def submit_job(
         services.metrics.jobs_rejected.labels(reason="overloaded").inc()
         raise
     job_id = submission.job_id
+    headers = {"Location": _urls(job_id).self, JOB_ID_HEADER: job_id}
     if submission.created:
         services.metrics.jobs_submitted.inc()
         log.info("queued", extra={"job_id": job_id})
     else:
-        response.headers["Idempotent-Replayed"] = "true"
-    response.headers["Location"] = _urls(job_id).self
+        headers["Idempotent-Replayed"] = "true"
+    if _wants_events(request):
+        # Leaving this stream leaves the job running: it can be followed again from any event id.
+        following = services.relay.follow(job_id, START)
+        return event_stream(following, services.metrics, services.settings.sse_ping_seconds, headers)
+    response.headers.update(headers)
     return JobAccepted(
         id=job_id, status=submission.status, created_at=submission.created_at, urls=_urls(job_id)
     )
@@ -112,7 +140,7 @@ async def job_events(
 ) -> Response:
     """SSE from the cursor to the terminal event, or (without `Accept: text/event-stream`) one page."""
     cursor = parse_cursor(last_event_id or after)
-    if "text/event-stream" in request.headers.get("accept", ""):
+    if _wants_events(request):
         await services.relay.check(job_id, cursor)  # 404 / 410 before the stream starts
         followed = services.relay.follow(job_id, cursor)
         return event_stream(followed, services.metrics, services.settings.sse_ping_seconds)

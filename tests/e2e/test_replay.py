@@ -8,7 +8,16 @@ import httpx
 import redis.asyncio as aioredis
 
 from tests.conftest import System
-from tests.helpers import LONG_PROMPT, TERMINAL, poll_all, read_sse, streamed_text, submit, wait_for_status
+from tests.helpers import (
+    LONG_PROMPT,
+    TERMINAL,
+    poll_all,
+    read_sse,
+    streamed_text,
+    submit,
+    submit_and_read_sse,
+    wait_for_status,
+)
 
 
 async def test_sse_and_long_poll_return_the_same_events(client: httpx.AsyncClient) -> None:
@@ -72,3 +81,29 @@ async def test_finished_job_keys_expire_after_the_retention_period(
     retention = system.settings.retention_seconds
     for key in (system.keys.job(job_id), system.keys.stream(job_id)):
         assert 0 < await redis_client.ttl(key) <= retention
+
+
+async def test_a_submit_that_asks_for_events_streams_the_job_from_its_first_event(
+    client: httpx.AsyncClient,
+) -> None:
+    job_id, streamed = await submit_and_read_sse(client, prompt=LONG_PROMPT, max_tokens=12, temperature=0)
+    assert (streamed[0][1]["type"], streamed[0][1]["seq"], streamed[0][1]["state"]) == ("status", 0, "queued")
+    assert streamed[-1][1]["type"] == "done"
+    assert streamed == await read_sse(client, job_id)  # the same events, ids included, as its events route
+
+
+async def test_leaving_a_submit_stream_leaves_the_job_running(client: httpx.AsyncClient) -> None:
+    job_id, first = await submit_and_read_sse(client, stop_after=4, prompt=LONG_PROMPT, max_tokens=30)
+    rest = await read_sse(client, job_id, last_event_id=first[-1][0])
+    assert rest[-1][1]["type"] == "done"
+    assert [event["seq"] for _, event in first + rest] == list(range(len(first) + len(rest)))
+
+
+async def test_a_submit_that_asks_for_events_is_still_refused_with_a_plain_error(
+    client: httpx.AsyncClient,
+) -> None:
+    answer = await client.post(
+        "/v1/jobs", json={"prompt": "Hi", "max_tokens": 0}, headers={"Accept": "text/event-stream"}
+    )
+    assert answer.status_code == 422
+    assert answer.json()["error_type"] == "validation"
