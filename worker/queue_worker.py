@@ -118,8 +118,9 @@ class QueueWorker(Worker):
                 await asyncio.sleep(OUTAGE_RETRY_SECONDS)
 
     async def _poll(self) -> None:
-        """arq's poll iteration (without burst mode or job aborts, which streampool does not use), its
-        queue read and its checks made by one script: a job's pickup costs one round trip, not five.
+        """arq's poll iteration (without burst mode or job aborts, which streampool does not use), with
+        the queue read and the checks in one script: one round trip, where arq takes one for the read
+        and four a job for the checks.
 
         arq polls only while a slot is free; a job that ends wakes the loop, so that a full worker
         takes the next queued job at once.
