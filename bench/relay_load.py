@@ -34,6 +34,7 @@ from shared.config import Settings
 from shared.events import TERMINAL_EVENT_TYPES
 from shared.jobstore import JobStore
 from shared.keys import Keys
+from shared.redis_client import delete_prefix
 
 CONNECT_AT_ONCE = 64
 CONNECT_TIMEOUT_SECONDS = 120
@@ -293,7 +294,7 @@ def main() -> None:
         asyncio.run(levels)
     finally:
         gateway.stop()
-        system.delete_prefix(url, settings.key_prefix)
+        delete_prefix(url, settings.key_prefix)
         if redis_server is not None:
             redis_server.terminate()
             redis_server.wait()

@@ -38,6 +38,7 @@ from bench.report import Results, write
 from shared.config import Settings
 from shared.jobstore import JobStore
 from shared.keys import Keys
+from shared.redis_client import delete_prefix
 from worker import cpu_placement
 
 OUT = Path(__file__).resolve().parent
@@ -185,7 +186,7 @@ def main() -> None:
     finally:
         for child in children:
             child.stop()
-        deleted = system.delete_prefix(url, settings.key_prefix)
+        deleted = delete_prefix(url, settings.key_prefix)
         notes.append(f"- Keys deleted at the end under the run's prefix `{settings.key_prefix}`: {deleted}.")
         if redis_server is not None:
             redis_server.terminate()

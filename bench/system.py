@@ -16,7 +16,6 @@ import psutil
 import redis
 
 from shared.config import Settings
-from shared.keys import Keys
 from shared.launcher import child_environment, wait_healthy
 from worker import cpu_placement
 
@@ -44,16 +43,6 @@ def bench_settings(redis_url: str, **overrides: object) -> Settings:
     }
     values.update(overrides)
     return Settings(**values)  # type: ignore[arg-type]
-
-
-def delete_prefix(url: str, prefix: str) -> int:
-    """Every key under the prefix, and arq's job keys of its jobs (arq keeps its own prefix)."""
-    client = redis.Redis.from_url(url, decode_responses=True)
-    names = list(client.scan_iter(match=f"{prefix}:*", count=1000))
-    names += Keys(prefix).arq_jobs_among(names)
-    for start in range(0, len(names), 1000):
-        client.delete(*names[start : start + 1000])
-    return len(names)
 
 
 @dataclass

@@ -1,15 +1,18 @@
-"""Connecting to Redis, and the boundary where redis-py errors become streampool errors."""
+"""Connecting to Redis, the boundary where redis-py errors become streampool errors, and deleting a
+key prefix's keys."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+import redis
 import redis.asyncio as aioredis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from shared.errors import BackendUnavailable
+from shared.keys import Keys
 
 
 def connect(url: str, reader_name: str | None = None) -> aioredis.Redis:
@@ -35,3 +38,18 @@ def redis_errors() -> Iterator[None]:
         yield
     except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
         raise BackendUnavailable(f"Redis is unreachable: {exc}") from exc
+
+
+def delete_prefix(url: str, prefix: str) -> int:
+    """Delete every key under `prefix`, and arq's job keys (arq keeps its own prefix) of the prefix's
+    jobs; answers how many. Synchronous, so that teardowns inside another running event loop can call it.
+    """
+    client = redis.Redis.from_url(url, decode_responses=True)
+    try:
+        names = list(client.scan_iter(match=f"{prefix}:*", count=1000))
+        names += Keys(prefix).arq_jobs_among(names)
+        for start in range(0, len(names), 1000):
+            client.delete(*names[start : start + 1000])
+    finally:
+        client.close()
+    return len(names)

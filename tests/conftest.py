@@ -16,13 +16,13 @@ from pathlib import Path
 
 import httpx
 import pytest
-import redis
 import redis.asyncio as aioredis
 
 from shared.config import Settings
 from shared.jobstore import JobStore
 from shared.keys import Keys
 from shared.launcher import wait_healthy
+from shared.redis_client import delete_prefix
 from tests.processes import Processes, free_port, redis_answers
 
 SYSTEM_START_TIMEOUT = 240
@@ -51,20 +51,6 @@ def make_settings(redis_url: str, **overrides: object) -> Settings:
     }
     values.update(overrides)
     return Settings(**values)  # type: ignore[arg-type]
-
-
-def delete_prefix(url: str, prefix: str) -> None:
-    """Every key under the prefix, and arq's job keys (arq's own prefix) of the prefix's jobs.
-
-    Synchronous, unlike `delete_test_keys`: fixtures of browser tests tear down inside Playwright's
-    running event loop.
-    """
-    client = redis.Redis.from_url(url, decode_responses=True)
-    names = list(client.scan_iter(match=f"{prefix}:*", count=1000))
-    names += Keys(prefix).arq_jobs_among(names)
-    for start in range(0, len(names), 1000):
-        client.delete(*names[start : start + 1000])
-    client.close()
 
 
 @dataclass
