@@ -31,7 +31,6 @@ from bench.stats import percentile
 from bench.synthetic_producer import SyntheticProducer
 from bench.system import Child
 from shared.config import Settings
-from shared.events import TERMINAL_EVENT_TYPES
 from shared.jobstore import JobStore
 from shared.keys import Keys
 from shared.redis_client import delete_prefix
@@ -49,18 +48,20 @@ async def _one_stream(
     port: int, job_id: str, gate: asyncio.Semaphore, connected: Any, lags: list[float]
 ) -> int:
     """Follow one job; the number of deltas received."""
+    received = 0
+
+    def on_event(kind: str, data: str, arrived: float) -> None:
+        nonlocal received
+        if kind == "delta":
+            lags.append(arrived - float(json.loads(data)["text"]))
+            received += 1
+
     async with gate:
-        connection = await EventsConnection.open(port, job_id)
+        connection = await EventsConnection.open(port, job_id, on_event)
     with connected.get_lock():
         connected.value += 1
-    received = 0
     try:
-        async for kind, data in connection.events():
-            if kind == "delta":
-                lags.append(time.time() - float(json.loads(data)["text"]))
-                received += 1
-            elif kind in TERMINAL_EVENT_TYPES:
-                break
+        await connection.closed
     finally:
         connection.close()
     return received

@@ -4,22 +4,33 @@ adds as little as it can to what it measures, and the Server-Sent Events parsing
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Callable, Iterable
+from typing import cast
 
 
-async def sse_events(lines: AsyncIterator[str]) -> AsyncIterator[tuple[str, str]]:
-    """(event type, data) per frame; comments (pings) and ids are skipped."""
+def parse_frame(lines: Iterable[str]) -> tuple[str, str] | None:
+    """(event type, data) of one frame's lines; None for a frame without data (a ping, a comment)."""
     event, data = "message", list[str]()
-    async for raw in lines:
-        line = raw.rstrip("\r\n")
-        if not line:
-            if data:
-                yield event, "\n".join(data)
-            event, data = "message", []
-        elif line.startswith("event:"):
+    for line in lines:
+        if line.startswith("event:"):
             event = line[6:].strip()
         elif line.startswith("data:"):
             data.append(line[5:].lstrip(" "))
+    return (event, "\n".join(data)) if data else None
+
+
+async def sse_events(lines: AsyncIterator[str]) -> AsyncIterator[tuple[str, str]]:
+    """(event type, data) per frame of a body read a line at a time; pings and ids are skipped."""
+    frame: list[str] = []
+    async for raw in lines:
+        line = raw.rstrip("\r\n")
+        if line:
+            frame.append(line)
+            continue
+        parsed, frame = parse_frame(frame), []
+        if parsed is not None:
+            yield parsed
 
 
 async def _lines(reader: asyncio.StreamReader) -> AsyncIterator[str]:
@@ -39,25 +50,66 @@ async def _head(reader: asyncio.StreamReader, what: str) -> dict[str, str]:
     return headers
 
 
-class EventsConnection:
-    """One job's SSE over HTTP/1.0 (no chunked framing to undo), a connection of its own."""
+class EventsConnection(asyncio.Protocol):
+    """One job's SSE over HTTP/1.0 (no chunked framing to undo) on a connection of its own, parsed as
+    its bytes arrive rather than a line at a time through a StreamReader: a third of the CPU, so that a
+    thousand of them leave the cores to the gateway and Redis they measure. Frames end with a blank
+    line written as the gateway writes it ("\r\n\r\n"); the gateway closes the connection after the
+    terminal event (HTTP/1.0), which resolves `closed`."""
 
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.reader, self.writer = reader, writer
+    def __init__(self, request: bytes, on_event: Callable[[str, str, float], None]) -> None:
+        loop = asyncio.get_running_loop()
+        self.request = request
+        self.on_event = on_event  # (event type, data, time.time() when its bytes arrived)
+        self.answered: asyncio.Future[None] = loop.create_future()  # a 2xx status line and headers came
+        self.closed: asyncio.Future[None] = loop.create_future()
+        self.transport: asyncio.Transport | None = None
+        self.pending = b""
 
     @classmethod
-    async def open(cls, port: int, job_id: str) -> EventsConnection:
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        head = f"GET /v1/jobs/{job_id}/events HTTP/1.0\r\nHost: bench\r\nAccept: text/event-stream\r\n\r\n"
-        writer.write(head.encode())
-        await _head(reader, f"events of job {job_id}")
-        return cls(reader, writer)
+    async def open(
+        cls, port: int, job_id: str, on_event: Callable[[str, str, float], None]
+    ) -> EventsConnection:
+        request = f"GET /v1/jobs/{job_id}/events HTTP/1.0\r\nHost: bench\r\nAccept: text/event-stream\r\n\r\n"
+        loop = asyncio.get_running_loop()
+        _, connection = await loop.create_connection(
+            lambda: cls(request.encode(), on_event), "127.0.0.1", port
+        )
+        await connection.answered
+        return connection
 
-    def events(self) -> AsyncIterator[tuple[str, str]]:
-        return sse_events(_lines(self.reader))
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)
+        self.transport.write(self.request)
+
+    def data_received(self, data: bytes) -> None:
+        arrived = time.time()
+        self.pending += data
+        if not self.answered.done():
+            head, blank, self.pending = self.pending.partition(b"\r\n\r\n")
+            if not blank:
+                self.pending = head
+                return
+            if head[9:10] != b"2":
+                self.answered.set_exception(RuntimeError(f"events: {head.splitlines()[0]!r}"))
+                self.close()
+                return
+            self.answered.set_result(None)
+        *frames, self.pending = self.pending.split(b"\r\n\r\n")
+        for frame in frames:
+            parsed = parse_frame(frame.decode().split("\r\n"))
+            if parsed is not None:
+                self.on_event(*parsed, arrived)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.answered.done():
+            self.answered.set_exception(exc or ConnectionError("closed before answering"))
+        if not self.closed.done():
+            self.closed.set_result(None)
 
     def close(self) -> None:
-        self.writer.close()
+        if self.transport is not None:
+            self.transport.close()
 
 
 class Submitter:

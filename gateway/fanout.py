@@ -55,6 +55,8 @@ class Subscription:
     pending: list[Entry] = field(default_factory=list)
     lagged: bool = False
     _waiter: asyncio.Future[None] | None = None
+    _deadline: float = 0.0  # when the `wait` in progress times out, by the loop's clock
+    _timer: asyncio.TimerHandle | None = None
 
     def take(self) -> list[Entry]:
         """Every entry delivered since the last take, oldest first."""
@@ -62,22 +64,42 @@ class Subscription:
         return pending
 
     async def wait(self, timeout: float) -> None:
-        """Until entries are pending, the hub dropped this subscription, or `timeout` s passed."""
+        """Until entries are pending, the hub dropped this subscription, or `timeout` s passed.
+
+        A follower waits once per batch it writes. Its timer is not made and cancelled at each
+        wait: it stays set, and when it fires before the current deadline it is set again for
+        the rest, so it fires about once per `timeout` rather than once per batch.
+        """
         if self.pending or self.lagged:
             return
         loop = asyncio.get_running_loop()
+        self._deadline = loop.time() + timeout
         self._waiter = waiter = loop.create_future()
-        timer = loop.call_later(timeout, _wake, waiter)
+        if self._timer is None:
+            self._timer = loop.call_at(self._deadline, self._on_timer)
         try:
             await waiter
         finally:
-            timer.cancel()
             self._waiter = None
+
+    def _on_timer(self) -> None:
+        loop = asyncio.get_running_loop()
+        if self._waiter is not None and loop.time() < self._deadline:
+            self._timer = loop.call_at(self._deadline, self._on_timer)
+            return
+        self._timer = None
+        self.interrupt()
 
     def interrupt(self) -> None:
         """End a `wait` in progress now."""
         if self._waiter is not None:
             _wake(self._waiter)
+
+    def close(self) -> None:
+        """Cancel the timer: the follower has left."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
 
     def offer(self, entries: list[Entry]) -> bool:
         """Hand new entries over; False (and lagged) when that would overflow the buffer."""
@@ -163,6 +185,7 @@ class StreamHub:
         try:
             yield subscription
         finally:
+            subscription.close()
             self._unsubscribe(subscription)
 
     def _unsubscribe(self, subscription: Subscription) -> None:

@@ -5,12 +5,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from bisect import bisect_left
 from collections.abc import Iterator
+from itertools import accumulate
 
 import redis.asyncio as aioredis
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 from redis.exceptions import RedisError
 
 from shared.errors import BackendUnavailable
@@ -48,6 +51,37 @@ class QueueFigures(Collector):
         yield jobs
 
 
+class RelayLag(Collector):
+    """`streampool_relay_lag_seconds`, observed once per SSE write: thousands of times a second.
+
+    prometheus_client's Histogram takes a lock and checks its buckets one by one at every
+    observation, a tenth of the relay's CPU per event; this one counts into a list by
+    bisection (the gateway observes from its one event loop thread) and makes the
+    cumulative buckets only when scraped.
+    """
+
+    name = "streampool_relay_lag_seconds"
+    documentation = (
+        "From a worker's XADD (the entry id, by Redis's clock) to this gateway writing the entry to its "
+        "SSE client, once per write, for the oldest entry written; replays of a backlog included"
+    )
+
+    def __init__(self) -> None:
+        self.counts = [0] * (len(RELAY_LAG_BUCKETS) + 1)  # the last one: above every bound
+        self.sum = 0.0
+
+    def observe(self, seconds: float) -> None:
+        seconds = max(0.0, seconds)  # clocks of Redis and the gateway may disagree a little
+        self.counts[bisect_left(RELAY_LAG_BUCKETS, seconds)] += 1
+        self.sum += seconds
+
+    def collect(self) -> Iterator[Metric]:
+        cumulative = list(accumulate(self.counts))
+        bounds = [*map(floatToGoString, RELAY_LAG_BUCKETS), "+Inf"]
+        buckets = list(zip(bounds, cumulative, strict=True))
+        yield HistogramMetricFamily(self.name, self.documentation, buckets=buckets, sum_value=self.sum)
+
+
 class GatewayMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
@@ -65,13 +99,8 @@ class GatewayMetrics:
         self.streams_open = Gauge(
             "streampool_sse_streams_open", "SSE streams this gateway is relaying", registry=self.registry
         )
-        self.relay_lag = Histogram(
-            "streampool_relay_lag_seconds",
-            "From a worker's XADD (the entry id, by Redis's clock) to this gateway writing the entry to its "
-            "SSE client, once per write, for the oldest entry written; replays of a backlog included",
-            buckets=RELAY_LAG_BUCKETS,
-            registry=self.registry,
-        )
+        self.relay_lag = RelayLag()
+        self.registry.register(self.relay_lag)
         self.http_requests = Counter(
             "streampool_http_requests_total",
             "HTTP requests answered, by route template and status",
@@ -83,8 +112,7 @@ class GatewayMetrics:
 
     def observe_relay_lag(self, stream_id: str) -> None:
         """The lag of the entry `stream_id` (`<ms>-<seq>`), now that it has been handed over."""
-        added_ms = int(stream_id.partition("-")[0])
-        self.relay_lag.observe(max(0.0, time.time() - added_ms / 1000))
+        self.relay_lag.observe(time.time() - int(stream_id.partition("-")[0]) / 1000)
 
     async def read_queue(self, redis: aioredis.Redis, keys: Keys) -> None:
         """Read the queue's figures for this scrape; a Redis that fails leaves them out (and is logged)."""

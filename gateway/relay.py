@@ -196,8 +196,8 @@ class Following:
         self, subscription: Subscription, idle_seconds: float
     ) -> AsyncGenerator[list[Entry], None]:
         """New entries from the hub, after filling the gap up to where the hub already was."""
-        relay, cursor = self.relay, _id_tuple(self.cursor)
-        if _id_tuple(subscription.started_after) > cursor:
+        relay, cursor, hub_at = self.relay, _id_tuple(self.cursor), _id_tuple(subscription.started_after)
+        if hub_at > cursor:
             with redis_errors():
                 gap = await relay.redis.xrange(
                     relay.keys.stream(self.job_id), min=f"({self.cursor}", max=subscription.started_after
@@ -205,16 +205,19 @@ class Following:
             if gap:
                 yield [Entry(entry_id, fields["type"], fields["data"]) for entry_id, fields in gap]
                 cursor = _id_tuple(gap[-1][0])
+        # Ahead of the hub's cursor, this follow may be handed entries it has already read (from a
+        # read sent before it subscribed); once past them, the hub only hands over new ones.
+        ahead = cursor > hub_at
         while True:
             await subscription.wait(idle_seconds)
             if self.stopped:
                 return
             entries = subscription.take()
             if entries:
-                if _id_tuple(entries[0].id) <= cursor:  # from a read sent before this follow subscribed
+                if ahead:
                     entries = [entry for entry in entries if _id_tuple(entry.id) > cursor]
+                    ahead = not entries
                 if entries:
-                    cursor = _id_tuple(entries[-1].id)
                     yield entries
             elif subscription.lagged or await self._ended_while_idle():
                 return

@@ -10,7 +10,8 @@ import pytest
 import redis.asyncio as aioredis
 
 from gateway import fanout
-from gateway.fanout import StreamHub
+from gateway.entries import Entry
+from gateway.fanout import StreamHub, Subscription
 from gateway.relay import START, Relay
 from shared.keys import Keys
 from shared.redis_client import connect
@@ -97,3 +98,21 @@ async def test_a_follower_that_falls_behind_catches_up_without_gap_or_duplicate(
     received += [entry.id async for entry in follower]
     stored = [entry_id for entry_id, _ in await redis_client.xrange(relay.keys.stream(job_id))]
     assert received == stored
+
+
+async def test_a_wait_lasts_its_own_timeout_after_earlier_waits_ended_early() -> None:
+    """The subscription keeps one timer across waits; a wait must not end at an earlier wait's deadline."""
+    subscription = Subscription("a-stream", START)
+    loop = asyncio.get_running_loop()
+    try:
+        waiting = asyncio.create_task(subscription.wait(0.2))
+        await asyncio.sleep(0.05)
+        subscription.offer([Entry("1-0", "delta", "{}")])
+        await waiting
+        assert [entry.id for entry in subscription.take()] == ["1-0"]
+        began = loop.time()
+        await subscription.wait(0.5)
+        assert loop.time() - began >= 0.5
+        assert subscription.take() == []
+    finally:
+        subscription.close()

@@ -3,8 +3,11 @@ scrape (and left out while Redis is down), requests counted by route template, r
 
 from __future__ import annotations
 
+import pytest
 import redis.asyncio as aioredis
+from prometheus_client import CollectorRegistry
 
+from gateway.metrics import RelayLag
 from shared.jobstore import JobStore
 from shared.keys import Keys
 from tests.conftest import delete_test_keys, make_settings
@@ -67,3 +70,18 @@ async def test_refusals_count_by_reason_and_under_their_route() -> None:
     assert scraped.value("streampool_http_requests_total", route="/v1/jobs", status="401") == 1
     assert scraped.value("streampool_http_requests_total", route="/v1/jobs/{job_id}", status="401") == 1
     assert scraped.value("streampool_http_requests_total", route="/v1/jobs", status="413") == 1
+
+
+def test_relay_lag_counts_each_write_in_every_bucket_at_or_above_its_lag() -> None:
+    lag = RelayLag()
+    registry = CollectorRegistry()
+    registry.register(lag)
+    for seconds in (0.0005, 0.001, 0.004, 0.02, 30.0, -0.002):  # a negative lag: clocks a little apart
+        lag.observe(seconds)
+
+    def bucket(le: str) -> float | None:
+        return registry.get_sample_value("streampool_relay_lag_seconds_bucket", {"le": le})
+
+    assert [bucket(le) for le in ("0.001", "0.005", "0.02", "10.0", "+Inf")] == [3, 4, 5, 5, 6]
+    assert registry.get_sample_value("streampool_relay_lag_seconds_count") == 6
+    assert registry.get_sample_value("streampool_relay_lag_seconds_sum") == pytest.approx(30.0255)

@@ -1,0 +1,29 @@
+"""The relay's own SSE frames, byte for byte as sse-starlette (used by the compatible routes) writes them."""
+
+from __future__ import annotations
+
+import pytest
+from sse_starlette.sse import ServerSentEvent
+
+from gateway.entries import Entry
+from gateway.sse import entry_frame, frame
+
+
+@pytest.mark.parametrize(
+    ("data", "event", "event_id"),
+    [
+        ('{"type":"delta","text":"hi"}', "delta", "1700000000000-0"),
+        ("one\ntwo\r\nthree\rfour", "multi\nline", "12\r\n-3"),
+        ("", None, None),
+        ("no event name", None, "5-1"),
+        ("trailing break\n", "message", None),
+    ],
+)
+def test_frames_match_sse_starlettes_encoder(data: str, event: str | None, event_id: str | None) -> None:
+    assert frame(data, event, event_id) == ServerSentEvent(data, event=event, id=event_id).encode()
+
+
+def test_an_entry_is_framed_with_its_stream_id_as_the_event_id() -> None:
+    entry = Entry("1700000000000-7", "done", '{"type":"done"}')
+    expected = ServerSentEvent(entry.data, event="done", id="1700000000000-7").encode()
+    assert entry_frame(entry) == expected
