@@ -20,6 +20,7 @@ from gateway.prompt_limit import PromptLimit
 from gateway.relay import Relay
 from gateway.request_metrics import RequestMetrics
 from gateway.routes import health, jobs, openai, playground, tgi
+from gateway.server_send import KeepServerSend
 from shared.config import Settings
 from shared.jobstore import JobStore
 from shared.keys import Keys
@@ -60,8 +61,9 @@ def create_app(settings: Settings) -> FastAPI:
     app.state.api_keys = api_keys
     app.state.metrics = metrics
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes, metrics=metrics)
-    # Added last, so outermost: it sees every answer, the body limit's refusals included.
+    # Added after the body limit, so outside it: it sees every answer, the body limit's refusals included.
     app.add_middleware(RequestMetrics, metrics=metrics)
+    app.add_middleware(KeepServerSend)  # last, so outside the others: the `send` it keeps skips them all
     install_error_handlers(app)
     app.include_router(jobs.router)
     app.include_router(openai.router)

@@ -28,6 +28,7 @@ from starlette.types import Receive, Scope, Send
 
 from gateway.entries import Entry
 from gateway.metrics import GatewayMetrics
+from gateway.server_send import server_send
 from shared.errors import StreampoolError
 
 if TYPE_CHECKING:
@@ -56,8 +57,15 @@ def frame(data: str, event: str | None = None, id: str | None = None) -> bytes:
 
 
 def entry_frame(entry: Entry) -> bytes:
-    """A stream entry as one event whose `id:` is its stream id (the client's cursor)."""
-    return frame(entry.data, entry.type, entry.id)
+    """A stream entry as one event whose `id:` is its stream id (the client's cursor).
+
+    `frame`'s bytes, made in one step when nothing needs breaking or cleaning, as for every
+    event a worker writes (its data is one line of JSON, and a stream id has no line break).
+    """
+    entry_id, event, data = entry
+    if "\n" in data or "\r" in data or "\n" in event or "\r" in event:
+        return frame(data, event, entry_id)
+    return f"id: {entry_id}{SEPARATOR}event: {event}{SEPARATOR}data: {data}{SEPARATOR}{SEPARATOR}".encode()
 
 
 def ping_frame() -> bytes:
@@ -116,6 +124,7 @@ class EventStream(Response):
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+        send = server_send(scope, send)
         if scope["method"] == "HEAD":
             await send(END)
             return

@@ -23,7 +23,9 @@ def test_frames_match_sse_starlettes_encoder(data: str, event: str | None, event
     assert frame(data, event, event_id) == ServerSentEvent(data, event=event, id=event_id).encode()
 
 
-def test_an_entry_is_framed_with_its_stream_id_as_the_event_id() -> None:
-    entry = Entry("1700000000000-7", "done", '{"type":"done"}')
-    expected = ServerSentEvent(entry.data, event="done", id="1700000000000-7").encode()
-    assert entry_frame(entry) == expected
+@pytest.mark.parametrize(
+    ("event", "data"), [("done", '{"type":"done"}'), ("delta", "two\nlines"), ("odd\rtype", "{}")]
+)
+def test_an_entry_is_framed_with_its_stream_id_as_the_event_id(event: str, data: str) -> None:
+    entry = Entry("1700000000000-7", event, data)
+    assert entry_frame(entry) == ServerSentEvent(data, event=event, id="1700000000000-7").encode()
