@@ -1,8 +1,8 @@
 """The ASGI server's own `send`, kept in the scope for the event streams' body writes.
 
 The gateway's middleware and Starlette's exception handlers each wrap `send` in a coroutine
-of their own, and an event stream writes thousands of times a second: at 10,000 events/s,
-going through those layers cost about a seventh of the gateway's CPU per event. They only
+of their own, and an event stream writes thousands of times a second: at 10,000 events/s
+those layers took several of the 75-80 microseconds the gateway spent per event. They only
 watch for the answer's start (its status, and whether it began), which an event stream
 still sends through them; its body then skips them. (Starlette's outermost error handler
 stays in the way: the application cannot reach outside it.)
