@@ -89,10 +89,8 @@ def _has(distribution: str) -> bool:
         return False
 
 
-async def engine_phases(
-    settings: Settings, plan: Plan, counters: Path, results: Results, progress: Progress
-) -> None:
-    """Full path, pickup, cancel and Redis cost per step, against one gateway and one probe worker."""
+async def engine_phases(settings: Settings, plan: Plan, results: Results, progress: Progress) -> None:
+    """Full path, pickup, cancel and Redis cost per step, against one gateway and one worker."""
     streams = sum(c * r for c, r in plan.levels)
     sync_redis = redis.Redis.from_url(settings.redis_url, decode_responses=True)
     async_redis = aioredis.Redis.from_url(settings.redis_url, decode_responses=True)
@@ -111,8 +109,9 @@ async def engine_phases(
         task = progress.add_task("cancel latency: jobs", total=plan.cancels)
         results.cancels = await cancel.measure(http, store, plan.cancels, lambda: progress.advance(task))
         task = progress.add_task("Redis cost per step: 1 and 32 jobs", total=2)
+        metrics_url = system.worker_metrics_url(settings)
         for jobs in (1, 32):
-            cost = await commands.measure(http, sync_redis, counters, jobs, plan.step_tokens)
+            cost = await commands.measure(http, sync_redis, metrics_url, jobs, plan.step_tokens)
             results.step_costs.append(cost)
             progress.advance(task)
     await store.redis.aclose()
@@ -139,7 +138,6 @@ def main() -> None:
     settings = system.bench_settings(url)
     command = "make bench" + (" QUICK=1" if args.quick else "")
     results = Results(command, "quick" if args.quick else "full", machine(url), plan.max_tokens)
-    counters = logs / "round_trips.json"
     notes = [f"- Logs of this run's gateway, worker and Redis: `{logs}` (not kept in the repository)."]
     children: list[system.Child] = []
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
@@ -148,7 +146,7 @@ def main() -> None:
             results.in_process.append(in_process(settings, plan, progress, "before the system"))
             leftovers = [f"{p.name()} ({p.status()})" for p in psutil.Process().children(recursive=True)]
             notes.append(f"- This process's children when the worker started: {', '.join(leftovers)}.")
-            children += [system.start_gateway(settings, logs), system.start_worker(settings, logs, counters)]
+            children += [system.start_gateway(settings, logs), system.start_worker(settings, logs)]
             progress.console.print("waiting for the gateway and the worker's engine")
             system.wait_ready(settings, children, workers=1)
             serving = [children[0].handle, psutil.Process()]
@@ -159,7 +157,7 @@ def main() -> None:
                     f"- During the engine phases the gateway, Redis and this process ran on core(s) "
                     f"{sorted(placement[1])}, with the worker and its engine core, off the model runner's."
                 )
-            uvloop.run(engine_phases(settings, plan, counters, results, progress))
+            uvloop.run(engine_phases(settings, plan, results, progress))
             children.pop().stop()  # the worker: the relay phase must not share the cores with an engine
             if placement is not None:  # the relay phase has every core
                 for process in serving:

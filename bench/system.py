@@ -89,9 +89,12 @@ def start_gateway(settings: Settings, log_dir: Path) -> Child:
     return start("gateway", ["shared.cli", "gateway"], settings, log_dir)
 
 
-def start_worker(settings: Settings, log_dir: Path, counters: Path) -> Child:
-    """The product's worker, wrapped only to expose its publisher's round-trip count (bench.probe_worker)."""
-    return start("worker", ["bench.probe_worker", str(counters)], settings, log_dir)
+def start_worker(settings: Settings, log_dir: Path) -> Child:
+    return start("worker", ["shared.cli", "worker"], settings, log_dir)
+
+
+def worker_metrics_url(settings: Settings) -> str:
+    return f"http://127.0.0.1:{settings.metrics_port}/metrics"
 
 
 def base_url(settings: Settings) -> str:

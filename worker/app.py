@@ -59,6 +59,7 @@ def build_worker(settings: Settings) -> QueueWorker:
         store = JobStore(redis, keys, settings)
         leases = Leases(store)
         publisher = Publisher(redis, store, worker_id)
+        metrics.count_redis_round_trips(lambda: publisher.round_trips)
         runner = JobRunner(engine, store, publisher, leases, worker_id, lambda: worker.stopping, metrics)
 
         def describe() -> WorkerInfo:

@@ -11,7 +11,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from enum import Enum
 from functools import partial
 from http import HTTPStatus
@@ -26,6 +26,8 @@ from prometheus_client import (
     Histogram,
     generate_latest,
 )
+from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from shared.events import JobState
 from shared.jobstore import Started
@@ -111,11 +113,33 @@ class WorkerMetrics:
             registry=self.registry,
         )
 
+    def count_redis_round_trips(self, read: Callable[[], int]) -> None:
+        """Expose the publisher's round trips, counted by `read` at each scrape."""
+        self.registry.register(RedisRoundTrips(read))
+
     def cancelled(self, asked_at: float | None) -> None:
         """A running job was aborted on a cancel asked for at `asked_at` (epoch seconds), if known."""
         self.cancels.inc()
         if asked_at is not None:
             self.cancel_latency.observe(max(0.0, time.time() - asked_at))
+
+
+class RedisRoundTrips(Collector):
+    """`streampool_worker_redis_round_trips_total`: the publisher keeps the count (one addition per
+    pipeline on its hot path); this reads it when scraped. Its rate against the engine's step rate
+    is the design's one round trip per step."""
+
+    name = "streampool_worker_redis_round_trips"
+    documentation = (
+        "Pipelines this worker's publisher sent to Redis: one per engine step while jobs run, "
+        "whatever their number (appends, cancel checks and job ends together)"
+    )
+
+    def __init__(self, read: Callable[[], int]) -> None:
+        self.read = read
+
+    def collect(self) -> Iterator[Metric]:
+        yield CounterMetricFamily(self.name, self.documentation, value=self.read())
 
 
 class RunClock:

@@ -95,3 +95,15 @@ async def test_a_request_that_is_no_http_gets_an_error_and_the_server_serves_on(
     await writer.wait_closed()
     async with client(server) as http:
         assert (await http.get("/health")).status_code == 503
+
+
+async def test_redis_round_trips_are_read_from_their_counter_at_each_scrape(serve: Serve) -> None:
+    metrics = WorkerMetrics()
+    counted = [3]
+    metrics.count_redis_round_trips(lambda: counted[0])
+    async with client(serve(metrics, Switch())) as http:
+        first = await scrape(http)
+        counted[0] = 11
+        second = await scrape(http)
+    assert first.value("streampool_worker_redis_round_trips_total") == 3
+    assert second.value("streampool_worker_redis_round_trips_total") == 11
