@@ -3,7 +3,8 @@
 A follower first catches up with its own reads, then takes new entries from the
 process's one `StreamHub` reader, as many at a time as have arrived; if it falls
 behind, it catches up again from Redis, so a slow client costs Redis reads, never
-unbounded gateway memory.
+unbounded gateway memory. A long-poll page that has to wait for its first entry waits
+the same way.
 """
 
 from __future__ import annotations
@@ -87,9 +88,10 @@ class Relay:
             )
         return JobState(status)
 
-    async def read(self, job_id: str, cursor: str, count: int, block_ms: int | None) -> list[Entry]:
+    async def read(self, job_id: str, cursor: str, count: int) -> list[Entry]:
+        """Up to `count` entries after `cursor`, without waiting."""
         with redis_errors():
-            reply = await self.redis.xread({self.keys.stream(job_id): cursor}, count=count, block=block_ms)
+            reply = await self.redis.xread({self.keys.stream(job_id): cursor}, count=count)
         if not reply:
             return []
         return [Entry(entry_id, fields["type"], fields["data"]) for entry_id, fields in reply[0][1]]
@@ -103,12 +105,28 @@ class Relay:
         in the stream, so an empty read past it means the client has seen everything.
         """
         state = await self.check(job_id, cursor)
-        block = int(wait * 1000) if wait > 0 and not state.terminal else None
-        entries = await self.read(job_id, cursor, limit, block)
+        if wait > 0 and not state.terminal:
+            entries = (await self._first_batch(job_id, cursor, wait))[:limit]
+        else:
+            entries = await self.read(job_id, cursor, limit)
         done = any(entry.terminal for entry in entries) or (state.terminal and not entries)
         for entry in entries:
             state = entry.state or state
         return entries, state, done
+
+    async def _first_batch(self, job_id: str, cursor: str, wait: float) -> list[Entry]:
+        """The entries after `cursor` as soon as there are any, or none after `wait` s.
+
+        A poll waits as a follow does, on the hub's one reader, so that waiting polls hold no
+        Redis connection each; and among the open streams, so that a gateway shutting down
+        answers it at once (the client polls again, elsewhere, from the same cursor).
+        """
+        following = self.follow(job_id, cursor)
+        with self.open_streams.open(following):
+            async with aclosing(following.batches(wait)) as batches:
+                async for batch in batches:
+                    return batch
+        return []
 
     async def ended(self, job_id: str, cursor: str) -> bool:
         """Whether the job has ended and `cursor` is at its last entry.
@@ -120,7 +138,7 @@ class Relay:
             status = await self.redis.hget(self.keys.job(job_id), "status")  # type: ignore[misc]
         if status is None:
             raise JobNotFound(f"no job {job_id}")
-        return JobState(status).terminal and not await self.read(job_id, cursor, 1, None)
+        return JobState(status).terminal and not await self.read(job_id, cursor, 1)
 
     def follow(self, job_id: str, cursor: str) -> Following:
         """Every entry after `cursor`, as it is appended, up to and including the terminal event."""
@@ -185,7 +203,7 @@ class Following:
         """What the stream already holds after the cursor, with plain (non-blocking) reads."""
         cursor = self.cursor
         while not self.stopped:
-            entries = await self.relay.read(self.job_id, cursor, READ_BATCH, None)
+            entries = await self.relay.read(self.job_id, cursor, READ_BATCH)
             if entries:
                 yield entries
                 cursor = entries[-1].id

@@ -81,7 +81,8 @@ def error_frame(exc: StreampoolError) -> bytes:
 
 
 class OpenStreams:
-    """The event streams a gateway process is writing, so that shutting down can end them all."""
+    """The follows a gateway process is serving (event streams, and polls waiting), so that shutting
+    down can end them all."""
 
     def __init__(self) -> None:
         self._followings: set[Following] = set()

@@ -13,6 +13,7 @@ from gateway import fanout
 from gateway.entries import Entry
 from gateway.fanout import StreamHub, Subscription
 from gateway.relay import START, Relay
+from shared.events import JobState
 from shared.keys import Keys
 from shared.redis_client import connect
 from tests.conftest import delete_prefix
@@ -39,6 +40,11 @@ async def _blocked_readers(redis_client: aioredis.Redis, relay: Relay) -> int:
         for client in await redis_client.client_list()
         if client.get("cmd") == "xread" and client.get("name") == relay.keys.stream_reader_name
     )
+
+
+async def _until_watched(relay: Relay, streams: int) -> None:
+    while relay.hub.streams < streams:
+        await asyncio.sleep(0.01)
 
 
 async def _follow_all(relay: Relay, job_id: str, cursor: str = START) -> list[str]:
@@ -116,3 +122,42 @@ async def test_a_wait_lasts_its_own_timeout_after_earlier_waits_ended_early() ->
         assert subscription.take() == []
     finally:
         subscription.close()
+
+
+async def test_waiting_long_polls_hold_no_redis_connection_each(redis_url: str, relay: Relay) -> None:
+    """Twenty polls wait at once for their jobs' next entries: on the hub's one reader, not in a
+    blocking XREAD apiece on the gateway's pool (whose connections carry a name of their own here)."""
+    pool_name = f"{relay.keys.prefix}-pool"
+    pool = aioredis.Redis.from_url(redis_url, decode_responses=True, client_name=pool_name)
+    polling = Relay(pool, relay.keys, relay.hub)
+    jobs = [uuid.uuid4().hex for _ in range(20)]
+    cursors = [await _append(pool, polling, job_id, "status") for job_id in jobs]
+    for job_id in jobs:
+        await pool.hset(polling.keys.job(job_id), "status", "running")
+    try:
+        pages = [
+            asyncio.create_task(polling.page(job_id, cursor, limit=10, wait=30))
+            for job_id, cursor in zip(jobs, cursors, strict=True)
+        ]
+        await asyncio.wait_for(_until_watched(polling, len(jobs)), 10)
+        ours = (pool_name, polling.keys.stream_reader_name)
+        blocked = [c["name"] for c in await pool.client_list() if "b" in c["flags"] and c["name"] in ours]
+        assert blocked == [polling.keys.stream_reader_name]
+        ends = [await _append(pool, polling, job_id, "done") for job_id in jobs]
+        answers = await asyncio.wait_for(asyncio.gather(*pages), 30)
+        assert [[entry.id for entry in entries] for entries, _, _ in answers] == [[end] for end in ends]
+        assert all(done for _, _, done in answers)
+    finally:
+        await pool.aclose()
+
+
+async def test_a_long_poll_with_nothing_new_answers_empty_once_its_wait_is_over(relay: Relay) -> None:
+    job_id = uuid.uuid4().hex
+    cursor = await _append(relay.redis, relay, job_id, "status")
+    await relay.redis.hset(relay.keys.job(job_id), "status", "running")
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+    entries, state, done = await relay.page(job_id, cursor, limit=10, wait=0.3)
+    assert loop.time() - began >= 0.3
+    assert (entries, state, done) == ([], JobState.running, False)
+    assert relay.hub.streams == 0  # the poll's subscription ended with it
