@@ -105,10 +105,9 @@ class Relay:
         in the stream, so an empty read past it means the client has seen everything.
         """
         state = await self.check(job_id, cursor)
-        if wait > 0 and not state.terminal:
+        entries = await self.read(job_id, cursor, limit)
+        if not entries and wait > 0 and not state.terminal:
             entries = (await self._first_batch(job_id, cursor, wait))[:limit]
-        else:
-            entries = await self.read(job_id, cursor, limit)
         done = any(entry.terminal for entry in entries) or (state.terminal and not entries)
         for entry in entries:
             state = entry.state or state

@@ -56,8 +56,7 @@ async def test_many_followers_share_one_blocking_reader(redis_client: aioredis.R
     for job_id in jobs:
         await _append(redis_client, relay, job_id, "status")
     followers = [asyncio.create_task(_follow_all(relay, job_id)) for job_id in jobs]
-    while relay.hub.streams < len(jobs):
-        await asyncio.sleep(0.01)
+    await _until_watched(relay, len(jobs))
     assert await _blocked_readers(redis_client, relay) == 1  # one XREAD for 50 open streams
     ends = {job_id: await _append(redis_client, relay, job_id, "done") for job_id in jobs}
     results = await asyncio.gather(*followers)
@@ -76,8 +75,7 @@ async def test_a_stream_added_while_the_reader_blocks_is_watched_at_once(
         await asyncio.sleep(0.01)
     await _append(redis_client, relay, second, "status")
     following_second = asyncio.create_task(_follow_all(relay, second))
-    while relay.hub.streams < 2:
-        await asyncio.sleep(0.01)
+    await _until_watched(relay, 2)
     end = await _append(redis_client, relay, second, "done")
     assert (await asyncio.wait_for(following_second, 30))[-1] == end
     await _append(redis_client, relay, first, "done")
@@ -93,8 +91,7 @@ async def test_a_follower_that_falls_behind_catches_up_without_gap_or_duplicate(
     follower = aiter(relay.follow(job_id, START))
     received = [(await anext(follower)).id]
     reading = asyncio.create_task(anext(follower))  # catches up, subscribes, waits for more
-    while relay.hub.streams < 1:
-        await asyncio.sleep(0.01)
+    await _until_watched(relay, 1)
     for _ in range(40):
         await _append(redis_client, relay, job_id)
     await _append(redis_client, relay, job_id, "done")
