@@ -24,7 +24,7 @@ from gateway.server_send import KeepServerSend
 from shared.config import Settings
 from shared.jobstore import JobStore
 from shared.keys import Keys
-from shared.redis_client import connect
+from shared.redis_client import connect, connect_reader
 
 GC_YOUNG_THRESHOLD = 50_000  # CPython's default is 700
 
@@ -40,8 +40,8 @@ def create_app(settings: Settings) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         keys = Keys(settings.key_prefix)
-        redis = connect(settings.redis_url)
-        hub = StreamHub(connect(settings.redis_url, reader_name=keys.stream_reader_name), redis)
+        redis = connect(settings.redis_url, keys.client_name("gateway"), settings.redis_max_connections)
+        hub = StreamHub(connect_reader(settings.redis_url, keys.stream_reader_name), redis)
         app.state.services = Services(
             settings=settings,
             keys=keys,

@@ -24,6 +24,11 @@ class Settings(BaseSettings):
     key_prefix: str = Field("streampool", description="prefix of every key streampool writes")
     retention_seconds: int = Field(3600, ge=1, description="how long a finished job stays readable")
     stream_maxlen: int = Field(100_000, ge=100, description="approximate cap on entries per job stream")
+    redis_max_connections: int = Field(
+        32,
+        ge=1,
+        description="most connections a gateway or worker opens for its commands (plus a gateway's reader)",
+    )
 
     # Gateway
     host: str = Field("0.0.0.0", description="gateway listen address")

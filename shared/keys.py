@@ -65,6 +65,10 @@ class Keys:
         """Hash (`digest`, `card`): what the workers serve, for gateways to count prompt tokens."""
         return f"{self.prefix}:model-card"
 
+    def client_name(self, role: str) -> str:
+        """CLIENT SETNAME of a process's command connections: `gateway`, or `worker:<id>`."""
+        return f"{self.prefix}:{role}"
+
     @property
     def stream_reader_name(self) -> str:
         """CLIENT SETNAME of a gateway's one stream reader connection."""

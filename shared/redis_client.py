@@ -14,19 +14,33 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from shared.errors import BackendUnavailable
 from shared.keys import Keys
 
+POOL_WAIT_SECONDS = 10
 
-def connect(url: str, reader_name: str | None = None) -> aioredis.Redis:
-    """A client that answers `str`; connections are made lazily and re-made after an outage.
 
-    With `reader_name`, a client of one connection of its own, for a long blocking reader,
-    named so that `CLIENT LIST` shows what it is.
+def connect(url: str, name: str, max_connections: int) -> aioredis.Redis:
+    """A client whose commands share at most `max_connections` connections, named `name` in CLIENT LIST.
+
+    A burst of concurrent commands (a thousand SSE clients connecting at once) waits for a free
+    connection instead of opening one apiece, so a process's connections to Redis stay bounded
+    whatever its load; a command that waits `POOL_WAIT_SECONDS` in vain fails as Redis unreachable.
+    Connections are made lazily and re-made after an outage; the client answers `str`.
     """
-    client: aioredis.Redis = aioredis.Redis.from_url(
+    pool = aioredis.BlockingConnectionPool.from_url(
         url,
+        max_connections=max_connections,
+        timeout=POOL_WAIT_SECONDS,
         decode_responses=True,
         health_check_interval=30,
-        single_connection_client=reader_name is not None,
-        client_name=reader_name,
+        client_name=name,
+    )
+    client: aioredis.Redis = aioredis.Redis.from_pool(pool)
+    return client
+
+
+def connect_reader(url: str, name: str) -> aioredis.Redis:
+    """A client of one connection of its own, for a long blocking reader, named `name` in CLIENT LIST."""
+    client: aioredis.Redis = aioredis.Redis.from_url(
+        url, decode_responses=True, health_check_interval=30, single_connection_client=True, client_name=name
     )
     return client
 

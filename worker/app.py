@@ -55,7 +55,9 @@ def build_worker(settings: Settings) -> QueueWorker:
 
         log.info("worker %s: starting the engine for %s", worker_id, settings.model)
         engine = VllmEngine(settings)
-        redis = connect(settings.redis_url)
+        redis = connect(
+            settings.redis_url, keys.client_name(f"worker:{worker_id}"), settings.redis_max_connections
+        )
         store = JobStore(redis, keys, settings)
         leases = Leases(store)
         publisher = Publisher(redis, store, worker_id)

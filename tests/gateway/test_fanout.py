@@ -15,14 +15,14 @@ from gateway.fanout import StreamHub, Subscription
 from gateway.relay import START, Relay
 from shared.events import JobState
 from shared.keys import Keys
-from shared.redis_client import connect
+from shared.redis_client import connect_reader
 from tests.conftest import delete_prefix
 
 
 @pytest.fixture
 async def relay(redis_url: str, redis_client: aioredis.Redis) -> AsyncIterator[Relay]:
     keys = Keys(f"sptest-fanout-{uuid.uuid4().hex[:8]}")
-    hub = StreamHub(connect(redis_url, reader_name=keys.stream_reader_name), redis_client)
+    hub = StreamHub(connect_reader(redis_url, keys.stream_reader_name), redis_client)
     yield Relay(redis_client, keys, hub)
     await hub.close()
     delete_prefix(redis_url, keys.prefix)
