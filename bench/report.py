@@ -296,6 +296,9 @@ def render(results: Results, plots: list[str], extra_notes: list[str]) -> list[s
         "",
         "Tokens are counted from token_ids (in-process) and from the terminal event's usage (full path).",
         "The full path's clock starts before the HTTP submission; in-process it starts before rendering.",
+        "Jobs per side and level (each in-process run, and the full path): "
+        + ", ".join(f"{level.streams} at {level.concurrency}" for level in results.full_path)
+        + ".",
         "",
         *_throughput_table(results),
         "",
