@@ -49,7 +49,7 @@ bench-quick:
 lint: $(INSTALLED)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy shared gateway worker
+	$(BIN)/mypy shared gateway worker bench
 
 clean:
 	rm -rf $(VENV) *.egg-info

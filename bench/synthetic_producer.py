@@ -79,8 +79,8 @@ class SyntheticProducer:
                 sent = time.time()
                 due_now = job_ids[tick % groups :: groups]
                 commands = [
-                    hiredis.pack_command(
-                        ("XADD", streams[job_id], "MAXLEN", "~", self.maxlen, "*")
+                    hiredis.pack_command(  # its stub types the command as a 1-tuple
+                        ("XADD", streams[job_id], "MAXLEN", "~", self.maxlen, "*")  # type: ignore[arg-type]
                         + ("type", "delta", "data", self._delta(job_id, sent))
                     )
                     for job_id in due_now
