@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 EXTRA ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && echo gpu || echo cpu)
 INSTALLED := $(VENV)/.installed-$(EXTRA)
 
-.PHONY: setup run test lint model clean bench bench-quick
+.PHONY: setup run test test-fast lint model clean bench bench-quick
 
 $(INSTALLED): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -32,6 +32,13 @@ run: setup
 test: setup
 	$(BIN)/pytest
 
+# The tests that start no engine (`unit`, given in tests/conftest.py), spread over two processes a
+# core (most of their time is spent waiting on the gateways and Redis servers they start). Some read
+# the prepared model's tokenizer, hence `setup`.
+FAST_PROCESSES ?= $(shell echo $$(( $$(nproc) * 2 )))
+test-fast: setup
+	$(BIN)/pytest -m unit -n $(FAST_PROCESSES)
+
 # The benchmark (bench/RESULTS.md); QUICK=1 (or `make bench-quick`) is a smoke run of a few minutes.
 # Only the `bench` extra is added: re-resolving the cpu extra would bring torchvision back.
 BENCH_INSTALLED := $(VENV)/.installed-bench
@@ -49,7 +56,8 @@ bench-quick:
 lint: $(INSTALLED)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy shared gateway worker bench
+	$(BIN)/mypy shared gateway worker cli client bench
+	$(BIN)/lint-imports --no-logo
 
 clean:
 	rm -rf $(VENV) *.egg-info

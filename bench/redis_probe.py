@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import csv
-import io
 import shutil
 import subprocess
 import time
@@ -63,17 +62,34 @@ def xadd_ceiling(url: str, key: str, pipeline: int, requests: int, clients: int 
 
     The same command as `-t xadd`, but on a key under the bench's prefix, so nothing else is written.
     """
+    command = ("XADD", key, "MAXLEN", "~", "100000", "*", "myfield", "myvalue")
+    return benchmark(url, command, pipeline, requests, clients)
+
+
+def benchmark(
+    url: str,
+    command: tuple[str, ...],
+    pipeline: int,
+    requests: int,
+    clients: int,
+    options: tuple[str, ...] = (),
+) -> Ceiling:
+    """`redis-benchmark` sending `command` from `clients` connections, `pipeline` at a time on each."""
     program = shutil.which("redis-benchmark")
     if program is None:
         raise RuntimeError("redis-benchmark is missing (Debian: apt-get install redis-tools)")
     parsed = urlparse(url)
-    command = [
+    arguments = [
         program,
         *("-h", parsed.hostname or "127.0.0.1", "-p", str(parsed.port or 6379)),
         *("-c", str(clients), "-n", str(requests), "-P", str(pipeline), "--csv"),
-        *("XADD", key, "MAXLEN", "~", "100000", "*", "myfield", "myvalue"),
+        *options,
+        *command,
     ]
-    output = subprocess.run(command, check=True, capture_output=True, text=True).stdout
-    rows = list(csv.DictReader(io.StringIO(output)))
-    row = rows[-1]
+    output = subprocess.run(arguments, check=True, capture_output=True, text=True).stdout
+    header, *lines = [line for line in output.splitlines() if line]
+    names = next(csv.reader([header]))
+    # the first column, the test's name, is the command unquoted within: split from the right
+    values = [value.strip('"') for value in lines[-1].rsplit(",", len(names) - 1)]
+    row = dict(zip(names, values, strict=True))
     return Ceiling(pipeline, float(row["rps"]), float(row.get("p50_latency_ms") or "nan"))

@@ -29,12 +29,12 @@ import redis.asyncio as aioredis
 from bench import redis_probe, system
 from bench.sse_client import EventsConnection
 from bench.stats import percentile
-from bench.synthetic_producer import SyntheticProducer
+from bench.synthetic_producer import TICK_SECONDS, SyntheticProducer
 from bench.system import Child
 from shared.config import Settings
 from shared.jobstore import JobStore
 from shared.keys import Keys
-from shared.redis_client import delete_prefix
+from tests.redis_cleanup import delete_prefix
 
 CONNECT_AT_ONCE = 64
 CONNECT_TIMEOUT_SECONDS = 120
@@ -108,6 +108,8 @@ class RelayLevel:
     gateway_cpu_percent: float
     gateway_cpu_per_event: float  # gateway CPU seconds from production start to the last delivery, per event
     redis_cpu_percent: float
+    redis_cpu_seconds: float  # Redis's own CPU time while producing (its appends and the gateway's reads)
+    redis_calls: dict[str, int]  # commands Redis ran while producing, by name
     client_cpu_percent: float
     producer_cpu_percent: float
     gateway_redis_connections: int
@@ -155,6 +157,7 @@ async def run_level(
     seconds: float,
     client_processes: int,
     on_progress: Callable[[str], None],
+    tick_seconds: float = TICK_SECONDS,
 ) -> RelayLevel:
     """Create the jobs, connect every client, produce for `seconds`, end the jobs, gather the clients."""
     idle = redis_probe.snapshot(sync_redis)
@@ -183,7 +186,7 @@ async def run_level(
     gateway_before = gateway.cpu_seconds()
     clients_before = sum(sum(h.cpu_times()[:2]) for h in handles)
     me_before = sum(me.cpu_times()[:2])
-    production = await producer.produce(job_ids, rate, seconds)
+    production = await producer.produce(job_ids, rate, seconds, tick_seconds)
     after = redis_probe.snapshot(sync_redis)
     elapsed = after.taken - before.taken
     gateway_cpu = 100 * (gateway.cpu_seconds() - gateway_before) / elapsed
@@ -208,6 +211,8 @@ async def run_level(
         gateway_cpu_percent=gateway_cpu,
         gateway_cpu_per_event=gateway_cpu_per_event,
         redis_cpu_percent=redis_probe.cpu_percent(before, after),
+        redis_cpu_seconds=after.cpu_seconds - before.cpu_seconds,
+        redis_calls=redis_probe.calls_between(before, after),
         client_cpu_percent=client_cpu,
         producer_cpu_percent=producer_cpu,
         gateway_redis_connections=connections,
@@ -261,7 +266,7 @@ def describe(level: RelayLevel) -> str:
     )
 
 
-def _wait_answering(settings: Settings, gateway: Child) -> None:
+def wait_answering(settings: Settings, gateway: Child) -> None:
     """Until the gateway answers HTTP (its /health says 503 here: this phase runs no worker)."""
     deadline = time.monotonic() + system.START_TIMEOUT_SECONDS
     while gateway.process.poll() is None and time.monotonic() < deadline:
@@ -284,7 +289,7 @@ def main() -> None:
     settings = system.bench_settings(url)
     gateway = system.start_gateway(settings, logs)
     try:
-        _wait_answering(settings, gateway)
+        wait_answering(settings, gateway)
         levels = run_levels(
             settings,
             gateway,

@@ -9,19 +9,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402 - the backend must be chosen first
-
-from bench import first_token  # noqa: E402
-from bench.cancel import CancelSample  # noqa: E402
-from bench.commands import StepCost  # noqa: E402
-from bench.engine_baseline import EngineRun  # noqa: E402
-from bench.first_token import FirstToken  # noqa: E402
-from bench.redis_probe import Ceiling  # noqa: E402
-from bench.relay_load import RelayLevel  # noqa: E402
-from bench.stats import PhaseSummary, percentile  # noqa: E402
+from bench import first_token
+from bench.cancel import CancelSample
+from bench.commands import StepCost
+from bench.engine_baseline import EngineRun
+from bench.first_token import FirstToken
+from bench.peer import PeerLevel, PeerRun
+from bench.redis_probe import Ceiling
+from bench.relay_load import RelayLevel
+from bench.stats import PhaseSummary, percentile
 
 
 @dataclass
@@ -40,6 +36,10 @@ class Results:
     step_costs: list[StepCost] = field(default_factory=list)
     ceilings: list[Ceiling] = field(default_factory=list)
     relay: list[RelayLevel] = field(default_factory=list)
+    peer_vllm: list[PeerRun] = field(default_factory=list)  # vLLM's server, before streampool and after it
+    peer_streampool: PeerRun | None = None
+    peer_input_len: int = 0
+    peer_output_len: int = 0
     minutes: float = 0.0
 
 
@@ -65,6 +65,13 @@ def _in_process_ttft(results: Results) -> list[float]:
 
 
 def _plots(results: Results, out: Path) -> list[str]:
+    # Imported here: only a benchmark run draws (matplotlib is the `bench` extra), while the report's
+    # text is also rendered by the tests.
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
     names = []
     figure, axis = plt.subplots(figsize=(6, 4))
     sides = [(f"in-process engine, run {n + 1}", run.levels) for n, run in enumerate(results.in_process)]
@@ -113,6 +120,88 @@ def _throughput_table(results: Results) -> list[str]:
             f"| {_mean([a.client_cpu_percent for a in runs]):.0f} / {b.client_cpu_percent:.0f} |"
         )
     return lines
+
+
+@dataclass(frozen=True)
+class PeerComparison:
+    """One concurrency level of vLLM's benchmark client: vLLM's server (the mean of its runs) against
+    streampool, latencies in ms."""
+
+    concurrency: int
+    vllm_runs: list[PeerLevel]
+    streampool: PeerLevel
+
+    def vllm(self, name: str) -> float:
+        return _mean([getattr(level, name) for level in self.vllm_runs])
+
+    def ratio(self, name: str) -> float:
+        return float(getattr(self.streampool, name)) / self.vllm(name)
+
+    def throughput_met(self) -> bool:
+        return self.ratio("output_tokens_per_second") >= 0.97
+
+    def itl_met(self) -> bool:
+        return self.ratio("itl_p50") <= 1.03
+
+    def ttft_met(self) -> bool:
+        """Within 10 ms at one request at a time, within 10 % under load."""
+        if self.concurrency == 1:
+            return self.streampool.ttft_p50 - self.vllm("ttft_p50") <= 10
+        return self.ratio("ttft_p50") <= 1.10
+
+
+def _peer_comparisons(results: Results) -> list[PeerComparison]:
+    if results.peer_streampool is None or not results.peer_vllm:
+        return []
+    return [
+        PeerComparison(level.concurrency, [run.levels[index] for run in results.peer_vllm], level)
+        for index, level in enumerate(results.peer_streampool.levels)
+    ]
+
+
+def _peer_table(results: Results) -> list[str]:
+    lines = [
+        "| concurrency | requests done / failed, vLLM (runs) / streampool | output tok/s vLLM (runs) "
+        "| output tok/s streampool | ratio | TTFT p50 vLLM / streampool (diff), ms "
+        "| TTFT p99 vLLM / streampool, ms | ITL p50 vLLM / streampool (ratio), ms "
+        "| ITL p99 vLLM / streampool, ms |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for c in _peer_comparisons(results):
+        runs = " / ".join(f"{level.output_tokens_per_second:.1f}" for level in c.vllm_runs)
+        counts = " / ".join(f"{level.completed}-{level.failed}" for level in [*c.vllm_runs, c.streampool])
+        sp = c.streampool
+        lines.append(
+            f"| {c.concurrency} | {counts} | {c.vllm('output_tokens_per_second'):.1f} ({runs}) "
+            f"| {sp.output_tokens_per_second:.1f} | {c.ratio('output_tokens_per_second'):.3f} "
+            f"| {c.vllm('ttft_p50'):.1f} / {sp.ttft_p50:.1f} ({sp.ttft_p50 - c.vllm('ttft_p50'):+.1f}) "
+            f"| {c.vllm('ttft_p99'):.1f} / {sp.ttft_p99:.1f} "
+            f"| {c.vllm('itl_p50'):.2f} / {sp.itl_p50:.2f} ({c.ratio('itl_p50'):.3f}) "
+            f"| {c.vllm('itl_p99'):.2f} / {sp.itl_p99:.2f} |"
+        )
+    return lines
+
+
+def _peer_targets(results: Results) -> list[str]:
+    comparisons = _peer_comparisons(results)
+    if not comparisons:
+        return ["| streampool beside vLLM's server (section 7) | not run | **missed** |"]
+
+    tps = ", ".join(f"{c.concurrency}: {c.ratio('output_tokens_per_second'):.3f}" for c in comparisons)
+    itl = ", ".join(f"{c.concurrency}: {c.ratio('itl_p50'):.3f}" for c in comparisons)
+    ttft = ", ".join(
+        f"{c.concurrency}: {c.streampool.ttft_p50 - c.vllm('ttft_p50'):+.1f} ms"
+        + ("" if c.concurrency == 1 else f" ({c.ratio('ttft_p50'):.3f})")
+        for c in comparisons
+    )
+    return [
+        "| output tokens/s streampool / vLLM's server >= 0.97 at 1, 8, 32 requests (section 7) "
+        f"| {tps} | {_verdict(all(c.throughput_met() for c in comparisons))} |",
+        f"| ITL p50 streampool / vLLM's server <= 1.03 | {itl} "
+        f"| {_verdict(all(c.itl_met() for c in comparisons))} |",
+        "| TTFT p50 streampool minus vLLM's server <= 10 ms at 1, ratio <= 1.10 at 8 and 32 "
+        f"| {ttft} | {_verdict(all(c.ttft_met() for c in comparisons))} |",
+    ]
 
 
 def _first_token_tables(results: Results) -> list[str]:
@@ -250,6 +339,7 @@ def _targets(results: Results, facts: dict[str, Any]) -> list[str]:
         f"p50/p99 to the `cancelled` event | {_verdict(0 <= facts['cancel_steps_max'] <= 2)} |",
         f"| Redis round trips per engine step per worker = 1 | {rtt} "
         f"| {_verdict(all(c.round_trips_per_step <= 1.05 for c in results.step_costs))} |",
+        *_peer_targets(results),
     ]
 
 
@@ -343,6 +433,17 @@ def render(results: Results, plots: list[str], extra_notes: list[str]) -> list[s
         "## 6. Redis commands and round trips per engine step, one worker",
         "",
         *_step_costs(results),
+        "",
+        "## 7. streampool beside vLLM's own server, vLLM's benchmark client on both",
+        "",
+        "vLLM's server (`python -m vllm.entrypoints.openai.api_server`, the worker's engine arguments), then",
+        "streampool (gateway, Redis, worker), then vLLM's server again: one engine alive at a time. The",
+        "client is `vllm.benchmarks.serve` unchanged: `openai` backend on /v1/completions, random dataset",
+        f"(seed 0) of {results.peer_input_len}-token prompts, {results.peer_output_len} output tokens each"
+        " (`ignore_eos`), temperature 0, one warm-up request per level. vLLM's figures are the mean of its",
+        "two runs (each run in brackets; their gap is the machine's drift). Done-failed counts per side.",
+        "",
+        *_peer_table(results),
         "",
         "## Notes",
         "",

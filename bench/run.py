@@ -1,7 +1,9 @@
 """`python -m bench.run [--quick]`: every phase of the benchmark in one run, one after the other, then
 bench/RESULTS.md. The in-process engine runs before the system and again after it (the full path is
 compared with both, so that a machine that drifts during the run shows as the gap between them), and is
-shut down before the worker starts: on 2 cores two engines must never run during a measurement."""
+shut down before the worker starts: on 2 cores two engines must never run during a measurement. vLLM's
+own server is measured the same way around streampool (A, B, A): before the worker starts, and again
+once it has stopped."""
 
 from __future__ import annotations
 
@@ -28,17 +30,19 @@ from bench import (
     engine_baseline,
     first_token,
     full_path,
+    peer,
     pickup,
     redis_probe,
     relay_load,
     system,
+    vllm_server,
 )
 from bench.jobclient import client
 from bench.report import Results, write
 from shared.config import Settings
 from shared.jobstore import JobStore
 from shared.keys import Keys
-from shared.redis_client import delete_prefix
+from tests.redis_cleanup import delete_prefix
 from worker import cpu_placement
 
 OUT = Path(__file__).resolve().parent
@@ -57,12 +61,33 @@ class Plan:
     relay_streams: list[int]
     relay_seconds: float
     benchmark_requests: tuple[int, int]  # unpipelined, pipelined
+    peer_plan: peer.PeerPlan  # vLLM's benchmark client against vLLM's server and streampool
 
 
 FULL = Plan(
-    [(1, 10), (8, 6), (32, 3)], 128, 200, 200, 20, 64, [100, 250, 500, 1000, 2000], 10, (200_000, 1_000_000)
+    [(1, 10), (8, 6), (32, 3)],
+    128,
+    200,
+    200,
+    20,
+    64,
+    [100, 250, 500, 1000, 2000],
+    10,
+    (200_000, 1_000_000),
+    peer_plan=peer.PeerPlan(128, 128, [(1, 8), (8, 32), (32, 96)]),
 )
-QUICK = Plan([(1, 1), (8, 1), (32, 1)], 32, 20, 50, 5, 32, [100, 1000], 5, (50_000, 300_000))
+QUICK = Plan(
+    [(1, 1), (8, 1), (32, 1)],
+    32,
+    20,
+    50,
+    5,
+    32,
+    [100, 1000],
+    5,
+    (50_000, 300_000),
+    peer_plan=peer.PeerPlan(64, 32, [(1, 2), (8, 8), (32, 32)]),
+)
 
 
 def machine(redis_url: str) -> dict[str, str]:
@@ -90,12 +115,18 @@ def _has(distribution: str) -> bool:
         return False
 
 
-async def engine_phases(settings: Settings, plan: Plan, results: Results, progress: Progress) -> None:
-    """Full path, pickup, cancel and Redis cost per step, against one gateway and one worker."""
+async def engine_phases(
+    settings: Settings, plan: Plan, results: Results, logs: Path, progress: Progress
+) -> None:
+    """vLLM's benchmark client, full path, pickup, cancel and Redis cost per step, against one gateway
+    and one worker."""
     streams = sum(c * r for c, r in plan.levels)
     sync_redis = redis.Redis.from_url(settings.redis_url, decode_responses=True)
     async_redis = aioredis.Redis.from_url(settings.redis_url, decode_responses=True)
     store = JobStore(async_redis, Keys(settings.key_prefix), settings)
+    results.peer_streampool = await peer_side(
+        "streampool", system.base_url(settings), settings, plan, logs, progress
+    )
     async with client(system.base_url(settings)) as http:
         task = progress.add_task("full path: streams", total=streams)
         results.full_path = await full_path.run_levels(
@@ -116,6 +147,42 @@ async def engine_phases(settings: Settings, plan: Plan, results: Results, progre
             results.step_costs.append(cost)
             progress.advance(task)
     await store.redis.aclose()
+
+
+async def peer_side(
+    side: str, base_url: str, settings: Settings, plan: Plan, logs: Path, progress: Progress
+) -> peer.PeerRun:
+    task = progress.add_task(f"vLLM's benchmark client, {side}: levels", total=len(plan.peer_plan.levels))
+    model, name = settings.model, settings.model_name
+    return await peer.run(
+        side,
+        base_url,
+        model,
+        name,
+        plan.peer_plan,
+        logs / "vllm-benchmark-client.log",
+        lambda: progress.advance(task),
+    )
+
+
+def vllm_side(settings: Settings, plan: Plan, logs: Path, progress: Progress, run: int) -> peer.PeerRun:
+    """vLLM's own server, the only engine alive, with this process (its client) on the cores the server
+    keeps off its model runner's, as streampool's gateway and Redis are during its turn."""
+    port = system.free_port()
+    server = vllm_server.start_server(settings, port, logs, f"vllm-server-{run}")
+    me, placement = psutil.Process(), None
+    try:
+        progress.console.print(f"waiting for vLLM's server (run {run})")
+        vllm_server.wait_ready(port, server)
+        placement = system.share_worker_cores(server, [me])
+        side = peer_side(
+            f"vLLM's server, run {run}", f"http://127.0.0.1:{port}", settings, plan, logs, progress
+        )
+        return uvloop.run(side)
+    finally:
+        vllm_server.stop(server)
+        if placement is not None:
+            cpu_placement.bind(me, placement[0])
 
 
 def in_process(settings: Settings, plan: Plan, progress: Progress, when: str) -> engine_baseline.EngineRun:
@@ -139,12 +206,14 @@ def main() -> None:
     settings = system.bench_settings(url)
     command = "make bench" + (" QUICK=1" if args.quick else "")
     results = Results(command, "quick" if args.quick else "full", machine(url), plan.max_tokens)
+    results.peer_input_len, results.peer_output_len = plan.peer_plan.input_len, plan.peer_plan.output_len
     notes = [f"- Logs of this run's gateway, worker and Redis: `{logs}` (not kept in the repository)."]
     children: list[system.Child] = []
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     try:
         with Progress(*columns) as progress:
             results.in_process.append(in_process(settings, plan, progress, "before the system"))
+            results.peer_vllm.append(vllm_side(settings, plan, logs, progress, 1))
             leftovers = [f"{p.name()} ({p.status()})" for p in psutil.Process().children(recursive=True)]
             notes.append(f"- This process's children when the worker started: {', '.join(leftovers)}.")
             children += [system.start_gateway(settings, logs), system.start_worker(settings, logs)]
@@ -158,11 +227,12 @@ def main() -> None:
                     f"- During the engine phases the gateway, Redis and this process ran on core(s) "
                     f"{sorted(placement[1])}, with the worker and its engine core, off the model runner's."
                 )
-            uvloop.run(engine_phases(settings, plan, results, progress))
+            uvloop.run(engine_phases(settings, plan, results, logs, progress))
             children.pop().stop()  # the worker: the relay phase must not share the cores with an engine
             if placement is not None:  # the relay phase has every core
                 for process in serving:
                     cpu_placement.bind(process, placement[0])
+            results.peer_vllm.append(vllm_side(settings, plan, logs, progress, 2))
             results.in_process.append(in_process(settings, plan, progress, "after the system"))
             task = progress.add_task("redis-benchmark XADD ceiling", total=2)
             key = Keys(settings.key_prefix).stream("redis-benchmark")

@@ -19,6 +19,7 @@ from shared.requests import JobRequest
 TICK_SECONDS = 0.01
 CREATE_BATCH = 200
 WORKER_ID = "bench-synthetic-producer"
+MODEL = "synthetic"
 FIRST_SEQ = 2  # as the worker: 0 is `queued`, 1 is `running`
 LEASE_SECONDS = 3600.0  # it renews no lease (no heartbeat): its jobs' leases outlast a level
 
@@ -35,8 +36,7 @@ class Production:
 class SyntheticProducer:
     def __init__(self, redis: aioredis.Redis, store: JobStore) -> None:
         self.redis = redis
-        settings = store.settings.model_copy(update={"lease_seconds": LEASE_SECONDS})
-        self.store = JobStore(redis, store.keys, settings)
+        self.store = store
         self.maxlen = store.settings.stream_maxlen
         self.seq: dict[str, int] = {}
 
@@ -46,32 +46,40 @@ class SyntheticProducer:
         job_ids: list[str] = []
         for start in range(0, count, CREATE_BATCH):
             size = min(CREATE_BATCH, count - start)
-            submissions = await asyncio.gather(*(self.store.submit(request) for _ in range(size)))
+            submissions = await asyncio.gather(
+                *(self.store.submit(request, model=MODEL, max_queued=0) for _ in range(size))
+            )
             ids = [s.job_id for s in submissions]
-            await asyncio.gather(*(self.store.start(job_id, WORKER_ID, "synthetic") for job_id in ids))
+            await asyncio.gather(
+                *(self.store.start(job_id, WORKER_ID, MODEL, lease_seconds=LEASE_SECONDS) for job_id in ids)
+            )
             job_ids += ids
         self.seq.update({job_id: FIRST_SEQ for job_id in job_ids})
         return job_ids
 
-    def _delta(self, job_id: str, sent: float) -> str:
+    def delta(self, job_id: str, sent: float) -> DeltaEvent:
+        """The job's next delta, one token, its text the time `sent`."""
         seq = self.seq[job_id]
         self.seq[job_id] = seq + 1
-        return DeltaEvent(seq=seq, text=repr(sent), token_ids=[0]).model_dump_json()
+        return DeltaEvent(seq=seq, text=repr(sent), token_ids=[0])
 
-    async def produce(self, job_ids: list[str], rate: float, seconds: float) -> Production:
-        """Every stream gets `rate` events a second: each tick serves the streams whose turn it is.
+    async def produce(
+        self, job_ids: list[str], rate: float, seconds: float, tick_seconds: float = TICK_SECONDS
+    ) -> Production:
+        """Every stream gets `rate` events a second: each tick serves the streams whose turn it is (a
+        tick's write is a burst, as one worker's step is).
 
         A tick's XADDs are packed by hiredis and sent in one write, their replies read after: redis-py's
         pipeline packs each command in Python, which cost the producer three times the CPU, taken from the
         cores the gateway and Redis are measured on.
         """
-        groups = max(1, round(1 / (rate * TICK_SECONDS)))
+        groups = max(1, round(1 / (rate * tick_seconds)))
         streams = {job_id: self.store.keys.stream(job_id) for job_id in job_ids}
         connection = await self.redis.connection_pool.get_connection("XADD")
         began = time.monotonic()
         events, tick, worst_late = 0, 0, 0.0
         try:
-            while (due := began + tick * TICK_SECONDS) < began + seconds:
+            while (due := began + tick * tick_seconds) < began + seconds:
                 late = time.monotonic() - due
                 if late < 0:
                     await asyncio.sleep(-late)
@@ -81,7 +89,7 @@ class SyntheticProducer:
                 commands = [
                     hiredis.pack_command(  # its stub types the command as a 1-tuple
                         ("XADD", streams[job_id], "MAXLEN", "~", self.maxlen, "*")  # type: ignore[arg-type]
-                        + ("type", "delta", "data", self._delta(job_id, sent))
+                        + ("type", "delta", "data", self.delta(job_id, sent).model_dump_json())
                     )
                     for job_id in due_now
                 ]
@@ -102,5 +110,5 @@ class SyntheticProducer:
             usage = Usage(prompt_tokens=1, completion_tokens=produced)
             done = DoneEvent(seq=self.seq[job_id], finish_reason="stop", usage=usage)
             outcome = Outcome(state=JobState.completed, text="", token_count=produced, usage=usage)
-            pipe.execute_command("EVAL", *self.store.finish_command(job_id, WORKER_ID, [done], outcome))
+            pipe.execute_command(*self.store.finish_command(job_id, WORKER_ID, [done], outcome))
         await pipe.execute()

@@ -15,8 +15,8 @@ from typing import IO
 import psutil
 import redis
 
+from cli.launcher import child_environment, wait_healthy
 from shared.config import Settings
-from shared.launcher import child_environment, wait_healthy
 from worker import cpu_placement
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -86,11 +86,11 @@ def start(name: str, module_args: list[str], settings: Settings, log_dir: Path) 
 
 
 def start_gateway(settings: Settings, log_dir: Path) -> Child:
-    return start("gateway", ["shared.cli", "gateway"], settings, log_dir)
+    return start("gateway", ["cli", "gateway"], settings, log_dir)
 
 
 def start_worker(settings: Settings, log_dir: Path) -> Child:
-    return start("worker", ["shared.cli", "worker"], settings, log_dir)
+    return start("worker", ["cli", "worker"], settings, log_dir)
 
 
 def worker_metrics_url(settings: Settings) -> str:

@@ -2,64 +2,108 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import gc
+import math
+import os
 import socket
+import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
+import httpx
 import uvicorn
 from fastapi import FastAPI
 
+from gateway.admission import Admission
 from gateway.auth import ApiKeys, AuthNotConfigured
 from gateway.body_limit import BodyLimit
 from gateway.deps import Services
 from gateway.errors import install_error_handlers
 from gateway.fanout import StreamHub
+from gateway.generation import OpenRuns
 from gateway.metrics import GatewayMetrics
 from gateway.prompt_limit import PromptLimit
 from gateway.relay import Relay
 from gateway.request_metrics import RequestMetrics
-from gateway.routes import health, jobs, openai, playground, tgi
+from gateway.routes import health, jobs, openai, playground, responses, tgi, usage, vllm
 from gateway.server_send import KeepServerSend
-from shared.config import Settings
+from gateway.webhooks.deliveries import Deliveries
+from gateway.webhooks.sender import WebhookSender
+from gateway.webhooks.targets import WebhooksMisconfigured, WebhookTargets
+from shared.config import GatewaySettings
 from shared.jobstore import JobStore
 from shared.keys import Keys
 from shared.redis_client import connect, connect_reader
 
 GC_YOUNG_THRESHOLD = 50_000  # CPython's default is 700
+# A cancelled job ends within two decoding steps (a fraction of a second); past this margin after the
+# grace period, uvicorn cuts what is still open (a job whose worker no longer answers).
+CANCEL_MARGIN_SECONDS = 5
 
 
-def create_app(settings: Settings) -> FastAPI:
+def create_app(settings: GatewaySettings) -> FastAPI:
     """A gateway for `settings`; Redis is connected in the lifespan, lazily, so it may start first.
 
-    Raises `AuthNotConfigured` when there are no API keys and running without them was not asked for.
+    Raises `AuthNotConfigured` when there are no API keys and running without them was not asked for,
+    `WebhooksMisconfigured` for webhook settings that cannot be.
     """
     api_keys = ApiKeys.from_settings(settings)
+    webhook_targets = WebhookTargets(settings.webhook_allowed_prefixes, api_keys.webhooks)
     metrics = GatewayMetrics()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         keys = Keys(settings.key_prefix)
-        redis = connect(settings.redis_url, keys.client_name("gateway"), settings.redis_max_connections)
-        hub = StreamHub(connect_reader(settings.redis_url, keys.stream_reader_name), redis)
+        url, sentinel_password = settings.redis_url, settings.redis_sentinel_password
+        most = settings.redis_max_connections
+        redis = connect(url, keys.client_name("gateway"), most, sentinel_password=sentinel_password)
+        reader = connect_reader(url, keys.stream_reader_name, sentinel_password=sentinel_password)
+        hub = StreamHub(reader, redis)
+        # The store still annotates the composed Settings; what it reads of them a GatewaySettings has.
+        store = JobStore(redis, keys, settings)
+        # A record outlives its last change by the retention, and the wait for its next attempt.
+        record_ttl = settings.retention_seconds + math.ceil(settings.webhook_max_retry_gap_seconds)
+        deliveries = Deliveries(redis, keys, record_ttl)
         app.state.services = Services(
             settings=settings,
             keys=keys,
             redis=redis,
-            store=JobStore(redis, keys, settings),
+            store=store,
             relay=Relay(redis, keys, hub),
             metrics=metrics,
-            prompt_limit=PromptLimit(redis, keys, metrics),
+            admission=Admission(
+                settings, redis, keys, store, PromptLimit(redis, keys), metrics, api_keys.tenants
+            ),
+            webhook_targets=webhook_targets,
+            deliveries=deliveries,
         )
+        timeout = httpx.Timeout(settings.webhook_timeout_seconds)
+        webhook_http = httpx.AsyncClient(timeout=timeout, follow_redirects=False)  # a redirect is no 2xx
+        sender = WebhookSender(
+            deliveries,
+            lambda owner: webhook.secret if (webhook := api_keys.webhooks.get(owner)) else None,
+            settings,
+            webhook_http,
+            consumer=f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}",
+        )
+        sending = asyncio.create_task(sender.run(), name="webhook sender")
         try:
             yield
         finally:
+            sending.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await sending
+            await sender.close()
+            await webhook_http.aclose()
             await hub.close()
             await redis.aclose()
 
     app = FastAPI(title="streampool", version="0.1.0", lifespan=lifespan)
     app.state.api_keys = api_keys
     app.state.metrics = metrics
+    app.state.open_runs = OpenRuns()
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes, metrics=metrics)
     # Added after the body limit, so outside it: it sees every answer, the body limit's refusals included.
     app.add_middleware(RequestMetrics, metrics=metrics)
@@ -67,29 +111,51 @@ def create_app(settings: Settings) -> FastAPI:
     install_error_handlers(app)
     app.include_router(jobs.router)
     app.include_router(openai.router)
+    app.include_router(responses.router)
+    app.include_router(vllm.router)
     app.include_router(tgi.router)
     app.include_router(playground.router)
     app.include_router(health.router)
+    app.include_router(usage.router)
     return app
 
 
 class GatewayServer(uvicorn.Server):
-    """uvicorn's server, ending the gateway's event streams as soon as it starts shutting down.
+    """uvicorn's server, ending the gateway's native event streams as soon as it starts shutting down,
+    and letting OpenAI and TGI answers go on for a grace period.
 
-    uvicorn waits for every open response to finish before it exits, and an event stream
-    lasts as long as its job: ended at once (without a terminal event), its clients
-    reconnect to another gateway with `Last-Event-ID` and miss nothing.
+    uvicorn stops listening, then waits for every open response to finish before it exits. A native
+    event stream lasts as long as its job: ended at once (without a terminal event), its clients
+    reconnect to another gateway with `Last-Event-ID` and miss nothing; waiting long-polls are
+    answered at once too. OpenAI and TGI clients cannot resume: their answers go on for
+    `shutdown_grace_seconds`, then their jobs are cancelled and each answer ends with that, as when
+    a job is cancelled under its client. uvicorn's graceful-shutdown timeout cuts whatever is still
+    open `CANCEL_MARGIN_SECONDS` later.
     """
 
-    def __init__(self, app: FastAPI, settings: Settings) -> None:
-        super().__init__(uvicorn.Config(app, host=settings.host, port=settings.port, log_config=None))
+    def __init__(self, app: FastAPI, settings: GatewaySettings) -> None:
+        grace = settings.shutdown_grace_seconds
+        config = uvicorn.Config(
+            app,
+            host=settings.host,
+            port=settings.port,
+            log_config=None,
+            timeout_graceful_shutdown=math.ceil(grace) + CANCEL_MARGIN_SECONDS,
+        )
+        super().__init__(config)
         self.app = app
+        self.grace_seconds = grace
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         services: Services | None = getattr(self.app.state, "services", None)
         if services is not None:
             services.relay.open_streams.close()
-        await super().shutdown(sockets)
+        open_runs: OpenRuns = self.app.state.open_runs
+        cancelling = asyncio.create_task(open_runs.cancel_after(self.grace_seconds))
+        try:
+            await super().shutdown(sockets)  # returns as soon as every answer has ended
+        finally:
+            cancelling.cancel()
 
 
 def _tune_garbage_collector() -> None:
@@ -106,10 +172,10 @@ def _tune_garbage_collector() -> None:
     gc.set_threshold(GC_YOUNG_THRESHOLD, *gc.get_threshold()[1:])
 
 
-def run(settings: Settings) -> None:
+def run(settings: GatewaySettings) -> None:
     try:
         app = create_app(settings)
-    except AuthNotConfigured as exc:
+    except (AuthNotConfigured, WebhooksMisconfigured) as exc:
         raise SystemExit(f"streampool gateway: {exc}") from None
     _tune_garbage_collector()
     GatewayServer(app, settings).run()

@@ -1,4 +1,6 @@
-"""API keys: who a request comes from, as the owner id its jobs are recorded under.
+"""API keys: who a request comes from, as the owner id its jobs are recorded under, and what each key
+comes with (its tenant, and its webhook's secret and default URL, from a TOML keys file:
+`gateway.keyfile`).
 
 Keys are held only as SHA-256 digests, and a presented key is compared with every one of
 them in constant time, so neither the keys nor which of them matched leak through timing.
@@ -10,15 +12,19 @@ from __future__ import annotations
 import hashlib
 import hmac
 import logging
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Annotated
 
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from shared.config import Settings
+from gateway.keyfile import KeyEntry, read_keys_file
+from gateway.webhooks.signing import KeyWebhook
+from shared.config import GatewaySettings
 from shared.errors import Unauthorized
 from shared.keys import ANONYMOUS_OWNER
+from shared.tenants import DEFAULT_TENANT, Tenant
 
 log = logging.getLogger(__name__)
 
@@ -40,20 +46,33 @@ def owner_id(key: str) -> str:
 
 @dataclass(frozen=True)
 class ApiKeys:
-    """The configured keys as digests; `digests` empty means every caller is anonymous."""
+    """The configured keys as digests; `digests` empty means every caller is anonymous. `webhooks`:
+    by owner id, the keys that have a webhook secret; `tenants`: by owner id, every key's tenant
+    (an anonymous caller has none)."""
 
     digests: tuple[bytes, ...]
+    webhooks: Mapping[str, KeyWebhook] = field(default_factory=dict)
+    tenants: Mapping[str, Tenant] = field(default_factory=dict)
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> ApiKeys:
+    def from_settings(cls, settings: GatewaySettings) -> ApiKeys:
         """The keys of `api_keys` and `api_keys_file`; refuses to run with none unless told to."""
-        keys = [key.strip() for key in settings.api_keys.split(",")]
+        entries = [KeyEntry(key.strip()) for key in settings.api_keys.split(",")]
+        declared = {DEFAULT_TENANT: Tenant(DEFAULT_TENANT)}
         if settings.api_keys_file is not None:
             try:
-                keys += [line.strip() for line in settings.api_keys_file.read_text().splitlines()]
-            except OSError as exc:
+                keys_file = read_keys_file(settings.api_keys_file)
+            except (OSError, ValueError) as exc:
                 raise AuthNotConfigured(f"cannot read api_keys_file {settings.api_keys_file}: {exc}") from exc
-        digests = tuple(dict.fromkeys(_digest(key) for key in keys if key))
+            entries += keys_file.keys
+            declared |= {tenant.name: tenant for tenant in keys_file.tenants}
+        digests = tuple(dict.fromkeys(_digest(entry.key) for entry in entries if entry.key))
+        webhooks = {
+            owner_id(entry.key): KeyWebhook(entry.webhook_secret, entry.webhook_url)
+            for entry in entries
+            if entry.webhook_secret is not None
+        }
+        tenants = {owner_id(entry.key): declared[entry.tenant] for entry in entries if entry.key}
         if digests:
             log.info("API keys required: %d configured", len(digests))
         elif settings.allow_unauthenticated:
@@ -64,7 +83,7 @@ class ApiKeys:
                 "STREAMPOOL_API_KEYS_FILE (one key per line), or set STREAMPOOL_ALLOW_UNAUTHENTICATED=true "
                 "to run without authentication."
             )
-        return cls(digests)
+        return cls(digests, webhooks, tenants)
 
     @property
     def required(self) -> bool:

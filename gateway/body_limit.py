@@ -1,5 +1,7 @@
 """A cap on request bodies (413 `body_too_large`): on the declared Content-Length, and on the bytes read.
 
+It answers before routing, in the error shape of the route the request would go to.
+
 The body is read here, up to the cap, before the route sees it, so that a body sent without a
 length (chunked) is refused as soon as it passes the cap, not after all of it has arrived.
 """
@@ -34,7 +36,7 @@ class BodyLimit:
             return
         declared = Headers(scope=scope).get("content-length", "")
         if declared.isdigit() and int(declared) > self.max_bytes:
-            await error_response(scope["path"], self._too_large())(scope, receive, send)
+            await error_response(scope, self._too_large())(scope, receive, send)
             return
         chunks: list[bytes] = []
         size = 0
@@ -47,7 +49,7 @@ class BodyLimit:
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > self.max_bytes:
-                await error_response(scope["path"], self._too_large())(scope, receive, send)
+                await error_response(scope, self._too_large())(scope, receive, send)
                 return
             chunks.append(chunk)
             if not message.get("more_body", False):

@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Annotated
 
 import redis.asyncio as aioredis
 from fastapi import Depends, Path, Request
 
+from gateway.admission import Admission
 from gateway.auth import Owner
 from gateway.metrics import GatewayMetrics
-from gateway.prompt_limit import PromptLimit
 from gateway.relay import Relay
-from shared.config import Settings
+from gateway.webhooks.deliveries import Deliveries
+from gateway.webhooks.targets import WebhookTargets
+from shared.config import GatewaySettings
+from shared.errors import JobNotFound
 from shared.jobstore import JobStore
 from shared.keys import Keys
 
@@ -21,13 +25,15 @@ from shared.keys import Keys
 class Services:
     """Everything a gateway process shares between requests."""
 
-    settings: Settings
+    settings: GatewaySettings
     keys: Keys
     redis: aioredis.Redis
     store: JobStore
     relay: Relay
     metrics: GatewayMetrics
-    prompt_limit: PromptLimit
+    admission: Admission
+    webhook_targets: WebhookTargets
+    deliveries: Deliveries
 
 
 async def _services(request: Request) -> Services:
@@ -38,10 +44,19 @@ async def _services(request: Request) -> Services:
 
 ServicesDep = Annotated[Services, Depends(_services)]
 
-JobIdPath = Annotated[str, Path(max_length=64, description="job id")]
+JOB_ID = re.compile(r"[0-9a-f]{32}")
+"""The one format of a job id: a uuid4's 32 lowercase hex digits, as `JobStore.submit` makes it.
+
+A job's keys are named after its id (`shared.keys`), so an id of any other form could name another
+key of the layout (`<id>:events` is the job's stream, not its record): it is unknown before Redis
+is asked."""
+
+JobIdPath = Annotated[str, Path(description="job id: 32 lowercase hex digits")]
 
 
 async def _owned_job_id(job_id: JobIdPath, owner: Owner, services: ServicesDep) -> str:
+    if not JOB_ID.fullmatch(job_id):
+        raise JobNotFound(f"no job {job_id}")
     await services.store.check_owner(job_id, owner)
     return job_id
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from operator import itemgetter
 from typing import Any, NamedTuple
 
 from shared.events import TERMINAL_EVENT_TYPES, JobState
@@ -32,3 +33,11 @@ class Entry(NamedTuple):
         if self.type == "status":
             return JobState(json.loads(self.data)["state"])
         return TERMINAL_STATES.get(self.type)
+
+
+_data = itemgetter(2)
+
+
+def entries_bytes(entries: list[Entry]) -> int:
+    """About the bytes the entries hold: their events' JSON, counted without a Python loop."""
+    return sum(map(len, map(_data, entries)))

@@ -1,69 +1,78 @@
-"""The one place where errors become HTTP answers: `{"error": ..., "error_type": ...}`,
-and OpenAI's `{"error": {"message", "type", "param", "code"}}` on the OpenAI-compatible routes."""
+"""The one place where errors become HTTP answers, in the shape of the API a route belongs to.
+
+Streampool's own shape is `{"error": ..., "error_type": ...}`. A router that speaks another
+API's dialect says so with a route class (`ShapedRoute` with its own `error_shape`, passed as
+`route_class=`); the handlers here, and the body limit before routing, find the shape on the
+route a request goes to, never by its path. A path no route matches is answered in streampool's.
+"""
 
 from __future__ import annotations
 
 import logging
 import math
 import re
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, ClassVar
 
 from fastapi import FastAPI, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from fastapi.routing import APIRoute
+from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import Scope
 
-from gateway.compat import openai as openai_compat
-from gateway.compat import tgi as tgi_compat
-from gateway.generation import JobCancelled
+from gateway.routing import route_of
 from shared.errors import (
     BackendUnavailable,
     BodyTooLarge,
     CursorExpired,
+    IdempotencyMismatch,
     InvalidRequest,
     JobNotFound,
+    ModelNotFound,
+    ModelRequired,
     Overloaded,
     PromptTooLong,
+    RateLimited,
     StreampoolError,
     Unauthorized,
+    WebhookRefused,
 )
 from shared.requests import ErrorBody
 
 log = logging.getLogger(__name__)
 
 STATUS_CODES: dict[type[StreampoolError], int] = {
+    WebhookRefused: 400,  # before InvalidRequest, which it is
     InvalidRequest: 422,
+    IdempotencyMismatch: 422,
     Unauthorized: 401,
     JobNotFound: 404,
+    ModelRequired: 400,
+    ModelNotFound: 404,
     CursorExpired: 410,
     PromptTooLong: 413,
     BodyTooLarge: 413,
     Overloaded: 429,
     BackendUnavailable: 503,
 }
-OPENAI_STATUS_CODES: dict[type[StreampoolError], int] = {
-    InvalidRequest: 400,  # OpenAI's status for a bad parameter, where the native API says 422
-    PromptTooLong: 400,  # as vLLM answers it, with the numbers in the message
-    openai_compat.ModelNotFound: 404,
-    JobCancelled: 410,  # cancelled through the native API while its client waited: not worth a retry
-}
-OPENAI_CODES: dict[type[StreampoolError], str] = {
-    PromptTooLong: "context_length_exceeded",
-    Unauthorized: "invalid_api_key",
-}
+HTTP_ERROR_TYPES = {400: "bad_request", 404: "not_found", 405: "method_not_allowed", 500: "internal"}
 RETRY_AFTER_SECONDS = "1"
 FIELD = re.compile(r"\w+")  # a field name or index in an error's `loc`; not a union member's type
 # What each documented status means, for the OpenAPI document.
 MEANINGS = {
-    400: "a body that cannot be parsed; on OpenAI's routes any invalid parameter, or a prompt too long",
+    400: "a body that cannot be parsed, no `model` where several are served, or a webhook that is not "
+    "allowed (webhook_refused); on OpenAI's routes any invalid parameter, or a prompt too long",
     401: "no API key, or an unknown one",
-    404: "no such job, or another key's",
+    404: "no such job, or another key's; or a model that is neither declared nor announced (model_not_found)",
     410: "the cursor is older than what the stream still holds",
     413: "the body is larger than max_body_bytes, or the prompt does not fit the context",
-    422: "invalid request",
-    429: "the queue is full; retry after Retry-After seconds",
-    503: "Redis is unreachable, or no worker is alive",
+    422: "invalid request, or an Idempotency-Key used before with another body (idempotency_mismatch)",
+    429: "the queue is full, Redis's memory past its high-water mark (overloaded), or the key's tenant at "
+    "one of its limits (rate_limited, naming it); retry after Retry-After seconds",
+    503: "Redis is unreachable, or no model is known at all (none declared, no worker ever announced one)",
 }
 
 
@@ -71,51 +80,72 @@ def error_body(message: str, error_type: str, **extra: Any) -> dict[str, Any]:
     return {"error": message, "error_type": error_type, **extra}
 
 
-def _status(exc: StreampoolError, codes: dict[type[StreampoolError], int]) -> int:
+def status_of(exc: StreampoolError, codes: Mapping[type[StreampoolError], int]) -> int:
     return next((code for cls, code in codes.items() if isinstance(exc, cls)), 500)
 
 
-def _headers(status: int) -> dict[str, str] | None:
+def _headers(status: int, exc: StreampoolError) -> dict[str, str] | None:
     if status == 401:
         return {"WWW-Authenticate": "Bearer"}
+    if isinstance(exc, RateLimited):
+        return {"Retry-After": str(exc.retry_after)}
     return {"Retry-After": RETRY_AFTER_SECONDS} if status in (429, 503) else None
 
 
-def error_response(path: str, exc: StreampoolError) -> JSONResponse:
-    """The answer to a failure on `path`: OpenAI's shape on its routes, streampool's elsewhere."""
-    if path in tgi_compat.GENERATION_PATHS and isinstance(exc, PromptTooLong):
-        exc = InvalidRequest(exc.message, **exc.detail)  # TGI checks the input length as validation: 422
-    if path in openai_compat.PATHS:
-        status, body = openai_error(exc)
-    else:
-        status = _status(exc, STATUS_CODES)
-        body = error_body(exc.message, exc.error_type, **jsonable_encoder(exc.detail))
-    return JSONResponse(body, status_code=status, headers=_headers(status))
+class ErrorShape:
+    """How an API writes its errors; this one is streampool's own, which other dialects override."""
+
+    body_model: ClassVar[type[BaseModel]] = ErrorBody
+    status_codes: ClassVar[Mapping[type[StreampoolError], int]] = STATUS_CODES
+
+    def failure(self, exc: StreampoolError) -> tuple[int, dict[str, Any]]:
+        """Status and body of a failure."""
+        status = status_of(exc, self.status_codes)
+        return status, error_body(exc.message, exc.error_type, **jsonable_encoder(exc.detail))
+
+    def invalid(
+        self, message: str, where: str, error_type: str | None, errors: list[Any]
+    ) -> tuple[int, dict[str, Any]]:
+        """Status and body of a request that failed validation: `message` says what is wrong,
+        at the field `where` (empty: the body as a whole), with pydantic's error `error_type`."""
+        return 422, error_body(message, "validation", detail=errors)
+
+    def refusal(self, status: int, message: str) -> dict[str, Any]:
+        """The body of routing's own refusals (404, 405, ...), and of an unexpected failure (500)."""
+        return error_body(message, HTTP_ERROR_TYPES.get(status, "http_error"))
 
 
-def speaks_openai(request: Request) -> bool:
-    """Errors take OpenAI's shape on the OpenAI-compatible routes, and only there."""
-    return request.url.path in openai_compat.PATHS
+NATIVE = ErrorShape()
 
 
-def documented(*statuses: int, openai: bool = False) -> dict[int | str, dict[str, Any]]:
+class ShapedRoute(APIRoute):
+    """A route whose errors take `error_shape`; a router of another dialect subclasses it."""
+
+    error_shape: ClassVar[ErrorShape] = NATIVE
+
+
+def shape_of(scope: Scope) -> ErrorShape:
+    """The error shape of the route a request goes to; streampool's own where no route matches."""
+    shape = getattr(route_of(scope), "error_shape", NATIVE)
+    return shape if isinstance(shape, ErrorShape) else NATIVE
+
+
+def error_response(scope: Scope, exc: StreampoolError) -> JSONResponse:
+    """The answer to a failure, in the shape of the route the request goes to."""
+    status, body = shape_of(scope).failure(exc)
+    return JSONResponse(body, status_code=status, headers=_headers(status, exc))
+
+
+def documented(*statuses: int, shape: ErrorShape = NATIVE) -> dict[int | str, dict[str, Any]]:
     """The `responses` of a route's OpenAPI operation for the errors it may answer with."""
-    model = openai_compat.OpenAIErrorBody if openai else ErrorBody
-    return {status: {"model": model, "description": MEANINGS[status]} for status in statuses}
-
-
-def openai_error(exc: StreampoolError) -> tuple[int, dict[str, Any]]:
-    """Status and OpenAI body of a failure; the body alone also ends a stream that failed."""
-    status = _status(exc, {**STATUS_CODES, **OPENAI_STATUS_CODES})
-    code = exc.detail.get("code") or OPENAI_CODES.get(type(exc), exc.error_type)
-    return status, openai_compat.error_object(status, exc.message, exc.detail.get("param"), code)
+    return {status: {"model": shape.body_model, "description": MEANINGS[status]} for status in statuses}
 
 
 async def _streampool_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, StreampoolError)
     if isinstance(exc, BackendUnavailable):
         log.warning("%s %s: %s", request.method, request.url.path, exc.message)
-    return error_response(request.url.path, exc)
+    return error_response(request.scope, exc)
 
 
 def _encodable(value: Any) -> Any:
@@ -142,32 +172,19 @@ async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
         str(part) for part in first.get("loc", ()) if part != "body" and FIELD.fullmatch(str(part))
     )
     message = f"{where}: {first.get('msg', 'invalid')}" if where else first.get("msg", "invalid request")
-    if speaks_openai(request):
-        param = where if where and first.get("type") != "json_invalid" else None
-        return JSONResponse(
-            openai_compat.error_object(400, message, param, first.get("type")), status_code=400
-        )
-    return JSONResponse(error_body(message, "validation", detail=errors), status_code=422)
+    status, body = shape_of(request.scope).invalid(message, where, first.get("type"), errors)
+    return JSONResponse(body, status_code=status)
 
 
 async def _http_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, StarletteHTTPException)
-    if speaks_openai(request):
-        body = openai_compat.error_object(exc.status_code, str(exc.detail))
-        return JSONResponse(body, status_code=exc.status_code, headers=exc.headers)
-    error_type = {400: "bad_request", 404: "not_found", 405: "method_not_allowed"}.get(
-        exc.status_code, "http_error"
-    )
-    return JSONResponse(
-        error_body(str(exc.detail), error_type), status_code=exc.status_code, headers=exc.headers
-    )
+    body = shape_of(request.scope).refusal(exc.status_code, str(exc.detail))
+    return JSONResponse(body, status_code=exc.status_code, headers=exc.headers)
 
 
 async def _unexpected_error(request: Request, exc: Exception) -> JSONResponse:
     log.exception("%s %s failed", request.method, request.url.path)
-    if speaks_openai(request):
-        return JSONResponse(openai_compat.error_object(500, "internal error"), status_code=500)
-    return JSONResponse(error_body("internal error", "internal"), status_code=500)
+    return JSONResponse(shape_of(request.scope).refusal(500, "internal error"), status_code=500)
 
 
 def install_error_handlers(app: FastAPI) -> None:

@@ -6,6 +6,11 @@ single dedicated connection, so Redis connections do not grow with the number of
 streams. A new subscription wakes the blocked read with CLIENT UNBLOCK so that its
 stream is watched at once.
 
+The hub reads a stream from after its first follower's cursor, and a later follower fills the
+gap from its own cursor by itself; so a follower's cursor must name a point the stream has reached
+(the relay checks a client's against the stream's last id first): one past the end would hide
+every new entry from every follower of the stream.
+
 A follower is woken once per batch of entries, not once per entry, and takes them all
 at once. One that does not keep up is dropped (`lagged`) and catches up from Redis on
 its own, so a slow client costs Redis reads, never unbounded gateway memory. When Redis
@@ -33,7 +38,7 @@ import redis.asyncio as aioredis
 from redis.asyncio.connection import AbstractConnection
 from redis.exceptions import RedisError
 
-from gateway.entries import Entry
+from gateway.entries import Entry, entries_bytes
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +57,9 @@ class Subscription:
 
     stream: str
     started_after: str
+    max_bytes: int  # of entries held while behind, past which the follower catches up by itself
     pending: list[Entry] = field(default_factory=list)
+    pending_bytes: int = 0  # of the batches offered while entries were pending already
     lagged: bool = False
     _waiter: asyncio.Future[None] | None = None
     _deadline: float = 0.0  # when the `wait` in progress times out, by the loop's clock
@@ -60,7 +67,7 @@ class Subscription:
 
     def take(self) -> list[Entry]:
         """Every entry delivered since the last take, oldest first."""
-        pending, self.pending = self.pending, []
+        pending, self.pending, self.pending_bytes = self.pending, [], 0
         return pending
 
     async def wait(self, timeout: float) -> None:
@@ -101,11 +108,18 @@ class Subscription:
             self._timer.cancel()
             self._timer = None
 
-    def offer(self, entries: list[Entry]) -> bool:
-        """Hand new entries over; False (and lagged) when that would overflow the buffer."""
-        if len(self.pending) + len(entries) > SUBSCRIBER_BUFFER:
-            self.lagged = True
-        else:
+    def offer(self, entries: list[Entry], size: int) -> bool:
+        """Hand new entries over; False (and lagged) when that would overflow the buffer.
+
+        `size` (their bytes) is counted only while entries are pending, and the hub measures it only
+        then: a follower that keeps up costs no per-entry work, and one that does not holds at most
+        one read of the hub's and `max_bytes` more.
+        """
+        if self.pending:
+            self.pending_bytes += size
+            if len(self.pending) + len(entries) > SUBSCRIBER_BUFFER or self.pending_bytes > self.max_bytes:
+                self.lagged = True
+        if not self.lagged:
             self.pending += entries
         self.interrupt()
         return not self.lagged
@@ -170,15 +184,16 @@ class StreamHub:
         await self._reader.aclose()
 
     @asynccontextmanager
-    async def subscribe(self, stream: str, cursor: str) -> AsyncIterator[Subscription]:
-        """Entries of `stream` appended after the hub's cursor for it (see `started_after`)."""
+    async def subscribe(self, stream: str, cursor: str, max_bytes: int) -> AsyncIterator[Subscription]:
+        """Entries of `stream` appended after the hub's cursor for it (see `started_after`), up to
+        about `max_bytes` of them waiting to be taken."""
         watched = self._watched.get(stream)
         if watched is None:
             watched = self._watched[stream] = _Watched(_bulk(stream), cursor, _bulk(cursor))
             self._unwatched = True
             if self._reading and (self._waker is None or self._waker.done()):
                 self._waker = asyncio.create_task(self._wake())
-        subscription = Subscription(stream, watched.cursor)
+        subscription = Subscription(stream, watched.cursor, max_bytes)
         watched.subscriptions.add(subscription)
         if self._task is None or self._task.done():
             self._task = asyncio.create_task(self._run())
@@ -270,6 +285,9 @@ class StreamHub:
             # since has a watch of its own, from its own cursor, which this read did not use.
             return
         watched.advance(entries[-1].id)
+        size = -1  # measured for the first follower found behind, if any
         for subscription in list(watched.subscriptions):
-            if not subscription.offer(entries):
+            if subscription.pending and size < 0:
+                size = entries_bytes(entries)
+            if not subscription.offer(entries, size):
                 self._unsubscribe(subscription)

@@ -1,21 +1,26 @@
 """Running a job for a route that answers in another API's shape (OpenAI, TGI).
 
-Such routes go through the same queue, streams and cancel keys as the native API:
-they submit a job, read its events from the start, and cancel it when their client
-goes away before the end.
+Such routes go through the same admission, queue, streams and cancel keys as the native
+API: once their job is admitted, they read its events from the start, and cancel it when
+their client goes away before the end. Their clients cannot resume elsewhere, so a stopping
+gateway lets these runs go on (`OpenRuns`) where it ends native event streams at once.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator
+import math
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator
+from contextlib import aclosing, contextmanager
 from dataclasses import dataclass, field
 
 from fastapi import Request
+from sse_starlette import EventSourceResponse, ServerSentEvent
 
 from gateway.deps import Services
+from gateway.entries import Entry
 from gateway.relay import START
-from shared.errors import EngineError, Overloaded, PromptTooLong, StreampoolError
+from shared.errors import EngineError, JobCancelled, PromptTooLong, StreampoolError
 from shared.events import (
     CancelledEvent,
     DeltaEvent,
@@ -26,14 +31,9 @@ from shared.events import (
     Usage,
     event_adapter,
 )
-from shared.requests import JobRequest
 
 DISCONNECT_POLL_SECONDS = 0.5
 JOB_ID_HEADER = "X-Streampool-Job-Id"  # names the job behind an answer that streams it or waits for it
-
-
-class JobCancelled(StreampoolError):
-    error_type = "cancelled"
 
 
 def error_from_event(event: ErrorEvent) -> StreampoolError:
@@ -52,71 +52,138 @@ def raise_for_failure(event: Event) -> None:
 
 
 @dataclass
-class Result:
-    """A whole generation, for routes that answer once at the end."""
+class Choice:
+    """One choice of a whole generation."""
 
     text: str = ""
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[TokenLogprob] = field(default_factory=list)
     finish_reason: str = "stop"
+
+
+@dataclass
+class Result:
+    """A whole generation, for routes that answer once at the end: its choices (one unless the job
+    asked for `n`), and usage over all of them."""
+
+    choices: list[Choice] = field(default_factory=list)
     usage: Usage = field(default_factory=lambda: Usage(prompt_tokens=0, completion_tokens=0))
+
+    def choice(self, index: int) -> Choice:
+        """The choice `index`, made when its first delta comes."""
+        while len(self.choices) <= index:
+            self.choices.append(Choice())
+        return self.choices[index]
+
+    @property
+    def first(self) -> Choice:
+        """The first choice: all that routes of one choice (TGI's) answer with."""
+        return self.choice(0)
+
+
+class OpenRuns:
+    """The runs a gateway process is answering, so that a stopping gateway can cancel those still
+    going when its grace period ends."""
+
+    def __init__(self) -> None:
+        self._runs: set[JobRun] = set()
+
+    @contextmanager
+    def open(self, run: JobRun) -> Iterator[None]:
+        self._runs.add(run)
+        try:
+            yield
+        finally:
+            self._runs.discard(run)
+
+    async def cancel_after(self, seconds: float) -> None:
+        """Cancel every job still answered once `seconds` have passed. Each answer then ends with its
+        job's `cancelled` event, as for a job cancelled through the native API while its client waits:
+        an error chunk or status, never a silent close."""
+        await asyncio.sleep(seconds)
+        await asyncio.gather(*(run.cancel() for run in list(self._runs) if not run.ended))
 
 
 class JobRun:
     """One submitted job, read from its first event; leaving early cancels it."""
 
-    def __init__(self, services: Services, job_id: str) -> None:
+    def __init__(self, services: Services, job_id: str, request: Request) -> None:
         self.services = services
         self.job_id = job_id
+        self.request = request
         self.ended = False
 
-    @classmethod
-    async def submit(cls, services: Services, request: JobRequest, owner: str) -> JobRun:
-        """Queue the job now, so that refusals (429, 503) still become plain HTTP errors."""
+    async def entries(self) -> AsyncGenerator[Entry, None]:
+        """Every entry of the job's stream up to its terminal one; a client gone before that cancels
+        the job."""
+        open_runs: OpenRuns = self.request.app.state.open_runs
         try:
-            submission = await services.store.submit(request, owner=owner)
-        except Overloaded:
-            services.metrics.jobs_rejected.labels(reason="overloaded").inc()
-            raise
-        services.metrics.jobs_submitted.inc()
-        return cls(services, submission.job_id)
-
-    async def events(self) -> AsyncGenerator[Event, None]:
-        """Every event of the job up to its terminal one; a client gone before that cancels the job."""
-        try:
-            async for entry in self.services.relay.follow(self.job_id, START):
-                if entry.terminal:
-                    self.ended = True
-                yield event_adapter.validate_json(entry.data)
+            with open_runs.open(self):
+                async for entry in self.services.relay.follow(self.job_id, START):
+                    if entry.terminal:
+                        self.ended = True
+                    yield entry
         finally:
             if not self.ended:
                 await asyncio.shield(self.cancel())
+
+    async def events(self) -> AsyncGenerator[Event, None]:
+        """The events of `entries`."""
+        async with aclosing(self.entries()) as entries:
+            async for entry in entries:
+                yield event_adapter.validate_json(entry.data)
 
     async def cancel(self) -> None:
         self.ended = True
         await self.services.store.cancel(self.job_id)
 
-    async def result(self, request: Request) -> Result:
-        """The whole output; raises the job's error, and cancels the job if the client disconnects."""
+    async def result(self) -> Result:
+        """The whole output; raises the job's error, and cancels the job if the client disconnects
+        (or the answer is given up: a gateway past its grace period cuts what is left)."""
         collecting = asyncio.ensure_future(self._collect())
-        while not collecting.done():
-            await asyncio.wait({collecting}, timeout=DISCONNECT_POLL_SECONDS)
-            if not collecting.done() and await request.is_disconnected():
+        try:
+            while not collecting.done():
+                await asyncio.wait({collecting}, timeout=DISCONNECT_POLL_SECONDS)
+                if not collecting.done() and await self.request.is_disconnected():
+                    raise JobCancelled("the client disconnected")
+            return collecting.result()
+        finally:
+            if not collecting.done():
+                # Closes the job's events, which cancels the job (it has not ended); wait for that.
                 collecting.cancel()
-                await asyncio.shield(self.cancel())
-                raise JobCancelled("the client disconnected")
-        return collecting.result()
+                await asyncio.wait({collecting})
 
     async def _collect(self) -> Result:
         result = Result()
-        texts: list[str] = []
+        texts: dict[int, list[str]] = {}
         async for event in self.events():
             if isinstance(event, DeltaEvent):
-                texts.append(event.text)
-                result.token_ids.extend(event.token_ids)
-                result.logprobs.extend(event.logprobs or [])
+                choice = result.choice(event.index)
+                texts.setdefault(event.index, []).append(event.text)
+                choice.token_ids.extend(event.token_ids)
+                choice.logprobs.extend(event.logprobs or [])
             elif isinstance(event, DoneEvent):
-                result.finish_reason, result.usage = event.finish_reason, event.usage
+                result.usage = event.usage
+                for index, reason in enumerate(event.finish_reasons or [event.finish_reason]):
+                    result.choice(index).finish_reason = reason
             raise_for_failure(event)
-        result.text = "".join(texts)
+        for index, parts in texts.items():
+            result.choice(index).text = "".join(parts)
         return result
+
+
+def event_source(
+    run: JobRun, content: AsyncIterator[ServerSentEvent], sep: str | None = None
+) -> EventSourceResponse:
+    """A run's answer as Server-Sent Events, naming its job; `sep` ends the keep-alive comments' lines.
+
+    sse-starlette ends its streams as soon as the server starts to stop; these go on until they end
+    or the gateway's grace period ends (`OpenRuns.cancel_after`), so its own grace is unbounded.
+    """
+    return EventSourceResponse(
+        content,
+        headers={JOB_ID_HEADER: run.job_id},
+        ping=run.services.settings.sse_ping_seconds,
+        sep=sep,
+        shutdown_grace_period=math.inf,
+    )

@@ -6,48 +6,82 @@ import asyncio
 import logging
 import time
 from bisect import bisect_left
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from itertools import accumulate
 
-import redis.asyncio as aioredis
 from prometheus_client import CollectorRegistry, Counter, Gauge
-from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 from redis.exceptions import RedisError
 
 from shared.errors import BackendUnavailable
-from shared.keys import Keys
-from shared.redis_client import redis_errors
 
 log = logging.getLogger(__name__)
 
-REJECT_REASONS = ("overloaded", "prompt_too_long", "body_too_large", "unauthorized")
+REJECT_REASONS = (
+    "overloaded",
+    "rate_limited",
+    "redis_memory",
+    "prompt_too_long",
+    "body_too_large",
+    "unauthorized",
+)
 # From a millisecond (a relay keeping up) to ten seconds (a gateway far behind, or a replay).
 RELAY_LAG_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 # A scrape must answer even while Redis hangs: the queue's figures are left out instead.
 QUEUE_READ_TIMEOUT_SECONDS = 2.0
 
 
+QueueRead = Callable[[], Awaitable[tuple[dict[str, tuple[int, int]], dict[str, str]]]]
+"""Reads each model's (queued, running) job counts, and the tenants' totals (`Keys.tenant_totals`)."""
+
+
 class QueueFigures(Collector):
-    """`streampool_queue_depth` and `streampool_jobs{state}` as last read from Redis; nothing when
-    the last read failed, so that a dashboard shows a gap rather than a stale figure."""
+    """`streampool_queue_depth{model}` and `streampool_jobs{model,state}` as last read from Redis;
+    nothing when the last read failed, so that a dashboard shows a gap rather than a stale figure."""
 
     def __init__(self) -> None:
-        self.queued_and_running: tuple[int, int] | None = None
+        self.by_model: dict[str, tuple[int, int]] | None = None
 
     def collect(self) -> Iterator[Metric]:
-        if self.queued_and_running is None:
+        if self.by_model is None:
             return
-        queued, running = self.queued_and_running
-        yield GaugeMetricFamily("streampool_queue_depth", "Jobs waiting for a worker", value=queued)
+        depth = GaugeMetricFamily(
+            "streampool_queue_depth", "Jobs waiting for a worker, per model", labels=["model"]
+        )
         jobs = GaugeMetricFamily(
             "streampool_jobs",
-            "Jobs per state: queued (waiting), running (held by a worker)",
-            labels=["state"],
+            "Jobs per model and state: queued (waiting), running (as the model's workers' heartbeats "
+            "last said)",
+            labels=["model", "state"],
         )
-        jobs.add_metric(["queued"], queued)
-        jobs.add_metric(["running"], running)
+        for model, (queued, running) in sorted(self.by_model.items()):
+            depth.add_metric([model], queued)
+            jobs.add_metric([model, "queued"], queued)
+            jobs.add_metric([model, "running"], running)
+        yield depth
+        yield jobs
+
+
+class TenantTotals(Collector):
+    """`streampool_tenant_tokens_total` and `streampool_tenant_jobs_ended_total` per tenant, as the
+    lifecycle scripts count them in Redis for every gateway and worker (`Keys.tenant_totals`): the
+    same figures from any gateway; nothing when the last read failed."""
+
+    def __init__(self) -> None:
+        self.totals: dict[str, str] | None = None
+
+    def collect(self) -> Iterator[Metric]:
+        if self.totals is None:
+            return
+        about = "Prompt plus generated tokens of ended jobs, per tenant"
+        tokens = CounterMetricFamily("streampool_tenant_tokens", about, labels=["tenant"])
+        jobs = CounterMetricFamily("streampool_tenant_jobs_ended", "Jobs ended per tenant", labels=["tenant"])
+        for field, value in sorted(self.totals.items()):
+            tenant, _, kind = field.rpartition(":")
+            (tokens if kind == "tokens" else jobs).add_metric([tenant], int(value))
+        yield tokens
         yield jobs
 
 
@@ -96,6 +130,20 @@ class GatewayMetrics:
         )
         for reason in REJECT_REASONS:
             self.jobs_rejected.labels(reason=reason)
+        self.tenant_jobs_submitted = Counter(
+            "streampool_tenant_jobs_submitted_total",
+            "Jobs accepted by this gateway, per tenant (keys never label a metric)",
+            ["tenant"],
+            registry=self.registry,
+        )
+        self.tenant_jobs_rejected = Counter(
+            "streampool_tenant_jobs_rejected_total",
+            "Submissions refused by this gateway for a tenant's limit, per tenant and limit",
+            ["tenant", "limit"],
+            registry=self.registry,
+        )
+        self.tenant_totals = TenantTotals()
+        self.registry.register(self.tenant_totals)
         self.streams_open = Gauge(
             "streampool_sse_streams_open", "SSE streams this gateway is relaying", registry=self.registry
         )
@@ -110,20 +158,23 @@ class GatewayMetrics:
         self.queue = QueueFigures()
         self.registry.register(self.queue)
 
+    def rejected_by_tenant(self, tenant: str, limit: str) -> None:
+        """A submission refused for its tenant's `limit`."""
+        self.jobs_rejected.labels(reason="rate_limited").inc()
+        self.tenant_jobs_rejected.labels(tenant=tenant, limit=limit).inc()
+
     def observe_relay_lag(self, stream_id: str) -> None:
         """The lag of the entry `stream_id` (`<ms>-<seq>`), now that it has been handed over."""
         self.relay_lag.observe(time.time() - int(stream_id.partition("-")[0]) / 1000)
 
-    async def read_queue(self, redis: aioredis.Redis, keys: Keys) -> None:
+    async def read_queue(self, read: QueueRead) -> None:
         """Read the queue's figures for this scrape; a Redis that fails leaves them out (and is logged)."""
         try:
-            with redis_errors():
-                async with redis.pipeline(transaction=False) as pipe:
-                    pipe.zcard(keys.queue)
-                    pipe.scard(keys.running)
-                    queued, running = await asyncio.wait_for(pipe.execute(), QUEUE_READ_TIMEOUT_SECONDS)
+            by_model, totals = await asyncio.wait_for(read(), QUEUE_READ_TIMEOUT_SECONDS)
         except (BackendUnavailable, RedisError, asyncio.TimeoutError) as exc:
             log.warning("metrics: the queue's figures are left out, Redis did not answer: %r", exc)
-            self.queue.queued_and_running = None
+            self.queue.by_model = None
+            self.tenant_totals.totals = None
             return
-        self.queue.queued_and_running = (int(queued), int(running))
+        self.queue.by_model = by_model
+        self.tenant_totals.totals = totals

@@ -1,7 +1,7 @@
 """Refusing a prompt that cannot fit the model's context before any job is made (413).
 
-The count comes from the model card the workers publish; the card is looked at again
-every few seconds (its digest only), so a gateway picks up a new model without a restart.
+The count comes from the card each model's workers publish; a card is looked at again every
+few seconds (its digest only), so a gateway picks up a changed model without a restart.
 Without a card the check is left to the worker, which always makes it too.
 """
 
@@ -12,7 +12,6 @@ import time
 
 import redis.asyncio as aioredis
 
-from gateway.metrics import GatewayMetrics
 from gateway.prompt_tokens import PromptCounter
 from shared.errors import PromptTooLong
 from shared.keys import Keys
@@ -33,43 +32,65 @@ def prompt_too_long(prompt_tokens: int, max_tokens: int, context_length: int) ->
     )
 
 
-class PromptLimit:
-    """One gateway's view of the served model's context, and the check against it."""
+class _Card:
+    """What one gateway last read of one model's card."""
 
-    def __init__(self, redis: aioredis.Redis, keys: Keys, metrics: GatewayMetrics) -> None:
+    def __init__(self) -> None:
+        self.counter: PromptCounter | None = None
+        self.looked_at = -float("inf")
+        self.lock = asyncio.Lock()
+
+    def fresh(self) -> bool:
+        return time.monotonic() - self.looked_at < CARD_REFRESH_SECONDS
+
+
+class PromptLimit:
+    """One gateway's view of each model's context, and the check against it."""
+
+    def __init__(self, redis: aioredis.Redis, keys: Keys) -> None:
         self.redis = redis
         self.keys = keys
-        self.metrics = metrics
-        self._counter: PromptCounter | None = None
-        self._looked_at = -float("inf")
-        self._lock = asyncio.Lock()
+        self._cards: dict[str, _Card] = {}
 
-    async def counter(self) -> PromptCounter | None:
-        """The counter of the current card, re-read only when its digest changed."""
-        if time.monotonic() - self._looked_at < CARD_REFRESH_SECONDS:
-            return self._counter
-        async with self._lock:
-            if time.monotonic() - self._looked_at >= CARD_REFRESH_SECONDS:
-                digest = await model_card_digest(self.redis, self.keys)
+    async def counter(self, model: str) -> PromptCounter | None:
+        """The counter of the model's current card, re-read only when its digest changed."""
+        card = self._cards.setdefault(model, _Card())
+        if card.fresh():
+            return card.counter
+        async with card.lock:
+            if not card.fresh():
+                digest = await model_card_digest(self.redis, self.keys, model)
                 if digest is None:
-                    self._counter = None
-                elif self._counter is None or self._counter.digest != digest:
-                    card = await read_model_card(self.redis, self.keys)
+                    card.counter = None
+                elif card.counter is None or card.counter.digest != digest:
+                    published = await read_model_card(self.redis, self.keys, model)
                     # Parsing megabytes of tokenizer takes a while: off the event loop.
-                    self._counter = None if card is None else await asyncio.to_thread(PromptCounter, card)
-                self._looked_at = time.monotonic()
-        return self._counter
+                    card.counter = (
+                        None if published is None else await asyncio.to_thread(PromptCounter, published)
+                    )
+                card.looked_at = time.monotonic()
+        return card.counter
 
-    async def check(self, request: JobRequest) -> None:
-        """`PromptTooLong`, with the numbers, when prompt plus `max_tokens` exceed the context."""
-        counter = await self.counter()
+    async def count(self, request: JobRequest, model: str) -> int | None:
+        """The prompt's tokens as the model's workers will count them; None without a card to count with."""
+        counter = await self.counter(model)
+        return None if counter is None else await count_prompt(counter, request)
+
+    async def check(self, request: JobRequest, model: str) -> None:
+        """`PromptTooLong`, with the numbers, when prompt plus `max_tokens` exceed the model's context."""
+        counter = await self.counter(model)
         if counter is None:
             return
-        if request.quick_to_tokenize:
-            prompt_tokens = counter.count(request)
-        else:
-            prompt_tokens = await asyncio.to_thread(counter.count, request)
+        prompt_tokens = await count_prompt(counter, request)
         context = counter.card.max_model_len
+        if prompt_tokens is not None:
+            prompt_tokens = request.kept_prompt_tokens(prompt_tokens, context)
         if prompt_tokens is not None and prompt_tokens + request.max_tokens > context:
-            self.metrics.jobs_rejected.labels(reason="prompt_too_long").inc()
             raise prompt_too_long(prompt_tokens, request.max_tokens, context)
+
+
+async def count_prompt(counter: PromptCounter, request: JobRequest) -> int | None:
+    """`counter.count`, off the event loop unless the prompt is quick to tokenize."""
+    if request.quick_to_tokenize:
+        return counter.count(request)
+    return await asyncio.to_thread(counter.count, request)

@@ -19,7 +19,7 @@ from tokenizers import Tokenizer
 
 from shared.errors import InvalidRequest
 from shared.model_card import ModelCard
-from shared.requests import JobRequest
+from shared.requests import ChatMessage, JobRequest
 
 
 class _Generation(Extension):
@@ -74,15 +74,39 @@ class PromptCounter:
 
     def render_chat(self, request: JobRequest) -> str | None:
         """The chat as the model sees it; None without a chat template (the worker will refuse it)."""
-        if self._template is None or request.messages is None:
+        if request.messages is None:
             return None
-        messages = [message.model_dump() for message in request.messages]
+        return self.render_messages(request.messages)
+
+    def render_messages(self, messages: list[ChatMessage], add_generation_prompt: bool = True) -> str | None:
+        """Messages through the model's chat template; None when it has none."""
+        if self._template is None:
+            return None
         try:
             return self._template.render(
-                messages=messages, add_generation_prompt=True, **self.card.special_tokens
+                messages=[message.model_dump() for message in messages],
+                add_generation_prompt=add_generation_prompt,
+                **self.card.special_tokens,
             )
         except (jinja2.TemplateError, TypeError, ValueError) as exc:
             raise InvalidRequest(f"messages: the model's chat template refuses them: {exc}") from exc
+
+    def encode(self, text: str, add_special_tokens: bool) -> list[int]:
+        return list(self._tokenizer.encode(text, add_special_tokens=add_special_tokens).ids)
+
+    def token_strings(self, token_ids: list[int]) -> list[str]:
+        """Each token's own string, as transformers' `convert_ids_to_tokens`; "" for an unknown id."""
+        return [self._tokenizer.id_to_token(token_id) or "" for token_id in token_ids]
+
+    def decode(self, token_ids: list[int]) -> str:
+        """The text of `token_ids`, special tokens kept, as vLLM's `/detokenize` decodes them."""
+        vocabulary = self._tokenizer.get_vocab_size(with_added_tokens=True)
+        unknown = next((token_id for token_id in token_ids if token_id >= vocabulary), None)
+        if unknown is not None:
+            raise InvalidRequest(
+                f"tokens: {unknown} is not a token id of this model (it has {vocabulary})", param="tokens"
+            )
+        return str(self._tokenizer.decode(token_ids, skip_special_tokens=False))
 
     def count(self, request: JobRequest) -> int | None:
         """How many tokens the prompt is; None when it cannot be known here."""

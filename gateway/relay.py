@@ -10,24 +10,28 @@ the same way.
 from __future__ import annotations
 
 import re
-from collections.abc import AsyncGenerator, AsyncIterator
-from contextlib import aclosing
+from collections import Counter
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator
+from contextlib import aclosing, contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import redis.asyncio as aioredis
 
-from gateway.entries import Entry
+from gateway.entries import Entry, entries_bytes
 from gateway.fanout import StreamHub, Subscription
-from gateway.sse import OpenStreams
-from shared.errors import BackendUnavailable, CursorExpired, InvalidRequest, JobNotFound
+from shared.config import GatewaySettings
+from shared.errors import BackendUnavailable, CursorExpired, InvalidRequest, JobNotFound, Overloaded
 from shared.events import JobState
-from shared.keys import Keys
+from shared.keys import ANONYMOUS_OWNER, Keys
 from shared.redis_client import redis_errors
 
 CURSOR = re.compile(r"[0-9]{1,20}(-[0-9]{1,20})?")
 MAX_ID_PART = 2**64 - 1
 START = "0-0"
-READ_BATCH = 512
+READ_BATCH = 512  # most entries one catch-up read asks for
+FIRST_READ = 16  # a follow's first catch-up read, before the size of its stream's entries is known
+DEFAULT_BATCH_BYTES: int = GatewaySettings.model_fields["reader_batch_bytes"].default
 IDLE_SECONDS = 5.0  # how long a silent follow waits before checking its job still exists
 
 
@@ -63,6 +67,75 @@ def _through_terminal(entries: list[Entry]) -> list[Entry]:
     return entries
 
 
+def _batch_count(entries: list[Entry], batch_bytes: int) -> int:
+    """How many entries like these make about `batch_bytes`: the next catch-up read's count."""
+    return max(1, min(READ_BATCH, batch_bytes * len(entries) // max(1, entries_bytes(entries))))
+
+
+@dataclass(frozen=True)
+class StreamLimits:
+    """How many streams one gateway process serves at once, in all and per API key, and how many
+    bytes of events one of them holds."""
+
+    most: int
+    most_per_owner: int
+    batch_bytes: int
+
+    @classmethod
+    def of(cls, settings: GatewaySettings) -> StreamLimits:
+        return cls(settings.max_open_streams, settings.max_open_streams_per_key, settings.reader_batch_bytes)
+
+
+class OpenStreams:
+    """The follows a gateway process is serving (event streams, and polls waiting), so that shutting
+    down can end them all, and how many each owner holds, so that none holds more than its share."""
+
+    def __init__(self) -> None:
+        self._followings: set[Following] = set()
+        self._held = 0
+        self._held_by: Counter[str] = Counter()
+
+    def __len__(self) -> int:
+        return len(self._followings)
+
+    def hold(self, owner: str, limits: StreamLimits) -> None:
+        """Count one more stream of `owner` from now until its follow is closed (`open`), or
+        `let_go`; `Overloaded` (429) when the gateway, or the owner's API key, is at its limit.
+        Where no key is required every client is the one anonymous owner: the total bounds them."""
+        if self._held >= limits.most:
+            raise Overloaded(
+                f"this gateway serves {limits.most} streams, its limit; retry, or through another"
+            )
+        if owner != ANONYMOUS_OWNER and self._held_by[owner] >= limits.most_per_owner:
+            raise Overloaded(
+                f"this API key has {limits.most_per_owner} streams open on this gateway, its limit"
+            )
+        self._held += 1
+        self._held_by[owner] += 1
+
+    def let_go(self, owner: str) -> None:
+        self._held -= 1
+        self._held_by[owner] -= 1
+        if not self._held_by[owner]:
+            del self._held_by[owner]
+
+    @contextmanager
+    def open(self, following: Following) -> Iterator[None]:
+        """While a follow runs; its hold (if it has one) ends with it."""
+        self._followings.add(following)
+        try:
+            yield
+        finally:
+            self._followings.discard(following)
+            if following.held_by is not None:
+                self.let_go(following.held_by)
+
+    def close(self) -> None:
+        """End every stream now (without a terminal event: its clients reconnect from their cursor)."""
+        for following in self._followings:
+            following.stop()
+
+
 class Relay:
     """Reads job streams for clients: one page, or a follow to the terminal event."""
 
@@ -72,8 +145,18 @@ class Relay:
         self.hub = hub
         self.open_streams = OpenStreams()
 
-    async def check(self, job_id: str, cursor: str) -> JobState:
-        """The job's state; 404 for an unknown job, 410 for a cursor older than what is kept."""
+    async def check(self, job_id: str, cursor: str) -> tuple[JobState, bool]:
+        """The job's state, and whether `cursor` is at or past the stream's last entry (nothing
+        left to read now); 404 for an unknown job, 410 for a cursor older than what is kept, 422
+        for a cursor past the end of a running job's stream.
+
+        A cursor past the end names no event this job has sent: relayed to the hub, whose one
+        read of a stream starts after its first follower's cursor, it would hide every new entry
+        from every other follower of the job. A finished job has nothing after its terminal event,
+        so there such a cursor is simply at the end. The status is read before the stream: the script
+        that ends a job writes both, so a job read as ended has its terminal event in what follows.
+        (Not in MULTI: a Redis out of memory refuses every command queued in one, reads included.)
+        """
         with redis_errors():
             async with self.redis.pipeline(transaction=False) as pipe:
                 pipe.hget(self.keys.job(job_id), "status")
@@ -86,7 +169,24 @@ class Relay:
                 f"events after {cursor} are no longer all kept; the oldest kept is {info['first-entry'][0]}",
                 oldest=info["first-entry"][0],
             )
-        return JobState(status)
+        state, last = JobState(status), _id_tuple(info["last-generated-id"])
+        if _id_tuple(cursor) > last and not state.terminal:
+            raise InvalidRequest(
+                f"cursor {cursor} is past the job's last event {info['last-generated-id']}: "
+                "resume from the id of an event this job sent"
+            )
+        return state, _id_tuple(cursor) >= last
+
+    async def open(self, job_id: str, cursor: str, owner: str, limits: StreamLimits) -> Following:
+        """A follow of the job from a client's cursor, checked first (see `check`) and counted among
+        the owner's streams (see `OpenStreams.hold`); one already at the end of a finished job ends
+        at once."""
+        state, at_end = await self.check(job_id, cursor)
+        self.open_streams.hold(owner, limits)
+        following = self.follow(job_id, cursor, limits.batch_bytes, held_by=owner)
+        if state.terminal and at_end:
+            following.stop()
+        return following
 
     async def read(self, job_id: str, cursor: str, count: int) -> list[Entry]:
         """Up to `count` entries after `cursor`, without waiting."""
@@ -97,30 +197,35 @@ class Relay:
         return [Entry(entry_id, fields["type"], fields["data"]) for entry_id, fields in reply[0][1]]
 
     async def page(
-        self, job_id: str, cursor: str, limit: int, wait: float
+        self, job_id: str, cursor: str, limit: int, wait: float, owner: str, limits: StreamLimits
     ) -> tuple[list[Entry], JobState, bool]:
         """Up to `limit` entries after `cursor` (waiting up to `wait` s for one), the state, and done.
 
         The state is read before the entries: a job already ended has its terminal event
-        in the stream, so an empty read past it means the client has seen everything.
+        in the stream, so an empty read past it means the client has seen everything. A cursor
+        at the stream's end skips the read: a poll at the tip waits at once.
         """
-        state = await self.check(job_id, cursor)
-        entries = await self.read(job_id, cursor, limit)
+        state, at_end = await self.check(job_id, cursor)
+        entries = [] if at_end else await self.read(job_id, cursor, limit)
         if not entries and wait > 0 and not state.terminal:
-            entries = (await self._first_batch(job_id, cursor, wait))[:limit]
+            entries = (await self._first_batch(job_id, cursor, wait, owner, limits))[:limit]
         done = any(entry.terminal for entry in entries) or (state.terminal and not entries)
         for entry in entries:
             state = entry.state or state
         return entries, state, done
 
-    async def _first_batch(self, job_id: str, cursor: str, wait: float) -> list[Entry]:
+    async def _first_batch(
+        self, job_id: str, cursor: str, wait: float, owner: str, limits: StreamLimits
+    ) -> list[Entry]:
         """The entries after `cursor` as soon as there are any, or none after `wait` s.
 
         A poll waits as a follow does, on the hub's one reader, so that waiting polls hold no
         Redis connection each; and among the open streams, so that a gateway shutting down
-        answers it at once (the client polls again, elsewhere, from the same cursor).
+        answers it at once (the client polls again, elsewhere, from the same cursor). A waiting
+        poll counts as an open stream.
         """
-        following = self.follow(job_id, cursor)
+        self.open_streams.hold(owner, limits)
+        following = self.follow(job_id, cursor, limits.batch_bytes, held_by=owner)
         with self.open_streams.open(following):
             async with aclosing(following.batches(wait)) as batches:
                 async for batch in batches:
@@ -139,9 +244,15 @@ class Relay:
             raise JobNotFound(f"no job {job_id}")
         return JobState(status).terminal and not await self.read(job_id, cursor, 1)
 
-    def follow(self, job_id: str, cursor: str) -> Following:
-        """Every entry after `cursor`, as it is appended, up to and including the terminal event."""
-        return Following(self, job_id, cursor)
+    def follow(
+        self, job_id: str, cursor: str, batch_bytes: int = DEFAULT_BATCH_BYTES, held_by: str | None = None
+    ) -> Following:
+        """Every entry after `cursor`, as it is appended, up to and including the terminal event,
+        about `batch_bytes` at most at a time; `held_by` is the owner whose stream it counts as.
+
+        `cursor` is the start, or one `check` has let through (`open` does both): the hub must
+        never be asked to watch a stream from past its end."""
+        return Following(self, job_id, cursor, batch_bytes, held_by)
 
 
 class Following:
@@ -149,10 +260,12 @@ class Following:
     gives as many as have arrived together. A cursor already at or past the terminal event
     ends the follow at once; `stop` ends it early (the client left, or the gateway stops)."""
 
-    def __init__(self, relay: Relay, job_id: str, cursor: str) -> None:
+    def __init__(self, relay: Relay, job_id: str, cursor: str, batch_bytes: int, held_by: str | None) -> None:
         self.relay = relay
         self.job_id = job_id
         self.cursor = cursor
+        self.batch_bytes = batch_bytes
+        self.held_by = held_by
         self.stopped = False
         self._subscription: Subscription | None = None
 
@@ -182,7 +295,7 @@ class Following:
                         return
             if self.stopped:
                 return
-            async with relay.hub.subscribe(stream, self.cursor) as subscription:
+            async with relay.hub.subscribe(stream, self.cursor, self.batch_bytes) as subscription:
                 self._subscription = subscription
                 try:
                     async with aclosing(self._live(subscription, idle_seconds)) as live:
@@ -199,15 +312,19 @@ class Following:
                     return  # stopped, or the job ended while idle and this follow has everything
 
     async def _catch_up(self) -> AsyncGenerator[list[Entry], None]:
-        """What the stream already holds after the cursor, with plain (non-blocking) reads."""
-        cursor = self.cursor
+        """What the stream already holds after the cursor, with plain (non-blocking) reads of about
+        `batch_bytes` each: each read's count follows the size of the entries the last one brought
+        (a delta with 20 logprobs a token is ten times a plain one), so that a reader that cannot
+        keep up holds a bounded number of bytes, not of entries."""
+        cursor, count = self.cursor, FIRST_READ
         while not self.stopped:
-            entries = await self.relay.read(self.job_id, cursor, READ_BATCH)
+            entries = await self.relay.read(self.job_id, cursor, count)
             if entries:
                 yield entries
                 cursor = entries[-1].id
-            if len(entries) < READ_BATCH:
+            if len(entries) < count:
                 return
+            count = _batch_count(entries, self.batch_bytes)
 
     async def _live(
         self, subscription: Subscription, idle_seconds: float

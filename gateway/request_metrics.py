@@ -6,24 +6,17 @@ make a series per job; a path no route matches counts as `other`.
 
 from __future__ import annotations
 
-from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.metrics import GatewayMetrics
+from gateway.routing import route_of
 
 OTHER = "other"
 
 
 def route_template(scope: Scope) -> str:
     """The template of the route that answered, or would have had the request got that far."""
-    route = scope.get("route")
-    if route is None:  # answered before routing (a body over the limit), or no route matches
-        app = scope.get("app")
-        routes = app.routes if app is not None else []
-        route = next(
-            (candidate for candidate in routes if candidate.matches(scope)[0] is not Match.NONE), None
-        )
-    return str(getattr(route, "path", OTHER))
+    return str(getattr(route_of(scope), "path", OTHER))
 
 
 class RequestMetrics:

@@ -9,7 +9,7 @@ made relay lag grow far past its target. `EventStream` keeps what sse-starlette 
 client - the same frames (`frame` is checked against sse-starlette's encoder in the
 tests), the same headers, a keep-alive comment after each `ping_seconds` of silence, the
 stream ended as soon as the client disconnects - and sends every entry that arrived
-together in one write. Shutting the gateway down ends every stream (`OpenStreams`), so
+together in one write. Shutting the gateway down ends every stream (the relay's `OpenStreams`), so
 that clients reconnect elsewhere with `Last-Event-ID` instead of holding the shutdown.
 """
 
@@ -18,21 +18,17 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-from collections.abc import Iterator
-from contextlib import aclosing, contextmanager
+from contextlib import aclosing
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING
 
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from gateway.entries import Entry
 from gateway.metrics import GatewayMetrics
+from gateway.relay import Following
 from gateway.server_send import server_send
 from shared.errors import StreampoolError
-
-if TYPE_CHECKING:
-    from gateway.relay import Following
 
 SEPARATOR = "\r\n"  # sse-starlette's default line separator
 LINE_BREAK = re.compile(r"\r\n|\r|\n")
@@ -80,30 +76,6 @@ def error_frame(exc: StreampoolError) -> bytes:
     return frame(json.dumps(body), "error")
 
 
-class OpenStreams:
-    """The follows a gateway process is serving (event streams, and polls waiting), so that shutting
-    down can end them all."""
-
-    def __init__(self) -> None:
-        self._followings: set[Following] = set()
-
-    def __len__(self) -> int:
-        return len(self._followings)
-
-    @contextmanager
-    def open(self, following: Following) -> Iterator[None]:
-        self._followings.add(following)
-        try:
-            yield
-        finally:
-            self._followings.discard(following)
-
-    def close(self) -> None:
-        """End every stream now (without a terminal event: its clients reconnect from their cursor)."""
-        for following in self._followings:
-            following.stop()
-
-
 class EventStream(Response):
     """SSE of one job stream from a cursor to its terminal event (see the module's docstring)."""
 
@@ -124,23 +96,27 @@ class EventStream(Response):
         self.init_headers(HEADERS | (headers or {}))
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
-        send = server_send(scope, send)
-        if scope["method"] == "HEAD":
-            await send(END)
-            return
-        listening = asyncio.create_task(self._stop_on_disconnect(receive))
-        # The writes run in a task of their own: woken once per batch, a task resumes every frame
-        # it is suspended in, and here that would be the dozen of the ASGI stack above this one.
-        writing = asyncio.create_task(self._write(send))
-        self.metrics.streams_open.inc()
-        try:
-            with self.following.relay.open_streams.open(self.following):
+        # Open from the first byte: the follow's place among the open streams is given back
+        # however the response ends, a client gone before its head included.
+        with self.following.relay.open_streams.open(self.following):
+            await send(
+                {"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers}
+            )
+            send = server_send(scope, send)
+            if scope["method"] == "HEAD":
+                await send(END)
+                return
+            listening = asyncio.create_task(self._stop_on_disconnect(receive))
+            # The writes run in a task of their own: woken once per batch, a task resumes every frame
+            # it is suspended in, and here that would be the dozen of the ASGI stack above this one.
+            writing = asyncio.create_task(self._write(send))
+            self.metrics.streams_open.inc()
+            try:
                 await writing
-        finally:
-            self.metrics.streams_open.dec()
-            writing.cancel()
-            listening.cancel()
+            finally:
+                self.metrics.streams_open.dec()
+                writing.cancel()
+                listening.cancel()
         await send(END)
 
     async def _write(self, send: Send) -> None:
@@ -158,9 +134,3 @@ class EventStream(Response):
         while (await receive())["type"] != "http.disconnect":
             pass
         self.following.stop()
-
-
-def event_stream(
-    following: Following, metrics: GatewayMetrics, ping_seconds: float, headers: dict[str, str] | None = None
-) -> EventStream:
-    return EventStream(following, metrics, ping_seconds, headers)

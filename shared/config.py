@@ -1,26 +1,68 @@
-"""Settings read from `STREAMPOOL_*` variables or flags: the servers' knobs, and the client commands' URL."""
+"""Settings read from `STREAMPOOL_*` variables or flags, one class per role.
+
+`RedisSettings` is what every process that touches job keys needs; `GatewaySettings` and
+`WorkerSettings` add their own role's knobs to it, and `Settings` composes both for what
+runs the whole system (`streampool up`, the tests, the benchmark). `ClientSettings` is the
+client commands' own. Each is built once at start-up and passed down; nothing else reads
+the environment.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import BeforeValidator, Field, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from shared.redis_url import is_sentinel, parse_sentinel_url
 
 DEFAULT_MODEL_DIR = Path.home() / ".cache" / "streampool" / "models" / "SmolLM2-135M-Instruct"
 
 
+def _comma_separated(value: object) -> object:
+    """A list from a variable's comma-separated text; a list (repeated flags) as it is."""
+    if isinstance(value, str):
+        return [part.strip() for part in value.split(",") if part.strip()]
+    return value
+
+
+Names = Annotated[list[str], NoDecode, BeforeValidator(_comma_separated)]
+"""A list setting: comma-separated in its variable, a repeated flag on the command line."""
+
 Dtype = Literal["auto", "half", "float16", "bfloat16", "float", "float32"]
 
+ENV = SettingsConfigDict(env_prefix="STREAMPOOL_", extra="forbid")
 
-class Settings(BaseSettings):
-    """Built once at start-up and passed down; nothing else reads the environment."""
 
-    model_config = SettingsConfigDict(env_prefix="STREAMPOOL_", extra="forbid")
+class RedisSettings(BaseSettings):
+    """Where the jobs live and how long their keys last: the same for every gateway and worker."""
 
-    # Redis
-    redis_url: str = Field("redis://127.0.0.1:6379/0", description="Redis holding queue, records and streams")
+    model_config = ENV
+
+    redis_url: str = Field(
+        "redis://127.0.0.1:6379/0",
+        description="Redis holding queue, records and streams: redis://, rediss://, or "
+        "redis+sentinel://[:password@]host:port[,host:port...]/master_name[/db] to find the master "
+        "through Sentinels",
+    )
+    redis_sentinel_password: str | None = Field(
+        None, description="password of the Sentinels themselves (the master's goes in the URL)"
+    )
+    # Every acknowledged write (a 202 to a submission, a cancel, a job's terminal event) is one a
+    # failover keeps only if a replica has it: Redis's WAIT, in the same round trip as the write.
+    min_replicas_to_ack: int | None = Field(
+        None,
+        ge=0,
+        description="replicas that must hold a submission, a cancel or a job's end before it is "
+        "acknowledged (WAIT); default: 1 while the master has a connected replica, 0 while it has none",
+    )
+    replica_ack_timeout_ms: int = Field(
+        1000,
+        ge=1,
+        description="how long an acknowledgement waits for its replicas; short of them, the request "
+        "answers 503 (a submission's job may exist: retry with the same Idempotency-Key)",
+    )
     key_prefix: str = Field("streampool", description="prefix of every key streampool writes")
     retention_seconds: int = Field(3600, ge=1, description="how long a finished job stays readable")
     stream_maxlen: int = Field(100_000, ge=100, description="approximate cap on entries per job stream")
@@ -29,30 +71,141 @@ class Settings(BaseSettings):
         ge=1,
         description="most connections a gateway or worker opens for its commands (plus a gateway's reader)",
     )
+    # A job's keys are written by the gateway and must outlive any run of it on a worker.
+    job_timeout_seconds: int = Field(3600, ge=1, description="longest a job may run")
+    log_level: str = Field("INFO", description="logging level")
 
-    # Gateway
+    @field_validator("redis_url")
+    @classmethod
+    def _check_sentinel_url(cls, url: str) -> str:
+        if is_sentinel(url):
+            parse_sentinel_url(url)  # a malformed one is refused at start-up, saying the form
+        return url
+
+    @property
+    def job_lifetime_seconds(self) -> int:
+        """TTL of a job's keys before it ends, so that even an abandoned job cannot live forever."""
+        return self.job_timeout_seconds * 2 + self.retention_seconds
+
+
+class GatewaySettings(RedisSettings):
+    """The HTTP gateway's knobs, with Redis's."""
+
     host: str = Field("0.0.0.0", description="gateway listen address")
     port: int = Field(8000, ge=1, le=65535, description="gateway listen port")
     max_queued_jobs: int = Field(
         10_000, ge=0, description="queue length past which submissions get 429 (0: no limit)"
     )
     max_tokens_limit: int = Field(2048, ge=1, description="highest max_tokens a request may ask for")
+    max_choices: int = Field(8, ge=1, description="highest n (choices of one prompt) a request may ask for")
+    redis_memory_high_water: float = Field(
+        0.9,
+        gt=0,
+        le=1,
+        description="share of Redis's maxmemory past which submissions get 429 (running jobs keep "
+        "streaming into the rest); no effect on a Redis without maxmemory",
+    )
     poll_wait_max: float = Field(30.0, ge=0, description="longest a long-poll request may wait, seconds")
     sse_ping_seconds: float = Field(15.0, gt=0, description="keep-alive comment interval on idle SSE streams")
     max_body_bytes: int = Field(1_048_576, ge=1024, description="largest request body accepted, bytes")
+    # An open stream costs the gateway a socket and a few KB while it keeps up: 10,000 stays within
+    # a process's usual 65,536 file descriptors and is five times the most one process relays live
+    # (2,000 streams at 10 events/s, bench/RESULTS.md); a tenth of that per key lets no one key fill it.
+    max_open_streams: int = Field(
+        10_000, ge=1, description="SSE streams and waiting long-polls one gateway serves at once; past it 429"
+    )
+    max_open_streams_per_key: int = Field(
+        1_000, ge=1, description="of those, most for one API key (where keys are required); past it 429"
+    )
+    # A plain delta entry is about 150 bytes, so 256 KiB still reads the relay's full batches of 512;
+    # one with `logprobs: 20` is about 1.5 KB a token, and a batch of those stops near this size.
+    reader_batch_bytes: int = Field(
+        262_144,
+        ge=4096,
+        description="bytes of events one reader holds in the gateway at a time, about: a catch-up read's "
+        "batch, and how far the shared reader may run ahead before the reader catches up by itself",
+    )
+    shutdown_grace_seconds: float = Field(
+        30.0,
+        ge=0,
+        description="how long a stopping gateway lets OpenAI and TGI answers go on (their clients cannot "
+        "resume elsewhere) before it cancels their jobs; native event streams end at once",
+    )
 
-    # Authentication (gateway)
+    # Models
+    models: Names = Field(
+        [],
+        description="models jobs may name before any worker of them has run (a worker announces its own "
+        "model; its jobs then queue until one starts), comma-separated canonical names",
+    )
+    default_model: str | None = Field(
+        None,
+        description="the model of a request that names none (native jobs, TGI's routes); without it such a "
+        "request is refused with 400 once the prefix knows more than one model",
+    )
+
+    # Authentication
     api_keys: str = Field("", description="API keys clients send as `Authorization: Bearer`, comma-separated")
-    api_keys_file: Path | None = Field(None, description="file of API keys, one per line")
+    api_keys_file: Path | None = Field(
+        None,
+        description="file of API keys: one per line, or a `.toml` file of `[[keys]]` tables (`key`, and "
+        "optionally the key's `webhook_secret` and default `webhook_url`)",
+    )
     allow_unauthenticated: bool = Field(
         False, description="run the gateway without API keys (every client may use every job)"
     )
 
-    # Worker
+    # Webhooks
+    webhook_allowed_prefixes: Annotated[list[str], NoDecode] = Field(
+        [],
+        description="URL prefixes a webhook may start with, comma-separated (e.g. "
+        "`https://hooks.example.com/`); none: no job may name a webhook",
+    )
+    webhook_timeout_seconds: float = Field(
+        10.0, gt=0, description="longest one webhook delivery attempt may take (connect, send, answer)"
+    )
+    webhook_first_retry_seconds: float = Field(
+        1.0, gt=0, description="wait before the first retry of a webhook; each next one waits twice as long"
+    )
+    webhook_max_retry_gap_seconds: float = Field(
+        600.0, gt=0, description="longest wait between two attempts of a webhook"
+    )
+    webhook_retry_for_seconds: float = Field(
+        86_400.0, gt=0, description="how long after its job's end a webhook is retried before it is given up"
+    )
+    webhook_takeover_seconds: float = Field(
+        30.0,
+        gt=0,
+        description="a webhook its gateway has not touched this long (the gateway is gone) is taken over by "
+        "another gateway",
+    )
+    webhook_max_in_flight: int = Field(
+        256, ge=1, description="webhooks one gateway holds at once (sending, or waiting to retry)"
+    )
+
+    @field_validator("webhook_allowed_prefixes", mode="before")
+    @classmethod
+    def _comma_separated(cls, value: object) -> object:
+        """A flag or variable gives one string; a list is taken as it is."""
+        if isinstance(value, str):
+            return [part.strip() for part in value.split(",") if part.strip()]
+        return value
+
+
+class WorkerSettings(RedisSettings):
+    """A worker's knobs (its engine, its queue intake, its recovery), with Redis's."""
+
     model: Path = Field(DEFAULT_MODEL_DIR, description="model folder the worker serves")
     served_model_name: str | None = Field(
-        None, description="model id shown to clients (default: folder name)"
+        None,
+        description="the model's names, comma-separated: the first names its queue, the others are aliases "
+        "(default: the folder's name)",
     )
+    lora: Names = Field(
+        [],
+        description="a LoRA adapter of the model to serve, as name=path (repeat the flag, or comma-separate)",
+    )
+    max_lora_rank: int = Field(16, ge=1, description="highest rank of the LoRA adapters the engine takes")
     max_model_len: int = Field(2048, ge=16, description="context length: prompt plus generated tokens")
     dtype: Dtype = Field(
         "auto", description="weights dtype passed to vLLM; auto is float32 on an x86 CPU without AVX-512"
@@ -71,14 +224,18 @@ class Settings(BaseSettings):
         description="seconds between queue polls of an idle worker; a wake-up message on every enqueue "
         "makes it poll at once, so this only bounds how late a missed wake-up is made good",
     )
-    job_timeout_seconds: int = Field(3600, ge=1, description="longest a job may run")
     heartbeat_seconds: float = Field(2.0, gt=0, description="interval of worker heartbeats")
     heartbeat_ttl_seconds: float = Field(10.0, gt=0, description="a worker silent this long counts as gone")
     metrics_port: int = Field(
-        9100, ge=1, le=65535, description="worker port for /health and Prometheus /metrics (on 0.0.0.0)"
+        9100, ge=1, le=65535, description="worker port for /health and Prometheus /metrics"
+    )
+    metrics_host: str = Field(
+        "127.0.0.1",
+        description="address of the worker's /health and /metrics server; 0.0.0.0 where probes or "
+        "Prometheus reach it from outside (a container)",
     )
 
-    # Recovery (worker)
+    # Recovery
     lease_seconds: float = Field(
         6.0, gt=0, description="a running job's lease, renewed by heartbeats; once lapsed, others resume it"
     )
@@ -87,22 +244,44 @@ class Settings(BaseSettings):
         30.0, ge=0, description="how long a stopping worker lets running jobs finish before handing them over"
     )
 
-    log_level: str = Field("INFO", description="logging level")
+    @field_validator("lora")
+    @classmethod
+    def _name_equals_path(cls, entries: list[str]) -> list[str]:
+        names = [entry.partition("=")[0].strip() for entry in entries]
+        if any(
+            "=" not in entry or not name or ":" in name for entry, name in zip(entries, names, strict=True)
+        ):
+            raise ValueError("each adapter is name=path, its name without ':'")
+        if len(set(names)) != len(names):
+            raise ValueError("two adapters have the same name")
+        return entries
+
+    @property
+    def model_names(self) -> list[str]:
+        """The model's names: the canonical one (its queue's) first, then its aliases."""
+        names = [name.strip() for name in (self.served_model_name or "").split(",") if name.strip()]
+        return list(dict.fromkeys(names)) or [self.model.name]
 
     @property
     def model_name(self) -> str:
-        return self.served_model_name or self.model.name
+        """The model's canonical name, which names its queue."""
+        return self.model_names[0]
 
     @property
-    def job_lifetime_seconds(self) -> int:
-        """TTL of a job's keys before it ends, so that even an abandoned job cannot live forever."""
-        return self.job_timeout_seconds * 2 + self.retention_seconds
+    def adapters(self) -> dict[str, Path]:
+        """The LoRA adapters to serve, by name."""
+        pairs = [entry.partition("=") for entry in self.lora]
+        return {name.strip(): Path(path.strip()) for name, _, path in pairs}
+
+
+class Settings(GatewaySettings, WorkerSettings):
+    """Both roles' settings, for what runs a whole system in one go (`streampool up`, tests, benchmark)."""
 
 
 class ClientSettings(BaseSettings):
     """The client commands' settings (submit, follow, status, cancel): where the gateway answers."""
 
-    model_config = SettingsConfigDict(env_prefix="STREAMPOOL_", extra="forbid")
+    model_config = ENV
 
     url: str = Field("http://127.0.0.1:8000", description="gateway the client commands talk to")
     api_key: str | None = Field(None, description="API key sent as `Authorization: Bearer`")

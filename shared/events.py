@@ -57,18 +57,34 @@ class StatusEvent(BaseModel):
     attempt: int | None = None  # on `running` events: which run of the job (1 first) starts
 
 
+def _zero(value: int) -> bool:
+    return value == 0
+
+
+def _none(value: object) -> bool:
+    return value is None
+
+
 class DeltaEvent(BaseModel):
+    """New tokens of one choice; `index` (a job's choice, 0 to n-1) is left out for the first, so
+    that a job of one choice streams as it always has."""
+
     type: Literal["delta"] = "delta"
     seq: int
+    index: int = Field(0, exclude_if=_zero)
     text: str
     token_ids: list[int]
     logprobs: list[TokenLogprob] | None = None
 
 
 class DoneEvent(BaseModel):
+    """The end of a job; usage counts the prompt once and the tokens of every choice, as vLLM's.
+    With n > 1, `finish_reasons` holds each choice's, `finish_reason` the first one's."""
+
     type: Literal["done"] = "done"
     seq: int
     finish_reason: str
+    finish_reasons: list[str] | None = Field(None, exclude_if=_none)
     usage: Usage
 
 
@@ -95,7 +111,8 @@ TERMINAL_EVENT_TYPES = frozenset({"done", "cancelled", "error"})
 
 @dataclass(frozen=True)
 class Progress:
-    """What a job's stream holds so far: the seq its next event takes and the tokens already emitted.
+    """What a job's stream holds so far: the seq its next event takes and the tokens already emitted
+    (of its first choice: the job's output).
 
     A worker that resumes another's job continues from here, so the stream stays one sequence.
     """
@@ -109,7 +126,7 @@ class Progress:
         next_seq, token_ids, texts = 0, [], []
         for event in events:
             next_seq = event.seq + 1
-            if isinstance(event, DeltaEvent):
+            if isinstance(event, DeltaEvent) and event.index == 0:
                 token_ids.extend(event.token_ids)
                 texts.append(event.text)
         return cls(next_seq, token_ids, "".join(texts))

@@ -5,27 +5,51 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 
-from arq.constants import in_progress_key_prefix, job_key_prefix, retry_key_prefix
+from shared.queue import in_progress_key, job_key, retry_key
 
 ANONYMOUS_OWNER = "anonymous"
 """The owner of jobs submitted where no API key is asked for (an owner id is never this word)."""
 
 
 @dataclass(frozen=True)
-class Keys:
-    """Key names for one deployment; arq's job keys keep arq's own prefix."""
+class ModelKeys:
+    """Every key about one model, under `<prefix>:model:<name>`: its queue and what serves it. A
+    new per-model key (a tenant's share of the queue, say) is named here too, from the same root."""
 
-    prefix: str
+    root: str
 
     @property
     def queue(self) -> str:
-        """arq's sorted set of queued and running jobs."""
-        return f"{self.prefix}:queue"
+        """arq's sorted set of the model's queued jobs (a started job leaves it), scored by submission ms."""
+        return f"{self.root}:queue"
 
     @property
-    def queue_wakeup(self) -> str:
-        """Pub/sub channel: a job id each time one is put on the queue, so idle workers take it at once."""
-        return f"{self.prefix}:queue:wakeup"
+    def wakeup(self) -> str:
+        """Pub/sub channel: a job id each time one is put on the model's queue, so that its idle
+        workers take it at once."""
+        return f"{self.root}:queue:wakeup"
+
+    @property
+    def card(self) -> str:
+        """Hash (`digest`, `card`): the model's tokenizer and context, for gateways to count prompt tokens."""
+        return f"{self.root}:card"
+
+
+@dataclass(frozen=True)
+class Keys:
+    """Key names for one deployment; arq's job keys keep arq's own prefix (named in `shared.queue`)."""
+
+    prefix: str
+
+    def model(self, name: str) -> ModelKeys:
+        """The keys of the model `name` (its canonical name): its queue, wake-ups and card."""
+        return ModelKeys(f"{self.prefix}:model:{name}")
+
+    @property
+    def models(self) -> str:
+        """Hash: canonical model name -> its registry entry (JSON, `shared.models.ModelEntry`), written
+        by the workers' heartbeats; a model stays known after its last worker is gone."""
+        return f"{self.prefix}:models"
 
     def job(self, job_id: str) -> str:
         """Hash: the job record."""
@@ -38,6 +62,18 @@ class Keys:
     def cancel(self, job_id: str) -> str:
         """String: present once a cancel of the running job was asked for."""
         return f"{self.prefix}:job:{job_id}:cancel"
+
+    def webhook(self, job_id: str) -> str:
+        """Hash: the delivery record of the job's webhook (attempts, last answer, when delivered), written
+        when the job ends, updated by the sender; it outlives its last change by the retention period."""
+        return f"{self.prefix}:job:{job_id}:webhook"
+
+    @property
+    def webhooks(self) -> str:
+        """Stream: one entry per ended job with a webhook, read by the gateways' senders through a
+        consumer group; an entry is deleted once delivered or given up, so the stream holds only the
+        deliveries under way."""
+        return f"{self.prefix}:webhooks"
 
     def lease(self, job_id: str) -> str:
         """String with a TTL: the id of the worker running the job, renewed by its heartbeat."""
@@ -52,6 +88,40 @@ class Keys:
         """String: job id one owner submitted under an `Idempotency-Key` (hashed, so any value fits)."""
         return f"{self.prefix}:idempotency:{owner}:{hashlib.sha256(key.encode()).hexdigest()}"
 
+    def tenant_queued(self, tenant: str) -> str:
+        """Sorted set: ids of the tenant's queued jobs, scored by when each one's record expires (ms)."""
+        return f"{self.prefix}:tenant:{tenant}:queued"
+
+    def tenant_running(self, tenant: str) -> str:
+        """Set: ids of the tenant's running jobs (a handed-back job's record says running: it counts)."""
+        return f"{self.prefix}:tenant:{tenant}:running"
+
+    def tenant_requests(self, tenant: str) -> str:
+        """Sorted set with a TTL: ids of the tenant's jobs admitted in the last minute, by when (ms)."""
+        return f"{self.prefix}:tenant:{tenant}:requests"
+
+    def tenant_tokens(self, tenant: str) -> str:
+        """Sorted set with a TTL: `<job id>:<tokens>` of the tenant's jobs ended in the last minute,
+        scored by when (ms); tokens are the usage's prompt plus generated tokens."""
+        return f"{self.prefix}:tenant:{tenant}:tokens"
+
+    @property
+    def tenant_totals(self) -> str:
+        """Hash: `<tenant>:tokens` and `<tenant>:jobs` ended since it began, for the metrics (one
+        field pair per tenant: bounded by the tenants file)."""
+        return f"{self.prefix}:tenants:totals"
+
+    def tenant_record_fields(self, tenant: str) -> dict[str, str]:
+        """What a job's record keeps of its tenant: the name, and the keys of its counters, which the
+        lifecycle scripts that move the job read from the record (`tenant.lua`)."""
+        return {
+            "tenant": tenant,
+            "tenant_queued": self.tenant_queued(tenant),
+            "tenant_running": self.tenant_running(tenant),
+            "tenant_tokens": self.tenant_tokens(tenant),
+            "tenant_totals": self.tenant_totals,
+        }
+
     def worker(self, worker_id: str) -> str:
         """String with a TTL: a worker's heartbeat."""
         return f"{self.prefix}:worker:{worker_id}"
@@ -61,9 +131,10 @@ class Keys:
         return f"{self.prefix}:worker:*"
 
     @property
-    def model_card(self) -> str:
-        """Hash (`digest`, `card`): what the workers serve, for gateways to count prompt tokens."""
-        return f"{self.prefix}:model-card"
+    def workers(self) -> str:
+        """Sorted set: the ids of workers that sent a heartbeat, scored by when it expires (epoch ms),
+        so that the live ones are read in O(workers) instead of by scanning the keyspace."""
+        return f"{self.prefix}:workers"
 
     def client_name(self, role: str) -> str:
         """CLIENT SETNAME of a process's command connections: `gateway`, or `worker:<id>`."""
@@ -86,14 +157,14 @@ class Keys:
     @staticmethod
     def arq_job(job_id: str) -> str:
         """arq's serialized job, written at submission so that enqueueing costs no extra round trip."""
-        return job_key_prefix + job_id
+        return job_key(job_id)
 
     @staticmethod
     def arq_in_progress(job_id: str) -> str:
         """arq's marker of a job some worker has picked up; it keeps other workers from picking it too."""
-        return in_progress_key_prefix + job_id
+        return in_progress_key(job_id)
 
     @staticmethod
     def arq_retry(job_id: str) -> str:
         """arq's count of a job's tries."""
-        return retry_key_prefix + job_id
+        return retry_key(job_id)

@@ -1,7 +1,8 @@
 """The model card: what a gateway needs to count prompt tokens as the workers will, without torch.
 
-Workers publish it at start-up; gateways read it (checking its digest first, so the whole card,
-megabytes of tokenizer, is only read again when it changed).
+Each model has its own (`ModelKeys.card`): its workers publish it at start-up; gateways read it
+(checking its digest first, so the whole card, megabytes of tokenizer, is only read again when it
+changed).
 """
 
 from __future__ import annotations
@@ -16,9 +17,9 @@ from shared.redis_client import redis_errors
 
 
 class ModelCard(BaseModel):
-    """The served model's context length, tokenizer and chat template."""
+    """A model's context length, tokenizer and chat template."""
 
-    model: str
+    model: str  # the canonical name
     max_model_len: int
     tokenizer_json: str  # the `tokenizers` serialization of the worker's own tokenizer
     chat_template: str | None
@@ -31,17 +32,19 @@ class ModelCard(BaseModel):
 
 async def publish_model_card(redis: aioredis.Redis, keys: Keys, card: ModelCard) -> None:
     with redis_errors():
-        await redis.hset(keys.model_card, mapping={"digest": card.digest, "card": card.model_dump_json()})  # type: ignore[misc]
+        await redis.hset(
+            keys.model(card.model).card, mapping={"digest": card.digest, "card": card.model_dump_json()}
+        )  # type: ignore[misc]
 
 
-async def model_card_digest(redis: aioredis.Redis, keys: Keys) -> str | None:
-    """The digest of the published card; None when no worker has published one."""
+async def model_card_digest(redis: aioredis.Redis, keys: Keys, model: str) -> str | None:
+    """The digest of the model's published card; None when no worker of it has published one."""
     with redis_errors():
-        digest: str | None = await redis.hget(keys.model_card, "digest")  # type: ignore[misc]
+        digest: str | None = await redis.hget(keys.model(model).card, "digest")  # type: ignore[misc]
     return digest
 
 
-async def read_model_card(redis: aioredis.Redis, keys: Keys) -> ModelCard | None:
+async def read_model_card(redis: aioredis.Redis, keys: Keys, model: str) -> ModelCard | None:
     with redis_errors():
-        card = await redis.hget(keys.model_card, "card")  # type: ignore[misc]
+        card = await redis.hget(keys.model(model).card, "card")  # type: ignore[misc]
     return None if card is None else ModelCard.model_validate_json(card)

@@ -1,69 +1,139 @@
-"""Connecting to Redis, the boundary where redis-py errors become streampool errors, and deleting a
-key prefix's keys."""
+"""Connecting to Redis, and the boundary where redis-py errors become streampool errors.
+
+Every connection streampool makes comes from a pool made here, to a plain Redis URL or through
+Sentinels (`shared.redis_url`). Either way a server that answers READONLY is no master any more (a
+failover demoted it, or a managed Redis's endpoint moved): the connection is dropped, so that the
+next one finds the master anew (asks the Sentinels, or resolves the endpoint's name again), and
+the command fails as any command does while Redis fails over: `BackendUnavailable`.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
-import redis
 import redis.asyncio as aioredis
+from redis.asyncio.connection import Connection
+from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import OutOfMemoryError, ReadOnlyError, RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from shared.errors import BackendUnavailable
-from shared.keys import Keys
+from shared.redis_url import is_sentinel, parse_sentinel_url
 
 POOL_WAIT_SECONDS = 10
+# A Sentinel that does not answer within this is skipped for the next one: a dead one costs a
+# master lookup this long at most, a live one answers in a round trip.
+SENTINEL_TIMEOUT_SECONDS = 1.0
 
 
-def connect(url: str, name: str, max_connections: int) -> aioredis.Redis:
+class FailoverConnection(Connection):
+    """A connection to a plain URL that drops itself on READONLY, so that the next one is made to
+    whatever the URL names now (a managed Redis moves its endpoint to the new master on failover).
+    redis-py's Sentinel connections do the same by themselves."""
+
+    async def read_response(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return await super().read_response(*args, **kwargs)
+        except ReadOnlyError:
+            await self.disconnect()
+            raise
+
+
+class BlockingSentinelPool(SentinelConnectionPool, aioredis.BlockingConnectionPool):
+    """redis-py's Sentinel pool (each new connection asks the Sentinels for the master), bounded
+    and waiting for a free connection as the plain pool does; it closes its Sentinel clients with
+    its connections."""
+
+    async def disconnect(self, inuse_connections: bool = True) -> None:
+        await super().disconnect(inuse_connections)
+        if inuse_connections:  # the pool closes; a master change disconnects only idle connections
+            for sentinel in self.sentinel_manager.sentinels:
+                await sentinel.aclose()
+
+
+def connection_pool(
+    url: str,
+    name: str,
+    max_connections: int,
+    *,
+    sentinel_password: str | None = None,
+    decode_responses: bool = True,
+) -> aioredis.ConnectionPool:
+    """At most `max_connections` connections to the master `url` names (a plain or a Sentinel
+    URL), named `name` in CLIENT LIST; a command waits `POOL_WAIT_SECONDS` for a free one."""
+    options: dict[str, Any] = {
+        "max_connections": max_connections,
+        "timeout": POOL_WAIT_SECONDS,
+        "decode_responses": decode_responses,
+        "health_check_interval": 30,
+        "client_name": name,
+    }
+    if not is_sentinel(url):
+        return aioredis.BlockingConnectionPool.from_url(url, connection_class=FailoverConnection, **options)
+    target = parse_sentinel_url(url)
+    sentinels = Sentinel(  # type: ignore[no-untyped-call]
+        target.sentinels,
+        sentinel_kwargs={
+            "password": sentinel_password,
+            "socket_timeout": SENTINEL_TIMEOUT_SECONDS,
+            "socket_connect_timeout": SENTINEL_TIMEOUT_SECONDS,
+        },
+    )
+    return BlockingSentinelPool(  # type: ignore[no-untyped-call]
+        target.master,
+        sentinels,
+        db=target.db,
+        username=target.username,
+        password=target.password,
+        **options,
+    )
+
+
+def connect(
+    url: str, name: str, max_connections: int, *, sentinel_password: str | None = None
+) -> aioredis.Redis:
     """A client whose commands share at most `max_connections` connections, named `name` in CLIENT LIST.
 
     A burst of concurrent commands (a thousand SSE clients connecting at once) waits for a free
     connection instead of opening one apiece, so a process's connections to Redis stay bounded
     whatever its load; a command that waits `POOL_WAIT_SECONDS` in vain fails as Redis unreachable.
-    Connections are made lazily and re-made after an outage; the client answers `str`.
+    Connections are made lazily and re-made after an outage or a failover; the client answers `str`.
     """
-    pool = aioredis.BlockingConnectionPool.from_url(
-        url,
-        max_connections=max_connections,
-        timeout=POOL_WAIT_SECONDS,
-        decode_responses=True,
-        health_check_interval=30,
-        client_name=name,
-    )
+    pool = connection_pool(url, name, max_connections, sentinel_password=sentinel_password)
     client: aioredis.Redis = aioredis.Redis.from_pool(pool)
     return client
 
 
-def connect_reader(url: str, name: str) -> aioredis.Redis:
+def connect_reader(url: str, name: str, *, sentinel_password: str | None = None) -> aioredis.Redis:
     """A client of one connection of its own, for a long blocking reader, named `name` in CLIENT LIST."""
-    client: aioredis.Redis = aioredis.Redis.from_url(
-        url, decode_responses=True, health_check_interval=30, single_connection_client=True, client_name=name
-    )
-    return client
+    return connect(url, name, 1, sentinel_password=sentinel_password)
+
+
+def backend_error(exc: RedisError | OSError) -> BackendUnavailable:
+    """What a Redis failure means to streampool: always `BackendUnavailable` (503 with Retry-After at
+    the gateway; on a worker, hand the job back or try again), with a message that says which.
+
+    Out of memory (`maxmemory` with `noeviction`) and read-only (a replica, after a failover) pass
+    once Redis has room or a master again. Any other refusal (a WRONGTYPE, an ACL) is a fault of
+    the deployment or of streampool, never of the request, and no client input can cause one (job
+    ids and cursors are checked before they reach Redis): it too is a backend that cannot serve.
+    """
+    if isinstance(exc, RedisConnectionError | RedisTimeoutError | OSError):
+        return BackendUnavailable(f"Redis is unreachable: {exc}")
+    if isinstance(exc, OutOfMemoryError):
+        return BackendUnavailable(f"Redis is out of memory: {exc}")
+    if isinstance(exc, ReadOnlyError):
+        return BackendUnavailable(f"Redis is read-only (a replica; is a failover under way?): {exc}")
+    return BackendUnavailable(f"Redis refused the command: {exc}")
 
 
 @contextmanager
 def redis_errors() -> Iterator[None]:
-    """Turn an unreachable Redis into `BackendUnavailable` (503 at the gateway)."""
+    """The boundary where every redis-py error (and a socket's) becomes `BackendUnavailable`."""
     try:
         yield
-    except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
-        raise BackendUnavailable(f"Redis is unreachable: {exc}") from exc
-
-
-def delete_prefix(url: str, prefix: str) -> int:
-    """Delete every key under `prefix`, and arq's job keys (arq keeps its own prefix) of the prefix's
-    jobs; answers how many. Synchronous, so that teardowns inside another running event loop can call it.
-    """
-    client = redis.Redis.from_url(url, decode_responses=True)
-    try:
-        names = list(client.scan_iter(match=f"{prefix}:*", count=1000))
-        names += Keys(prefix).arq_jobs_among(names)
-        for start in range(0, len(names), 1000):
-            client.delete(*names[start : start + 1000])
-    finally:
-        client.close()
-    return len(names)
+    except (RedisError, OSError) as exc:
+        raise backend_error(exc) from exc

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import json
 from datetime import datetime
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     AfterValidator,
@@ -11,24 +12,31 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    ValidationInfo,
     field_serializer,
+    field_validator,
     model_validator,
 )
 
 from shared.events import JobState, Usage
 
 MAX_PROMPT_CHARS = 1_000_000
+MAX_MODEL_NAME_CHARS = 256
 MAX_MESSAGES = 1024
 MAX_STOP_STRINGS = 16
 MAX_STOP_CHARS = 256
+MAX_STOP_TOKEN_IDS = 64
+MAX_LOGIT_BIAS_ENTRIES = 300  # OpenAI's own limit
+MAX_GRAMMAR_CHARS = 65_536
+MAX_CHOICES_OF_OUTPUT = 256
+MAX_TOKEN_ID = 2**31 - 1  # vLLM checks the model's vocabulary, which no model comes near to this
 QUICK_TO_TOKENIZE_CHARS = 2_000
 """A prompt this short is tokenized on the event loop (well under a millisecond): a thread hop costs more."""
 
 
 def _plain_text(value: str) -> str:
-    """Text that tokenizers, templates and Redis all take as it is."""
-    if "\x00" in value:
-        raise ValueError("must not contain NUL characters")
+    """Text that tokenizers, templates and Redis all take as it is. NUL is text like any other
+    character (vLLM takes it, and its benchmark's random prompts hold it at some seeds)."""
     if not value.isascii():
         try:
             value.encode()
@@ -38,9 +46,12 @@ def _plain_text(value: str) -> str:
 
 
 Text = Annotated[str, AfterValidator(_plain_text)]
-"""A string that holds no NUL and no lone surrogate (which JSON's `\\ud800` escapes can make)."""
+"""A string that holds no lone surrogate (which JSON's `\\ud800` escapes can make)."""
 
 StopString = Annotated[Text, Field(min_length=1, max_length=MAX_STOP_CHARS)]
+TokenId = Annotated[int, Field(ge=0, le=MAX_TOKEN_ID)]
+TokenIdKey = Annotated[str, Field(pattern=r"^(0|[1-9][0-9]{0,9})$")]
+"""A token id as a JSON object key: OpenAI's `logit_bias` keys are strings of digits."""
 
 
 class ChatMessage(BaseModel):
@@ -50,20 +61,90 @@ class ChatMessage(BaseModel):
     content: Text = Field(max_length=MAX_PROMPT_CHARS)
 
 
+class StructuredOutputs(BaseModel):
+    """vLLM's `structured_outputs`: exactly one constraint the output must satisfy."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, serialize_by_alias=True)
+
+    json_: dict[str, Any] | Text | None = Field(
+        None, alias="json", description="a JSON schema (an object, or its JSON text)"
+    )
+    regex: Text | None = Field(None, min_length=1, max_length=MAX_GRAMMAR_CHARS)
+    choice: list[Annotated[Text, Field(max_length=MAX_STOP_CHARS)]] | None = Field(
+        None, min_length=1, max_length=MAX_CHOICES_OF_OUTPUT
+    )
+    grammar: Text | None = Field(None, min_length=1, max_length=MAX_GRAMMAR_CHARS)
+    json_object: bool | None = None
+    disable_any_whitespace: bool = False
+    disable_additional_properties: bool = False
+    whitespace_pattern: Text | None = Field(None, max_length=MAX_STOP_CHARS)
+
+    @field_validator("json_")
+    @classmethod
+    def _small_schema(cls, schema: dict[str, Any] | str | None) -> dict[str, Any] | str | None:
+        text = schema if isinstance(schema, str | None) else json.dumps(schema)
+        if text is not None and len(text) > MAX_GRAMMAR_CHARS:
+            raise ValueError(f"must be at most {MAX_GRAMMAR_CHARS} characters of JSON")
+        return schema
+
+    @model_validator(mode="after")
+    def _one_constraint(self) -> StructuredOutputs:
+        given = [name for name in CONSTRAINTS if getattr(self, name) not in (None, False)]
+        if len(given) != 1:
+            raise ValueError("give exactly one of 'json', 'regex', 'choice', 'grammar' or 'json_object'")
+        return self
+
+
+CONSTRAINTS = ("json_", "regex", "choice", "grammar", "json_object")
+
+
+GREEDY_BELOW = 1e-5
+"""A temperature under this is greedy sampling, as vLLM counts it."""
+
+
 class JobRequest(BaseModel):
     """What to generate and how; either `prompt` or `messages` (rendered with the chat template)."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
+    model: Text | None = Field(
+        None,
+        min_length=1,
+        max_length=MAX_MODEL_NAME_CHARS,
+        description="a model's name or alias, an adapter's name, or model:adapter; required where the "
+        "gateway knows several models and sets no default_model",
+    )
     prompt: Text | None = Field(None, min_length=1, max_length=MAX_PROMPT_CHARS)
     messages: list[ChatMessage] | None = Field(None, min_length=1, max_length=MAX_MESSAGES)
     max_tokens: int = Field(256, ge=1, le=1_000_000)
     temperature: float = Field(1.0, ge=0.0, le=2.0)
+    n: int = Field(1, ge=1, le=64, description="choices to generate from the prompt; at most max_choices")
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     top_k: int | None = Field(None, ge=1, le=100_000)
     seed: int | None = Field(None, ge=0, le=2**63 - 1)
     stop: StopString | Annotated[list[StopString], Field(max_length=MAX_STOP_STRINGS)] | None = Field(
         None, description="strings that end generation"
+    )
+    stop_token_ids: list[TokenId] = Field(
+        [], max_length=MAX_STOP_TOKEN_IDS, description="tokens that end generation"
+    )
+    include_stop_str_in_output: bool = False
+    ignore_eos: bool = Field(False, description="go on past the end-of-sequence token up to max_tokens")
+    min_tokens: int = Field(
+        0, ge=0, le=1_000_000, description="tokens before an end or stop may end generation"
+    )
+    min_p: float = Field(0.0, ge=0.0, le=1.0)
+    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    repetition_penalty: float = Field(1.0, gt=0.0, le=100.0, allow_inf_nan=False)
+    logit_bias: dict[TokenIdKey, Annotated[float, Field(ge=-100.0, le=100.0)]] | None = Field(
+        None, max_length=MAX_LOGIT_BIAS_ENTRIES, description="token id (a string) -> bias added to its logit"
+    )
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    structured_outputs: StructuredOutputs | None = None
+    truncate_prompt_tokens: int | None = Field(
+        None, ge=-1, le=1_000_000, description="keep only the prompt's last tokens; -1: as many as fit"
     )
     stream_step: int = Field(1, ge=1, le=1024, description="tokens per delta event")
     logprobs: int | None = Field(None, ge=0, le=20, description="alternatives to report per token")
@@ -75,6 +156,21 @@ class JobRequest(BaseModel):
     def _deadline_as_unix_seconds(self, deadline: datetime | None) -> float | None:
         """Unix seconds, which the job store's start script compares with its clock."""
         return None if deadline is None else deadline.timestamp()
+
+    @field_validator("n")
+    @classmethod
+    def _one_when_greedy(cls, n: int, info: ValidationInfo) -> int:
+        """As vLLM: greedy choices would all be the same one (checked after `temperature`)."""
+        if n > 1 and info.data.get("temperature", 1.0) < GREEDY_BELOW:
+            raise ValueError("must be 1 when sampling greedily (temperature 0)")
+        return n
+
+    @field_validator("min_tokens")
+    @classmethod
+    def _at_most_max_tokens(cls, min_tokens: int, info: ValidationInfo) -> int:
+        if min_tokens > info.data.get("max_tokens", min_tokens):
+            raise ValueError("must not exceed max_tokens")
+        return min_tokens
 
     @model_validator(mode="after")
     def _one_input(self) -> JobRequest:
@@ -88,11 +184,38 @@ class JobRequest(BaseModel):
         chars = len(self.prompt or "") + sum(len(message.content) for message in self.messages or [])
         return chars <= QUICK_TO_TOKENIZE_CHARS
 
+    def kept_prompt_tokens(self, prompt_tokens: int, max_model_len: int) -> int:
+        """How many of the prompt's tokens the engine sees: `truncate_prompt_tokens` keeps the last
+        ones, as vLLM does (-1: as many as the context holds with `max_tokens`)."""
+        if self.truncate_prompt_tokens is None:
+            return prompt_tokens
+        keep = self.truncate_prompt_tokens
+        if keep == -1:
+            keep = max(max_model_len - self.max_tokens, 0)
+        return min(prompt_tokens, keep)
+
     @property
     def stop_strings(self) -> list[str]:
         if self.stop is None:
             return []
         return [self.stop] if isinstance(self.stop, str) else list(self.stop)
+
+
+MAX_URL_CHARS = 2048
+
+
+class JobSubmission(JobRequest):
+    """`POST /v1/jobs`'s body: the job, and where to announce its end. The webhook is no part of the
+    job: neither the request the worker reads nor the idempotency digest holds it (`exclude`)."""
+
+    webhook: Text | None = Field(
+        None,
+        exclude=True,
+        min_length=1,
+        max_length=MAX_URL_CHARS,
+        description="URL POSTed to once the job ends (signed; see the README's Webhooks); default: the "
+        "API key's own. Must be under one of the gateway's webhook_allowed_prefixes.",
+    )
 
 
 class ErrorBody(BaseModel):
@@ -129,7 +252,11 @@ class JobRecord(BaseModel):
 
     id: str
     status: JobState
-    model: str | None = None
+    model: str | None = Field(None, description="the canonical name of the job's model, whose queue it is on")
+    adapter: str | None = Field(None, description="the LoRA adapter of that model the job runs with")
+    waiting: str | None = Field(
+        None, description="what a queued job waits for, when no worker of its model is live"
+    )
     worker: str | None = None
     created_at: datetime
     started_at: datetime | None = None

@@ -1,4 +1,15 @@
-"""Worker heartbeats: what a live worker says about itself, and how the gateway reads them."""
+"""Worker heartbeats: what a live worker says about itself, and how the gateway reads them.
+
+A heartbeat is a key with a TTL per worker (its `WorkerInfo`), and the worker's id in one
+sorted set scored by when that heartbeat expires. Readers go through the sorted set, so that
+finding the live workers costs a few commands whatever else the database holds: the keyspace
+is never scanned (a SCAN walks every key, a round trip per thousand). The key's TTL, kept by
+Redis's own clock, says whether a worker lives; the set's scores, by the workers' clocks, only
+let writers drop the members of workers that vanished without saying so.
+
+Each heartbeat also writes its model's entry to the model registry (`shared.models`), in the same
+round trip: a model stays known, its names and adapters with it, after its last worker is gone.
+"""
 
 from __future__ import annotations
 
@@ -6,13 +17,17 @@ import redis.asyncio as aioredis
 from pydantic import BaseModel
 
 from shared.keys import Keys
+from shared.models import ModelEntry
 from shared.redis_client import redis_errors
 
 
 class WorkerInfo(BaseModel):
     worker_id: str
-    model: str
+    model: str  # the canonical name, which names the model's queue
+    aliases: list[str] = []  # its other served names
+    adapters: list[str] = []  # the LoRA adapters of it this worker serves
     max_model_len: int
+    dtype: str | None = None  # the dtype the engine runs in; None from a worker that predates it
     running_jobs: int
     engine_requests: int
     started_at: float
@@ -20,12 +35,55 @@ class WorkerInfo(BaseModel):
     host: str
     pid: int
 
+    def model_entry(self) -> ModelEntry:
+        """What the model registry keeps of this worker's model."""
+        return ModelEntry(
+            name=self.model,
+            aliases=self.aliases,
+            adapters=self.adapters,
+            max_model_len=self.max_model_len,
+            last_seen=self.heartbeat_at,
+        )
+
+
+async def announce(redis: aioredis.Redis, keys: Keys, info: WorkerInfo, ttl_ms: int) -> None:
+    """Say that a worker lives for `ttl_ms` more, in one round trip.
+
+    Members whose heartbeat expired a whole TTL ago, by this worker's clock, leave the set: a
+    worker that crashed cannot say goodbye, and clocks a little apart must not drop a live one.
+    The set itself lives as long as its longest heartbeat (NX, then GT: set or extend, never
+    shorten), so that nothing is left once every worker is gone.
+    """
+    expires_at = int(info.heartbeat_at * 1000) + ttl_ms
+    with redis_errors():
+        async with redis.pipeline(transaction=True) as pipe:
+            pipe.set(keys.worker(info.worker_id), info.model_dump_json(), px=ttl_ms)
+            pipe.zadd(keys.workers, {info.worker_id: expires_at})
+            pipe.zremrangebyscore(keys.workers, "-inf", expires_at - 2 * ttl_ms)
+            pipe.pexpire(keys.workers, ttl_ms, nx=True)
+            pipe.pexpire(keys.workers, ttl_ms, gt=True)
+            pipe.hset(keys.models, info.model, info.model_entry().model_dump_json())
+            await pipe.execute()
+
+
+async def withdraw(redis: aioredis.Redis, keys: Keys, worker_id: str) -> None:
+    """Remove a worker's heartbeat at once, so that gateways stop counting it."""
+    with redis_errors():
+        async with redis.pipeline(transaction=True) as pipe:
+            pipe.delete(keys.worker(worker_id))
+            pipe.zrem(keys.workers, worker_id)
+            await pipe.execute()
+
 
 async def live_workers(redis: aioredis.Redis, keys: Keys) -> list[WorkerInfo]:
-    """Workers whose heartbeat has not expired."""
+    """Workers whose heartbeat has not expired, by id: two round trips whatever the database holds,
+    and a third to drop the members whose heartbeat has (each once)."""
     with redis_errors():
-        names = [name async for name in redis.scan_iter(match=keys.worker_pattern, count=1000)]
-        values = await redis.mget(names) if names else []
+        worker_ids: list[str] = await redis.zrange(keys.workers, 0, -1)
+        values = await redis.mget([keys.worker(worker_id) for worker_id in worker_ids]) if worker_ids else []
+        gone = [worker_id for worker_id, value in zip(worker_ids, values, strict=True) if value is None]
+        if gone:
+            await redis.zrem(keys.workers, *gone)
     return sorted(
         (WorkerInfo.model_validate_json(value) for value in values if value is not None),
         key=lambda info: info.worker_id,

@@ -18,15 +18,31 @@ import httpx
 import pytest
 import redis.asyncio as aioredis
 
-from shared.config import Settings
+from cli.launcher import wait_healthy
+from shared.config import DEFAULT_MODEL_DIR, Settings
 from shared.jobstore import JobStore
 from shared.keys import Keys
-from shared.launcher import wait_healthy
-from shared.redis_client import delete_prefix
 from tests.processes import Processes, free_port, redis_answers
+from tests.redis_cleanup import delete_prefix
 
 SYSTEM_START_TIMEOUT = 240
 WORKERS = 2
+
+ENGINE_FIXTURES = frozenset({"system", "pool", "deployment", "outage", "cluster", "models_pool"})
+"""Every fixture that starts workers on the real engine: `system` here, `pool` in tests/faults/conftest.py,
+`deployment` and `outage` in tests/faults, `cluster` in tests/scale, `models_pool` in
+tests/e2e/test_models.py."""
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every test is `system` when it uses an engine-starting fixture, directly or through another
+    fixture, and `unit` otherwise: a new test is classified by what it uses (`make test-fast` runs
+    `-m unit`)."""
+    for item in items:
+        # A parametrize argument named like a fixture (tests/deploy's `deployment`) replaces it.
+        callspec = getattr(item, "callspec", None)
+        used = set(getattr(item, "fixturenames", ())) - set(callspec.params if callspec else ())
+        item.add_marker(pytest.mark.system if used & ENGINE_FIXTURES else pytest.mark.unit)
 
 
 @pytest.fixture(scope="session")
@@ -48,6 +64,9 @@ def make_settings(redis_url: str, **overrides: object) -> Settings:
         "heartbeat_seconds": 0.5,
         "heartbeat_ttl_seconds": 3.0,
         "log_level": "INFO",
+        # What the workers serve (the default model's folder name), as a deployment declares it: jobs
+        # that name no model go there, also before any worker has started.
+        "default_model": DEFAULT_MODEL_DIR.name,
     }
     values.update(overrides)
     return Settings(**values)  # type: ignore[arg-type]

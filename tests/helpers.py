@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 from httpx_sse import EventSource, aconnect_sse
@@ -29,6 +30,47 @@ async def in_process_gateway(settings: Settings) -> AsyncIterator[httpx.AsyncCli
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as http:
             yield http
+
+
+DEFAULT_DEADLINE_SECONDS = 60.0
+# A job on the session's engines may wait behind other tests' jobs.
+JOB_DEADLINE_SECONDS = 120.0
+
+T = TypeVar("T")
+
+
+async def eventually(
+    check: Callable[[], Awaitable[T]],
+    what: str,
+    timeout: float = DEFAULT_DEADLINE_SECONDS,
+    interval: float = 0.05,
+    until: Callable[[T], object] = bool,
+) -> T:
+    """Await `check()` until `until(answer)` holds (by default: the answer is truthy) and return the
+    answer; fail naming `what` (and the last answer) once `timeout` seconds pass. Every polling wait
+    of the tests goes through here, so that none leans on the global per-test timeout."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        answer = await check()
+        if until(answer):
+            return answer
+        if asyncio.get_running_loop().time() >= deadline:
+            raise AssertionError(f"not within {timeout} s: {what} (last answer: {answer!r})")
+        await asyncio.sleep(interval)
+
+
+def eventually_sync(
+    check: Callable[[], T], what: str, timeout: float = DEFAULT_DEADLINE_SECONDS, interval: float = 0.05
+) -> T:
+    """`eventually` for the waits outside the event loop: the fixtures that start processes."""
+    deadline = time.monotonic() + timeout
+    while True:
+        answer = check()
+        if answer:
+            return answer
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"not within {timeout} s: {what} (last answer: {answer!r})")
+        time.sleep(interval)
 
 
 async def submit(client: httpx.AsyncClient, **body: Any) -> str:
@@ -65,7 +107,16 @@ async def submit_and_read_sse(
 async def _events_of(
     source: EventSource, stop_after: int | None, events: list[tuple[str, dict[str, Any]]]
 ) -> list[tuple[str, dict[str, Any]]]:
+    """The stream's events until its terminal event (or `stop_after`), within JOB_DEADLINE_SECONDS:
+    keep-alives would otherwise hold a stream whose end never comes open until the global timeout."""
     assert source.response.status_code == 200, await source.response.aread()
+    await asyncio.wait_for(_read_events(source, stop_after, events), JOB_DEADLINE_SECONDS)
+    return events
+
+
+async def _read_events(
+    source: EventSource, stop_after: int | None, events: list[tuple[str, dict[str, Any]]]
+) -> None:
     async for sse in source.aiter_sse():
         if not sse.data:
             # A keep-alive comment: httpx-sse reports it as an empty event once an id was seen.
@@ -74,14 +125,15 @@ async def _events_of(
         assert sse.event == event["type"]
         events.append((sse.id, event))
         if event["type"] in TERMINAL or (stop_after is not None and len(events) >= stop_after):
-            break
-    return events
+            return
 
 
 async def poll_all(client: httpx.AsyncClient, job_id: str, limit: int = 100) -> list[dict[str, Any]]:
     """Every event of a job by long-polling page after page until `done`."""
     cursor, events = "", []
-    while True:
+
+    async def next_page() -> bool:
+        nonlocal cursor
         answer = await client.get(
             f"/v1/jobs/{job_id}/events", params={"after": cursor, "wait": 5, "limit": limit}
         )
@@ -89,20 +141,37 @@ async def poll_all(client: httpx.AsyncClient, job_id: str, limit: int = 100) -> 
         page = answer.json()
         events.extend(page["events"])
         cursor = page["cursor"]
-        if page["done"]:
-            return events
+        return bool(page["done"])
+
+    await eventually(next_page, f"the last page of job {job_id}", JOB_DEADLINE_SECONDS, interval=0)
+    return events
+
+
+async def record(client: httpx.AsyncClient, job_id: str) -> dict[str, Any]:
+    """The job's record, as `GET /v1/jobs/{id}` answers it."""
+    answer = await client.get(f"/v1/jobs/{job_id}")
+    assert answer.status_code == 200, answer.text
+    job: dict[str, Any] = answer.json()
+    return job
+
+
+async def wait_until(
+    client: httpx.AsyncClient,
+    job_id: str,
+    done: Callable[[dict[str, Any]], bool],
+    what: str,
+    timeout: float = JOB_DEADLINE_SECONDS,
+) -> dict[str, Any]:
+    """The job's record once `done(record)` holds."""
+    return await eventually(lambda: record(client, job_id), what, timeout, until=done)
 
 
 async def wait_for_status(
-    client: httpx.AsyncClient, job_id: str, states: set[str], timeout: float = 120
+    client: httpx.AsyncClient, job_id: str, states: set[str], timeout: float = JOB_DEADLINE_SECONDS
 ) -> dict[str, Any]:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while True:
-        record: dict[str, Any] = (await client.get(f"/v1/jobs/{job_id}")).json()
-        if record["status"] in states:
-            return record
-        assert asyncio.get_running_loop().time() < deadline, record
-        await asyncio.sleep(0.05)
+    return await wait_until(
+        client, job_id, lambda job: job["status"] in states, f"job {job_id} in {sorted(states)}", timeout
+    )
 
 
 def deltas(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -128,8 +197,14 @@ class Scrape:
         }
 
     def value(self, name: str, **labels: str) -> float:
-        """A sample's value; 0 for one not exported yet (a label value not seen so far)."""
-        return self.samples.get((name, frozenset(labels.items())), 0.0)
+        """The sum of the values of the samples of `name` whose labels include `labels` (a metric
+        labelled by `model` too sums over the models); 0 for one not exported yet."""
+        wanted = labels.items()
+        return sum(
+            value
+            for (sample, sample_labels), value in self.samples.items()
+            if sample == name and wanted <= sample_labels
+        )
 
     def names(self) -> set[str]:
         return {name for name, _ in self.samples}

@@ -9,15 +9,15 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import IO
 
 import httpx
 import redis
 
+from cli.launcher import child_environment
 from shared.config import Settings
-from shared.launcher import child_environment
+from tests.helpers import eventually_sync
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -37,15 +37,16 @@ def redis_answers(url: str) -> bool:
 
 def wait_answering(base_url: str, process: subprocess.Popen[bytes], timeout: float = 60) -> None:
     """Until a gateway answers HTTP at all, whatever its /health says (503 while no worker runs)."""
-    deadline = time.monotonic() + timeout
-    while True:
+
+    def answers() -> bool:
         assert process.poll() is None, "the gateway exited"
         try:
             httpx.get(f"{base_url}/metrics", timeout=2).raise_for_status()
-            return
         except httpx.HTTPError:
-            assert time.monotonic() < deadline, f"the gateway did not answer at {base_url}"
-            time.sleep(0.1)
+            return False
+        return True
+
+    eventually_sync(answers, f"the gateway answers at {base_url}", timeout, interval=0.1)
 
 
 class Processes:
@@ -64,7 +65,7 @@ class Processes:
 
     def start(self, name: str, role: str, settings: Settings) -> subprocess.Popen[bytes]:
         """`streampool <role>` (gateway or worker) with every setting passed through the environment."""
-        return self._spawn(name, [sys.executable, "-m", "shared.cli", role], env=child_environment(settings))
+        return self._spawn(name, [sys.executable, "-m", "cli", role], env=child_environment(settings))
 
     def start_redis(self, name: str, port: int, data_dir: Path, *options: str) -> str:
         """A private `redis-server` on `port` keeping its files in `data_dir`; its URL once it answers."""
@@ -74,11 +75,28 @@ class Processes:
         command = [server, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(data_dir), "--save", ""]
         self._spawn(name, [*command, *options])
         url = f"redis://127.0.0.1:{port}/0"
-        deadline = time.monotonic() + 10
-        while not redis_answers(url):
-            assert time.monotonic() < deadline, f"redis-server did not come up on port {port}"
-            time.sleep(0.05)
+        eventually_sync(lambda: redis_answers(url), f"redis-server answers on port {port}", timeout=10)
         return url
+
+    def start_sentinel(self, name: str, port: int, data_dir: Path, master: str, master_port: int) -> str:
+        """A Sentinel (`redis-server --sentinel`) on `port` watching the master named `master`, with
+        failure detection in one second, so that a failover takes seconds; its address once it answers.
+        Sentinel rewrites its configuration file, so each one has its own in `data_dir`."""
+        server = shutil.which("redis-server")
+        assert server, "redis-server is not installed (apt-get install redis-server)"
+        data_dir.mkdir(parents=True, exist_ok=True)
+        config = data_dir / f"{name}.conf"
+        config.write_text(
+            f"port {port}\nbind 127.0.0.1\ndir {data_dir}\n"
+            f"sentinel monitor {master} 127.0.0.1 {master_port} 2\n"
+            f"sentinel down-after-milliseconds {master} 1000\n"
+            f"sentinel failover-timeout {master} 10000\n"
+        )
+        self._spawn(name, [server, str(config), "--sentinel"])
+        eventually_sync(
+            lambda: redis_answers(f"redis://127.0.0.1:{port}"), f"Sentinel answers on port {port}"
+        )
+        return f"127.0.0.1:{port}"
 
     def _spawn(
         self, name: str, command: list[str], env: dict[str, str] | None = None

@@ -1,77 +1,130 @@
-"""The arq worker: settings, start-up (engine, publisher, heartbeat, reaper, /health and /metrics) and
-shutdown."""
+"""The worker process: start-up (engine, publisher, heartbeat, reaper, /health and /metrics), its queue
+loop and shutdown."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
-import math
 import os
 import socket
 import time
-from typing import Any
+from dataclasses import dataclass
 
+import redis.asyncio as aioredis
 import uvloop
-from arq.connections import RedisSettings
-from arq.worker import func
 
-from shared.config import Settings
+from shared.config import WorkerSettings
 from shared.errors import BackendUnavailable
-from shared.jobstore import ARQ_FUNCTION, JobStore
+from shared.jobstore import JobStore
 from shared.keys import Keys
-from shared.redis_client import connect
+from shared.lifecycle.transitions import claim
+from shared.queue import QueueWorker, queue_worker
+from shared.redis_client import connect, connection_pool
 from shared.workers import WorkerInfo
+from worker.engine import Engine
 from worker.heartbeat import Heartbeat, new_worker_id
-from worker.jobs import JobRunner, run_job
+from worker.jobs import Ending, JobRunner
 from worker.leases import Leases
 from worker.metrics import MetricsServer, Readiness, WorkerMetrics
 from worker.model_card import publish as publish_model_card
 from worker.periodic import Periodic
 from worker.publisher import Publisher
-from worker.queue_worker import QueueWorker
 
 log = logging.getLogger(__name__)
 
-# Runs of a job are counted by the job store (`max_attempts`): arq must never give one up itself.
-ARQ_MAX_TRIES = 1_000_000
+
+@dataclass(frozen=True)
+class WorkerServices:
+    """What a started worker runs on: built once, as start-up's last step; shutdown stops it."""
+
+    engine: Engine
+    redis: aioredis.Redis
+    runner: JobRunner
+    heartbeat: Heartbeat
+    periodic: list[Periodic]
 
 
-def build_worker(settings: Settings) -> QueueWorker:
-    """An arq worker that runs `settings.worker_max_jobs` jobs at once on one engine."""
-    if settings.lease_seconds < 2 * settings.heartbeat_seconds:
-        raise SystemExit(
-            "lease_seconds must be at least twice heartbeat_seconds: heartbeats renew the leases"
+class WorkerApp:
+    """One worker: its queue loop, its /health and /metrics server, and its services once started."""
+
+    def __init__(self, settings: WorkerSettings) -> None:
+        if settings.lease_seconds < 2 * settings.heartbeat_seconds:
+            raise SystemExit(
+                "lease_seconds must be at least twice heartbeat_seconds: heartbeats renew the leases"
+            )
+        self.settings = settings
+        self.keys = Keys(settings.key_prefix)
+        self.worker_id = new_worker_id()
+        self.started_at = time.time()
+        self.metrics = WorkerMetrics(settings.model_name)
+        model = self.keys.model(settings.model_name)
+        self.server = MetricsServer(
+            self.metrics.registry, self.readiness, settings.metrics_port, settings.metrics_host
         )
-    keys = Keys(settings.key_prefix)
-    worker_id = new_worker_id()
-    started_at = time.time()
-    metrics = WorkerMetrics()
-    server = MetricsServer(metrics.registry, lambda: readiness(worker), settings.metrics_port)
+        self.services: WorkerServices | None = None
+        self.queue = queue_worker(
+            run=self.run_job,
+            claim=claim,
+            pool=connection_pool(
+                settings.redis_url,
+                self.keys.client_name(f"worker:{self.worker_id}:queue"),
+                settings.redis_max_connections,
+                sentinel_password=settings.redis_sentinel_password,
+                decode_responses=False,  # arq's payloads are pickles
+            ),
+            # One engine, one model: the worker takes only its model's jobs.
+            queue=model.queue,
+            wakeup_channel=model.wakeup,
+            max_jobs=settings.worker_max_jobs,
+            poll_delay=settings.worker_poll_delay,
+            job_timeout_seconds=settings.job_timeout_seconds,
+            in_progress_seconds=settings.lease_seconds,
+            # On SIGTERM or SIGINT: no new jobs; running ones get this long, then hand themselves over.
+            drain_seconds=settings.drain_seconds,
+            on_startup=self.startup,
+            on_shutdown=self.shutdown,
+        )
 
-    async def startup(ctx: dict[str, Any]) -> None:
-        server.start()  # first: /health answers `starting` while the engine loads
+    async def startup(self) -> None:
+        settings, keys, worker_id = self.settings, self.keys, self.worker_id
+        self.server.start()  # first: /health answers `starting` while the engine loads
         from worker.vllm_engine import VllmEngine  # heavy: only a worker pays for importing vLLM
 
         log.info("worker %s: starting the engine for %s", worker_id, settings.model)
         engine = VllmEngine(settings)
         redis = connect(
-            settings.redis_url, keys.client_name(f"worker:{worker_id}"), settings.redis_max_connections
+            settings.redis_url,
+            keys.client_name(f"worker:{worker_id}"),
+            settings.redis_max_connections,
+            sentinel_password=settings.redis_sentinel_password,
         )
         store = JobStore(redis, keys, settings)
-        leases = Leases(store)
-        publisher = Publisher(redis, store, worker_id)
-        metrics.count_redis_round_trips(lambda: publisher.round_trips)
-        runner = JobRunner(engine, store, publisher, leases, worker_id, lambda: worker.stopping, metrics)
+        leases = Leases(store, settings)
+        publisher = Publisher(redis, store, worker_id, resend_seconds=settings.lease_seconds)
+        self.metrics.count_redis_round_trips(lambda: publisher.round_trips)
+        runner = JobRunner(
+            engine,
+            store,
+            publisher,
+            leases,
+            worker_id,
+            lambda: self.queue.stopping,
+            self.metrics,
+            self.engine_died,
+        )
 
         def describe() -> WorkerInfo:
             return WorkerInfo(
                 worker_id=worker_id,
                 model=engine.model_name,
+                aliases=settings.model_names[1:],
+                adapters=list(settings.adapters),
                 max_model_len=engine.max_model_len,
+                dtype=engine.dtype,
                 running_jobs=runner.running,
                 engine_requests=engine.running_requests(),
-                started_at=started_at,
+                started_at=self.started_at,
                 heartbeat_at=time.time(),
                 host=socket.gethostname(),
                 pid=os.getpid(),
@@ -80,65 +133,75 @@ def build_worker(settings: Settings) -> QueueWorker:
         heartbeat = Heartbeat(redis, keys, describe, leases, runner.held, settings.heartbeat_ttl_seconds)
         await publish_model_card(redis, keys, settings.model, engine.model_name, engine.max_model_len)
         await heartbeat.beat()
+
         # Every worker reaps: a job whose worker died is released within half a lease of its lapse.
+        async def watch_engine() -> None:  # an idle worker's engine may die too
+            if engine.dead:
+                self.engine_died()
+
         periodic = [
             Periodic("heartbeat", heartbeat.beat, settings.heartbeat_seconds),
             Periodic("reaper", leases.reap, settings.lease_seconds / 2),
+            Periodic("engine watch", watch_engine, settings.heartbeat_seconds),
         ]
         for task in periodic:
             task.start()
-        ctx.update(engine=engine, redis_client=redis, runner=runner, heartbeat=heartbeat, periodic=periodic)
+        self.services = WorkerServices(engine, redis, runner, heartbeat, periodic)
         log.info(
-            "worker %s ready: model %s, up to %d jobs at once",
+            "worker %s ready: model %s (%s), up to %d jobs at once",
             worker_id,
             engine.model_name,
+            engine.dtype,
             settings.worker_max_jobs,
         )
 
-    async def shutdown(ctx: dict[str, Any]) -> None:
-        for task in ctx.get("periodic", []):
-            await task.stop()
-        if "heartbeat" in ctx:
+    def engine_died(self) -> None:
+        """The engine is gone for good: take no more jobs, hand the running ones back, and exit
+        non-zero so that the supervisor (compose, Kubernetes, `streampool up`) starts a new worker."""
+        if not self.queue.failed:
+            log.error("worker %s: the engine died; taking no more jobs and exiting", self.worker_id)
+        self.queue.fail()
+
+    async def run_job(self, job_id: str) -> bool:
+        """arq's entry point for a job: whether it is over (False: it is left for another run)."""
+        if self.services is None:  # arq runs jobs only after start-up
+            raise RuntimeError("a job came before the worker had started")
+        return await self.services.runner.run(job_id) is Ending.ended
+
+    async def shutdown(self) -> None:
+        services = self.services
+        if services is not None:
+            for task in services.periodic:
+                await task.stop()
             with contextlib.suppress(BackendUnavailable):  # then its key expires by itself
-                await ctx["heartbeat"].forget(worker_id)
-        if "redis_client" in ctx:
-            await ctx["redis_client"].aclose()
-        if "engine" in ctx:
-            ctx["engine"].shutdown()
-        await server.close()  # last: /health says `draining` until the worker is gone
-        log.info("worker %s stopped", worker_id)
+                await services.heartbeat.forget(self.worker_id)
+            await services.redis.aclose()
+            services.engine.shutdown()
+        await self.server.close()  # last: /health says `draining` until the worker is gone
+        log.info("worker %s stopped", self.worker_id)
 
-    worker = QueueWorker(
-        functions=[func(run_job, name=ARQ_FUNCTION)],
-        queue_name=keys.queue,
-        redis_settings=RedisSettings.from_dsn(settings.redis_url),
-        max_jobs=settings.worker_max_jobs,
-        poll_delay=settings.worker_poll_delay,
-        job_timeout=settings.job_timeout_seconds,
-        keep_result=0,
-        max_tries=ARQ_MAX_TRIES,
-        on_startup=startup,
-        on_shutdown=shutdown,
-        handle_signals=True,
-        # On SIGTERM or SIGINT: no new jobs; running ones get this long, then hand themselves over.
-        job_completion_wait=math.ceil(settings.drain_seconds),
-        in_progress_seconds=settings.lease_seconds,
-        wakeup_channel=keys.queue_wakeup,
-    )
-    return worker
+    def readiness(self) -> Readiness:
+        """What the worker's /health says."""
+        if self.queue.failed:
+            return Readiness.engine_dead
+        if self.queue.stopping:
+            return Readiness.draining
+        if self.services is None:
+            return Readiness.starting
+        return Readiness.redis_unreachable if self.queue.redis_down else Readiness.ready
 
 
-def readiness(worker: QueueWorker) -> Readiness:
-    """What the worker's /health says; start-up puts the job runner in arq's ctx as its last step."""
-    if worker.stopping:
-        return Readiness.draining
-    if "runner" not in worker.ctx:
-        return Readiness.starting
-    return Readiness.redis_unreachable if worker.redis_down else Readiness.ready
+def build_worker(settings: WorkerSettings) -> QueueWorker:
+    """An arq worker that runs `settings.worker_max_jobs` jobs at once on one engine."""
+    return WorkerApp(settings).queue
 
 
-def run(settings: Settings) -> None:
+def run(settings: WorkerSettings) -> None:
+    """Run a worker until a stop signal, or until its engine dies: then exit with status 1."""
     # uvloop, as the gateway runs under uvicorn: each hop of a job's intake and of every engine
     # step's pipeline costs less. arq's worker takes the loop it finds set here.
     asyncio.set_event_loop(uvloop.new_event_loop())
-    build_worker(settings).run()
+    worker = build_worker(settings)
+    worker.run()
+    if worker.failed:
+        raise SystemExit("streampool worker: its engine died; start a new worker")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 from shared.events import (
     CancelledEvent,
     DeltaEvent,
@@ -17,6 +19,18 @@ from shared.events import (
 from worker.engine import EngineDelta
 
 
+@dataclass
+class _Choice:
+    """One choice's output so far, and what it holds back for its next delta."""
+
+    text_parts: list[str] = field(default_factory=list)
+    tokens: int = 0
+    finish_reason: str | None = None
+    held_text: list[str] = field(default_factory=list)
+    held_ids: list[int] = field(default_factory=list)
+    held_logprobs: list[TokenLogprob] | None = None
+
+
 class Chunker:
     """Holds back tokens until `stream_step` of them are ready, then emits one `delta` event.
 
@@ -24,35 +38,54 @@ class Chunker:
     (the last may carry fewer): when one engine output brings several tokens at once,
     they stay together, since their text cannot be split token by token.
 
+    A job with `n` choices holds back each choice's tokens apart; its deltas carry the choice's
+    `index` and take their `seq` from the job's one sequence.
+
     Every token the engine produced ends up in exactly one delta event before the
     terminal event, so the stream always adds up to the job's output and usage.
     """
 
-    def __init__(self, stream_step: int, prompt_tokens: int, next_seq: int) -> None:
+    def __init__(self, stream_step: int, prompt_tokens: int, next_seq: int, n: int = 1) -> None:
         self.stream_step = stream_step
         self.prompt_tokens = prompt_tokens
         self.next_seq = next_seq
-        self.text_parts: list[str] = []
-        self.completion_tokens = 0
-        self._text: list[str] = []
-        self._token_ids: list[int] = []
-        self._logprobs: list[TokenLogprob] | None = None
+        self._choices = [_Choice() for _ in range(n)]
 
     @classmethod
-    def after(cls, progress: Progress, stream_step: int) -> Chunker:
+    def after(cls, progress: Progress, stream_step: int, n: int = 1) -> Chunker:
         """A chunker that goes on from what the job's stream holds: seq, output and usage continue."""
-        chunker = cls(stream_step, 0, progress.next_seq)
-        chunker.text_parts.append(progress.text)
-        chunker.completion_tokens = len(progress.token_ids)
+        chunker = cls(stream_step, 0, progress.next_seq, n)
+        chunker._choices[0].text_parts.append(progress.text)
+        chunker._choices[0].tokens = len(progress.token_ids)
         return chunker
 
     @property
     def text(self) -> str:
-        return "".join(self.text_parts)
+        """The job's output: its first choice's text."""
+        return "".join(self._choices[0].text_parts)
+
+    @property
+    def output_tokens(self) -> int:
+        """The first choice's token count, which the job's output record holds."""
+        return self._choices[0].tokens
+
+    @property
+    def completion_tokens(self) -> int:
+        """Tokens generated over all choices, as vLLM counts usage."""
+        return sum(choice.tokens for choice in self._choices)
 
     @property
     def usage(self) -> Usage:
         return Usage(prompt_tokens=self.prompt_tokens, completion_tokens=self.completion_tokens)
+
+    @property
+    def finished(self) -> bool:
+        """Every choice has ended: the job is done."""
+        return all(choice.finish_reason is not None for choice in self._choices)
+
+    @property
+    def finish_reasons(self) -> list[str]:
+        return [choice.finish_reason or "stop" for choice in self._choices]
 
     def _seq(self) -> int:
         seq = self.next_seq
@@ -60,30 +93,49 @@ class Chunker:
         return seq
 
     def feed(self, delta: EngineDelta) -> list[Event]:
-        """Take one step's tokens; a delta event once enough have gathered (or the request ended)."""
-        self._text.append(delta.text)
-        self.text_parts.append(delta.text)
-        self._token_ids.extend(delta.token_ids)
-        self.completion_tokens += len(delta.token_ids)
+        """Take one step's tokens of one choice; a delta event once enough have gathered (or the
+        choice ended)."""
+        choice = self._choices[delta.index]
+        choice.held_text.append(delta.text)
+        choice.text_parts.append(delta.text)
+        choice.held_ids.extend(delta.token_ids)
+        choice.tokens += len(delta.token_ids)
         if delta.logprobs is not None:
-            self._logprobs = (self._logprobs or []) + delta.logprobs
-        if len(self._token_ids) >= self.stream_step or delta.finished:
-            return self.flush()
+            choice.held_logprobs = (choice.held_logprobs or []) + delta.logprobs
+        if delta.finished:
+            choice.finish_reason = delta.finish_reason or "stop"
+        if len(choice.held_ids) >= self.stream_step or delta.finished:
+            return self._flush(delta.index)
         return []
 
-    def flush(self) -> list[Event]:
-        """The held-back tokens as one delta event, if any."""
-        if not self._token_ids and not any(self._text):
+    def _flush(self, index: int) -> list[Event]:
+        choice = self._choices[index]
+        if not choice.held_ids and not any(choice.held_text):
             return []
         event = DeltaEvent(
-            seq=self._seq(), text="".join(self._text), token_ids=self._token_ids, logprobs=self._logprobs
+            seq=self._seq(),
+            index=index,
+            text="".join(choice.held_text),
+            token_ids=choice.held_ids,
+            logprobs=choice.held_logprobs,
         )
-        self._text, self._token_ids, self._logprobs = [], [], None
+        choice.held_text, choice.held_ids, choice.held_logprobs = [], [], None
         return [event]
 
-    def done(self, finish_reason: str) -> list[Event]:
-        """The held-back tokens, then `done` with the finish reason and exact usage."""
-        return [*self.flush(), DoneEvent(seq=self._seq(), finish_reason=finish_reason, usage=self.usage)]
+    def flush(self) -> list[Event]:
+        """The held-back tokens of every choice, one delta event each that has any."""
+        return [event for index in range(len(self._choices)) for event in self._flush(index)]
+
+    def done(self) -> list[Event]:
+        """The held-back tokens, then `done` with the finish reasons and exact usage."""
+        events, reasons = self.flush(), self.finish_reasons
+        done = DoneEvent(
+            seq=self._seq(),
+            finish_reason=reasons[0],
+            finish_reasons=reasons if len(reasons) > 1 else None,
+            usage=self.usage,
+        )
+        return [*events, done]
 
     def resumed(self, attempt: int, message: str) -> list[Event]:
         """The `running` status that opens a resumed run."""

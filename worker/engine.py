@@ -13,13 +13,15 @@ from shared.requests import JobRequest
 
 @dataclass(frozen=True)
 class EngineDelta:
-    """What one engine step added to one request."""
+    """What one engine step added to one choice (`index`, 0 to n-1) of a request; `finished`: that
+    choice has ended."""
 
     text: str
     token_ids: list[int]
     logprobs: list[TokenLogprob] | None = None
     finished: bool = False
     finish_reason: str | None = None
+    index: int = 0
 
 
 @dataclass(frozen=True)
@@ -30,11 +32,15 @@ class Prompt:
     request: JobRequest = field(repr=False)
 
     def continued(self, emitted: list[int]) -> Prompt:
-        """This prompt followed by tokens a run already emitted, with what is left of `max_tokens`:
-        how a resumed job goes on where its last run stopped."""
+        """This prompt followed by tokens a run already emitted, with what is left of `max_tokens` and
+        `min_tokens`: how a resumed job goes on where its last run stopped."""
         if not emitted:
             return self
-        rest = self.request.model_copy(update={"max_tokens": self.request.max_tokens - len(emitted)})
+        left = {
+            "max_tokens": self.request.max_tokens - len(emitted),
+            "min_tokens": max(self.request.min_tokens - len(emitted), 0),
+        }
+        rest = self.request.model_copy(update=left)
         return Prompt(token_ids=self.token_ids + emitted, request=rest)
 
 
@@ -43,13 +49,15 @@ class Engine(Protocol):
 
     model_name: str
     max_model_len: int
+    dtype: str  # what the weights run in, resolved (never `auto`): "bfloat16", "float32", ...
 
     def render(self, request: JobRequest) -> Prompt:
         """Tokenize the prompt, or render `messages` with the model's chat template."""
         ...
 
     def generate(self, request_id: str, prompt: Prompt) -> AsyncGenerator[EngineDelta, None]:
-        """Stream the new tokens of every step; closing the iterator aborts the request."""
+        """Stream the new tokens of every step; closing the iterator aborts the request. A request the
+        engine refuses raises `EngineError`; an engine that died raises `EngineDead`."""
         ...
 
     async def abort(self, request_id: str) -> None:
@@ -58,6 +66,11 @@ class Engine(Protocol):
 
     def running_requests(self) -> int:
         """Requests the engine holds now, for heartbeats."""
+        ...
+
+    @property
+    def dead(self) -> bool:
+        """The engine cannot run requests any more (its process died): the worker must be replaced."""
         ...
 
     def shutdown(self) -> None: ...

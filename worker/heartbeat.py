@@ -1,5 +1,5 @@
-"""A worker's heartbeat: a key with a TTL saying it is alive and which model it serves, and the
-renewal of the leases of the jobs it runs."""
+"""A worker's heartbeat: a key with a TTL saying it is alive and which model it serves (indexed
+for gateways, `shared.workers`), and the renewal of the leases of the jobs it runs."""
 
 from __future__ import annotations
 
@@ -12,8 +12,7 @@ from collections.abc import Callable
 import redis.asyncio as aioredis
 
 from shared.keys import Keys
-from shared.redis_client import redis_errors
-from shared.workers import WorkerInfo
+from shared.workers import WorkerInfo, announce, withdraw
 from worker.leases import Leases
 
 log = logging.getLogger(__name__)
@@ -41,13 +40,11 @@ class Heartbeat:
         info = self.describe()
         for job_id in await self.leases.renew(info.worker_id, self.held()):
             log.warning("job %s: lease lost (lapsed or taken over); its next step stops it here", job_id)
-        with redis_errors():
-            await self.redis.set(self.keys.worker(info.worker_id), info.model_dump_json(), px=self.ttl_ms)
+        await announce(self.redis, self.keys, info, self.ttl_ms)
 
     async def forget(self, worker_id: str) -> None:
         """Remove the heartbeat at once, so that gateways stop counting this worker."""
-        with redis_errors():
-            await self.redis.delete(self.keys.worker(worker_id))
+        await withdraw(self.redis, self.keys, worker_id)
 
 
 def new_worker_id() -> str:

@@ -1,7 +1,7 @@
-"""The arq job: start or resume a job, drive the engine, publish each step, end with one terminal event.
-
-A job this worker cannot finish is left to another: handed back when the worker stops or
-loses Redis, or given up when another worker took it over (its lease lapsed). The next
+"""A job's run on this worker: start or resume it, drive the engine, publish each step, end with one
+terminal event.
+A job this worker cannot finish is left to another: handed back when the worker stops, loses
+Redis or its engine dies, or given up when another worker took it over (its lease lapsed). The next
 worker resumes it from the tokens its stream holds, so readers see one unbroken stream.
 """
 
@@ -13,19 +13,24 @@ import time
 from collections.abc import Callable
 from contextlib import aclosing
 from enum import Enum
-from typing import Any
 
-from arq.worker import Retry
-
-from shared.errors import BackendUnavailable, EngineError, PromptTooLong, StreampoolError
+from shared.errors import (
+    BackendUnavailable,
+    EngineDead,
+    EngineError,
+    NotResumable,
+    PromptTooLong,
+    StreampoolError,
+)
 from shared.events import Event, JobState
 from shared.jobstore import JobStore, Outcome, Started
+from shared.lifecycle.transitions import FinishOutcome, Verdict
 from shared.logs import job_context
 from worker.chunker import Chunker
 from worker.engine import Engine, Prompt, render
 from worker.leases import Leases
 from worker.metrics import RunClock, WorkerMetrics
-from worker.publisher import Publisher, Verdict
+from worker.publisher import Publisher
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +56,7 @@ class JobRunner:
         worker_id: str,
         stopping: Callable[[], bool],
         metrics: WorkerMetrics,
+        engine_died: Callable[[], None],
     ) -> None:
         self.engine = engine
         self.store = store
@@ -59,6 +65,8 @@ class JobRunner:
         self.worker_id = worker_id
         self.stopping = stopping
         self.metrics = metrics
+        self.engine_died = engine_died
+        """Called when a run finds the engine dead: the worker takes no more jobs, and goes."""
         self.jobs: dict[str, RunClock] = {}
         """The jobs this worker runs, each with the clock of its run."""
         metrics.jobs_running.set_function(lambda: len(self.jobs))
@@ -73,8 +81,13 @@ class JobRunner:
 
     async def run(self, job_id: str) -> Ending:
         with job_context(job_id):
+            if self.engine.dead:  # the job stays queued, for another worker: this one is going
+                self.engine_died()
+                return Ending.left
             try:
-                started = await self.store.start(job_id, self.worker_id, self.engine.model_name)
+                started = await self.store.start(
+                    job_id, self.worker_id, self.engine.model_name, lease_seconds=self.leases.lease_seconds
+                )
             except BackendUnavailable as exc:
                 log.warning("not started: %s", exc.message)
                 return Ending.left
@@ -88,13 +101,13 @@ class JobRunner:
                 self.jobs.pop(job_id, None)
 
     async def _run_started(self, job_id: str, started: Started) -> Ending:
-        chunker = Chunker.after(started.progress, started.request.stream_step)
+        chunker = Chunker.after(started.progress, started.request.stream_step, started.request.n)
         try:
             return await self._run_guarded(job_id, started, chunker)
         except BackendUnavailable as exc:
             # What the last write did is unknown; the stream is the truth the next run resumes from.
             log.warning("Redis is unreachable (%s); handing the job back", exc.message)
-            return await self._hand_back(job_id, "its worker lost Redis")
+            return await self._hand_back(job_id, started.attempt, "its worker lost Redis")
 
     async def _run_guarded(self, job_id: str, started: Started, chunker: Chunker) -> Ending:
         """Run the job; a failure ends it with an `error` event, a stop signal hands it back."""
@@ -102,12 +115,17 @@ class JobRunner:
             return await self._generate(job_id, started, chunker)
         except BackendUnavailable:
             raise
+        except EngineDead as exc:
+            # No fault of the job's: it goes on on another worker, from the tokens its stream holds.
+            log.error("%s; handing the job back", exc.message)
+            self.engine_died()
+            return await self._hand_back(job_id, started.attempt, "its worker's engine died")
         except StreampoolError as exc:
             return await self._fail(job_id, chunker, exc.message, exc.error_type)
         except asyncio.CancelledError:
             # arq cancels running jobs when the worker's drain time is over, or a job's time is up.
             if self.stopping():
-                await asyncio.shield(self._hand_back(job_id, "its worker shut down"))
+                await asyncio.shield(self._hand_back(job_id, started.attempt, "its worker shut down"))
             else:
                 message = "the job ran longer than job_timeout_seconds"
                 await asyncio.shield(self._fail(job_id, chunker, message, "timeout"))
@@ -117,6 +135,11 @@ class JobRunner:
             return await self._fail(job_id, chunker, f"internal error: {exc!r}", "internal")
 
     async def _generate(self, job_id: str, started: Started, chunker: Chunker) -> Ending:
+        if started.resumed and started.request.n > 1:
+            raise NotResumable(
+                f"a job of {started.request.n} choices cannot resume: its choices cannot go on "
+                "token-exactly from its stream; submit it again"
+            )
         prompt = await render(self.engine, started.request)
         chunker.prompt_tokens = len(prompt.token_ids)
         self._check_fits(prompt)
@@ -138,8 +161,8 @@ class JobRunner:
             async for delta in deltas:
                 clock.output(len(delta.token_ids))
                 events = chunker.feed(delta)
-                if delta.finished:
-                    return await self._complete(job_id, chunker, events, delta.finish_reason or "stop")
+                if chunker.finished:
+                    return await self._complete(job_id, chunker, events)
                 verdict = await self.publisher.step(job_id, events)
                 if verdict is not Verdict.go:
                     return await self._stop(job_id, chunker, verdict)
@@ -166,13 +189,14 @@ class JobRunner:
         log.info("cancelled after %d tokens; engine request aborted", chunker.completion_tokens)
         return await self._end(job_id, chunker, chunker.cancelled(), JobState.cancelled)
 
-    async def _complete(self, job_id: str, chunker: Chunker, events: list[Event], reason: str) -> Ending:
-        if reason == "abort":  # aborted inside the engine, not by a cancel of ours
+    async def _complete(self, job_id: str, chunker: Chunker, events: list[Event]) -> Ending:
+        reasons = chunker.finish_reasons
+        if "abort" in reasons:  # aborted inside the engine, not by a cancel of ours
             message = "the engine aborted the request"
             failed = events + chunker.error(message, EngineError.error_type)
             return await self._end(job_id, chunker, failed, JobState.failed, error=message)
-        events += chunker.done(reason)
-        return await self._end(job_id, chunker, events, JobState.completed, finish_reason=reason)
+        events += chunker.done()
+        return await self._end(job_id, chunker, events, JobState.completed, finish_reason=reasons[0])
 
     async def _fail(self, job_id: str, chunker: Chunker, message: str, code: str) -> Ending:
         log.warning("failed (%s): %s", code, message)
@@ -191,29 +215,32 @@ class JobRunner:
         outcome = Outcome(
             state=state,
             text=chunker.text,
-            token_count=chunker.completion_tokens,
+            token_count=chunker.output_tokens,
             usage=chunker.usage,
             finish_reason=finish_reason,
             error=error,
         )
-        answer = await self.publisher.finish(job_id, events, outcome)
-        if answer == Verdict.lost:
+        finished = await self.publisher.finish(job_id, events, outcome)
+        if finished.outcome is FinishOutcome.lost:
             log.warning("lease lost before the job could end; the job is not this worker's any more")
             return Ending.left
         clock = self.jobs.get(job_id)  # gone only if the run was cancelled twice while it ended
-        if answer == state.value and clock is not None:
+        if finished.outcome is FinishOutcome.ended and clock is not None:
             clock.ended(state)
-        log.info("%s: %d tokens, finish_reason %s", answer, chunker.completion_tokens, finish_reason)
+        ended_as = finished.state.value if finished.state is not None else "missing"
+        log.info("%s: %d tokens, finish_reason %s", ended_as, chunker.completion_tokens, finish_reason)
         return Ending.ended
 
-    async def _hand_back(self, job_id: str, reason: str) -> Ending:
+    async def _hand_back(self, job_id: str, attempt: int, reason: str) -> Ending:
         """Stop generating and release the job's lease now, so that another worker resumes it without
         waiting for the lease to lapse. While Redis is unreachable, try until it would have lapsed."""
         await self.engine.abort(job_id)
-        give_up_at = time.monotonic() + self.leases.settings.lease_seconds
+        give_up_at = time.monotonic() + self.leases.lease_seconds
         while True:
             try:
-                answer = await self.leases.release(job_id, reason, self.worker_id)
+                answer = await self.leases.release(
+                    job_id, self.engine.model_name, reason, self.worker_id, attempt
+                )
             except BackendUnavailable as exc:
                 if time.monotonic() >= give_up_at:
                     log.warning(
@@ -222,15 +249,5 @@ class JobRunner:
                     return Ending.left
                 await asyncio.sleep(HAND_BACK_RETRY_SECONDS)
             else:
-                log.info("handed back (%s): %s", reason, answer)
+                log.info("handed back (%s): %s", reason, answer.value)
                 return Ending.left
-
-
-async def run_job(ctx: dict[str, Any], job_id: str) -> None:
-    """arq's entry point for a job."""
-    runner: JobRunner = ctx["runner"]
-    if await runner.run(job_id) is Ending.left:
-        # The job store has put the job back into arq's queue, or will: arq must not finish it
-        # (that would drop it from the queue and delete its payload). A retry without delay
-        # leaves both alone.
-        raise Retry()

@@ -34,7 +34,6 @@ from shared.jobstore import Started
 
 log = logging.getLogger(__name__)
 
-HOST = "0.0.0.0"
 TICK_SECONDS = 1.0
 READ_TIMEOUT_SECONDS = 5.0
 STALL_SECONDS = 30.0  # the loop never blocks this long once the engine is up (jobs would stall too)
@@ -42,35 +41,39 @@ FINAL_STATES = (JobState.completed, JobState.cancelled, JobState.failed)
 
 
 class WorkerMetrics:
-    """The metrics of one worker process."""
+    """The metrics of one worker process. A worker serves one model: the job metrics carry its name
+    as the `model` label, so that a dashboard over many workers splits them by model."""
 
-    def __init__(self) -> None:
+    def __init__(self, model: str) -> None:
+        self.model = model
         self.registry = CollectorRegistry()
         self.jobs_running = Gauge(
-            "streampool_worker_jobs_running", "Jobs this worker runs now", registry=self.registry
-        )
+            "streampool_worker_jobs_running", "Jobs this worker runs now", ["model"], registry=self.registry
+        ).labels(model=model)
         self.jobs_finished = Counter(
             "streampool_worker_jobs_finished_total",
             "Jobs this worker ended, by final state",
-            ["state"],
+            ["model", "state"],
             registry=self.registry,
         )
         for state in FINAL_STATES:
-            self.jobs_finished.labels(state=state.value)
+            self.jobs_finished.labels(model=model, state=state.value)
         self.time_to_first_token = Histogram(
             "streampool_time_to_first_token_seconds",
             "From a job's submission to the engine's first token for it (queue wait plus prefill); "
             "first runs only",
             buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0),
+            labelnames=["model"],
             registry=self.registry,
-        )
+        ).labels(model=model)
         self.inter_token_latency = Histogram(
             "streampool_inter_token_latency_seconds",
             "Per engine output of a job after its first: the time since the job's previous output "
             "divided by the tokens the output brings",
             buckets=(0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0),
+            labelnames=["model"],
             registry=self.registry,
-        )
+        ).labels(model=model)
         self.e2e_latency = Histogram(
             "streampool_e2e_latency_seconds",
             "From a job's submission to its last event, for the jobs this worker ended (any final state)",
@@ -91,8 +94,9 @@ class WorkerMetrics:
                 1800.0,
                 3600.0,
             ),
+            labelnames=["model"],
             registry=self.registry,
-        )
+        ).labels(model=model)
         self.generated_tokens = Counter(
             "streampool_generated_tokens_total",
             "Tokens this worker's engine generated",
@@ -105,8 +109,9 @@ class WorkerMetrics:
             "streampool_cancel_latency_seconds",
             "From the cancel request (the gateway's clock) to the engine's abort of the job",
             buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
+            labelnames=["model"],
             registry=self.registry,
-        )
+        ).labels(model=model)
         self.resumes = Counter(
             "streampool_resumes_total",
             "Jobs this worker resumed after another worker stopped or lost them",
@@ -165,7 +170,7 @@ class RunClock:
 
     def ended(self, state: JobState) -> None:
         """This worker wrote the job's terminal event."""
-        self.metrics.jobs_finished.labels(state=state.value).inc()
+        self.metrics.jobs_finished.labels(model=self.metrics.model, state=state.value).inc()
         self.metrics.e2e_latency.observe(max(0.0, time.time() - self.submitted_at))
 
 
@@ -177,6 +182,7 @@ class Readiness(str, Enum):
     draining = "draining"
     redis_unreachable = "redis_unreachable"
     stalled = "stalled"
+    engine_dead = "engine_dead"
 
 
 DETAILS = {
@@ -185,6 +191,7 @@ DETAILS = {
     Readiness.draining: "stopping: no new jobs; running ones finish or are handed over",
     Readiness.redis_unreachable: "Redis does not answer; the worker waits for it",
     Readiness.stalled: "the worker's event loop has stopped running",
+    Readiness.engine_dead: "the engine died: running jobs are handed back and the worker exits",
 }
 
 
@@ -200,7 +207,7 @@ class MetricsServer:
         registry: CollectorRegistry,
         readiness: Callable[[], Readiness],
         port: int,
-        host: str = HOST,
+        host: str,
         stall_seconds: float = STALL_SECONDS,
     ) -> None:
         self.registry = registry

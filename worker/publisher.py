@@ -5,44 +5,41 @@ publisher and waits. Steps that arrive while a round trip is in flight are gathe
 sent together in the next pipeline, like a group commit. A step is one script call per
 job that checks the job's lease, appends the events and checks the cancel key: a worker
 that lost the lease appends nothing.
+
+A step that cannot be written (Redis unreachable, out of memory or read-only for a moment) is
+sent again, with the same events, for as long as the job's lease could still be held: the step
+script appends only what the stream does not hold yet, so a blip costs the job nothing. Only
+then does the job learn of the failure, and is handed back.
+
+A job's end is acknowledged only once the replicas the store's `acks` asks for hold it: a round
+trip that carries an end closes with a WAIT, in the same pipeline. An end short of its replicas
+counts as not written, and is sent again like a step (ending a job is idempotent); should the master
+die meanwhile, the sending that reaches the new master ends the job there, or the lease's lapse
+hands the job on, as after a crash.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import hashlib
+import logging
+import time
 from dataclasses import dataclass, field
-from enum import Enum
 from typing import Any
 
 import redis.asyncio as aioredis
 from redis.exceptions import NoScriptError
 
+from shared.errors import BackendUnavailable
 from shared.events import Event
 from shared.jobstore import JobStore, Outcome
+from shared.lifecycle import scripts
+from shared.lifecycle.transitions import Finished, StepAnswer, Verdict
 from shared.redis_client import redis_errors
+from shared.replication import Wait
 
-# KEYS: stream, cancel, lease ; ARGV: worker, maxlen, then (type, data) pairs
-# A cancel answers with the cancel key's value: when the cancel was asked for.
-STEP_LUA = """
-if redis.call('GET', KEYS[3]) ~= ARGV[1] then return 'lost' end
-for i = 3, #ARGV, 2 do
-  redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[2], '*', 'type', ARGV[i], 'data', ARGV[i + 1])
-end
-local asked = redis.call('GET', KEYS[2])
-if asked then return {'cancel', asked} end
-return 'go'
-"""
-STEP_SHA = hashlib.sha1(STEP_LUA.encode()).hexdigest()
+log = logging.getLogger(__name__)
 
-
-class Verdict(str, Enum):
-    """What a job learns from its step."""
-
-    go = "go"
-    cancel = "cancel"  # a cancel was asked for: abort and end with `cancelled`
-    lost = "lost"  # another worker holds the job now (or will): stop without writing
+RESEND_SECONDS = 0.1  # between sendings of steps that failed: a Redis restart takes about this long
 
 
 @dataclass
@@ -50,39 +47,63 @@ class _Step:
     """One job's share of a round trip: one script call, a step or the EVAL that ends the job."""
 
     command: tuple[Any, ...]
+    resend: tuple[Any, ...]
+    """The command when sent again; the step script then skips events the stream holds (finish is
+    idempotent as it is: a job that ended is left alone)."""
+    ends: bool = False  # the job's end: acknowledged once replicas hold it
     answer: asyncio.Future[Any] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+    failing_since: float | None = None  # monotonic time of the first failed sending
+
+
+def _as_sent(result: Any) -> Any:
+    """A command's answer, with a Redis error named as the Redis boundary names it (an unavailable
+    Redis is `BackendUnavailable` whether the round trip or the one command met it). NOSCRIPT stays
+    itself: it only means the step script must be loaded again (Redis restarted or was flushed)."""
+    if not isinstance(result, Exception) or isinstance(result, NoScriptError):
+        return result
+    try:
+        with redis_errors():
+            raise result
+    except Exception as exc:  # classified, then handed on as it was or as named
+        return exc
 
 
 class Publisher:
-    def __init__(self, redis: aioredis.Redis, store: JobStore, worker_id: str) -> None:
+    """Sends the steps and ends of a worker's jobs, gathered into one pipeline per round trip."""
+
+    def __init__(
+        self, redis: aioredis.Redis, store: JobStore, worker_id: str, resend_seconds: float = 0.0
+    ) -> None:
         self.redis = redis
         self.store = store
-        self.keys = store.keys
         self.worker_id = worker_id
         self.maxlen = store.settings.stream_maxlen
+        self.resend_seconds = resend_seconds
+        """How long a step that cannot be written is sent again: a worker's lease, after which
+        another worker may hold the job."""
         self._pending: list[_Step] = []
         self._sender: asyncio.Task[None] | None = None
         self.round_trips = 0
+        self._failing = False  # the last round trip met an unavailable Redis (said once per outage)
         self.cancels_asked_at: dict[str, float] = {}
         """When the cancel a job's step saw was asked for (epoch seconds), until the job takes it."""
 
     async def step(self, job_id: str, events: list[Event]) -> Verdict:
         """Append `events` to the job's stream if this worker still holds the job; may it go on?"""
-        keys = (self.keys.stream(job_id), self.keys.cancel(job_id), self.keys.lease(job_id))
-        pairs = (part for event in events for part in (event.type, event.model_dump_json()))
-        command = ("EVALSHA", STEP_SHA, len(keys), *keys, self.worker_id, self.maxlen, *pairs)
-        answer = await self._submit(_Step(command))
-        if isinstance(answer, list):  # ['cancel', when it was asked for]
-            with contextlib.suppress(ValueError):  # a value that is no time only goes unmeasured
-                self.cancels_asked_at[job_id] = float(answer[1])
-            return Verdict.cancel
-        return Verdict(answer)
+        transitions, worker_id, maxlen = self.store.transitions, self.worker_id, self.maxlen
+        command = transitions.step_command(job_id=job_id, worker_id=worker_id, events=events, maxlen=maxlen)
+        resend = transitions.step_command(
+            job_id=job_id, worker_id=worker_id, events=events, maxlen=maxlen, resent=True
+        )
+        answer = StepAnswer.of(await self._submit(_Step(command, resend)))
+        if answer.cancel_asked_at is not None:
+            self.cancels_asked_at[job_id] = answer.cancel_asked_at
+        return answer.verdict
 
-    async def finish(self, job_id: str, events: list[Event], outcome: Outcome) -> str:
-        """Append the last events, the terminal one last, and end the job; answers the record's state,
-        or `lost` when another worker holds the job now."""
+    async def finish(self, job_id: str, events: list[Event], outcome: Outcome) -> Finished:
+        """Append the last events, the terminal one last, and end the job, if this worker still holds it."""
         command = self.store.finish_command(job_id, self.worker_id, events, outcome)
-        return str(await self._submit(_Step(("EVAL", *command))))
+        return Finished.of(await self._submit(_Step(command, command, ends=True)))
 
     async def _submit(self, step: _Step) -> Any:
         self._pending.append(step)
@@ -93,32 +114,75 @@ class Publisher:
     async def _send_pending(self) -> None:
         while self._pending:
             batch, self._pending = self._pending, []
-            pipe = self.redis.pipeline(transaction=False)
-            for step in batch:
-                pipe.execute_command(*step.command)
-            try:
-                with redis_errors():
-                    results = await pipe.execute(raise_on_error=False)
-            except Exception as exc:  # the round trip itself failed: every waiting job learns of it
-                results = [exc] * len(batch)
-            self.round_trips += 1
-            unloaded = []
+            results = await self._round_trip(batch)
+            unloaded, again = [], []
             for step, result in zip(batch, results, strict=True):
                 if step.answer.done():  # its job stopped waiting (cancelled)
                     continue
                 if isinstance(result, NoScriptError):
                     unloaded.append(step)
+                elif isinstance(result, BackendUnavailable) and self._may_resend(step):
+                    again.append(step)
                 elif isinstance(result, Exception):
                     step.answer.set_exception(result)
                 else:
                     step.answer.set_result(result)
             if unloaded:  # Redis restarted (or flushed its scripts): load the step script, send them again
                 await self._load_step_script(unloaded)
+            if again:
+                await asyncio.sleep(RESEND_SECONDS)
+                self._pending[:0] = again
+
+    async def _round_trip(self, batch: list[_Step]) -> list[Any]:
+        """One pipeline of the batch's commands: each one's answer, or the error it met."""
+        pipe = self.redis.pipeline(transaction=False)
+        for step in batch:
+            pipe.execute_command(*(step.command if step.failing_since is None else step.resend))
+        wait: Wait | None = None
+        try:
+            if any(step.ends for step in batch):
+                wait = await self.store.acks.wait()
+                if wait is not None:
+                    pipe.execute_command(*wait.command)
+            results = [_as_sent(result) for result in await pipe.execute(raise_on_error=False)]
+        except Exception as exc:  # the round trip itself failed: every waiting job meets it
+            results = [_as_sent(exc)] * len(batch)
+        if wait is not None and len(results) > len(batch):
+            acked = results.pop()
+            results = [
+                self._acknowledged(result, wait, acked) if step.ends else result
+                for step, result in zip(batch, results, strict=True)
+            ]
+        self.round_trips += 1
+        failed = next((result for result in results if isinstance(result, BackendUnavailable)), None)
+        if failed is not None and not self._failing:
+            log.warning("steps could not be written (%s); sending them again", failed.message)
+        elif failed is None and self._failing:
+            log.info("steps are written again")
+        self._failing = failed is not None
+        return results
+
+    def _acknowledged(self, result: Any, wait: Wait, acked: Any) -> Any:
+        """An end's answer, or `BackendUnavailable` when fewer replicas than `wait` asks for hold it."""
+        if isinstance(result, Exception):
+            return result
+        try:
+            self.store.acks.check(wait, acked if isinstance(acked, int) else None, "a job's end")
+        except BackendUnavailable as exc:
+            return exc
+        return result
+
+    def _may_resend(self, step: _Step) -> bool:
+        """Whether a step that could not be written is to be sent again: while its lease could hold."""
+        now = time.monotonic()
+        if step.failing_since is None:
+            step.failing_since = now
+        return now - step.failing_since < self.resend_seconds
 
     async def _load_step_script(self, steps: list[_Step]) -> None:
         try:
             with redis_errors():
-                await self.redis.script_load(STEP_LUA)
+                await self.redis.script_load(scripts.STEP.source)
         except Exception as exc:
             for step in steps:
                 step.answer.set_exception(exc)

@@ -6,6 +6,7 @@ only the defaults that vLLM's CPU backend needs differ.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import AsyncGenerator
 from typing import Any
@@ -14,23 +15,47 @@ from vllm import SamplingParams
 from vllm.engine.arg_utils import AsyncEngineArgs
 from vllm.inputs import TokensPrompt
 from vllm.logprobs import SampleLogprobs
+from vllm.lora.request import LoRARequest
 from vllm.platforms import current_platform
-from vllm.sampling_params import RequestOutputKind
+from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 from vllm.v1.engine.async_llm import AsyncLLM
 from vllm.v1.engine.exceptions import EngineDeadError, EngineGenerateError
 
-from shared.config import Settings
-from shared.errors import EngineError
+from shared.config import WorkerSettings
+from shared.errors import EngineDead, EngineError
 from shared.events import TokenLogprob, TopLogprob
-from shared.requests import JobRequest
+from shared.models import Target
+from shared.requests import JobRequest, StructuredOutputs
 from worker import cpu_placement
+from worker.adapter_gate import AdapterGate
 from worker.cpu_dtype import dtype_for_cpu
 from worker.engine import EngineDelta, Prompt
 
 CPU_GPU_MEMORY_UTILIZATION = 0.3
+SAMPLING_FIELDS = frozenset(
+    {
+        "n",
+        "max_tokens",
+        "temperature",
+        "top_p",
+        "seed",
+        "logprobs",
+        "stop_token_ids",
+        "include_stop_str_in_output",
+        "ignore_eos",
+        "min_tokens",
+        "min_p",
+        "presence_penalty",
+        "frequency_penalty",
+        "repetition_penalty",
+        "skip_special_tokens",
+        "spaces_between_special_tokens",
+    }
+)
+"""The job's fields that `SamplingParams` takes as they are, under the same names."""
 
 
-def engine_args(settings: Settings) -> AsyncEngineArgs:
+def engine_args(settings: WorkerSettings) -> AsyncEngineArgs:
     """vLLM's arguments from streampool's settings, with CPU-backend defaults where it needs them."""
     on_cpu = current_platform.is_cpu()
     if on_cpu:
@@ -40,9 +65,12 @@ def engine_args(settings: Settings) -> AsyncEngineArgs:
     memory = settings.gpu_memory_utilization or (CPU_GPU_MEMORY_UTILIZATION if on_cpu else None)
     if memory is not None:
         extra["gpu_memory_utilization"] = memory
+    if settings.adapters:
+        # Every adapter stays loaded: a job never waits for one to be swapped in.
+        extra.update(enable_lora=True, max_loras=len(settings.adapters), max_lora_rank=settings.max_lora_rank)
     return AsyncEngineArgs(
         model=str(settings.model),
-        served_model_name=[settings.model_name],
+        served_model_name=settings.model_names,
         dtype=dtype_for_cpu(settings.dtype) if on_cpu else settings.dtype,
         max_model_len=settings.max_model_len,
         enforce_eager=on_cpu if settings.enforce_eager is None else settings.enforce_eager,
@@ -79,18 +107,48 @@ def _logprobs(
     return result
 
 
+def _structured_outputs(constraint: StructuredOutputs | None) -> StructuredOutputsParams | None:
+    if constraint is None:
+        return None
+    return StructuredOutputsParams(**constraint.model_dump(exclude_none=True))
+
+
 class VllmEngine:
     """Generation on `AsyncLLM`, with DELTA outputs so each step carries only its new tokens."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: WorkerSettings) -> None:
         self.model_name = settings.model_name
         self.max_model_len = settings.max_model_len
         self._llm = AsyncLLM.from_engine_args(engine_args(settings))
+        # vLLM resolves `auto` (and our CPU fallback) into a torch dtype: report that one, e.g. "bfloat16".
+        self.dtype = str(self._llm.model_config.dtype).removeprefix("torch.")
         tokenizer = self._llm.tokenizer
         if tokenizer is None:
             raise EngineError(f"{settings.model} has no tokenizer; streampool renders prompts with it")
         self._tokenizer = tokenizer
         self._cores_before = cpu_placement.keep_off_model_cores() if current_platform.is_cpu() else None
+        # vLLM loads an adapter at its first request and keeps it (max_loras holds them all).
+        self._adapters = {
+            name: LoRARequest(name, number, str(path))
+            for number, (name, path) in enumerate(settings.adapters.items(), start=1)
+        }
+        # The CPU build mixes up adapters batched together (worker/adapter_gate.py).
+        self._gate = AdapterGate() if self._adapters and current_platform.is_cpu() else None
+
+    def _turn(self, adapter: LoRARequest | None) -> contextlib.AbstractAsyncContextManager[None]:
+        """Where the engine mixes adapters up, the wait for this adapter's turn (`AdapterGate`)."""
+        if self._gate is None:
+            return contextlib.nullcontext()
+        return self._gate.hold(None if adapter is None else adapter.lora_name)
+
+    def _adapter(self, request: JobRequest) -> LoRARequest | None:
+        """The adapter a job names (`<model>:<adapter>`, as admission resolved it), if any."""
+        adapter = Target.of_job(request.model, self.model_name).adapter
+        if adapter is None:
+            return None
+        if adapter not in self._adapters:
+            raise EngineError(f"this worker does not serve the adapter {adapter} of {self.model_name}")
+        return self._adapters[adapter]
 
     def render(self, request: JobRequest) -> Prompt:
         if request.messages is not None:
@@ -100,44 +158,61 @@ class VllmEngine:
             ids = self._tokenizer.encode(str(text), add_special_tokens=False)
         else:
             ids = self._tokenizer.encode(request.prompt or "")
-        return Prompt(token_ids=list(ids), request=request)
+        kept = request.kept_prompt_tokens(len(ids), self.max_model_len)
+        return Prompt(token_ids=list(ids[len(ids) - kept :]), request=request)
 
     @staticmethod
-    def _sampling_params(request: JobRequest) -> SamplingParams:
+    def sampling_params(request: JobRequest) -> SamplingParams:
+        """vLLM's parameters for a job: every sampling option of a job has vLLM's own name."""
         return SamplingParams(
-            max_tokens=request.max_tokens,
-            temperature=request.temperature,
-            top_p=request.top_p,
+            **request.model_dump(include=set(SAMPLING_FIELDS)),
             top_k=request.top_k or 0,
-            seed=request.seed,
             stop=request.stop_strings or None,
-            logprobs=request.logprobs,
+            logit_bias={int(token): bias for token, bias in (request.logit_bias or {}).items()} or None,
+            structured_outputs=_structured_outputs(request.structured_outputs),
             output_kind=RequestOutputKind.DELTA,
         )
 
     async def generate(self, request_id: str, prompt: Prompt) -> AsyncGenerator[EngineDelta, None]:
-        params = self._sampling_params(prompt.request)
+        params = self.sampling_params(prompt.request)
+        adapter = self._adapter(prompt.request)
         wanted = prompt.request.logprobs or 0
-        try:
-            # Already tokenized (usage must be exact), so the renderer only packs the ids for the engine.
-            (engine_input,) = self._llm.renderer.render_cmpl(
-                [TokensPrompt(prompt_token_ids=prompt.token_ids)]
-            )
-            async for output in self._llm.generate(engine_input, params, request_id):
-                completion = output.outputs[0]
-                token_ids = list(completion.token_ids)
-                yield EngineDelta(
-                    text=completion.text,
-                    token_ids=token_ids,
-                    logprobs=_logprobs(token_ids, completion.logprobs, wanted),
-                    finished=output.finished,
-                    finish_reason=completion.finish_reason,
+        async with self._turn(adapter):
+            try:
+                # Already tokenized (usage must be exact), so the renderer only packs the ids for the engine.
+                (engine_input,) = self._llm.renderer.render_cmpl(
+                    [TokensPrompt(prompt_token_ids=prompt.token_ids)]
                 )
-        except (EngineGenerateError, EngineDeadError, ValueError) as exc:
-            raise EngineError(f"generation failed: {exc!r}") from exc
+                async for output in self._llm.generate(
+                    engine_input, params, request_id, lora_request=adapter
+                ):
+                    # With n > 1 each choice streams apart (`index`); one output may hold several.
+                    for completion in output.outputs:
+                        token_ids = list(completion.token_ids)
+                        yield EngineDelta(
+                            text=completion.text,
+                            token_ids=token_ids,
+                            logprobs=_logprobs(token_ids, completion.logprobs, wanted),
+                            finished=completion.finished(),
+                            finish_reason=completion.finish_reason,
+                            index=completion.index,
+                        )
+            except EngineDeadError as exc:
+                raise EngineDead(f"the engine died: {exc!r}") from exc
+            except (EngineGenerateError, ValueError) as exc:
+                # A request the engine refuses fails alone; when its engine core died under it, vLLM may
+                # report that as a failed request too, and only `errored` tells the two apart.
+                if self._llm.errored:
+                    raise EngineDead(f"the engine died: {exc!r}") from exc
+                raise EngineError(f"generation failed: {exc!r}") from exc
 
     async def abort(self, request_id: str) -> None:
         await self._llm.abort(request_id)
+
+    @property
+    def dead(self) -> bool:
+        # vLLM's monitor thread sets this within moments of its engine core process exiting.
+        return bool(self._llm.errored)
 
     def running_requests(self) -> int:
         return int(self._llm.output_processor.get_num_unfinished_requests())  # type: ignore[no-untyped-call]

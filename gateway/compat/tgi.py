@@ -17,9 +17,9 @@ from shared.errors import InvalidRequest
 from shared.events import CancelledEvent, DeltaEvent, DoneEvent, ErrorEvent, Event, TokenLogprob
 from shared.requests import MAX_PROMPT_CHARS, MAX_STOP_CHARS, MAX_STOP_STRINGS, JobRequest, Text
 
-GENERATION_PATHS = frozenset({"/generate", "/generate_stream", "/"})
 DEFAULT_MAX_NEW_TOKENS = 100  # TGI's default
 ROUTER = "streampool"
+UNKNOWN_DTYPE = "unknown"  # /info's dtype while no serving worker's heartbeat says it
 
 FinishReason = Literal["length", "eos_token", "stop_sequence"]
 
@@ -28,6 +28,7 @@ ERRORS: dict[str, tuple[str, int]] = {
     "validation": ("validation", 422),
     "prompt_too_long": ("validation", 422),  # TGI checks the input length before it generates
     "overloaded": ("overloaded", 429),
+    "rate_limited": ("overloaded", 429),  # TGI has one type for every 429
     "unavailable": ("unavailable", 503),
     "cancelled": ("incomplete_generation", 500),  # TGI's name for a stream that ended early
 }
@@ -96,7 +97,8 @@ class Parameters(BaseModel):
             (
                 self.truncate is not None,
                 "truncate",
-                "input truncation is not supported (the gateway does not tokenize); shorten the input",
+                # The gateway counts a prompt's tokens (to refuse one too long), but cuts none.
+                "input truncation is not supported; shorten the input",
             ),
             (self.repetition_penalty not in (None, 1.0), "repetition_penalty", "penalties are not supported"),
             (self.frequency_penalty not in (None, 0.0), "frequency_penalty", "penalties are not supported"),
@@ -128,11 +130,8 @@ class GenerateRequest(BaseModel):
         for refused, name, reason in params.refusals():
             if refused:
                 raise InvalidRequest(f"parameters.{name}: {reason}", param=name)
+        # A value over the limit is admission's to refuse; without one, the default stays within it.
         max_new_tokens = params.max_new_tokens or min(DEFAULT_MAX_NEW_TOKENS, max_new_tokens_limit)
-        if max_new_tokens > max_new_tokens_limit:
-            raise InvalidRequest(
-                f"parameters.max_new_tokens: must be at most {max_new_tokens_limit}", param="max_new_tokens"
-            )
         fields = {
             "prompt": self.inputs,
             "max_tokens": max_new_tokens,
@@ -152,6 +151,14 @@ class GenerateRequest(BaseModel):
             field = str(error["loc"][0]) if error["loc"] else ""
             name = PARAMETER_NAMES.get(field, f"parameters.{field}") if field else ""
             raise InvalidRequest(f"{name}: {error['msg']}" if name else error["msg"], param=name) from exc
+
+    @staticmethod
+    def in_own_terms(exc: InvalidRequest) -> InvalidRequest:
+        """A refusal of a job field (the gateway's limits), under TGI's name for the parameter."""
+        if exc.field is None:
+            return exc
+        name = PARAMETER_NAMES.get(exc.field, f"parameters.{exc.field}")
+        return InvalidRequest(f"{name}: {exc.reason}", param=name.removeprefix("parameters."))
 
     def shown_text(self, text: str) -> str:
         """The generated text as TGI answers it: after the prompt when `return_full_text` is set."""
@@ -201,7 +208,8 @@ class DetailedResponse(GenerateResponse):
 
 
 class Info(BaseModel):
-    """`GET /info`: what TGI says about its model and limits, here from live workers and settings."""
+    """`GET /info`: what TGI says about its model and limits, here from live workers' heartbeats
+    (model, dtype, context) and the gateway's settings (its limits)."""
 
     model_id: str
     model_sha: str | None = None

@@ -1,7 +1,8 @@
-"""Health, the models the workers serve, and Prometheus metrics."""
+"""Health, the models the gateway knows, and Prometheus metrics."""
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 from fastapi import APIRouter, Response
@@ -9,19 +10,24 @@ from fastapi.responses import PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from gateway.auth import REQUIRE_KEY
-from gateway.deps import ServicesDep
+from gateway.deps import Services, ServicesDep
 from gateway.errors import documented
 from shared.errors import BackendUnavailable
-from shared.workers import live_workers
+from shared.models import queue_depths
+from shared.redis_client import redis_errors
 
 router = APIRouter(tags=["health"])
 
 
 @router.get("/health", responses=documented(503))
 async def health(services: ServicesDep) -> dict[str, Any]:
-    """200 when Redis answers and a worker has a live heartbeat; 503 with the reason otherwise."""
+    """200 when Redis answers and a worker has a live heartbeat; 503 with the reason otherwise.
+
+    Unauthenticated, so it reads what admission read at most a second ago: callers cannot make
+    Redis work harder by asking more often.
+    """
     try:
-        workers = await live_workers(services.redis, services.keys)
+        workers = await services.admission.live_workers()
     except BackendUnavailable as exc:
         raise BackendUnavailable(exc.message, redis="unreachable") from exc
     if not workers:
@@ -31,27 +37,51 @@ async def health(services: ServicesDep) -> dict[str, Any]:
 
 @router.get("/v1/models", dependencies=[REQUIRE_KEY], responses=documented(401, 503))
 async def models(services: ServicesDep) -> dict[str, Any]:
-    """The models live workers serve, in OpenAI's list shape."""
-    by_model: dict[str, dict[str, Any]] = {}
-    for worker in await live_workers(services.redis, services.keys):
-        entry = by_model.setdefault(
-            worker.model,
-            {
-                "id": worker.model,
-                "object": "model",
-                "created": int(worker.started_at),
-                "owned_by": "streampool",
-                "max_model_len": worker.max_model_len,
-                "workers": 0,
-            },
-        )
-        entry["workers"] += 1
-        entry["created"] = min(entry["created"], int(worker.started_at))
-    return {"object": "list", "data": list(by_model.values())}
+    """Every model the gateway knows (declared, or announced by a worker), under each of its names,
+    and the adapters of each, in OpenAI's list shape."""
+    return {"object": "list", "data": list((await model_listing(services)).values())}
+
+
+async def model_listing(services: Services) -> dict[str, dict[str, Any]]:
+    """Each name a request may give (a model's canonical name, its aliases, its adapters' names) as
+    OpenAI describes a model, with vLLM's `root`, `parent` and `max_model_len` (vLLM's benchmark
+    client reads `root`), and streampool's live `workers` and `queue_depth` of the model behind it."""
+    catalog = await services.admission.catalog()
+    workers = await services.admission.live_workers()
+    depths = await queue_depths(services.redis, services.keys, catalog.entries)
+    listing: dict[str, dict[str, Any]] = {}
+    for entry in catalog.entries.values():
+        started = [worker.started_at for worker in workers if worker.model == entry.name]
+        common = {
+            "object": "model",
+            "created": int(min(started, default=entry.last_seen or 0)),
+            "owned_by": "streampool",
+            "max_model_len": entry.max_model_len,
+            "workers": catalog.workers[entry.name],
+            "queue_depth": depths[entry.name],
+        }
+        for name in [entry.name, *entry.aliases]:
+            listing[name] = {"id": name, "root": entry.name, "parent": None, **common}
+        for adapter in entry.adapters:
+            listing.setdefault(adapter, {"id": adapter, "root": adapter, "parent": entry.name, **common})
+    return listing
 
 
 @router.get("/metrics", response_class=PlainTextResponse)
 async def metrics(services: ServicesDep) -> Response:
     """Prometheus metrics; the queue's figures are read from Redis for each scrape."""
-    await services.metrics.read_queue(services.redis, services.keys)
+    await services.metrics.read_queue(lambda: _queue_figures(services))
     return Response(generate_latest(services.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+
+async def _queue_figures(services: Services) -> tuple[dict[str, tuple[int, int]], dict[str, str]]:
+    """Each known model's queued jobs (its queue's length) and running ones (its workers' heartbeats),
+    and the tenants' totals of jobs and tokens."""
+    catalog = await services.admission.catalog()
+    running: Counter[str] = Counter()
+    for worker in await services.admission.live_workers():
+        running[worker.model] += worker.running_jobs
+    depths = await queue_depths(services.redis, services.keys, catalog.entries)
+    with redis_errors():
+        totals: dict[str, str] = await services.redis.hgetall(services.keys.tenant_totals)  # type: ignore[misc]
+    return {model: (depths[model], running[model]) for model in catalog.entries}, totals

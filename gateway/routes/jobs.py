@@ -12,10 +12,18 @@ from gateway.auth import REQUIRE_KEY, Owner
 from gateway.deps import OwnedJobId, ServicesDep
 from gateway.errors import documented
 from gateway.generation import JOB_ID_HEADER
-from gateway.relay import START, parse_cursor
-from gateway.sse import EventStream, event_stream
-from shared.errors import InvalidRequest, Overloaded
-from shared.requests import CancelAnswer, EventsPage, JobAccepted, JobRecord, JobRequest, JobUrls
+from gateway.relay import START, StreamLimits, parse_cursor
+from gateway.sse import EventStream
+from shared.events import JobState
+from shared.requests import (
+    CancelAnswer,
+    EventsPage,
+    JobAccepted,
+    JobRecord,
+    JobSubmission,
+    JobUrls,
+)
+from shared.webhooks import JOB_API, WEBHOOK_URL, WebhookDelivery
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +68,7 @@ def _urls(job_id: str) -> JobUrls:
     responses={200: {"content": SUBMIT_STREAM_CONTENT}, **documented(400, 413, 429)},
 )
 async def submit_job(
-    body: JobRequest,
+    body: JobSubmission,
     owner: Owner,
     services: ServicesDep,
     request: Request,
@@ -70,30 +78,29 @@ async def submit_job(
     """Queue a generation job; answers at once with where to follow it, or, with
     `Accept: text/event-stream`, follows it from its first event in the same request.
 
-    A prompt that cannot fit the context with `max_tokens` is refused (413) before any job is made.
+    A prompt that cannot fit the context with `max_tokens` is refused (413) before any job is made, and
+    so is a `webhook` the gateway may not POST to (400).
     """
-    if body.max_tokens > services.settings.max_tokens_limit:
-        raise InvalidRequest(
-            f"max_tokens: must be at most {services.settings.max_tokens_limit}",
-            detail=[{"loc": ["body", "max_tokens"], "type": "less_than_equal", "input": body.max_tokens}],
-        )
-    await services.prompt_limit.check(body)
+    annotations = services.webhook_targets.annotations(owner, body.webhook, JOB_API)
+    streaming, limits = _wants_events(request), StreamLimits.of(services.settings)
+    if streaming:  # a stream over the limits is refused before any job is made
+        services.relay.open_streams.hold(owner, limits)
     try:
-        submission = await services.store.submit(body, idempotency_key, owner)
-    except Overloaded:
-        services.metrics.jobs_rejected.labels(reason="overloaded").inc()
+        submission = await services.admission.admit(
+            body, owner, idempotency_key=idempotency_key, annotations=annotations
+        )
+    except BaseException:
+        if streaming:
+            services.relay.open_streams.let_go(owner)
         raise
     job_id = submission.job_id
     headers = {"Location": _urls(job_id).self, JOB_ID_HEADER: job_id}
-    if submission.created:
-        services.metrics.jobs_submitted.inc()
-        log.info("queued", extra={"job_id": job_id})
-    else:
+    if not submission.created:
         headers["Idempotent-Replayed"] = "true"
-    if _wants_events(request):
+    if streaming:
         # Leaving this stream leaves the job running: it can be followed again from any event id.
-        following = services.relay.follow(job_id, START)
-        return event_stream(following, services.metrics, services.settings.sse_ping_seconds, headers)
+        following = services.relay.follow(job_id, START, limits.batch_bytes, held_by=owner)
+        return EventStream(following, services.metrics, services.settings.sse_ping_seconds, headers)
     response.headers.update(headers)
     return JobAccepted(
         id=job_id, status=submission.status, created_at=submission.created_at, urls=_urls(job_id)
@@ -102,8 +109,12 @@ async def submit_job(
 
 @router.get("/{job_id}", response_model=JobRecord, responses=documented(404))
 async def get_job(job_id: OwnedJobId, services: ServicesDep) -> JobRecord:
-    """The job record: state, timings, output so far, usage."""
-    return await services.store.record(job_id)
+    """The job record: state, timings, output so far, usage; for a queued job whose model has no live
+    worker, what it waits for."""
+    record = await services.store.record(job_id)
+    if record.status is JobState.queued and record.model is not None:
+        record.waiting = await services.admission.waiting(record.model)
+    return record
 
 
 @router.post(
@@ -121,13 +132,21 @@ async def cancel_job(job_id: OwnedJobId, services: ServicesDep, response: Respon
     return answer
 
 
+@router.get("/{job_id}/webhook", response_model=WebhookDelivery, responses=documented(404))
+async def job_webhook(job_id: OwnedJobId, services: ServicesDep) -> WebhookDelivery:
+    """How the job's webhook went: attempts, the last answer, when it was delivered (404: no webhook)."""
+    annotations = await services.store.annotations(job_id)
+    return await services.deliveries.record(job_id, annotations.get(WEBHOOK_URL))
+
+
 @router.get(
     "/{job_id}/events",
     response_model=EventsPage,
-    responses={200: {"content": EVENTS_CONTENT}, **documented(404, 410)},
+    responses={200: {"content": EVENTS_CONTENT}, **documented(404, 410, 429)},
 )
 async def job_events(
     job_id: OwnedJobId,
+    owner: Owner,
     request: Request,
     services: ServicesDep,
     after: Annotated[str | None, Query(max_length=41, description="stream id to read after")] = None,
@@ -139,13 +158,13 @@ async def job_events(
     last_event_id: Annotated[str | None, Header(max_length=41)] = None,
 ) -> Response:
     """SSE from the cursor to the terminal event, or (without `Accept: text/event-stream`) one page."""
-    cursor = parse_cursor(last_event_id or after)
+    cursor, limits = parse_cursor(last_event_id or after), StreamLimits.of(services.settings)
     if _wants_events(request):
-        await services.relay.check(job_id, cursor)  # 404 / 410 before the stream starts
-        followed = services.relay.follow(job_id, cursor)
-        return event_stream(followed, services.metrics, services.settings.sse_ping_seconds)
+        # 404 / 410 / 422 / 429 before the stream starts
+        followed = await services.relay.open(job_id, cursor, owner, limits)
+        return EventStream(followed, services.metrics, services.settings.sse_ping_seconds)
     wait = min(wait, services.settings.poll_wait_max)
-    entries, state, done = await services.relay.page(job_id, cursor, limit, wait)
+    entries, state, done = await services.relay.page(job_id, cursor, limit, wait, owner, limits)
     page = EventsPage(
         events=[entry.as_dict() for entry in entries],
         cursor=entries[-1].id if entries else cursor,

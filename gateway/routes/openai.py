@@ -14,37 +14,84 @@ from typing import Any
 
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
-from sse_starlette import EventSourceResponse, ServerSentEvent
+from sse_starlette import ServerSentEvent
 
 from gateway.auth import REQUIRE_KEY, Owner
-from gateway.compat.openai import (
-    CHAT_COMPLETIONS_PATH,
-    COMPLETIONS_PATH,
+from gateway.compat.openai_answers import (
     Answer,
-    ChatBody,
     ChatCompletionResponse,
     ChunkStream,
-    CompletionBody,
     CompletionResponse,
-    check_model,
+    OpenAIErrorBody,
     completion,
+    error_object,
 )
+from gateway.compat.openai_bodies import CHAT_COMPLETIONS_PATH, COMPLETIONS_PATH, ChatBody, CompletionBody
 from gateway.deps import Services, ServicesDep
-from gateway.errors import documented, openai_error
-from gateway.generation import JOB_ID_HEADER, JobRun, raise_for_failure
+from gateway.errors import STATUS_CODES, ErrorShape, ShapedRoute, documented, status_of
+from gateway.generation import JOB_ID_HEADER, JobRun, event_source, raise_for_failure
 from gateway.metrics import GatewayMetrics
-from shared.errors import StreampoolError
-from shared.workers import live_workers
+from shared.errors import (
+    InvalidRequest,
+    JobCancelled,
+    PromptTooLong,
+    RateLimited,
+    StreampoolError,
+    Unauthorized,
+)
+
+
+class OpenAIErrors(ErrorShape):
+    """OpenAI's `{"error": {"message", "type", "param", "code"}}`, with OpenAI's statuses."""
+
+    body_model = OpenAIErrorBody
+    status_codes = {
+        **STATUS_CODES,
+        InvalidRequest: 400,  # OpenAI's status for a bad parameter, where the native API says 422
+        PromptTooLong: 400,  # as vLLM answers it, with the numbers in the message
+        JobCancelled: 410,  # cancelled through the native API while its client waited: not worth a retry
+    }
+    codes: dict[type[StreampoolError], str] = {
+        PromptTooLong: "context_length_exceeded",
+        Unauthorized: "invalid_api_key",
+        RateLimited: "rate_limit_exceeded",  # OpenAI's; the message begins with the limit's name
+    }
+
+    def failure(self, exc: StreampoolError) -> tuple[int, dict[str, Any]]:
+        """The body alone also ends a stream that failed."""
+        status = status_of(exc, self.status_codes)
+        code = exc.detail.get("code") or self.codes.get(type(exc), exc.error_type)
+        return status, error_object(status, exc.message, exc.detail.get("param"), code)
+
+    def invalid(
+        self, message: str, where: str, error_type: str | None, errors: list[Any]
+    ) -> tuple[int, dict[str, Any]]:
+        param = where if where and error_type != "json_invalid" else None
+        return 400, error_object(400, message, param, error_type)
+
+    def refusal(self, status: int, message: str) -> dict[str, Any]:
+        return error_object(status, message)
+
+
+OPENAI_ERRORS = OpenAIErrors()
+
+
+class OpenAIRoute(ShapedRoute):
+    error_shape = OPENAI_ERRORS
+
 
 # A failed job answers 410 when it was cancelled through the native API while its client waited.
 # Every 4xx has OpenAI's shape, validation errors included: "4XX" keeps FastAPI from listing its own 422.
 ERRORS = {
-    **documented(400, 401, 404, 410, 413, 429, 503, openai=True),
-    "4XX": documented(400, openai=True)[400] | {"description": "any other client error"},
+    **documented(400, 401, 404, 410, 413, 429, 503, shape=OPENAI_ERRORS),
+    "4XX": documented(400, shape=OPENAI_ERRORS)[400] | {"description": "any other client error"},
 }
 STREAM = {"text/event-stream": {"schema": {"type": "string", "description": "chunks, then [DONE]"}}}
 
-router = APIRouter(tags=["openai"], dependencies=[REQUIRE_KEY], responses=ERRORS)
+# OpenAI and vLLM end each line with "\n" alone; vLLM's benchmark client splits events on "\n\n" only.
+SEPARATOR = "\n"
+
+router = APIRouter(tags=["openai"], dependencies=[REQUIRE_KEY], responses=ERRORS, route_class=OpenAIRoute)
 
 
 @router.post(
@@ -75,24 +122,35 @@ async def _answer(
     """Refusals, a prompt too long, an unknown model, a full queue and a lost Redis are all answered
     before the job runs."""
     job = body.job_request(services.settings.max_tokens_limit)
-    await services.prompt_limit.check(job)
-    check_model(body.model, {worker.model for worker in await live_workers(services.redis, services.keys)})
-    run = await JobRun.submit(services, job, owner)
+    try:
+        submission = await services.admission.admit(job, owner, model=body.model)
+    except InvalidRequest as exc:
+        raise body.in_own_terms(exc) from exc
+    run = JobRun(services, submission.job_id, request)
     answer = Answer(chat=body.chat, job_id=run.job_id, model=body.model, created=int(time.time()))
-    headers = {JOB_ID_HEADER: run.job_id}
     if body.stream:
-        frames = _frames(run, ChunkStream(answer, body.include_usage), services.metrics)
-        return EventSourceResponse(frames, headers=headers, ping=services.settings.sse_ping_seconds)
-    result = await run.result(request)
-    logprobs = result.logprobs if job.logprobs is not None else None
-    return JSONResponse(
-        completion(answer, result.text, logprobs, result.finish_reason, result.usage), headers=headers
-    )
+        continuous = body.stream_options is not None and body.stream_options.continuous_usage
+        prompt_tokens = None
+        if continuous:
+            target = await services.admission.resolve(body.model)
+            prompt_tokens = await services.admission.prompt_limit.count(job, target.model)
+        chunks = ChunkStream(answer, body.include_usage, continuous, prompt_tokens, body.echoed)
+        return event_source(run, _frames(run, chunks, services.metrics), sep=SEPARATOR)
+    result = await run.result()
+    choices = [
+        (
+            body.echoed + choice.text,
+            choice.logprobs if job.logprobs is not None else None,
+            choice.finish_reason,
+        )
+        for choice in result.choices
+    ]
+    return JSONResponse(completion(answer, choices, result.usage), headers={JOB_ID_HEADER: run.job_id})
 
 
 def _frame(data: dict[str, Any]) -> ServerSentEvent:
     # Only `data:` lines, as OpenAI streams them: no `event:` or `id:` fields.
-    return ServerSentEvent(data=json.dumps(data))
+    return ServerSentEvent(data=json.dumps(data), sep=SEPARATOR)
 
 
 async def _frames(
@@ -100,6 +158,10 @@ async def _frames(
 ) -> AsyncIterator[ServerSentEvent]:
     """The answer's chunks then `[DONE]`; a failure ends it as an `error` chunk, never a silent close.
 
+    The first chunk goes with the first token: a chunk sent earlier would make a client's time to
+    first token the queue's. Until then only sse-starlette's keep-alive comments go out, every
+    `sse_ping_seconds`. Not one per state the job passes: vLLM's benchmark client strips each read
+    it gets and keeps a comment that came alone in its buffer, where it swallows every later chunk.
     Closing this generator early (the client went away) closes the job's events, which cancels the job.
     """
     metrics.streams_open.inc()
@@ -110,7 +172,7 @@ async def _frames(
                 for chunk in chunks.feed(event):
                     yield _frame(chunk)
     except StreampoolError as exc:
-        yield _frame(openai_error(exc)[1])
+        yield _frame(OPENAI_ERRORS.failure(exc)[1])
     finally:
         metrics.streams_open.dec()
-    yield ServerSentEvent(data="[DONE]")
+    yield ServerSentEvent(data="[DONE]", sep=SEPARATOR)

@@ -20,12 +20,28 @@ from sse_starlette import EventSourceResponse, ServerSentEvent
 from gateway.auth import REQUIRE_KEY, Owner
 from gateway.compat import tgi
 from gateway.deps import Services, ServicesDep
-from gateway.errors import documented
-from gateway.generation import JOB_ID_HEADER, JobRun
-from shared.errors import BackendUnavailable, StreampoolError
-from shared.workers import live_workers
+from gateway.errors import ErrorShape, ShapedRoute, documented
+from gateway.generation import JOB_ID_HEADER, JobRun, event_source
+from shared.errors import BackendUnavailable, InvalidRequest, PromptTooLong, StreampoolError
 
-router = APIRouter(tags=["tgi"], dependencies=[REQUIRE_KEY], responses=documented(401, 503))
+
+class TGIErrors(ErrorShape):
+    """Streampool's own shape, but a prompt too long for the context is invalid input (422):
+    TGI checks the input length as part of validation."""
+
+    def failure(self, exc: StreampoolError) -> tuple[int, dict[str, Any]]:
+        if isinstance(exc, PromptTooLong):
+            exc = InvalidRequest(exc.message, **exc.detail)
+        return super().failure(exc)
+
+
+class TGIRoute(ShapedRoute):
+    error_shape = TGIErrors()
+
+
+router = APIRouter(
+    tags=["tgi"], dependencies=[REQUIRE_KEY], responses=documented(401, 503), route_class=TGIRoute
+)
 
 # As TGI: 422 for any invalid input (a prompt too long for the context included).
 GENERATION_ERRORS: dict[int | str, dict[str, Any]] = {
@@ -50,28 +66,33 @@ def _json(content: BaseModel | list[BaseModel], status_code: int, job_id: str) -
     )
 
 
-async def _submit(services: Services, body: tgi.GenerateRequest, owner: str, *, stream: bool) -> JobRun:
-    """Invalid input, a prompt too long and no live worker are all answered before a job is made."""
-    request = body.job_request(services.settings.max_tokens_limit, stream=stream)
-    await services.prompt_limit.check(request)
-    if not await live_workers(services.redis, services.keys):
-        raise BackendUnavailable("no worker has a live heartbeat")
-    return await JobRun.submit(services, request, owner)
+async def _submit(
+    services: Services, body: tgi.GenerateRequest, request: Request, owner: str, *, stream: bool
+) -> JobRun:
+    """Invalid input, a prompt too long and no known model are all answered before a job is made. TGI
+    serves one model: the gateway's default one (or the only one it knows)."""
+    job = body.job_request(services.settings.max_tokens_limit, stream=stream)
+    try:
+        submission = await services.admission.admit(job, owner)
+    except InvalidRequest as exc:
+        raise body.in_own_terms(exc) from exc
+    return JobRun(services, submission.job_id, request)
 
 
 async def _generate(
     services: Services, body: tgi.GenerateRequest, request: Request, owner: str, *, listed: bool
 ) -> Response:
     """The whole answer; TGI's `POST /` lists it, as the Inference API did."""
-    run = await _submit(services, body, owner, stream=False)
+    run = await _submit(services, body, request, owner, stream=False)
     try:
-        result = await run.result(request)
+        result = await run.result()
     except StreampoolError as exc:
         # The job failed after it was accepted: answered with TGI's status for the failure.
         answer, status = tgi.error(exc.message, exc.error_type)
         return _json(answer, status, run.job_id)
+    first = result.first  # TGI's routes ask for one choice
     generation = tgi.generated(
-        body, result.text, result.logprobs, result.finish_reason, result.usage.completion_tokens
+        body, first.text, first.logprobs, first.finish_reason, result.usage.completion_tokens
     )
     return _json([generation] if listed else generation, 200, run.job_id)
 
@@ -98,13 +119,11 @@ async def _token_events(
         services.metrics.streams_open.dec()
 
 
-async def _stream(services: Services, body: tgi.GenerateRequest, owner: str) -> EventSourceResponse:
-    run = await _submit(services, body, owner, stream=True)
-    return EventSourceResponse(
-        _token_events(services, run, body),
-        ping=services.settings.sse_ping_seconds,
-        headers={JOB_ID_HEADER: run.job_id},
-    )
+async def _stream(
+    services: Services, body: tgi.GenerateRequest, request: Request, owner: str
+) -> EventSourceResponse:
+    run = await _submit(services, body, request, owner, stream=True)
+    return event_source(run, _token_events(services, run, body))
 
 
 @router.post(
@@ -125,10 +144,10 @@ async def generate(
     responses={200: {"content": STREAM}, **GENERATION_ERRORS},
 )
 async def generate_stream(
-    body: tgi.GenerateRequest, owner: Owner, services: ServicesDep
+    body: tgi.GenerateRequest, request: Request, owner: Owner, services: ServicesDep
 ) -> EventSourceResponse:
     """Generate, streaming one Server-Sent Event per token; the last carries the whole text."""
-    return await _stream(services, body, owner)
+    return await _stream(services, body, request, owner)
 
 
 @router.post(
@@ -144,24 +163,26 @@ async def compat_generate(
 ) -> Response:
     """`/generate_stream` or `/generate` by the body's `stream` flag: where `InferenceClient(url)` posts."""
     if body.stream:
-        return await _stream(services, body, owner)
+        return await _stream(services, body, request, owner)
     return await _generate(services, body, request, owner, listed=True)
 
 
 @router.get("/info")
 async def info(services: ServicesDep) -> tgi.Info:
-    """The served model and limits, from live workers' heartbeats and the settings."""
-    workers = await live_workers(services.redis, services.keys)
-    if not workers:
-        raise BackendUnavailable("no worker has a live heartbeat")
-    # TGI serves one model: the one most workers serve, and a context every one of them has.
-    model = Counter(worker.model for worker in workers).most_common(1)[0][0]
-    serving = [worker for worker in workers if worker.model == model]
-    max_total_tokens = min(worker.max_model_len for worker in serving)
+    """The served model (TGI serves one: the default one), its dtype and context from its workers'
+    heartbeats (or, while none is live, from what the last one announced); the gateway's own limits."""
+    catalog = await services.admission.catalog()
+    model = catalog.resolve(None, services.admission.default_model).model
+    serving = [worker for worker in await services.admission.live_workers() if worker.model == model]
+    max_total_tokens = min((worker.max_model_len for worker in serving), default=None)
+    max_total_tokens = max_total_tokens or catalog.entries[model].max_model_len
+    if max_total_tokens is None:
+        raise BackendUnavailable(f"no worker of model {model} has announced its context yet")
+    dtypes = Counter(worker.dtype for worker in serving if worker.dtype is not None)
     settings = services.settings
     return tgi.Info(
         model_id=model,
-        model_dtype=settings.dtype,
+        model_dtype=dtypes.most_common(1)[0][0] if dtypes else tgi.UNKNOWN_DTYPE,
         max_concurrent_requests=settings.max_queued_jobs or None,
         max_input_tokens=max_total_tokens - 1,
         max_input_length=max_total_tokens - 1,

@@ -65,6 +65,8 @@ function requestBody() {
   }
   const stop = data.get("stop").split("\n").filter((line) => line !== "").map(unescapeStop);
   if (stop.length) body.stop = stop.length === 1 ? stop[0] : stop;
+  const model = data.get("model"); // the picker sits in the header, in this form by its `form` attribute
+  if (model) body.model = model;
   return body;
 }
 
@@ -81,6 +83,7 @@ function fillForm(body) {
     fields.prompt.value = body.prompt;
   }
   for (const name of NUMBERS) fields[name].value = body[name] ?? "";
+  if (body.model) pickModel(body.model);
   fields.stop.value = [body.stop ?? []].flat().map(escapeStop).join("\n");
 }
 
@@ -351,13 +354,28 @@ async function attach(id) {
   follow();
 }
 
+/** The model picker: every name /v1/models lists; one without a live worker still takes jobs
+ * (they queue until a worker of it starts), and says so. */
 async function showModels() {
+  const picked = ui.model.value;
   try {
     const models = await fetchJSON("/v1/models");
-    ui.model.textContent = models.data.map((model) => model.id).join(", ") || "none (no live worker)";
+    const options = models.data.map((model) => {
+      const option = new Option(model.workers ? model.id : `${model.id} (no live worker)`, model.id);
+      option.title = `${model.workers} live workers, ${model.queue_depth} jobs queued`;
+      return option;
+    });
+    ui.model.replaceChildren(...(options.length ? options : [new Option("none (no model known)", "")]));
+    ui.model.disabled = !options.length;
+    pickModel(job?.request?.model ?? picked);
   } catch (err) {
-    ui.model.textContent = `unknown (${err.message})`;
+    ui.model.replaceChildren(new Option(`unknown (${err.message})`, ""));
+    ui.model.disabled = true;
   }
+}
+
+function pickModel(name) {
+  if ([...ui.model.options].some((option) => option.value === name)) ui.model.value = name;
 }
 
 // ---- the view

@@ -18,7 +18,7 @@ from tests.deploy.manifests import (
 
 COMPOSE: dict[str, Any] = load_yaml(COMPOSE_FILE)
 SERVICES: dict[str, Any] = COMPOSE["services"]
-WORKERS = ("worker", "worker-cpu")
+WORKERS = ("worker", "worker-cpu", "worker-chat", "worker-cpu-chat")
 ENV_FILE_EXAMPLE = REPO / "deploy" / "streampool.env.example"
 
 
@@ -100,3 +100,55 @@ def test_every_streampool_variable_is_a_setting() -> None:
     streampool_names = {name for name in names if name.startswith(ENV_PREFIX)}
     assert "STREAMPOOL_REDIS_URL" in streampool_names
     assert streampool_names - settings_env_names() == set()
+
+
+def test_redis_has_a_memory_limit_it_never_evicts_under() -> None:
+    command = SERVICES["redis"]["command"]
+    assert command[command.index("--maxmemory") + 1] == "1gb"
+    assert command[command.index("--maxmemory-policy") + 1] == "noeviction"
+
+
+def test_redis_syncs_every_second_unless_always_is_asked_for() -> None:
+    """`always` is offered through REDIS_APPENDFSYNC, for deployments that cannot lose a submission
+    already answered 202; the comment above the command says so."""
+    command = SERVICES["redis"]["command"]
+    fsync = command[command.index("--appendfsync") + 1]
+    variable, default = re.fullmatch(r"\$\{(\w+):-(\w+)\}", fsync).groups()  # type: ignore[union-attr]
+    assert default == "everysec"
+    assert f"{variable}=always docker compose up" in COMPOSE_FILE.read_text()
+
+
+def test_workers_serve_health_and_metrics_to_the_compose_network() -> None:
+    for name in WORKERS:
+        assert SERVICES[name]["environment"]["STREAMPOOL_METRICS_HOST"] == "0.0.0.0"
+
+
+def test_the_sentinel_profile_adds_a_replica_of_redis_and_three_sentinels_watching_it() -> None:
+    sentinels = [name for name, service in SERVICES.items() if name.startswith("sentinel-")]
+    assert len(sentinels) == 3
+    for name in [*sentinels, "redis-replica"]:
+        assert SERVICES[name]["profiles"] == ["sentinel"]
+    replica = SERVICES["redis-replica"]["command"]
+    assert replica[replica.index("--replicaof") + 1 : replica.index("--replicaof") + 3] == ["redis", "6379"]
+    for name in sentinels:
+        script = SERVICES[name]["command"][-1]
+        assert "'sentinel monitor streampool redis 6379 2'" in script
+        assert script.endswith("--sentinel")
+    # The URL gateways and workers take names the three Sentinels and the master they watch.
+    url = "redis+sentinel://sentinel-1:26379,sentinel-2:26379,sentinel-3:26379/streampool"
+    assert f"STREAMPOOL_REDIS_URL={url}" in COMPOSE_FILE.read_text()
+
+
+def test_two_models_each_with_gpu_and_cpu_workers_the_gateway_declares() -> None:
+    """Each worker serves one model (its first served name; the folder's name by default) and
+    the gateway declares every one of them, so that their jobs queue before a worker runs."""
+    gateway = SERVICES["gateway"]["environment"]
+    declared = gateway["STREAMPOOL_MODELS"].split(",")
+    served = {
+        name: SERVICES[name]["environment"].get("STREAMPOOL_SERVED_MODEL_NAME", "SmolLM2-135M-Instruct")
+        for name in WORKERS
+    }
+    assert sorted(set(served.values())) == sorted(declared) and len(declared) == 2
+    assert gateway["STREAMPOOL_DEFAULT_MODEL"] in declared
+    assert SERVICES["worker-chat"]["deploy"] == SERVICES["worker"]["deploy"]  # a GPU each
+    assert SERVICES["worker-cpu-chat"]["profiles"] == ["cpu"]

@@ -133,7 +133,7 @@ def test_dockerignore_keeps_what_the_builds_copy_and_drops_the_rest() -> None:
         line.strip() for line in (REPO / ".dockerignore").read_text().splitlines() if line and line[0] != "#"
     }
     assert {".git", ".venv", "tests", "bench", "*.env"} <= patterns
-    kept = {"pyproject.toml", "README.md", "shared", "gateway", "worker", "docker"}
+    kept = {"pyproject.toml", "README.md", "shared", "gateway", "worker", "cli", "client", "docker"}
     assert not kept & patterns
 
 

@@ -4,6 +4,7 @@ them (selectors, ports, probes, settings, the worker's drain) consistent."""
 from __future__ import annotations
 
 import copy
+import re
 
 import pytest
 
@@ -200,3 +201,76 @@ def test_every_streampool_variable_is_a_setting() -> None:
     streampool_names = {name for name in names if name.startswith(ENV_PREFIX)}
     assert "STREAMPOOL_API_KEYS" in streampool_names
     assert streampool_names - settings_env_names() == set()
+
+
+REDIS = find(OBJECTS, "StatefulSet", "streampool-redis")
+REDIS_PASSWORD = {"secretKeyRef": {"name": "streampool-redis", "key": "password"}}
+
+
+def test_redis_requires_the_password_of_its_secret_and_never_starts_without_one() -> None:
+    [container] = containers(REDIS)
+    assert {"name": "REDISCLI_AUTH", "valueFrom": REDIS_PASSWORD} in container["env"]
+    shell, flag, script, *_ = container["command"]
+    assert (shell, flag) == ("sh", "-c")
+    assert script.startswith('test -n "$REDISCLI_AUTH" || {')
+    assert script.endswith('exec redis-server "$@" --requirepass "$REDISCLI_AUTH"')
+    secret = find(OBJECTS, "Secret", REDIS_PASSWORD["secretKeyRef"]["name"])
+    assert secret["stringData"][REDIS_PASSWORD["secretKeyRef"]["key"]] == "", "filled in at deployment"
+
+
+@pytest.mark.parametrize("workload", [GATEWAY, WORKER], ids=label)
+def test_gateways_and_workers_reach_redis_with_its_password(workload: Manifest) -> None:
+    [container] = containers(workload)
+    env = [variable["name"] for variable in container["env"]]
+    by_name = {variable["name"]: variable for variable in container["env"]}
+    assert by_name["REDIS_PASSWORD"]["valueFrom"] == REDIS_PASSWORD
+    assert by_name["STREAMPOOL_REDIS_URL"]["value"] == "redis://:$(REDIS_PASSWORD)@streampool-redis:6379/0"
+    # Kubernetes puts in $(NAME) only from variables defined before it.
+    assert env.index("REDIS_PASSWORD") < env.index("STREAMPOOL_REDIS_URL")
+
+
+def test_redis_memory_is_bounded_and_never_evicted() -> None:
+    [container] = containers(REDIS)
+    args = container["args"]
+    assert args[args.index("--maxmemory") + 1] == "1gb"
+    assert container["resources"]["limits"]["memory"] == "2Gi", "twice maxmemory: the rewrite forks"
+
+
+def test_only_gateways_and_workers_may_reach_redis() -> None:
+    policy = find(OBJECTS, "NetworkPolicy", "streampool-redis")
+    spec = policy["spec"]
+    assert [w for w in workloads(OBJECTS) if selects(spec["podSelector"]["matchLabels"], w)] == [REDIS]
+    assert spec["policyTypes"] == ["Ingress"]
+    [rule] = spec["ingress"]
+    allowed = [
+        w
+        for w in workloads(OBJECTS)
+        for peer in rule["from"]
+        if selects(peer["podSelector"]["matchLabels"], w)
+    ]
+    assert sorted(label(w) for w in allowed) == sorted(label(w) for w in (GATEWAY, WORKER))
+    assert all(set(peer) == {"podSelector"} for peer in rule["from"]), (
+        "no namespace or address opens it wider"
+    )
+    [port] = rule["ports"]
+    assert container_ports(REDIS)[port["port"]] == 6379
+
+
+def test_worker_serves_its_probes_and_scrapes_beyond_the_pod() -> None:
+    """The worker's /health and /metrics listen on 127.0.0.1 unless told otherwise; the kubelet's
+    probes and Prometheus come from outside the pod."""
+    assert config_value(OBJECTS, "STREAMPOOL_METRICS_HOST") == "0.0.0.0"
+
+
+def test_scaledobject_scales_its_model_on_that_models_queue_alone() -> None:
+    """One Deployment and ScaledObject per model: the query reads the metrics of the model the
+    Deployment's workers serve, and the Deployment selects its model's pods only."""
+    [container] = containers(WORKER)
+    served = next(env["value"] for env in container["env"] if env["name"] == "STREAMPOOL_SERVED_MODEL_NAME")
+    model = served.split(",")[0]
+    query = SCALED_OBJECT["spec"]["triggers"][0]["metadata"]["query"]
+    selectors = re.findall(r"\b(streampool_[a-z_]+)(\{[^}]*\})?", query)
+    assert selectors and all(labels == f'{{model="{model}"}}' for _, labels in selectors), query
+    label = WORKER["spec"]["selector"]["matchLabels"]["streampool.io/model"]
+    assert WORKER["spec"]["template"]["metadata"]["labels"]["streampool.io/model"] == label
+    assert model in config_value(OBJECTS, "STREAMPOOL_MODELS").split(",")

@@ -41,7 +41,7 @@ PROMPTS: list[dict[str, Any]] = [
 
 @pytest.fixture
 async def counter(system: System, redis_client: aioredis.Redis) -> PromptCounter:
-    card = await read_model_card(redis_client, system.keys)
+    card = await read_model_card(redis_client, system.keys, system.settings.model_name)
     assert card is not None, "the workers published no model card"
     assert card.max_model_len == system.settings.max_model_len
     return PromptCounter(card)
@@ -81,7 +81,11 @@ async def test_the_worker_still_refuses_a_prompt_the_gateway_never_saw(
     client: httpx.AsyncClient, store: JobStore
 ) -> None:
     # Straight into the queue, past the gateway: as from a gateway that has no model card yet.
-    job_id = (await store.submit(JobRequest(prompt=TOO_LONG, max_tokens=16))).job_id
+    job_id = (
+        await store.submit(
+            JobRequest(prompt=TOO_LONG, max_tokens=16), model=store.settings.model_name, max_queued=0
+        )
+    ).job_id
     record = await wait_for_status(client, job_id, {"completed", "failed"})
     assert record["status"] == "failed"
     assert "2048" in record["error"]

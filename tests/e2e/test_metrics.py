@@ -7,14 +7,12 @@ test's own jobs, once nothing else runs.
 
 from __future__ import annotations
 
-import asyncio
-import time
 from dataclasses import dataclass
 
 import httpx
 
 from tests.conftest import System
-from tests.helpers import LONG_PROMPT, Scrape, read_sse, scrape, submit
+from tests.helpers import LONG_PROMPT, Scrape, eventually, read_sse, scrape, submit
 
 WAIT_SECONDS = 120
 
@@ -38,16 +36,15 @@ async def snapshot(client: httpx.AsyncClient, system: System) -> Snapshot:
 
 async def idle_snapshot(client: httpx.AsyncClient, system: System) -> Snapshot:
     """A snapshot once no job is queued or running (jobs of earlier tests may still be ending)."""
-    deadline = time.monotonic() + WAIT_SECONDS
-    while True:
-        now = await snapshot(client, system)
+
+    def idle(now: Snapshot) -> bool:
         busy = now.gateway.value("streampool_queue_depth") + now.gateway.value(
             "streampool_jobs", state="running"
         )
-        if busy == 0 and now.workers_value("streampool_worker_jobs_running") == 0:
-            return now
-        assert time.monotonic() < deadline, "jobs of earlier tests are still queued or running"
-        await asyncio.sleep(0.2)
+        return busy == 0 and now.workers_value("streampool_worker_jobs_running") == 0
+
+    what = "jobs of earlier tests end"
+    return await eventually(lambda: snapshot(client, system), what, WAIT_SECONDS, 0.2, until=idle)
 
 
 async def snapshot_when(
@@ -55,18 +52,17 @@ async def snapshot_when(
 ) -> Snapshot:
     """A snapshot once the workers count `finished` more jobs per final state than `before`: a worker
     counts a job just after its terminal event is written, which a client may read first."""
-    deadline = time.monotonic() + WAIT_SECONDS
-    while True:
-        now = await snapshot(client, system)
-        moved = {
-            state: now.workers_value("streampool_worker_jobs_finished_total", state=state)
+
+    def counted(now: Snapshot) -> bool:
+        return all(
+            now.workers_value("streampool_worker_jobs_finished_total", state=state)
             - before.workers_value("streampool_worker_jobs_finished_total", state=state)
-            for state in finished
-        }
-        if all(moved[state] >= count for state, count in finished.items()):
-            return now
-        assert time.monotonic() < deadline, f"the workers counted {moved} finished jobs, not {finished}"
-        await asyncio.sleep(0.2)
+            >= count
+            for state, count in finished.items()
+        )
+
+    what = f"the workers count {finished} more finished jobs"
+    return await eventually(lambda: snapshot(client, system), what, WAIT_SECONDS, 0.2, until=counted)
 
 
 async def test_a_completed_and_a_cancelled_job_move_the_metrics_by_their_amounts(

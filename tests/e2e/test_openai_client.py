@@ -6,6 +6,7 @@ What the client assembles is held against the job record the native API keeps
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -16,7 +17,7 @@ from openai.types import Completion
 from openai.types.chat import ChatCompletionChunk, ChatCompletionMessageParam
 
 from tests.conftest import System
-from tests.helpers import LONG_PROMPT, wait_for_status
+from tests.helpers import JOB_DEADLINE_SECONDS, LONG_PROMPT, wait_for_status
 
 JOB_ID_HEADER = "X-Streampool-Job-Id"
 QUESTION: list[ChatCompletionMessageParam] = [
@@ -118,14 +119,17 @@ async def test_async_chat_completion_equals_the_job_record(
 async def test_async_completion_stream_with_usage_names_its_job_in_a_header(
     async_openai: openai.AsyncOpenAI, system: System
 ) -> None:
-    async with async_openai.completions.with_streaming_response.create(
-        model=system.settings.model_name,
-        prompt=LONG_PROMPT,
-        max_tokens=20,
-        temperature=0,
-        stream=True,
-        stream_options={"include_usage": True},
-    ) as response:
+    async with (
+        asyncio.timeout(JOB_DEADLINE_SECONDS),
+        async_openai.completions.with_streaming_response.create(
+            model=system.settings.model_name,
+            prompt=LONG_PROMPT,
+            max_tokens=20,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        ) as response,
+    ):
         job_id = response.headers[JOB_ID_HEADER]
         chunks: list[Completion] = [chunk async for chunk in await response.parse()]
     record = _record(system, job_id)
@@ -209,10 +213,13 @@ async def test_chat_logprobs_give_top_logprobs_per_token(
 @pytest.mark.parametrize(
     ("option", "param"),
     [
-        ({"n": 2}, "n"),
+        ({"n": 9}, "n"),  # past max_choices (8)
         ({"tools": [{"type": "function", "function": {"name": "get_weather", "parameters": {}}}]}, "tools"),
-        ({"response_format": {"type": "json_object"}}, "response_format"),
-        ({"presence_penalty": 0.5}, "presence_penalty"),
+        (
+            {"response_format": {"type": "json_schema", "json_schema": {"name": "no_schema"}}},
+            "response_format",
+        ),
+        ({"tool_choice": "auto"}, "tool_choice"),
     ],
 )
 def test_unsupported_option_raises_bad_request(
@@ -273,10 +280,11 @@ async def test_closing_a_stream_early_cancels_its_job(
         model=system.settings.model_name, prompt=LONG_PROMPT, max_tokens=max_tokens, seed=0, stream=True
     )
     chunks: list[Completion] = []
-    async for chunk in stream:
-        chunks.append(chunk)
-        if len(chunks) == 5:
-            break
+    async with asyncio.timeout(JOB_DEADLINE_SECONDS):
+        async for chunk in stream:
+            chunks.append(chunk)
+            if len(chunks) == 5:
+                break
     await stream.close()
     job_id = chunks[0].id.removeprefix("cmpl-")
     record = await wait_for_status(client, job_id, {"completed", "cancelled", "failed"})

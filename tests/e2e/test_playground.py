@@ -67,6 +67,7 @@ class Playground:
     page: Page
     base_url: str
     errors: list[str]
+    model: str
 
     @property
     def state(self) -> str:
@@ -112,7 +113,7 @@ def playground(browser: Browser, system: System) -> Iterator[Playground]:
     page.on("pageerror", lambda error: errors.append(str(error)))
     page.goto("/")
     expect(page.locator("#model")).to_have_text(system.settings.model_name)
-    yield Playground(page, system.base_url, errors)
+    yield Playground(page, system.base_url, errors, system.settings.model_name)
     context.close()
 
 
@@ -151,6 +152,7 @@ def test_a_prompt_streams_into_the_page_and_ends_as_the_record_text(playground: 
     page.evaluate(RECORD_CHANGES)
     body = playground.generate()
     assert body == {
+        "model": playground.model,  # the picked one: the only one /v1/models lists
         "prompt": "The three primary colors are",
         "max_tokens": 40,
         "temperature": 0,
@@ -256,7 +258,8 @@ def test_a_gateway_that_asks_for_a_key_gets_one_and_streams_with_it(
     page.fill("#api-key", KEY_A)
     page.click("#use-key")
     expect(page.locator("#auth")).to_be_hidden()
-    expect(page.locator("#model")).to_have_text("none (no live worker)")
+    # The declared model, picked: its job queues until a worker of it starts.
+    expect(page.locator("#model")).to_have_text(f"{keyed.settings.default_model} (no live worker)")
 
     page.fill("#prompt", "Hi")
     with page.expect_request(lambda r: "/events" in r.url) as streamed:
@@ -271,6 +274,6 @@ def test_a_gateway_that_asks_for_a_key_gets_one_and_streams_with_it(
     record = httpx.get(
         f"{keyed.base_url}/v1/jobs/{page.locator('#job-id').text_content()}", headers=bearer(KEY_A)
     )
-    assert record.json()["status"] == "cancelled"
+    assert (record.json()["status"], record.json()["model"]) == ("cancelled", keyed.settings.default_model)
     assert errors == []
     context.close()

@@ -6,6 +6,7 @@ assembles can be checked against the job record of another run of the same reque
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
@@ -17,7 +18,7 @@ from huggingface_hub import AsyncInferenceClient, InferenceClient
 from huggingface_hub.errors import HfHubHTTPError, ValidationError
 
 from tests.conftest import WORKERS, System
-from tests.helpers import wait_for_status
+from tests.helpers import JOB_DEADLINE_SECONDS, wait_for_status
 
 PROMPT = "The capital of France is"
 COUNTING = "Count to one thousand: 1, 2, 3, 4, 5, 6,"  # greedy decoding keeps counting
@@ -50,7 +51,7 @@ async def stream(
     client: httpx.AsyncClient, path: str, body: dict[str, Any]
 ) -> tuple[str, list[dict[str, Any]]]:
     """The job id and every event of a TGI stream."""
-    async with aconnect_sse(client, "POST", path, json=body) as source:
+    async with asyncio.timeout(JOB_DEADLINE_SECONDS), aconnect_sse(client, "POST", path, json=body) as source:
         assert source.response.status_code == 200, await source.response.aread()
         events = [json.loads(sse.data) async for sse in source.aiter_sse() if sse.data]
     return source.response.headers[JOB_ID], events
@@ -93,12 +94,13 @@ def test_return_full_text_prepends_the_prompt(hf: InferenceClient) -> None:
 async def test_async_client_stream_with_details_ends_with_the_text_and_details(
     system: System, async_hf: AsyncInferenceClient
 ) -> None:
-    outputs = [
-        output
-        async for output in await async_hf.text_generation(
-            PROMPT, max_new_tokens=12, stream=True, details=True
-        )
-    ]
+    async with asyncio.timeout(JOB_DEADLINE_SECONDS):
+        outputs = [
+            output
+            async for output in await async_hf.text_generation(
+                PROMPT, max_new_tokens=12, stream=True, details=True
+            )
+        ]
     *tokens, last = outputs
     answer, record = generate(system, PROMPT, max_new_tokens=12)
     assert [output.index for output in outputs] == list(range(1, len(outputs) + 1))
@@ -201,7 +203,10 @@ async def test_a_job_cancelled_elsewhere_ends_the_stream_with_an_incomplete_gene
     client: httpx.AsyncClient,
 ) -> None:
     body = {"inputs": COUNTING, "parameters": {"max_new_tokens": 500}}
-    async with aconnect_sse(client, "POST", "/generate_stream", json=body) as source:
+    async with (
+        asyncio.timeout(JOB_DEADLINE_SECONDS),
+        aconnect_sse(client, "POST", "/generate_stream", json=body) as source,
+    ):
         job_id = source.response.headers[JOB_ID]
         events = source.aiter_sse()
         first = json.loads((await anext(events)).data)

@@ -7,6 +7,9 @@ from __future__ import annotations
 import httpx
 
 from tests.conftest import WORKERS, System
+from tests.helpers import read_sse, scrape, submit
+
+SUBMITTED = "streampool_jobs_submitted_total"
 
 
 async def test_health_reports_live_workers(client: httpx.AsyncClient) -> None:
@@ -25,7 +28,10 @@ async def test_models_lists_the_served_model_in_openai_shape(
     assert listing["data"][0]["workers"] == WORKERS
 
 
-async def test_metrics_are_prometheus_text(client: httpx.AsyncClient) -> None:
-    answer = await client.get("/metrics")
-    assert answer.status_code == 200
-    assert "streampool_jobs_submitted_total" in answer.text
+async def test_metrics_are_prometheus_text_that_counts_a_submitted_job(client: httpx.AsyncClient) -> None:
+    before = await scrape(client)  # parsed as Prometheus text, or this fails
+    job_id = await submit(client, prompt="Hi", max_tokens=2)
+    after = await scrape(client)
+    # Tests run one at a time: this job is the only one submitted between the two reads.
+    assert after.value(SUBMITTED) - before.value(SUBMITTED) == 1
+    assert (await read_sse(client, job_id))[-1][1]["type"] == "done"  # ends before the next test

@@ -7,10 +7,8 @@ Workers are `streampool worker` processes on the real engine, as in tests/confte
 
 from __future__ import annotations
 
-import asyncio
 import signal
-import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from subprocess import Popen
@@ -20,13 +18,14 @@ import httpx
 import pytest
 import redis
 
+from cli.launcher import wait_healthy
 from shared.config import Settings
 from shared.keys import Keys
-from shared.launcher import wait_healthy
 from shared.workers import WorkerInfo
-from tests.conftest import SYSTEM_START_TIMEOUT, delete_prefix, make_settings
-from tests.helpers import deltas
+from tests.conftest import SYSTEM_START_TIMEOUT, make_settings
+from tests.helpers import deltas, eventually_sync, wait_until
 from tests.processes import Processes, free_port
+from tests.redis_cleanup import delete_prefix
 
 # Short enough that a takeover happens within seconds, long enough for heartbeats every 0.5 s.
 RECOVERY = {"lease_seconds": 2.0, "max_attempts": 2, "drain_seconds": 1.0}
@@ -66,14 +65,14 @@ class Pool:
             name = f"worker-{len(self.workers)}"
             settings = self.settings.model_copy(update={"metrics_port": free_port()})  # one port each
             self.workers[name] = self.processes.start(name, "worker", settings)
-        deadline = time.monotonic() + SYSTEM_START_TIMEOUT
-        while True:
+
+        def started() -> bool:
             live = self.live_workers()
             assert len(live) == count, f"a worker exited; logs in {self.processes.log_dir}"
-            if {info.pid for info in self.heartbeats()} == {process.pid for process in live.values()}:
-                return
-            assert time.monotonic() < deadline, f"workers did not start; logs in {self.processes.log_dir}"
-            time.sleep(0.5)
+            return {info.pid for info in self.heartbeats()} == {process.pid for process in live.values()}
+
+        what = f"workers started; logs in {self.processes.log_dir}"
+        eventually_sync(started, what, SYSTEM_START_TIMEOUT, interval=0.5)
 
     def worker_named(self, worker_id: str) -> str:
         """The name of the worker process a job record's `worker` (host-pid-stamp) names."""
@@ -110,6 +109,15 @@ class RedisServer:
         self.processes.children[self.name].wait(WAIT_TIMEOUT)
 
 
+def start_gateway_and_worker(processes: Processes, settings: Settings) -> tuple[Popen[bytes], str]:
+    """A gateway and one worker on `settings`, once /health says both serve: the gateway, its URL."""
+    gateway = processes.start("gateway", "gateway", settings)
+    worker = processes.start("worker", "worker", settings)
+    base_url = f"http://127.0.0.1:{settings.port}"
+    assert wait_healthy(base_url, [gateway, worker], 1, SYSTEM_START_TIMEOUT), processes.log_dir
+    return gateway, base_url
+
+
 @pytest.fixture(scope="package")
 def pool(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pool]:
     settings = make_settings(
@@ -128,35 +136,17 @@ def pool(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[P
 
 
 @pytest.fixture
-async def client(pool: Pool) -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(base_url=pool.base_url, timeout=120) as http:
+async def gateway(deployment: Any) -> AsyncIterator[httpx.AsyncClient]:
+    """A client of the gateway of a module's own `deployment` (one with a `base_url`), where a module
+    starts its own gateway and worker instead of using the shared pool."""
+    async with httpx.AsyncClient(base_url=deployment.base_url, timeout=120) as http:
         yield http
 
 
-async def wait_for(condition: Callable[[], Awaitable[bool]], what: str) -> None:
-    """Until `condition()` holds, polling; fails with `what` after WAIT_TIMEOUT."""
-    deadline = time.monotonic() + WAIT_TIMEOUT
-    while not await condition():
-        assert time.monotonic() < deadline, what
-        await asyncio.sleep(0.05)
-
-
-async def record(client: httpx.AsyncClient, job_id: str) -> dict[str, Any]:
-    answer = await client.get(f"/v1/jobs/{job_id}")
-    assert answer.status_code == 200, answer.text
-    job: dict[str, Any] = answer.json()
-    return job
-
-
-async def wait_until(client: httpx.AsyncClient, job_id: str, done: Any, what: str) -> dict[str, Any]:
-    """The job's record once `done(record)` holds, polling; fails after WAIT_TIMEOUT."""
-    deadline = time.monotonic() + WAIT_TIMEOUT
-    while True:
-        job = await record(client, job_id)
-        if done(job):
-            return job
-        assert time.monotonic() < deadline, f"{what}: {job}"
-        await asyncio.sleep(0.05)
+@pytest.fixture
+async def client(pool: Pool) -> AsyncIterator[httpx.AsyncClient]:
+    async with httpx.AsyncClient(base_url=pool.base_url, timeout=120) as http:
+        yield http
 
 
 async def wait_for_tokens(client: httpx.AsyncClient, job_id: str, count: int) -> dict[str, Any]:
@@ -165,7 +155,8 @@ async def wait_for_tokens(client: httpx.AsyncClient, job_id: str, count: int) ->
         client,
         job_id,
         lambda job: job["status"] not in ("queued", "running") or job["output"]["token_count"] >= count,
-        "tokens",
+        f"{count} tokens of job {job_id}",
+        WAIT_TIMEOUT,
     )
     assert job["status"] == "running", f"the job ended before {count} tokens: {job}"
     return job

@@ -1,6 +1,8 @@
 """A gateway told to stop (SIGTERM) ends its open event streams at once, without a terminal event,
 so that each client resumes from its last `id:` with `Last-Event-ID` on another gateway and misses
 nothing; it accepts no new connection from then on, and answers the requests it already has.
+OpenAI and TGI clients cannot resume: their answers go on for the grace period
+(`shutdown_grace_seconds`), and only then are their jobs cancelled.
 
 The gateway stopped here is a process of the test's own on the pool's settings (the same Redis and
 workers); the pool's gateway, left running, is the one clients move to.
@@ -18,23 +20,31 @@ from subprocess import Popen
 from typing import Any
 
 import httpx
+import openai
 import pytest
+from huggingface_hub import AsyncInferenceClient, TextGenerationStreamOutput
+from openai.types import Completion
 from prometheus_client.parser import text_string_to_metric_families
 
-from shared.launcher import wait_healthy
+from cli.launcher import wait_healthy
 from tests.conftest import SYSTEM_START_TIMEOUT
 from tests.faults.conftest import (
     WAIT_TIMEOUT,
     WORKERS,
     Pool,
     assert_one_seamless_stream,
-    record,
-    wait_for,
 )
-from tests.helpers import LONG_PROMPT, TERMINAL, deltas, read_sse, submit
+from tests.helpers import LONG_PROMPT, TERMINAL, deltas, eventually, read_sse, record, submit
 from tests.processes import Processes, free_port
 
 Received = list[tuple[str, dict[str, Any]]]
+
+COUNTING = "Count to one thousand: 1, 2, 3, 4, 5, 6,"  # greedy decoding keeps counting
+# Over a second on the faster worker of this machine (about 50 tokens/s), and on the slower one (a few
+# tokens/s when it shares its cores) within the grace period these tests give: WAIT_TIMEOUT.
+COMPAT_TOKENS = 80
+SHORT_GRACE = 3.0
+JOB_ID = "X-Streampool-Job-Id"
 
 
 @dataclass
@@ -60,9 +70,13 @@ class StoppingGateway:
 
 
 @pytest.fixture
-async def stopping(pool: Pool, tmp_path: Path) -> AsyncIterator[StoppingGateway]:
+async def stopping(
+    pool: Pool, tmp_path: Path, request: pytest.FixtureRequest
+) -> AsyncIterator[StoppingGateway]:
+    """The gateway, with the pool's settings or (parametrized indirectly) a grace period of the test's."""
     pool.ensure_workers()
-    settings = pool.settings.model_copy(update={"port": free_port()})
+    grace = getattr(request, "param", pool.settings.shutdown_grace_seconds)
+    settings = pool.settings.model_copy(update={"port": free_port(), "shutdown_grace_seconds": grace})
     processes = Processes(tmp_path)
     process = processes.start("gateway", "gateway", settings)
     base_url = f"http://127.0.0.1:{settings.port}"
@@ -91,7 +105,7 @@ async def test_sigterm_ends_open_streams_at_once_and_each_client_resumes_elsewhe
     async def all_streaming() -> bool:
         return all(len(deltas([event for _, event in into])) >= 3 for into in received)
 
-    await wait_for(all_streaming, "the clients did not receive events")
+    await eventually(all_streaming, "the clients receive events", WAIT_TIMEOUT)
     assert [(await record(client, job_id))["status"] for job_id in jobs] == ["running", "running"]
     stopping.terminate()
     cut = await asyncio.wait_for(asyncio.gather(*readers), WAIT_TIMEOUT)
@@ -134,9 +148,11 @@ async def test_a_stopping_gateway_refuses_new_connections_and_answers_the_reques
     async def submitted() -> bool:
         return await stopping.submitted() == 1
 
-    await wait_for(submitted, "the completion's job was not submitted")
+    await eventually(submitted, "the completion's job is submitted", WAIT_TIMEOUT)
     stopping.terminate()
-    await wait_for(lambda: refuses_connections(stopping.port), "the gateway still accepts connections")
+    await eventually(
+        lambda: refuses_connections(stopping.port), "the gateway refuses connections", WAIT_TIMEOUT
+    )
     assert not answering.done()
     assert stopping.process.poll() is None
 
@@ -147,3 +163,128 @@ async def test_a_stopping_gateway_refuses_new_connections_and_answers_the_reques
     assert completion["choices"][0]["text"]
     assert completion["usage"]["completion_tokens"] > 0
     assert await stopping.exit_code() == -signal.SIGTERM
+
+
+async def read_openai(
+    client: openai.AsyncOpenAI, pool: Pool, max_tokens: int, into: list[Completion], started: asyncio.Event
+) -> None:
+    """A streamed OpenAI completion of `COUNTING`, chunk by chunk `into` the list; `started` is set once
+    the answer has begun (its job admitted)."""
+    stream = await client.completions.create(
+        model=pool.settings.model_name,
+        prompt=COUNTING,
+        max_tokens=max_tokens,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    started.set()
+    async for chunk in stream:
+        into.append(chunk)
+
+
+@pytest.mark.parametrize("stopping", [WAIT_TIMEOUT], indirect=True)  # see COMPAT_TOKENS
+async def test_sigterm_lets_openai_and_tgi_streams_finish_while_native_streams_end_at_once(
+    pool: Pool, client: httpx.AsyncClient, stopping: StoppingGateway
+) -> None:
+    base_url = f"http://127.0.0.1:{stopping.port}"
+    chunks: list[Completion] = []
+    outputs: list[TextGenerationStreamOutput] = []
+    native: Received = []
+    followed = await submit(client, prompt=LONG_PROMPT, max_tokens=2000, temperature=0)
+    async with (
+        openai.AsyncOpenAI(base_url=f"{base_url}/v1", api_key="none", max_retries=0) as openai_client,
+        AsyncInferenceClient(base_url) as tgi_client,
+    ):
+        started = [asyncio.Event(), asyncio.Event()]
+
+        async def read_tgi() -> None:
+            stream = await tgi_client.text_generation(
+                COUNTING, max_new_tokens=COMPAT_TOKENS, stream=True, details=True
+            )
+            started[1].set()
+            async for output in stream:
+                outputs.append(output)
+
+        compat = [
+            asyncio.create_task(
+                read_openai(openai_client, pool, COMPAT_TOKENS, chunks, started[0]), name="openai"
+            ),
+            asyncio.create_task(read_tgi(), name="tgi"),
+        ]
+        following = asyncio.create_task(read_sse(stopping.http, followed, into=native))
+
+        async def all_answering() -> bool:
+            return all(event.is_set() for event in started) and len(native) > 0
+
+        # As soon as every answer has begun: the two workers of this machine can run at very
+        # different speeds, and a compat job on the faster one must not be over before the signal.
+        await eventually(all_answering, "every answer begins", WAIT_TIMEOUT)
+        stopping.terminate()
+        cut = await asyncio.wait_for(following, WAIT_TIMEOUT)
+        # The native stream ended without its end (its client resumes elsewhere), while the others go on.
+        assert not TERMINAL & {event["type"] for _, event in cut}
+        ended = {task.get_name(): task for task in compat if task.done()}
+        assert not ended, f"ended before the native stream was cut: {ended} ({len(chunks)}, {len(outputs)})"
+        assert stopping.process.poll() is None
+        await asyncio.wait_for(asyncio.gather(*compat), WAIT_TIMEOUT)
+    assert await stopping.exit_code() == -signal.SIGTERM
+    # The gateway's stop left the native job alone (it still runs, or it has ended by itself:
+    # the two workers of this machine can run at very different speeds); then it is not needed.
+    assert (await record(client, followed))["status"] in ("running", "completed")
+    await client.post(f"/v1/jobs/{followed}/cancel")
+
+    # OpenAI's whole answer: every token of the job, its finish reason, its usage.
+    text = "".join(chunk.choices[0].text for chunk in chunks if chunk.choices)
+    finish_reasons = [chunk.choices[0].finish_reason for chunk in chunks if chunk.choices]
+    job = await record(client, chunks[0].id.removeprefix("cmpl-"))
+    assert job["status"] == "completed"
+    assert text == job["output"]["text"] != ""
+    assert finish_reasons[-1] == job["finish_reason"]
+    assert chunks[-1].usage is not None
+    assert chunks[-1].usage.completion_tokens == job["usage"]["completion_tokens"]
+    # TGI's: one event per token, the last with the whole text and the finish reason.
+    last = outputs[-1]
+    assert last.details is not None
+    assert last.details.finish_reason in ("length", "eos_token", "stop_sequence")
+    assert last.details.generated_tokens == len(outputs)
+    assert last.generated_text == "".join(output.token.text for output in outputs) != ""
+
+
+@pytest.mark.parametrize("stopping", [SHORT_GRACE], indirect=True)
+async def test_compat_answers_still_running_after_the_grace_period_are_cancelled_and_the_gateway_exits(
+    pool: Pool, client: httpx.AsyncClient, stopping: StoppingGateway
+) -> None:
+    base_url = f"http://127.0.0.1:{stopping.port}"
+    chunks: list[Completion] = []
+    # Far longer than the grace period on this machine (about 30 tokens/s).
+    whole_context = 2000
+    async with openai.AsyncOpenAI(base_url=f"{base_url}/v1", api_key="none", max_retries=0) as openai_client:
+        streaming = asyncio.create_task(
+            read_openai(openai_client, pool, whole_context, chunks, asyncio.Event())
+        )
+        body = {"inputs": COUNTING, "parameters": {"max_new_tokens": whole_context}}
+        answering = asyncio.create_task(stopping.http.post("/generate", json=body))
+
+        async def both_running() -> bool:
+            return len(chunks) >= 1 and await stopping.submitted() == 2
+
+        await eventually(both_running, "the stream and the waiting answer have their jobs", WAIT_TIMEOUT)
+        clock = asyncio.get_running_loop().time
+        stopping.terminate()
+        stopped_at = clock()
+        with pytest.raises(openai.APIError, match="cancelled"):
+            await asyncio.wait_for(streaming, WAIT_TIMEOUT)
+        streamed_for = clock() - stopped_at
+        answer = await asyncio.wait_for(answering, WAIT_TIMEOUT)
+        answered_for = clock() - stopped_at
+    # Not cut at once: both went on through the grace period.
+    assert streamed_for >= SHORT_GRACE and answered_for >= SHORT_GRACE
+    assert await stopping.exit_code() == -signal.SIGTERM
+
+    # Each ended as a job cancelled under its client does: the stream with an error chunk (before
+    # [DONE]), the waiting answer with TGI's status for it; both jobs are `cancelled`.
+    assert answer.status_code == 500, answer.text
+    assert "cancelled" in answer.json()["error"]
+    for job_id in (chunks[0].id.removeprefix("cmpl-"), answer.headers[JOB_ID]):
+        assert (await record(client, job_id))["status"] == "cancelled"

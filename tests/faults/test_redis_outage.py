@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from subprocess import Popen
 from typing import Any
@@ -22,20 +22,17 @@ import httpx
 import pytest
 
 from shared.config import Settings
-from shared.launcher import wait_healthy
-from tests.conftest import SYSTEM_START_TIMEOUT, make_settings
+from tests.conftest import make_settings
 from tests.faults.conftest import (
     AOF,
     RECOVERY,
     WAIT_TIMEOUT,
     RedisServer,
     assert_one_seamless_stream,
-    record,
-    wait_for,
+    start_gateway_and_worker,
     wait_for_tokens,
-    wait_until,
 )
-from tests.helpers import LONG_PROMPT, read_sse, submit
+from tests.helpers import LONG_PROMPT, eventually, read_sse, record, submit, wait_until
 from tests.processes import Processes, free_port
 
 FSYNC_ALWAYS = ("--appendfsync", "always")
@@ -73,20 +70,11 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]
         sse_ping_seconds=1.0,  # idle streams check their job during the outage too
         **RECOVERY,
     )
-    gateway = processes.start("gateway", "gateway", settings)
-    worker = processes.start("worker", "worker", settings)
-    base_url = f"http://127.0.0.1:{settings.port}"
     try:
-        assert wait_healthy(base_url, [gateway, worker], 1, SYSTEM_START_TIMEOUT), processes.log_dir
+        gateway, base_url = start_gateway_and_worker(processes, settings)
         yield Deployment(settings, base_url, processes, gateway, redis)
     finally:
         processes.stop_all()
-
-
-@pytest.fixture
-async def gateway(deployment: Deployment) -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(base_url=deployment.base_url, timeout=120) as http:
-        yield http
 
 
 async def test_while_redis_is_down_every_route_answers_503_saying_so_and_200_once_it_is_back(
@@ -102,8 +90,14 @@ async def test_while_redis_is_down_every_route_answers_503_saying_so_and_200_onc
         "record": await gateway.get(f"/v1/jobs/{before}"),
         "events": await gateway.get(f"/v1/jobs/{before}/events", headers=stream),
         "cancel": await gateway.post(f"/v1/jobs/{before}/cancel"),
-        "health": await gateway.get("/health"),
     }
+
+    async def health_unavailable() -> httpx.Response | None:
+        answer = await gateway.get("/health")
+        return answer if answer.status_code == 503 else None
+
+    # /health answers from what the gateway read of the workers at most a second ago.
+    native["health"] = await eventually(health_unavailable, "/health says Redis is down", 5)
     for route, answer in native.items():
         assert answer.status_code == 503, f"{route}: {answer.text}"
         assert answer.headers["Retry-After"] == "1"
@@ -133,7 +127,7 @@ async def test_while_redis_is_down_every_route_answers_503_saying_so_and_200_onc
     async def healthy() -> bool:
         return (await gateway.get("/health")).status_code == 200  # once the worker's heartbeat is back
 
-    await wait_for(healthy, "/health did not answer 200 again")
+    await eventually(healthy, "/health answers 200 again", WAIT_TIMEOUT)
     assert deployment.gateway.poll() is None
     assert "Traceback" not in deployment.log("gateway")
 
@@ -154,7 +148,7 @@ async def test_jobs_from_before_a_redis_restart_all_complete_and_a_stream_follow
         return deployment.log("worker").count(HANDED_BACK) > handed_back
 
     await asyncio.to_thread(deployment.redis.stop, stop)
-    await wait_for(outage_seen, "the worker did not notice the outage")
+    await eventually(outage_seen, "the worker notices the outage", WAIT_TIMEOUT)
     # Down long enough for the stalled stream's keep-alives to ask Redis whether its job ended.
     await asyncio.sleep(3 * deployment.settings.sse_ping_seconds)
     await asyncio.to_thread(deployment.redis.start)
@@ -172,7 +166,7 @@ async def test_jobs_from_before_a_redis_restart_all_complete_and_a_stream_follow
     assert gateway_log.count(READER_BACK) == reader_failed + 1
 
     for job_id in queued:
-        job = await wait_until(gateway, job_id, terminal, "a job queued before the outage did not end")
+        job = await wait_until(gateway, job_id, terminal, "a job queued before the outage ends")
         assert (job["status"], job["attempts"]) == ("completed", 1)
         events = [event for _, event in await read_sse(gateway, job_id)]
         assert_one_seamless_stream(events)

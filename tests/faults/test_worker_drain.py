@@ -12,10 +12,9 @@ from tests.faults.conftest import (
     WAIT_TIMEOUT,
     Pool,
     assert_one_seamless_stream,
-    record,
     wait_for_tokens,
 )
-from tests.helpers import LONG_PROMPT, read_sse, streamed_token_ids, submit
+from tests.helpers import LONG_PROMPT, read_sse, record, streamed_token_ids, submit
 
 
 async def test_sigterm_hands_a_long_job_over_after_the_drain_time_and_exits_cleanly(

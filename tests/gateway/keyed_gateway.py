@@ -8,8 +8,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from shared.config import Settings
-from tests.conftest import delete_prefix, make_settings
+from tests.conftest import make_settings
 from tests.processes import Processes, free_port, wait_answering
+from tests.redis_cleanup import delete_prefix
 
 KEY_A = f"key-a-{uuid.uuid4().hex}"
 KEY_B = f"key-b-{uuid.uuid4().hex}"  # given in a keys file, KEY_A in the list
@@ -29,14 +30,12 @@ def run_keyed_gateway(redis_url: str, folder: Path, **overrides: object) -> Iter
     """Start the gateway under a fresh key prefix; stop it and delete every key its jobs made afterwards."""
     keys_file = folder / "keys"
     keys_file.write_text(f"\n{KEY_B}\n\n")
-    settings = make_settings(
-        redis_url,
-        port=free_port(),
-        host="127.0.0.1",
-        api_keys=f" {KEY_A} ,",
-        api_keys_file=keys_file,
-        **overrides,
-    )
+    yield from run_gateway(redis_url, folder, api_keys=f" {KEY_A} ,", api_keys_file=keys_file, **overrides)
+
+
+def run_gateway(redis_url: str, folder: Path, **overrides: object) -> Iterator[KeyedGateway]:
+    """`run_keyed_gateway` with the settings given (`allow_unauthenticated=True` for one without keys)."""
+    settings = make_settings(redis_url, port=free_port(), host="127.0.0.1", **overrides)
     processes = Processes(folder)
     gateway = processes.start("gateway", "gateway", settings)
     base_url = f"http://127.0.0.1:{settings.port}"

@@ -138,7 +138,10 @@ async def test_the_openai_client_sends_its_api_key(keyed: KeyedGateway) -> None:
         assert refused.value.code == "invalid_api_key"
     async with openai.AsyncOpenAI(base_url=base_url, api_key=KEY_A, max_retries=0) as right:
         models = await right.models.list()
-    assert models.data == []  # past the key check; no worker is alive
+    # Past the key check: the declared model, with no worker alive.
+    assert [(model.id, (model.model_extra or {})["workers"]) for model in models.data] == [
+        (keyed.settings.default_model, 0)
+    ]
 
 
 def test_keys_are_kept_as_digests_and_matched_whichever_comes_first(tmp_path: Path) -> None:
@@ -164,7 +167,7 @@ def test_without_keys_the_gateway_needs_allow_unauthenticated(caplog: pytest.Log
 def test_the_gateway_command_refuses_to_start_without_keys() -> None:
     env = {"PATH": "/usr/bin:/bin", "STREAMPOOL_PORT": str(free_port()), "STREAMPOOL_LOG_LEVEL": "INFO"}
     started = subprocess.run(
-        [sys.executable, "-m", "shared.cli", "gateway"],
+        [sys.executable, "-m", "cli", "gateway"],
         cwd=ROOT,
         env=env,
         capture_output=True,

@@ -4,28 +4,20 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator
 
 import pytest
 import redis.asyncio as aioredis
 
 from gateway import fanout
 from gateway.entries import Entry
-from gateway.fanout import StreamHub, Subscription
-from gateway.relay import START, Relay
+from gateway.fanout import Subscription
+from gateway.relay import START, Relay, StreamLimits
+from shared.config import GatewaySettings
 from shared.events import JobState
-from shared.keys import Keys
-from shared.redis_client import connect_reader
-from tests.conftest import delete_prefix
+from shared.keys import ANONYMOUS_OWNER
+from tests.helpers import eventually
 
-
-@pytest.fixture
-async def relay(redis_url: str, redis_client: aioredis.Redis) -> AsyncIterator[Relay]:
-    keys = Keys(f"sptest-fanout-{uuid.uuid4().hex[:8]}")
-    hub = StreamHub(connect_reader(redis_url, keys.stream_reader_name), redis_client)
-    yield Relay(redis_client, keys, hub)
-    await hub.close()
-    delete_prefix(redis_url, keys.prefix)
+LIMITS = StreamLimits.of(GatewaySettings())
 
 
 async def _append(redis_client: aioredis.Redis, relay: Relay, job_id: str, kind: str = "delta") -> str:
@@ -43,8 +35,10 @@ async def _blocked_readers(redis_client: aioredis.Redis, relay: Relay) -> int:
 
 
 async def _until_watched(relay: Relay, streams: int) -> None:
-    while relay.hub.streams < streams:
-        await asyncio.sleep(0.01)
+    async def watched() -> bool:
+        return relay.hub.streams >= streams
+
+    await eventually(watched, f"the hub watches {streams} streams", interval=0.01)
 
 
 async def _follow_all(relay: Relay, job_id: str, cursor: str = START) -> list[str]:
@@ -71,15 +65,14 @@ async def test_a_stream_added_while_the_reader_blocks_is_watched_at_once(
     first, second = uuid.uuid4().hex, uuid.uuid4().hex
     await _append(redis_client, relay, first, "status")
     following_first = asyncio.create_task(_follow_all(relay, first))
-    while await _blocked_readers(redis_client, relay) == 0:
-        await asyncio.sleep(0.01)
+    await eventually(lambda: _blocked_readers(redis_client, relay), "the reader blocks", interval=0.01)
     await _append(redis_client, relay, second, "status")
     following_second = asyncio.create_task(_follow_all(relay, second))
     await _until_watched(relay, 2)
     end = await _append(redis_client, relay, second, "done")
     assert (await asyncio.wait_for(following_second, 30))[-1] == end
     await _append(redis_client, relay, first, "done")
-    assert len(await following_first) == 2
+    assert len(await asyncio.wait_for(following_first, 30)) == 2
 
 
 async def test_a_follower_that_falls_behind_catches_up_without_gap_or_duplicate(
@@ -95,8 +88,11 @@ async def test_a_follower_that_falls_behind_catches_up_without_gap_or_duplicate(
     for _ in range(40):
         await _append(redis_client, relay, job_id)
     await _append(redis_client, relay, job_id, "done")
-    while relay.hub.streams:  # the hub dropped it once its mailbox overflowed
-        await asyncio.sleep(0.01)
+
+    async def dropped() -> bool:  # the hub drops it once its mailbox overflows
+        return relay.hub.streams == 0
+
+    await eventually(dropped, "the hub drops the lagging follower", interval=0.01)
     received.append((await reading).id)
     received += [entry.id async for entry in follower]
     stored = [entry_id for entry_id, _ in await redis_client.xrange(relay.keys.stream(job_id))]
@@ -105,12 +101,12 @@ async def test_a_follower_that_falls_behind_catches_up_without_gap_or_duplicate(
 
 async def test_a_wait_lasts_its_own_timeout_after_earlier_waits_ended_early() -> None:
     """The subscription keeps one timer across waits; a wait must not end at an earlier wait's deadline."""
-    subscription = Subscription("a-stream", START)
+    subscription = Subscription("a-stream", START, max_bytes=1 << 20)
     loop = asyncio.get_running_loop()
     try:
         waiting = asyncio.create_task(subscription.wait(0.2))
-        await asyncio.sleep(0.05)
-        subscription.offer([Entry("1-0", "delta", "{}")])
+        await asyncio.sleep(0)  # the wait begins, with its timer
+        subscription.offer([Entry("1-0", "delta", "{}")], size=2)
         await waiting
         assert [entry.id for entry in subscription.take()] == ["1-0"]
         began = loop.time()
@@ -133,7 +129,7 @@ async def test_waiting_long_polls_hold_no_redis_connection_each(redis_url: str, 
         await pool.hset(polling.keys.job(job_id), "status", "running")
     try:
         pages = [
-            asyncio.create_task(polling.page(job_id, cursor, limit=10, wait=30))
+            asyncio.create_task(polling.page(job_id, cursor, 10, 30, ANONYMOUS_OWNER, LIMITS))
             for job_id, cursor in zip(jobs, cursors, strict=True)
         ]
         await asyncio.wait_for(_until_watched(polling, len(jobs)), 10)
@@ -154,7 +150,7 @@ async def test_a_long_poll_with_nothing_new_answers_empty_once_its_wait_is_over(
     await relay.redis.hset(relay.keys.job(job_id), "status", "running")
     loop = asyncio.get_running_loop()
     began = loop.time()
-    entries, state, done = await relay.page(job_id, cursor, limit=10, wait=0.3)
+    entries, state, done = await relay.page(job_id, cursor, 10, 0.3, ANONYMOUS_OWNER, LIMITS)
     assert loop.time() - began >= 0.3
     assert (entries, state, done) == ([], JobState.running, False)
     assert relay.hub.streams == 0  # the poll's subscription ended with it

@@ -3,49 +3,64 @@ scrape (and left out while Redis is down), requests counted by route template, r
 
 from __future__ import annotations
 
+import uuid
+
 import pytest
 import redis.asyncio as aioredis
 from prometheus_client import CollectorRegistry
 
 from gateway.metrics import RelayLag
-from shared.jobstore import JobStore
 from shared.keys import Keys
 from tests.conftest import delete_test_keys, make_settings
-from tests.helpers import Scrape, in_process_gateway, scrape, submit
+from tests.gateway.stand_ins import heartbeat
+from tests.helpers import Scrape, eventually, in_process_gateway, scrape, submit
 from tests.processes import free_port
 
 MAX_BODY_BYTES = 4096
 
 
-def _jobs_by_state(scraped: Scrape) -> dict[str, float]:
-    return {state: scraped.value("streampool_jobs", state=state) for state in ("queued", "running")}
+def _jobs_by_state(scraped: Scrape, model: str) -> dict[str, float]:
+    return {
+        state: scraped.value("streampool_jobs", model=model, state=state) for state in ("queued", "running")
+    }
 
 
-async def test_queue_figures_are_read_from_redis_at_each_scrape(
+async def test_queue_figures_are_read_from_redis_at_each_scrape_per_model(
     redis_url: str, redis_client: aioredis.Redis
 ) -> None:
-    settings = make_settings(redis_url, allow_unauthenticated=True)
-    store = JobStore(redis_client, Keys(settings.key_prefix), settings)
+    """Queued jobs are each model's queue's length; running ones what its workers' heartbeats say."""
+    settings = make_settings(redis_url, allow_unauthenticated=True, models=["other"])
+    keys = Keys(settings.key_prefix)
+    model = settings.default_model or ""
     try:
         async with in_process_gateway(settings) as http:
-            first = await submit(http, prompt="hi")
             await submit(http, prompt="hi")
+            await submit(http, prompt="hi")
+            await submit(http, prompt="hi", model="other")
             before = await scrape(http)
-            assert await store.start(first, "worker-1", "model") is not None  # as a worker takes it
-            after = await scrape(http)
+            await heartbeat(redis_client, keys, "worker-1", model, running_jobs=1)
+
+            async def scraped() -> Scrape:
+                return await scrape(http)
+
+            # The gateway may answer from the heartbeats it read up to a second ago.
+            after = await eventually(
+                scraped, "a running job", 5, until=lambda s: _jobs_by_state(s, model)["running"] == 1
+            )
     finally:
-        await delete_test_keys(redis_client, store.keys)
-    assert before.value("streampool_queue_depth") == 2
-    assert _jobs_by_state(before) == {"queued": 2, "running": 0}
-    assert _jobs_by_state(after) == {"queued": 1, "running": 1}
-    assert after.value("streampool_jobs_submitted_total") == 2
-    assert after.value("streampool_http_requests_total", route="/v1/jobs", status="202") == 2
+        await delete_test_keys(redis_client, keys)
+    assert before.value("streampool_queue_depth", model=model) == 2
+    assert before.value("streampool_queue_depth", model="other") == 1
+    assert _jobs_by_state(before, model) == {"queued": 2, "running": 0}
+    assert _jobs_by_state(after, "other") == {"queued": 1, "running": 0}
+    assert after.value("streampool_jobs_submitted_total") == 3
+    assert after.value("streampool_http_requests_total", route="/v1/jobs", status="202") == 3
 
 
 async def test_metrics_answer_without_the_queue_figures_while_redis_is_down() -> None:
     settings = make_settings(f"redis://127.0.0.1:{free_port()}/0", allow_unauthenticated=True)
     async with in_process_gateway(settings) as http:
-        assert (await http.get("/v1/jobs/abc")).status_code == 503
+        assert (await http.get(f"/v1/jobs/{uuid.uuid4().hex}")).status_code == 503  # Redis is asked
         assert (await http.get("/v1/jobs/abc/nowhere")).status_code == 404
         scraped = await scrape(http)
     assert not {"streampool_queue_depth", "streampool_jobs"} & scraped.names()

@@ -8,6 +8,7 @@ everything they check is decided before a job would reach Redis.
 from __future__ import annotations
 
 import json
+import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -17,23 +18,15 @@ from openai.types import Completion
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from pydantic import ValidationError
 
-from gateway.compat.openai import (
-    Answer,
-    ChatBody,
-    ChunkStream,
-    CompletionBody,
-    ModelNotFound,
-    chat_logprobs,
-    check_model,
-    completion,
-    completion_logprobs,
-)
-from gateway.errors import openai_error
-from gateway.generation import JobCancelled
+from gateway.compat.openai_answers import Answer, ChunkStream, chat_logprobs, completion, completion_logprobs
+from gateway.compat.openai_bodies import ChatBody, CompletionBody
+from gateway.routes.openai import OPENAI_ERRORS
 from shared.errors import (
     BackendUnavailable,
     EngineError,
     InvalidRequest,
+    JobCancelled,
+    ModelNotFound,
     Overloaded,
     PromptTooLong,
     StreampoolError,
@@ -135,20 +128,116 @@ def test_chat_logprobs_and_top_logprobs_become_the_job_logprobs(
     assert _chat(**options).job_request(LIMIT).logprobs == job_logprobs
 
 
+VLLM_OPTIONS: dict[str, Any] = {
+    "presence_penalty": 0.5,
+    "frequency_penalty": -1,
+    "repetition_penalty": 1.2,
+    "logit_bias": {"50256": -100, "7": 2.5},
+    "min_p": 0.05,
+    "min_tokens": 3,
+    "ignore_eos": True,
+    "stop_token_ids": [2],
+    "include_stop_str_in_output": True,
+    "skip_special_tokens": False,
+    "spaces_between_special_tokens": False,
+}
+
+
+@pytest.mark.parametrize("kind", ["completion", "chat"])
+def test_vllm_sampling_options_reach_the_job_under_their_names(kind: str) -> None:
+    body = _chat(**VLLM_OPTIONS) if kind == "chat" else _completion(**VLLM_OPTIONS)
+    job = body.job_request(LIMIT)
+    assert job.model_dump(include=set(VLLM_OPTIONS)) == VLLM_OPTIONS
+
+
+@pytest.mark.parametrize(
+    ("options", "param"),
+    [
+        ({"logit_bias": {"5": 101}}, "logit_bias"),
+        ({"logit_bias": {"not a token": 1}}, "logit_bias"),
+        ({"logit_bias": {str(token): 1 for token in range(301)}}, "logit_bias"),
+        ({"presence_penalty": 2.5}, "presence_penalty"),
+        ({"frequency_penalty": -3}, "frequency_penalty"),
+        ({"repetition_penalty": 0}, "repetition_penalty"),
+        ({"min_p": 1.5}, "min_p"),
+        ({"min_tokens": 17}, "min_tokens"),  # above the default max_tokens of 16
+        ({"min_tokens": -1}, "min_tokens"),
+        ({"stop_token_ids": [-1]}, "stop_token_ids"),
+    ],
+)
+def test_vllm_sampling_option_out_of_bounds_is_refused_by_name(options: dict[str, Any], param: str) -> None:
+    error = _refusal(_completion(**options))
+    assert error.detail["param"] == param
+
+
+SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+
+
+@pytest.mark.parametrize(
+    ("options", "constraint"),
+    [
+        ({"response_format": {"type": "json_object"}}, {"json_object": True}),
+        (
+            {"response_format": {"type": "json_schema", "json_schema": {"name": "c", "schema": SCHEMA}}},
+            {"json": SCHEMA},
+        ),
+        ({"structured_outputs": {"regex": "[0-9]+"}}, {"regex": "[0-9]+"}),
+        ({"structured_outputs": {"choice": ["yes", "no"]}}, {"choice": ["yes", "no"]}),
+        (
+            {
+                "response_format": {"type": "json_object"},
+                "structured_outputs": {"regex": "x", "disable_any_whitespace": True},
+            },
+            {"json_object": True, "disable_any_whitespace": True},
+        ),
+    ],
+)
+@pytest.mark.parametrize("kind", ["completion", "chat"])
+def test_structured_output_reaches_the_job_as_vllm_builds_it(
+    kind: str, options: dict[str, Any], constraint: dict[str, Any]
+) -> None:
+    body = _chat(**options) if kind == "chat" else _completion(**options)
+    job = body.job_request(LIMIT)
+    assert job.structured_outputs is not None
+    given = job.structured_outputs.model_dump(exclude_none=True, exclude_defaults=True)
+    assert given == constraint
+
+
+def test_text_response_format_sets_no_constraint() -> None:
+    assert _chat(response_format={"type": "text"}).job_request(LIMIT).structured_outputs is None
+
+
+def test_two_structured_output_constraints_are_refused_by_name() -> None:
+    error = _refusal(_completion(structured_outputs={"regex": "x", "choice": ["a"]}))
+    assert error.detail["param"] == "structured_outputs"
+
+
+def test_truncate_prompt_tokens_reaches_the_job() -> None:
+    assert _completion(truncate_prompt_tokens=5).job_request(LIMIT).truncate_prompt_tokens == 5
+    assert _refusal(_completion(truncate_prompt_tokens=-2)).detail["param"] == "truncate_prompt_tokens"
+
+
+def test_echo_puts_the_prompt_before_the_completion_whole_and_streamed() -> None:
+    body = _completion(echo=True)
+    assert body.echoed == "Once" and _completion().echoed == "" and _chat().echoed == ""
+    stream = ChunkStream(Answer(chat=False, job_id="j", model=MODEL, created=1), False, echoed=body.echoed)
+    first = stream.feed(DeltaEvent(seq=1, text=" upon", token_ids=[1]))
+    second = stream.feed(DeltaEvent(seq=2, text=" a", token_ids=[2]))
+    assert [chunk["choices"][0]["text"] for chunk in first + second] == ["Once upon", " a"]
+
+
 UNSUPPORTED: list[tuple[str, dict[str, Any], str]] = [
-    ("completion", {"n": 2}, "n"),
-    ("chat", {"n": 3}, "n"),
     ("completion", {"best_of": 2}, "best_of"),
-    ("completion", {"echo": True}, "echo"),
+    ("completion", {"echo": True, "logprobs": 1}, "echo"),
+    ("completion", {"guided_json": {"type": "object"}}, "guided_json"),
+    ("chat", {"guided_choice": ["a", "b"]}, "guided_choice"),
+    ("chat", {"response_format": {"type": "structural_tag", "structures": []}}, "response_format"),
+    ("chat", {"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}, "response_format"),
     ("completion", {"suffix": "end"}, "suffix"),
-    ("completion", {"logit_bias": {"50256": -100}}, "logit_bias"),
-    ("chat", {"presence_penalty": 0.5}, "presence_penalty"),
-    ("chat", {"frequency_penalty": -1}, "frequency_penalty"),
     ("chat", {"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
     ("chat", {"tool_choice": "auto"}, "tool_choice"),
     ("chat", {"functions": [{"name": "f"}]}, "functions"),
     ("chat", {"function_call": {"name": "f"}}, "function_call"),
-    ("chat", {"response_format": {"type": "json_object"}}, "response_format"),
     ("chat", {"top_logprobs": 2}, "top_logprobs"),
     ("completion", {"stream_options": {"include_usage": True}}, "stream_options"),
 ]
@@ -196,7 +285,6 @@ def test_null_options_mean_their_defaults() -> None:
         {"model": MODEL, "prompt": "hi", "metadata": {"a": "b"}},  # unknown parameter
         {"model": MODEL, "messages": [{"role": "tool", "content": "42"}]},
         {"model": MODEL, "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
-        {"model": MODEL, "prompt": "hi", "stream_options": {"continuous_usage_stats": True}},
     ],
 )
 def test_bodies_a_job_cannot_take_fail_validation(body: dict[str, Any]) -> None:
@@ -210,6 +298,9 @@ def test_bodies_a_job_cannot_take_fail_validation(body: dict[str, Any]) -> None:
     [
         (_completion(temperature=3.5), "temperature"),
         (_completion(seed=-1), "seed"),
+        (_completion(n=0), "n"),
+        (_chat(n=65), "n"),
+        (_chat(n=2, temperature=0), "n"),  # greedy choices would all be one, as vLLM refuses
         (_completion(prompt=""), "prompt"),
         (_completion(logprobs=50), "logprobs"),
         (_chat(logprobs=True, top_logprobs=50), "top_logprobs"),
@@ -222,19 +313,26 @@ def test_job_validation_errors_name_the_openai_parameter(body: CompletionBody | 
     assert error.message.startswith(f"{param}: ")
 
 
-def test_max_tokens_above_the_gateway_limit_is_refused() -> None:
-    error = _refusal(_completion(max_tokens=LIMIT + 1))
-    assert error.detail == {"param": "max_tokens", "code": "invalid_value"}
-    assert str(LIMIT) in error.message
+@pytest.mark.parametrize(
+    "body, param",
+    [
+        (_completion(max_tokens=LIMIT + 1), "max_tokens"),
+        (_chat(max_completion_tokens=LIMIT + 1), "max_completion_tokens"),
+        (_chat(max_tokens=LIMIT + 1), "max_tokens"),
+    ],
+)
+def test_a_job_field_admission_refuses_is_named_as_the_endpoint_names_it(
+    body: CompletionBody | ChatBody, param: str
+) -> None:
+    refusal = InvalidRequest.of_field("max_tokens", f"must be at most {LIMIT}")
+    error = body.in_own_terms(refusal)
+    assert error.detail == {"param": param, "code": "invalid_value"}
+    assert error.message == f"{param}: must be at most {LIMIT}"
 
 
-def test_a_model_no_live_worker_serves_is_not_found() -> None:
-    check_model(MODEL, {MODEL})
-    with pytest.raises(ModelNotFound) as caught:
-        check_model("gpt-4o", {MODEL})
-    assert caught.value.detail == {"param": "model"} and MODEL in caught.value.message
-    with pytest.raises(BackendUnavailable):
-        check_model(MODEL, set())
+def test_a_refusal_of_no_job_field_keeps_its_own_terms() -> None:
+    refusal = InvalidRequest("something else")
+    assert _completion().in_own_terms(refusal) is refusal
 
 
 # Answers and chunks
@@ -250,7 +348,7 @@ USAGE = Usage(prompt_tokens=5, completion_tokens=2)
 
 def test_completion_answer_parses_as_an_openai_completion() -> None:
     answer = Answer(chat=False, job_id="abc", model=MODEL, created=1700000000)
-    parsed = Completion.model_validate(completion(answer, "Hello", None, "length", USAGE))
+    parsed = Completion.model_validate(completion(answer, [("Hello", None, "length")], USAGE))
     assert (parsed.id, parsed.object, parsed.model, parsed.created) == (
         "cmpl-abc",
         "text_completion",
@@ -263,10 +361,25 @@ def test_completion_answer_parses_as_an_openai_completion() -> None:
     assert parsed.usage is not None and parsed.usage.total_tokens == 7
 
 
+def test_answer_of_several_choices_lists_each_with_its_index() -> None:
+    answer = Answer(chat=True, job_id="abc", model=MODEL, created=1700000000)
+    choices = [("A", None, "stop"), ("B", None, "length"), ("C", None, "stop")]
+    parsed = ChatCompletion.model_validate(completion(answer, choices, USAGE))
+    assert [(c.index, c.message.content, c.finish_reason) for c in parsed.choices] == [
+        (0, "A", "stop"),
+        (1, "B", "length"),
+        (2, "C", "stop"),
+    ]
+
+
+def test_n_goes_into_the_job() -> None:
+    assert _chat(n=3).job_request(LIMIT).n == 3 and _completion().job_request(LIMIT).n == 1
+
+
 def test_chat_answer_parses_as_an_openai_chat_completion_with_logprobs() -> None:
     answer = Answer(chat=True, job_id="abc", model=MODEL, created=1700000000)
     logprobs = [_logprob("Hi", -0.25, ("Hi", -0.25), ("Hey", -1.5))]
-    parsed = ChatCompletion.model_validate(completion(answer, "Hi", logprobs, "stop", USAGE))
+    parsed = ChatCompletion.model_validate(completion(answer, [("Hi", logprobs, "stop")], USAGE))
     assert (parsed.id, parsed.object) == ("chatcmpl-abc", "chat.completion")
     choice = parsed.choices[0]
     assert (choice.message.role, choice.message.content, choice.finish_reason) == ("assistant", "Hi", "stop")
@@ -303,6 +416,42 @@ def test_chat_stream_opens_with_the_role_then_content_then_the_finish_reason() -
     ]
     assert deltas == [("assistant", "", None), (None, "Hel", None), (None, "lo", None), (None, None, "stop")]
     assert all("usage" not in chunk for chunk in raw)
+
+
+def test_stream_of_several_choices_opens_goes_on_and_ends_each_by_index() -> None:
+    """Interleaved deltas of two choices: a role chunk before each one's first content, a final chunk
+    per choice with its own finish_reason, usage over both."""
+    answer = Answer(chat=True, job_id="abc", model=MODEL, created=1700000000)
+    deltas = [
+        DeltaEvent(seq=2, index=1, text="B", token_ids=[7]),
+        DeltaEvent(seq=3, text="A", token_ids=[8, 9]),
+        DeltaEvent(seq=4, index=1, text="b", token_ids=[10]),
+    ]
+    done = DoneEvent(seq=5, finish_reason="length", finish_reasons=["length", "stop"], usage=USAGE)
+    raw = _stream(answer, True, [*deltas, done])
+    chunks = [ChatCompletionChunk.model_validate(chunk) for chunk in raw]
+    steps = [
+        (c.choices[0].index, c.choices[0].delta.role, c.choices[0].delta.content, c.choices[0].finish_reason)
+        for c in chunks[:-1]
+    ]
+    assert steps == [
+        (1, "assistant", "", None),
+        (1, None, "B", None),
+        (0, "assistant", "", None),
+        (0, None, "A", None),
+        (1, None, "b", None),
+        (0, None, None, "length"),
+        (1, None, None, "stop"),
+    ]
+    assert chunks[-1].choices == [] and chunks[-1].usage is not None
+    assert (chunks[-1].usage.prompt_tokens, chunks[-1].usage.completion_tokens) == (5, 2)
+
+
+def test_continuous_usage_counts_the_tokens_of_every_choice() -> None:
+    stream = ChunkStream(Answer(chat=False, job_id="j", model=MODEL, created=1), True, continuous_usage=True)
+    stream.feed(DeltaEvent(seq=2, text="a", token_ids=[1, 2]))
+    (chunk,) = stream.feed(DeltaEvent(seq=3, index=2, text="c", token_ids=[3]))
+    assert chunk["choices"][0]["index"] == 2 and chunk["usage"]["completion_tokens"] == 3
 
 
 def test_include_usage_adds_a_last_chunk_with_no_choices_and_usage_null_before() -> None:
@@ -397,7 +546,7 @@ def test_logprobs_of_minus_infinity_are_clamped_for_json() -> None:
 def test_failures_map_to_openai_status_type_and_code(
     exc: StreampoolError, status: int, kind: str, param: str | None, code: str
 ) -> None:
-    assert openai_error(exc) == (
+    assert OPENAI_ERRORS.failure(exc) == (
         status,
         {"error": {"message": exc.message, "type": kind, "param": param, "code": code}},
     )
@@ -419,7 +568,7 @@ def _openai_error(answer: httpx.Response) -> dict[str, Any]:
 
 
 async def test_refused_option_answers_an_openai_400_naming_it(gateway: httpx.AsyncClient) -> None:
-    answer = await gateway.post("/v1/chat/completions", json={"model": MODEL, "messages": CHAT, "n": 2})
+    answer = await gateway.post("/v1/chat/completions", json={"model": MODEL, "messages": CHAT, "n": 9})
     assert answer.status_code == 400
     error = _openai_error(answer)
     assert (error["type"], error["param"]) == ("invalid_request_error", "n")
@@ -457,9 +606,9 @@ async def test_wrong_method_answers_in_openai_shape(gateway: httpx.AsyncClient) 
 
 
 async def test_native_routes_keep_their_error_shape(gateway: httpx.AsyncClient) -> None:
-    answer = await gateway.post("/v1/jobs", json={"prompt": "hi", "n": 2})
+    answer = await gateway.post("/v1/jobs", json={"prompt": "hi", "n": 9})  # over max_choices
     assert answer.status_code == 422
     assert answer.json()["error_type"] == "validation"
-    answer = await gateway.get("/v1/jobs/abc")
+    answer = await gateway.get(f"/v1/jobs/{uuid.uuid4().hex}")  # a well-formed id, so Redis is asked
     assert answer.status_code == 503
     assert answer.json()["error_type"] == "unavailable"

@@ -14,24 +14,15 @@ import pytest
 import redis.asyncio as aioredis
 
 from gateway.prompt_tokens import PromptCounter
-from shared.config import DEFAULT_MODEL_DIR, Settings
+from shared.config import Settings
 from shared.keys import Keys
 from shared.model_card import ModelCard, publish_model_card
 from shared.requests import JobRequest
-from tests.conftest import delete_prefix, make_settings
-from worker.model_card import build_model_card
+from tests.conftest import make_settings
+from tests.gateway.stand_ins import CARD_CONTEXT as CONTEXT
+from tests.redis_cleanup import delete_prefix
 
-CONTEXT = 2048
 LONG = "The quick brown fox jumps over the lazy dog. " * 300  # about 3,000 tokens
-
-
-@pytest.fixture(scope="module")
-def card() -> ModelCard:
-    if not DEFAULT_MODEL_DIR.is_dir():
-        pytest.skip(f"the default model is not prepared in {DEFAULT_MODEL_DIR} (streampool prepare-model)")
-    built = build_model_card(DEFAULT_MODEL_DIR, "SmolLM2-135M-Instruct", CONTEXT)
-    assert built is not None
-    return built
 
 
 @pytest.fixture
@@ -39,14 +30,6 @@ async def settings(redis_url: str) -> AsyncIterator[Settings]:
     settings = make_settings(redis_url, allow_unauthenticated=True)
     yield settings
     delete_prefix(redis_url, settings.key_prefix)
-
-
-@pytest.fixture
-async def published(
-    card: ModelCard, settings: Settings, redis_client: aioredis.Redis
-) -> AsyncIterator[ModelCard]:
-    await publish_model_card(redis_client, Keys(settings.key_prefix), card)
-    yield card
 
 
 async def _keys(redis_client: aioredis.Redis, settings: Settings) -> set[str]:
@@ -95,8 +78,9 @@ async def test_prompt_and_max_tokens_may_fill_the_context_exactly(
 async def test_openai_routes_answer_400_context_length_exceeded(
     gateway: httpx.AsyncClient, published: ModelCard
 ) -> None:
-    chat = {"model": "m", "messages": [{"role": "user", "content": LONG}]}
-    for path, body in [("/v1/completions", {"model": "m", "prompt": LONG}), ("/v1/chat/completions", chat)]:
+    chat = {"model": published.model, "messages": [{"role": "user", "content": LONG}]}
+    completion = {"model": published.model, "prompt": LONG}
+    for path, body in [("/v1/completions", completion), ("/v1/chat/completions", chat)]:
         answer = await gateway.post(path, json=body)
         assert answer.status_code == 400, answer.text
         error = answer.json()["error"]

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import socket
-import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import httpx
 import psutil
@@ -22,9 +22,10 @@ import redis.asyncio as aioredis
 from shared.config import Settings
 from shared.events import DeltaEvent, DoneEvent, Usage
 from shared.keys import Keys
-from tests.conftest import delete_prefix, make_settings
-from tests.helpers import read_sse, submit
+from tests.conftest import make_settings
+from tests.helpers import eventually, read_sse, submit
 from tests.processes import Processes, free_port, wait_answering
+from tests.redis_cleanup import delete_prefix
 
 WAIT_TIMEOUT = 60
 STALL_EVENTS = 40_000
@@ -98,11 +99,16 @@ async def _metric(http: httpx.AsyncClient, name: str) -> float:
     return next(float(line.split()[-1]) for line in text.splitlines() if line.startswith(f"{name} "))
 
 
-async def _wait_for(what: str, check: Callable[[], Awaitable[bool]]) -> None:
-    deadline = time.monotonic() + WAIT_TIMEOUT
-    while not await check():
-        assert time.monotonic() < deadline, what
-        await asyncio.sleep(0.1)
+def _restart_peak_memory(gateway: Gateway) -> int:
+    """The gateway's resident memory, from which its peak (VmHWM) counts again."""
+    (Path("/proc") / str(gateway.process.pid) / "clear_refs").write_text("5")
+    return _peak_memory(gateway)
+
+
+def _peak_memory(gateway: Gateway) -> int:
+    """The most resident memory the gateway has held since the peak was last restarted."""
+    status = (Path("/proc") / str(gateway.process.pid) / "status").read_text()
+    return next(int(line.split()[1]) * 1024 for line in status.splitlines() if line.startswith("VmHWM:"))
 
 
 async def _streams_open(http: httpx.AsyncClient) -> float:
@@ -140,8 +146,8 @@ async def test_a_reader_that_stops_reading_costs_bounded_memory_and_resumes_with
     job_id = await submit(http, prompt="stalled reader", max_tokens=1)
     stream = gateway.keys.stream(job_id)
     stalled = await _open_stream(gateway, job_id)
-    await _wait_for("the stalled reader's stream is open", lambda: _reader_blocked(redis_client, gateway))
-    rss_before = gateway.process.memory_info().rss
+    await eventually(lambda: _reader_blocked(redis_client, gateway), "the stalled reader's stream is open")
+    rss_before = _restart_peak_memory(gateway)
 
     await _append_deltas(redis_client, stream, 1, STALL_EVENTS)
     usage = Usage(prompt_tokens=1, completion_tokens=STALL_EVENTS)
@@ -150,12 +156,12 @@ async def test_a_reader_that_stops_reading_costs_bounded_memory_and_resumes_with
     # Another reader of the same job is not held back by the stalled one.
     others = await read_sse(http, job_id)
     assert len(others) == STALL_EVENTS + 2 and others[-1][1]["type"] == "done"
-    await asyncio.sleep(1)  # the gateway has had time to buffer whatever it would
-    growth = gateway.process.memory_info().rss - rss_before
-    assert growth < RSS_GROWTH_LIMIT, f"the gateway grew {growth / 2**20:.0f} MiB for one stalled reader"
 
     received = await asyncio.to_thread(_read_to_terminal, stalled)
     stalled.close()
+    # The peak since the stall began, now that the gateway has sent the stalled reader everything.
+    growth = _peak_memory(gateway) - rss_before
+    assert growth < RSS_GROWTH_LIMIT, f"the gateway grew {growth / 2**20:.0f} MiB for one stalled reader"
     stored = [(entry_id, fields["type"]) for entry_id, fields in await redis_client.xrange(stream)]
     assert received == stored  # every event once, in order, though it fell far behind
 
@@ -166,13 +172,14 @@ async def test_readers_that_vanish_free_their_streams_at_once(
     baseline = await _streams_open(http)
     job_ids = [await submit(http, prompt=f"vanishing reader {n}", max_tokens=1) for n in range(20)]
     sockets = [await _open_stream(gateway, job_id) for job_id in job_ids]
-    await _wait_for("every stream is open", lambda: _streams_open_are(http, baseline + len(sockets)))
-    assert await _reader_blocked(redis_client, gateway)
+    await eventually(lambda: _streams_open_are(http, baseline + len(sockets)), "every stream is open")
+    # The reader is between two blocking reads now and then: wait for it to sit in one.
+    await eventually(lambda: _reader_blocked(redis_client, gateway), "the stream reader watches the streams")
     for sock in sockets[::2]:
         sock.close()  # a clean close
     for sock in sockets[1::2]:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
         sock.close()  # a reset, as a client that crashed
     # Their jobs are silent: only noticing the disconnect can end these streams.
-    await _wait_for("the streams closed", lambda: _streams_open_are(http, baseline))
-    await _wait_for("the stream reader stopped watching", lambda: _reader_idle(redis_client, gateway))
+    await eventually(lambda: _streams_open_are(http, baseline), "the streams close")
+    await eventually(lambda: _reader_idle(redis_client, gateway), "the stream reader stops watching")

@@ -12,12 +12,15 @@ from arq.jobs import deserialize_job
 
 from shared.errors import JobNotFound, Overloaded
 from shared.events import JobState
-from shared.jobstore import ARQ_FUNCTION, JobStore
+from shared.jobstore import JobStore
 from shared.keys import Keys
+from shared.queue import JOB_FUNCTION
 from shared.requests import JobRequest
 from tests.conftest import UNIT_RETENTION_SECONDS
 
 REQUEST = JobRequest(prompt="The capital of France is", max_tokens=8)
+MODEL = "smol"
+LEASE_SECONDS = 6.0
 
 
 async def prefix_keys(client: aioredis.Redis, keys: Keys) -> set[str]:
@@ -37,7 +40,7 @@ async def stream_types(store: JobStore, job_id: str) -> list[str]:
 async def test_submit_writes_record_queued_event_arq_job_and_queue_entry(
     store: JobStore, redis_url: str
 ) -> None:
-    submission = await store.submit(REQUEST)
+    submission = await store.submit(REQUEST, model=MODEL, max_queued=0)
     job_id, keys = submission.job_id, store.keys
     assert (submission.created, submission.status) == (True, JobState.queued)
 
@@ -50,7 +53,7 @@ async def test_submit_writes_record_queued_event_arq_job_and_queue_entry(
     queued = {"type": "status", "seq": 0, "state": "queued", "message": None}
     assert json.loads(entry["data"]) == {**queued, "resumed": False, "attempt": None}
 
-    assert await store.redis.zscore(keys.queue, job_id) is not None
+    assert await store.redis.zscore(keys.model(MODEL).queue, job_id) is not None
     raw = aioredis.Redis.from_url(redis_url)  # arq's payload is a pickle, not text
     try:
         payload = await raw.get(keys.arq_job(job_id))
@@ -58,44 +61,62 @@ async def test_submit_writes_record_queued_event_arq_job_and_queue_entry(
         await raw.aclose()
     assert payload is not None
     job = deserialize_job(payload)
-    assert (job.function, job.args) == (ARQ_FUNCTION, (job_id,))
+    assert (job.function, job.args) == (JOB_FUNCTION, (job_id,))
 
     for name in (keys.job(job_id), keys.stream(job_id), keys.arq_job(job_id)):
         assert await store.redis.ttl(name) > 0, name
 
 
+async def test_annotations_are_written_with_the_job_and_read_back_apart_from_its_fields(
+    store: JobStore, small_store: JobStore
+) -> None:
+    kept = {"status": "not the job's", "webhook": "https://example.test/hook"}
+    job_id = (await store.submit(REQUEST, model=MODEL, max_queued=0, annotations=kept)).job_id
+    assert await store.annotations(job_id) == kept
+    assert (await store.record(job_id)).status is JobState.queued  # a field named alike changes nothing
+    assert await store.annotations((await store.submit(REQUEST, model=MODEL, max_queued=0)).job_id) == {}
+    with pytest.raises(JobNotFound):
+        await store.annotations(uuid.uuid4().hex)
+    # A refused submission writes no annotations either: nothing of the job exists.
+    await small_store.submit(REQUEST, model=MODEL, max_queued=1)
+    before = await prefix_keys(small_store.redis, small_store.keys)
+    with pytest.raises(Overloaded):
+        await small_store.submit(REQUEST, model=MODEL, max_queued=1, annotations=kept)
+    assert await prefix_keys(small_store.redis, small_store.keys) == before
+
+
 async def test_same_idempotency_key_returns_the_same_job(store: JobStore) -> None:
-    first = await store.submit(REQUEST, idempotency_key="order-42")
-    again = await store.submit(REQUEST, idempotency_key="order-42")
-    other = await store.submit(REQUEST, idempotency_key="order-43")
+    first = await store.submit(REQUEST, model=MODEL, idempotency_key="order-42", max_queued=0)
+    again = await store.submit(REQUEST, model=MODEL, idempotency_key="order-42", max_queued=0)
+    other = await store.submit(REQUEST, model=MODEL, idempotency_key="order-43", max_queued=0)
     assert (again.job_id, again.created, again.created_at) == (first.job_id, False, first.created_at)
     assert first.created and other.created and other.job_id != first.job_id
-    assert await store.redis.zcard(store.keys.queue) == 2
+    assert await store.redis.zcard(store.keys.model(MODEL).queue) == 2
 
 
 async def test_submission_over_the_queue_limit_is_refused_and_writes_nothing(small_store: JobStore) -> None:
-    await small_store.submit(REQUEST)
-    await small_store.submit(REQUEST)
+    await small_store.submit(REQUEST, model=MODEL, max_queued=2)
+    await small_store.submit(REQUEST, model=MODEL, max_queued=2)
     before = await prefix_keys(small_store.redis, small_store.keys)
     with pytest.raises(Overloaded):
-        await small_store.submit(REQUEST, idempotency_key="late")
+        await small_store.submit(REQUEST, model=MODEL, idempotency_key="late", max_queued=2)
     assert await prefix_keys(small_store.redis, small_store.keys) == before
-    assert await small_store.redis.zcard(small_store.keys.queue) == 2
+    assert await small_store.redis.zcard(small_store.keys.model(MODEL).queue) == 2
 
 
 async def test_idempotent_replay_is_answered_even_when_the_queue_is_full(small_store: JobStore) -> None:
-    first = await small_store.submit(REQUEST, idempotency_key="k")
-    await small_store.submit(REQUEST)
-    again = await small_store.submit(REQUEST, idempotency_key="k")
+    first = await small_store.submit(REQUEST, model=MODEL, idempotency_key="k", max_queued=2)
+    await small_store.submit(REQUEST, model=MODEL, max_queued=2)
+    again = await small_store.submit(REQUEST, model=MODEL, idempotency_key="k", max_queued=2)
     assert (again.job_id, again.created) == (first.job_id, False)
 
 
 async def test_cancel_of_queued_job_removes_it_from_the_queue(store: JobStore) -> None:
-    job_id = (await store.submit(REQUEST)).job_id
+    job_id = (await store.submit(REQUEST, model=MODEL, max_queued=0)).job_id
     answer, took_effect = await store.cancel(job_id)
     assert (answer.status, took_effect) == (JobState.cancelled, True)
-    assert await store.status(job_id) is JobState.cancelled
-    assert await store.redis.zscore(store.keys.queue, job_id) is None
+    assert (await store.record(job_id)).status is JobState.cancelled
+    assert await store.redis.zscore(store.keys.model(MODEL).queue, job_id) is None
     assert not await store.redis.exists(store.keys.arq_job(job_id))
     assert await stream_types(store, job_id) == ["status", "cancelled"]
     for name in (store.keys.job(job_id), store.keys.stream(job_id)):
@@ -103,7 +124,7 @@ async def test_cancel_of_queued_job_removes_it_from_the_queue(store: JobStore) -
 
 
 async def test_second_cancel_changes_nothing_and_says_so(store: JobStore) -> None:
-    job_id = (await store.submit(REQUEST)).job_id
+    job_id = (await store.submit(REQUEST, model=MODEL, max_queued=0)).job_id
     await store.cancel(job_id)
     answer, took_effect = await store.cancel(job_id)
     assert (answer.status, took_effect) == (JobState.cancelled, False)
@@ -112,8 +133,8 @@ async def test_second_cancel_changes_nothing_and_says_so(store: JobStore) -> Non
 
 
 async def test_start_moves_a_queued_job_to_running_and_returns_its_request(store: JobStore) -> None:
-    job_id = (await store.submit(REQUEST)).job_id
-    started = await store.start(job_id, "worker-1", "smol")
+    job_id = (await store.submit(REQUEST, model=MODEL, max_queued=0)).job_id
+    started = await store.start(job_id, "worker-1", MODEL, lease_seconds=LEASE_SECONDS)
     assert started is not None and (started.request, started.attempt) == (REQUEST, 1)
     record = await store.record(job_id)
     assert (record.status, record.worker, record.model) == (JobState.running, "worker-1", "smol")
@@ -122,22 +143,22 @@ async def test_start_moves_a_queued_job_to_running_and_returns_its_request(store
 
 
 async def test_start_of_running_job_returns_none(store: JobStore) -> None:
-    job_id = (await store.submit(REQUEST)).job_id
-    await store.start(job_id, "worker-1", "smol")
-    assert await store.start(job_id, "worker-2", "smol") is None
+    job_id = (await store.submit(REQUEST, model=MODEL, max_queued=0)).job_id
+    await store.start(job_id, "worker-1", MODEL, lease_seconds=LEASE_SECONDS)
+    assert await store.start(job_id, "worker-2", MODEL, lease_seconds=LEASE_SECONDS) is None
 
 
 async def test_start_of_cancelled_job_returns_none(store: JobStore) -> None:
-    job_id = (await store.submit(REQUEST)).job_id
+    job_id = (await store.submit(REQUEST, model=MODEL, max_queued=0)).job_id
     await store.cancel(job_id)
-    assert await store.start(job_id, "worker-1", "smol") is None
-    assert await store.status(job_id) is JobState.cancelled
+    assert await store.start(job_id, "worker-1", MODEL, lease_seconds=LEASE_SECONDS) is None
+    assert (await store.record(job_id)).status is JobState.cancelled
     assert await stream_types(store, job_id) == ["status", "cancelled"]
 
 
 async def test_cancel_of_running_job_sets_its_cancel_key(store: JobStore) -> None:
-    job_id = (await store.submit(REQUEST)).job_id
-    await store.start(job_id, "worker-1", "smol")
+    job_id = (await store.submit(REQUEST, model=MODEL, max_queued=0)).job_id
+    await store.start(job_id, "worker-1", MODEL, lease_seconds=LEASE_SECONDS)
     answer, took_effect = await store.cancel(job_id)
     assert (answer.status, took_effect) == (JobState.running, True)
     assert await store.redis.exists(store.keys.cancel(job_id))
@@ -150,7 +171,7 @@ async def test_cancel_of_unknown_job_raises_job_not_found(store: JobStore) -> No
 
 
 async def test_record_of_queued_job_has_a_queue_position(store: JobStore) -> None:
-    first, second = [(await store.submit(REQUEST)).job_id for _ in range(2)]
+    first, second = [(await store.submit(REQUEST, model=MODEL, max_queued=0)).job_id for _ in range(2)]
     positions = {(await store.record(job_id)).queue_position for job_id in (first, second)}
     assert positions == {0, 1}
     await store.cancel(first)
@@ -159,13 +180,13 @@ async def test_record_of_queued_job_has_a_queue_position(store: JobStore) -> Non
 
 
 async def test_queue_position_counts_only_jobs_waiting_ahead(store: JobStore) -> None:
-    running = (await store.submit(REQUEST)).job_id
-    await store.start(running, "worker-1", "smol")
-    queued = (await store.submit(REQUEST)).job_id
+    running = (await store.submit(REQUEST, model=MODEL, max_queued=0)).job_id
+    await store.start(running, "worker-1", MODEL, lease_seconds=LEASE_SECONDS)
+    queued = (await store.submit(REQUEST, model=MODEL, max_queued=0)).job_id
     assert (await store.record(queued)).queue_position == 0
 
 
 async def test_idempotency_key_expires_with_the_ended_job(store: JobStore) -> None:
-    job_id = (await store.submit(REQUEST, idempotency_key="k")).job_id
+    job_id = (await store.submit(REQUEST, model=MODEL, idempotency_key="k", max_queued=0)).job_id
     await store.cancel(job_id)
     assert 0 < await store.redis.ttl(store.keys.idempotency("k")) <= UNIT_RETENTION_SECONDS

@@ -6,10 +6,11 @@ import asyncio
 import uuid
 
 import pytest
+import redis.asyncio as aioredis
 
-from shared import redis_client
 from shared.errors import BackendUnavailable
 from shared.redis_client import connect, redis_errors
+from tests.helpers import eventually
 
 
 async def test_a_burst_of_commands_shares_the_pool_instead_of_opening_one_each(redis_url: str) -> None:
@@ -26,14 +27,19 @@ async def test_a_burst_of_commands_shares_the_pool_instead_of_opening_one_each(r
 
 
 async def test_a_command_that_finds_no_free_connection_in_time_fails_as_redis_unreachable(
-    redis_url: str, monkeypatch: pytest.MonkeyPatch
+    redis_url: str, redis_client: aioredis.Redis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(redis_client, "POOL_WAIT_SECONDS", 0.2)
+    monkeypatch.setattr("shared.redis_client.POOL_WAIT_SECONDS", 0.2)
     name = f"sptest-pool-{uuid.uuid4().hex[:8]}"
     client = connect(redis_url, name, max_connections=1)
     try:
         holding = asyncio.create_task(client.blpop([f"{name}:empty"], timeout=2))
-        await asyncio.sleep(0.1)  # the BLPOP has the one connection
+
+        async def blocked() -> bool:  # the BLPOP has the one connection
+            clients = await redis_client.client_list()
+            return any(entry["name"] == name and entry["cmd"] == "blpop" for entry in clients)
+
+        await eventually(blocked, "the BLPOP blocks")
         with pytest.raises(BackendUnavailable, match="No connection available"):
             with redis_errors():
                 await client.ping()

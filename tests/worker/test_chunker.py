@@ -38,7 +38,7 @@ def feed_all(chunker: Chunker, steps: list[EngineDelta]) -> list[Event]:
 
 def end(chunker: Chunker, ending: str) -> list[Event]:
     if ending == "done":
-        return chunker.done("stop")
+        return chunker.done()
     if ending == "cancelled":
         return chunker.cancelled()
     return chunker.error("boom", "internal")
@@ -51,7 +51,7 @@ def delta_events(events: list[Event]) -> list[DeltaEvent]:
 @pytest.mark.parametrize("stream_step", [1, 2, 3, 5, 7, 8])
 def test_each_delta_holds_stream_step_tokens_except_possibly_the_last(stream_step: int) -> None:
     chunker = Chunker(stream_step, PROMPT_TOKENS, FIRST_SEQ)
-    events = feed_all(chunker, one_token_steps(7)) + chunker.done("stop")
+    events = feed_all(chunker, one_token_steps(7)) + chunker.done()
     sizes = [len(event.token_ids) for event in delta_events(events)]
     assert sizes[:-1] == [stream_step] * (len(sizes) - 1)
     assert 1 <= sizes[-1] <= stream_step
@@ -73,14 +73,14 @@ def test_finished_engine_step_flushes_what_is_held_back() -> None:
     chunker = Chunker(4, PROMPT_TOKENS, FIRST_SEQ)
     events = feed_all(chunker, one_token_steps(2, finish_last=True))
     assert [event.token_ids for event in delta_events(events)] == [[100, 101]]
-    assert [event.type for event in chunker.done("length")] == ["done"]
+    assert [event.type for event in chunker.done()] == ["done"]
 
 
 def test_final_engine_step_without_tokens_adds_no_empty_delta() -> None:
     chunker = Chunker(1, PROMPT_TOKENS, FIRST_SEQ)
     events = feed_all(chunker, one_token_steps(2))
     events += chunker.feed(EngineDelta(text="", token_ids=[], finished=True, finish_reason="stop"))
-    events += chunker.done("stop")
+    events += chunker.done()
     assert [event.type for event in events] == ["delta", "delta", "done"]
 
 
@@ -88,7 +88,7 @@ def test_final_engine_step_without_tokens_adds_no_empty_delta() -> None:
 @pytest.mark.parametrize("stream_step", [1, 3])
 def test_seq_numbers_are_consecutive_from_next_seq(next_seq: int, stream_step: int) -> None:
     chunker = Chunker(stream_step, PROMPT_TOKENS, next_seq)
-    events = feed_all(chunker, one_token_steps(7)) + chunker.done("stop")
+    events = feed_all(chunker, one_token_steps(7)) + chunker.done()
     assert [event.seq for event in events] == list(range(next_seq, next_seq + len(events)))
     assert chunker.next_seq == next_seq + len(events)
 
@@ -110,8 +110,8 @@ def test_every_token_is_in_exactly_one_delta_before_the_one_terminal_event(
 
 def test_done_carries_finish_reason_and_exact_usage() -> None:
     chunker = Chunker(2, PROMPT_TOKENS, FIRST_SEQ)
-    feed_all(chunker, one_token_steps(5))
-    done = chunker.done("length")[-1]
+    feed_all(chunker, one_token_steps(5, finish_last=True))
+    done = chunker.done()[-1]
     assert isinstance(done, DoneEvent)
     assert done.finish_reason == "length"
     assert (done.usage.prompt_tokens, done.usage.completion_tokens) == (PROMPT_TOKENS, 5)
@@ -147,7 +147,7 @@ def test_cancel_before_any_token_has_zero_completion_tokens_and_no_delta() -> No
 @pytest.mark.parametrize("stream_step", [1, 3])
 def test_logprobs_travel_with_their_tokens(stream_step: int) -> None:
     chunker = Chunker(stream_step, PROMPT_TOKENS, FIRST_SEQ)
-    events = feed_all(chunker, one_token_steps(7, logprobs=True)) + chunker.done("stop")
+    events = feed_all(chunker, one_token_steps(7, logprobs=True)) + chunker.done()
     for event in delta_events(events):
         assert event.logprobs is not None
         assert [lp.token_id for lp in event.logprobs] == event.token_ids
@@ -156,14 +156,14 @@ def test_logprobs_travel_with_their_tokens(stream_step: int) -> None:
 
 def test_deltas_without_logprobs_carry_none() -> None:
     chunker = Chunker(2, PROMPT_TOKENS, FIRST_SEQ)
-    events = feed_all(chunker, one_token_steps(4)) + chunker.done("stop")
+    events = feed_all(chunker, one_token_steps(4)) + chunker.done()
     assert [event.logprobs for event in delta_events(events)] == [None, None]
 
 
 @pytest.mark.parametrize("stream_step", [1, 2, 5])
 def test_streamed_text_adds_up_to_the_chunker_text(stream_step: int) -> None:
     chunker = Chunker(stream_step, PROMPT_TOKENS, FIRST_SEQ)
-    events = feed_all(chunker, one_token_steps(9)) + chunker.done("stop")
+    events = feed_all(chunker, one_token_steps(9)) + chunker.done()
     assert "".join(event.text for event in delta_events(events)) == chunker.text
     assert chunker.text == "".join(f"t{i} " for i in range(9))
 
@@ -172,8 +172,54 @@ def test_multi_token_engine_steps_stay_together_in_one_delta() -> None:
     """An engine output of several tokens has one text for all of them: it is never split."""
     chunker = Chunker(2, PROMPT_TOKENS, FIRST_SEQ)
     steps = [EngineDelta(text="abc", token_ids=[1, 2, 3]), EngineDelta(text="de", token_ids=[4, 5])]
-    events = feed_all(chunker, steps) + chunker.done("stop")
+    events = feed_all(chunker, steps) + chunker.done()
     assert [(event.text, event.token_ids) for event in delta_events(events)] == [
         ("abc", [1, 2, 3]),
         ("de", [4, 5]),
+    ]
+
+
+def test_choices_keep_apart_in_one_sequence_and_add_up_in_usage() -> None:
+    """n=2 with interleaved steps: each choice coalesces its own tokens, `seq` runs over the job."""
+    chunker = Chunker(2, PROMPT_TOKENS, FIRST_SEQ, n=2)
+    steps = [
+        EngineDelta("a0", [1], index=0),
+        EngineDelta("b0", [11], index=1),
+        EngineDelta("a1", [2], index=0),
+        EngineDelta("b1", [12], index=1, finished=True, finish_reason="stop"),
+        EngineDelta("a2", [3], index=0),
+    ]
+    events = feed_all(chunker, steps)
+    assert not chunker.finished
+    events += chunker.feed(EngineDelta("", [], index=0, finished=True, finish_reason="length"))
+    assert chunker.finished
+    events += chunker.done()
+    assert [event.seq for event in events] == list(range(FIRST_SEQ, FIRST_SEQ + len(events)))
+    deltas = delta_events(events)
+    assert [(event.index, event.token_ids) for event in deltas] == [(0, [1, 2]), (1, [11, 12]), (0, [3])]
+    assert chunker.text == "a0a1a2" and chunker.output_tokens == 3
+    done = events[-1]
+    assert isinstance(done, DoneEvent)
+    assert (done.finish_reason, done.finish_reasons) == ("length", ["length", "stop"])
+    assert (done.usage.prompt_tokens, done.usage.completion_tokens) == (PROMPT_TOKENS, 5)
+
+
+def test_one_choice_streams_without_index_or_finish_reasons() -> None:
+    """A job of one choice writes the events it always has: no `index`, no `finish_reasons`."""
+    chunker = Chunker(1, PROMPT_TOKENS, FIRST_SEQ)
+    events = feed_all(chunker, one_token_steps(1, finish_last=True)) + chunker.done()
+    dumped = [event.model_dump(mode="json") for event in events]
+    assert "index" not in dumped[0] and "finish_reasons" not in dumped[-1]
+    assert "index" in DeltaEvent(seq=0, index=1, text="", token_ids=[]).model_dump()
+
+
+def test_held_back_tokens_of_every_choice_flush_before_the_end() -> None:
+    chunker = Chunker(4, PROMPT_TOKENS, FIRST_SEQ, n=3)
+    for index in (2, 0):
+        chunker.feed(EngineDelta(f"c{index}", [index], index=index))
+    events = chunker.cancelled()
+    assert [(event.type, getattr(event, "index", None)) for event in events] == [
+        ("delta", 0),
+        ("delta", 2),
+        ("cancelled", None),
     ]

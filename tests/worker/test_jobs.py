@@ -11,19 +11,18 @@ from __future__ import annotations
 
 from collections.abc import AsyncGenerator, Awaitable, Callable
 
-import pytest
-from arq.worker import Retry
-
 from shared.events import DeltaEvent, JobState, event_adapter
 from shared.jobstore import JobStore
+from shared.lifecycle.transitions import ReleaseOutcome, Verdict
 from shared.requests import JobRequest
 from worker.engine import EngineDelta, Prompt
-from worker.jobs import Ending, JobRunner, run_job
+from worker.jobs import Ending, JobRunner
 from worker.leases import Leases
 from worker.metrics import WorkerMetrics
-from worker.publisher import Publisher, Verdict
+from worker.publisher import Publisher
 
 RUNNER = "worker-1"
+LEASE_SECONDS = 6.0
 
 
 class ScriptedEngine:
@@ -60,6 +59,10 @@ class ScriptedEngine:
     def running_requests(self) -> int:
         return 0
 
+    @property
+    def dead(self) -> bool:
+        return False
+
     def shutdown(self) -> None:
         pass
 
@@ -67,7 +70,14 @@ class ScriptedEngine:
 def runner(store: JobStore, engine: ScriptedEngine, worker_id: str = RUNNER) -> JobRunner:
     publisher = Publisher(store.redis, store, worker_id)
     return JobRunner(
-        engine, store, publisher, Leases(store), worker_id, stopping=lambda: False, metrics=WorkerMetrics()
+        engine,
+        store,
+        publisher,
+        Leases(store, store.settings),
+        worker_id,
+        stopping=lambda: False,
+        metrics=WorkerMetrics("scripted"),
+        engine_died=lambda: None,
     )
 
 
@@ -79,19 +89,30 @@ async def stream(store: JobStore, job_id: str) -> list[dict[str, object]]:
 async def run(
     store: JobStore, engine: ScriptedEngine, **request: object
 ) -> tuple[str, list[dict[str, object]]]:
-    job_id = (await store.submit(JobRequest.model_validate({"prompt": "hi", **request}))).job_id
+    job_id = (
+        await store.submit(
+            JobRequest.model_validate({"prompt": "hi", **request}), model="scripted", max_queued=0
+        )
+    ).job_id
     await runner(store, engine).run(job_id)
     return job_id, await stream(store, job_id)
 
 
 async def handed_back_after(store: JobStore, tokens: list[tuple[str, int]], **request: object) -> str:
     """A job whose first run (worker-0) emitted `tokens` (text, id) and then handed it back."""
-    job_id = (await store.submit(JobRequest.model_validate({"prompt": "hi", **request}))).job_id
-    assert await store.start(job_id, "worker-0", "scripted") is not None
+    job_id = (
+        await store.submit(
+            JobRequest.model_validate({"prompt": "hi", **request}), model="scripted", max_queued=0
+        )
+    ).job_id
+    assert await store.start(job_id, "worker-0", "scripted", lease_seconds=LEASE_SECONDS) is not None
     first_run = Publisher(store.redis, store, "worker-0")
     deltas = [DeltaEvent(seq=2 + n, text=text, token_ids=[token]) for n, (text, token) in enumerate(tokens)]
     assert await first_run.step(job_id, deltas) is Verdict.go
-    assert await Leases(store).release(job_id, "its worker shut down", "worker-0") == "requeued"
+    assert (
+        await Leases(store, store.settings).release(job_id, "scripted", "its worker shut down", "worker-0")
+        is ReleaseOutcome.requeued
+    )
     return job_id
 
 
@@ -180,16 +201,53 @@ async def test_a_handed_back_job_cancelled_meanwhile_ends_cancelled_without_gene
     assert (await store.record(job_id)).status is JobState.cancelled
 
 
-async def test_a_run_whose_lease_was_taken_stops_writing_and_leaves_the_job_to_arq(store: JobStore) -> None:
-    job_id = (await store.submit(JobRequest(prompt="hi", max_tokens=8))).job_id
+async def test_a_run_whose_lease_was_taken_stops_writing_and_leaves_the_job_to_the_queue(
+    store: JobStore,
+) -> None:
+    job_id = (
+        await store.submit(JobRequest(prompt="hi", max_tokens=8), model="scripted", max_queued=0)
+    ).job_id
 
     async def lease_lapses() -> None:
         await store.redis.delete(store.keys.lease(job_id))
 
     outputs = [EngineDelta(text=t, token_ids=[n]) for n, t in enumerate("abc")]
     engine = ScriptedEngine(outputs, between_steps=lease_lapses)
-    with pytest.raises(Retry):  # arq keeps its hands off the queue: a reaper requeues the job
-        await run_job({"runner": runner(store, engine)}, job_id)
+    # Left: the queue keeps the job (arq must not finish it) and a reaper requeues it.
+    assert await runner(store, engine).run(job_id) is Ending.left
     assert engine.aborted == [job_id]
     assert [event["type"] for event in await stream(store, job_id)] == ["status", "status", "delta"]
     assert (await store.record(job_id)).status is JobState.running
+
+
+async def test_choices_run_in_one_job_and_the_record_holds_the_first(store: JobStore) -> None:
+    engine = ScriptedEngine(
+        [
+            EngineDelta(text="a", token_ids=[7]),
+            EngineDelta(text="x", token_ids=[17], index=1, finished=True, finish_reason="stop"),
+            EngineDelta(text="b", token_ids=[8], finished=True, finish_reason="length"),
+        ]
+    )
+    job_id, events = await run(store, engine, n=2)
+    assert [(event["type"], event.get("index")) for event in events[2:]] == [
+        ("delta", None),  # choice 0's deltas stream as a job of one choice's do
+        ("delta", 1),
+        ("delta", None),
+        ("done", None),
+    ]
+    assert (events[-1]["finish_reasons"], events[-1]["usage"]) == (
+        ["length", "stop"],
+        {"prompt_tokens": 3, "completion_tokens": 3},
+    )
+    record = await store.record(job_id)
+    assert (record.status, record.output.text, record.output.token_count) == (JobState.completed, "ab", 2)
+
+
+async def test_a_job_of_several_choices_fails_rather_than_resumes(store: JobStore) -> None:
+    job_id = await handed_back_after(store, [("a", 7)], n=2)
+    engine = ScriptedEngine([EngineDelta(text="c", token_ids=[9], finished=True, finish_reason="stop")])
+    assert await runner(store, engine).run(job_id) is Ending.ended
+    assert engine.prompts == []
+    events = await stream(store, job_id)
+    assert (events[-1]["type"], events[-1]["code"]) == ("error", "not_resumable")
+    assert (await store.record(job_id)).status is JobState.failed

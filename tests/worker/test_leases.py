@@ -12,22 +12,26 @@ import redis.asyncio as aioredis
 from arq.jobs import deserialize_job
 
 from shared.events import DeltaEvent, JobState, event_adapter
-from shared.jobstore import ARQ_FUNCTION, JobStore
+from shared.jobstore import JobStore
+from shared.lifecycle.transitions import ReleaseOutcome, Verdict
+from shared.queue import JOB_FUNCTION
 from shared.requests import JobRequest
 from worker.leases import WORKER_LOST, Leases
-from worker.publisher import Publisher, Verdict
+from worker.publisher import Publisher
 
 REQUEST = JobRequest(prompt="The capital of France is", max_tokens=8)
+MODEL = "smol"
+LEASE_SECONDS = 6.0
 
 
 @pytest.fixture
 def leases(store: JobStore) -> Leases:
-    return Leases(store)
+    return Leases(store, store.settings)
 
 
 async def started(store: JobStore, worker_id: str = "worker-1") -> str:
-    job_id = (await store.submit(REQUEST)).job_id
-    assert await store.start(job_id, worker_id, "smol") is not None
+    job_id = (await store.submit(REQUEST, model=MODEL, max_queued=0)).job_id
+    assert await store.start(job_id, worker_id, MODEL, lease_seconds=LEASE_SECONDS) is not None
     return job_id
 
 
@@ -44,7 +48,7 @@ async def events(store: JobStore, job_id: str) -> list[dict[str, object]]:
 async def test_start_takes_the_lease_for_its_worker_and_counts_the_first_attempt(store: JobStore) -> None:
     job_id = await started(store)
     assert await store.redis.get(store.keys.lease(job_id)) == "worker-1"
-    assert 0 < await store.redis.pttl(store.keys.lease(job_id)) <= store.settings.lease_seconds * 1000
+    assert 0 < await store.redis.pttl(store.keys.lease(job_id)) <= LEASE_SECONDS * 1000
     assert await store.redis.sismember(store.keys.running, job_id)
     assert (await store.record(job_id)).attempts == 1
     running = (await events(store, job_id))[1]
@@ -71,15 +75,15 @@ async def test_reap_requeues_a_job_whose_lease_lapsed_for_arq_to_run_again(
     for arq_key in (store.keys.arq_in_progress(job_id), store.keys.arq_retry(job_id)):
         await store.redis.set(arq_key, "1")  # what arq leaves behind when its worker dies
     await lapse(store, job_id)
-    assert await leases.lapsed() == [job_id]
+    assert await leases.lapsed() == [(job_id, MODEL)]
     async with store.redis.pubsub() as wakeups:
-        await wakeups.subscribe(store.keys.queue_wakeup)
+        await wakeups.subscribe(store.keys.model(MODEL).wakeup)
         await leases.reap()
         woken = [await wakeups.get_message(timeout=5) for _ in range(2)]  # subscribe's answer, then the job
     assert [message["data"] for message in woken if message] == [1, job_id]  # idle workers take it at once
 
-    assert await store.status(job_id) is JobState.running  # states never move backwards
-    assert await store.redis.zscore(store.keys.queue, job_id) is not None
+    assert (await store.record(job_id)).status is JobState.running  # states never move backwards
+    assert await store.redis.zscore(store.keys.model(MODEL).queue, job_id) is not None
     assert not await store.redis.sismember(store.keys.running, job_id)
     assert await store.redis.sismember(store.keys.running, held)
     for arq_key in (store.keys.arq_in_progress(job_id), store.keys.arq_retry(job_id)):
@@ -89,8 +93,10 @@ async def test_reap_requeues_a_job_whose_lease_lapsed_for_arq_to_run_again(
         payload = await raw.get(store.keys.arq_job(job_id))
     finally:
         await raw.aclose()
-    assert payload is not None and deserialize_job(payload).function == ARQ_FUNCTION
-    assert await leases.release(job_id, "again") == "requeued"  # a second reaper changes nothing
+    assert payload is not None and deserialize_job(payload).function == JOB_FUNCTION
+    assert (
+        await leases.release(job_id, MODEL, "again") is ReleaseOutcome.requeued
+    )  # a second reaper changes nothing
 
 
 async def test_a_requeued_job_resumes_with_its_stream_and_the_next_attempt(
@@ -102,19 +108,20 @@ async def test_a_requeued_job_resumes_with_its_stream_and_the_next_attempt(
     await lapse(store, job_id)
     await leases.reap()
 
-    resumed = await store.start(job_id, "worker-2", "smol")
+    resumed = await store.start(job_id, "worker-2", MODEL, lease_seconds=LEASE_SECONDS)
     assert resumed is not None and resumed.resumed and resumed.attempt == 2
     assert (resumed.progress.next_seq, resumed.progress.token_ids, resumed.progress.text) == (
         3,
         [42, 43],
         "Paris",
     )
-    assert await store.redis.zscore(store.keys.queue, job_id) is None
+    assert await store.redis.zscore(store.keys.model(MODEL).queue, job_id) is None
     assert await store.redis.get(store.keys.lease(job_id)) == "worker-2"
     record = await store.record(job_id)
     assert (record.status, record.attempts, record.worker) == (JobState.running, 2, "worker-2")
     assert await first_run.step(job_id, [DeltaEvent(seq=3, text="!", token_ids=[1])]) is Verdict.lost
-    assert await store.start(job_id, "worker-3", "smol") is None  # only one worker resumes it
+    # Only one worker resumes it.
+    assert await store.start(job_id, "worker-3", MODEL, lease_seconds=LEASE_SECONDS) is None
 
 
 async def test_a_job_out_of_attempts_fails_with_worker_lost_and_the_output_it_streamed(
@@ -126,7 +133,7 @@ async def test_a_job_out_of_attempts_fails_with_worker_lost_and_the_output_it_st
         job_id, [DeltaEvent(seq=2, text="Par", token_ids=[5])]
     )
     await lapse(store, job_id)
-    await Leases(store).reap()
+    await Leases(store, store.settings).reap()
 
     stream = await events(store, job_id)
     assert [event["seq"] for event in stream] == [0, 1, 2, 3]
@@ -135,7 +142,7 @@ async def test_a_job_out_of_attempts_fails_with_worker_lost_and_the_output_it_st
     record = await store.record(job_id)
     assert (record.status, record.output.text, record.output.token_count) == (JobState.failed, "Par", 1)
     assert record.finished_at is not None and record.error == stream[-1]["message"]
-    assert await store.redis.zscore(store.keys.queue, job_id) is None
+    assert await store.redis.zscore(store.keys.model(MODEL).queue, job_id) is None
     assert 0 < await store.redis.ttl(store.keys.stream(job_id)) <= store.settings.retention_seconds
 
 
@@ -143,27 +150,44 @@ async def test_a_worker_hands_back_its_own_job_at_once_but_not_another_workers(
     store: JobStore, leases: Leases
 ) -> None:
     job_id = await started(store)
-    assert await leases.release(job_id, "stopping", "worker-2") == "held"
-    assert await leases.release(job_id, "stopping") == "held"  # a reaper leaves a live lease alone
-    assert await leases.release(job_id, "stopping", "worker-1") == "requeued"
+    assert await leases.release(job_id, MODEL, "stopping", "worker-2") is ReleaseOutcome.held
+    assert (
+        await leases.release(job_id, MODEL, "stopping") is ReleaseOutcome.held
+    )  # a reaper leaves a live lease alone
+    assert await leases.release(job_id, MODEL, "stopping", "worker-1") is ReleaseOutcome.requeued
     assert not await store.redis.exists(store.keys.lease(job_id))
 
 
 async def test_a_queued_job_past_its_deadline_fails_when_a_worker_would_start_it(store: JobStore) -> None:
     past = JobRequest(prompt="hi", deadline=datetime(2020, 1, 1, tzinfo=timezone.utc))
-    job_id = (await store.submit(past)).job_id
-    assert await store.start(job_id, "worker-1", "smol") is None
+    job_id = (await store.submit(past, model=MODEL, max_queued=0)).job_id
+    assert await store.start(job_id, "worker-1", MODEL, lease_seconds=LEASE_SECONDS) is None
     stream = await events(store, job_id)
     assert [(event["type"], event["seq"]) for event in stream] == [("status", 0), ("error", 1)]
     assert stream[-1]["code"] == "deadline_exceeded"
     record = await store.record(job_id)
     assert (record.status, record.started_at, record.attempts) == (JobState.failed, None, 0)
-    assert await store.redis.zscore(store.keys.queue, job_id) is None
+    assert await store.redis.zscore(store.keys.model(MODEL).queue, job_id) is None
     assert not await store.redis.exists(store.keys.lease(job_id))
 
 
 async def test_a_deadline_still_ahead_lets_the_job_start(store: JobStore) -> None:
     ahead = JobRequest.model_validate({"prompt": "hi", "deadline": time.time() + 3600})
-    job_id = (await store.submit(ahead)).job_id
-    assert await store.start(job_id, "worker-1", "smol") is not None
-    assert await store.status(job_id) is JobState.running
+    job_id = (await store.submit(ahead, model=MODEL, max_queued=0)).job_id
+    assert await store.start(job_id, "worker-1", MODEL, lease_seconds=LEASE_SECONDS) is not None
+    assert (await store.record(job_id)).status is JobState.running
+
+
+async def test_a_late_hand_back_of_an_earlier_run_leaves_the_run_that_resumed_the_job_alone(
+    store: JobStore, leases: Leases
+) -> None:
+    """A run that gave up while Redis was away hands back late, after its own worker resumed the job."""
+    job_id = await started(store)
+    assert (
+        await leases.release(job_id, MODEL, "its worker lost Redis", "worker-1", 1) is ReleaseOutcome.requeued
+    )
+    assert await store.start(job_id, "worker-1", MODEL, lease_seconds=LEASE_SECONDS) is not None
+    assert await leases.release(job_id, MODEL, "its worker lost Redis", "worker-1", 1) is ReleaseOutcome.held
+    record = await store.record(job_id)
+    assert (record.status, record.attempts) == (JobState.running, 2)
+    assert await store.redis.get(store.keys.lease(job_id)) == "worker-1"

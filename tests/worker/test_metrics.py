@@ -48,7 +48,7 @@ def client(server: MetricsServer) -> httpx.AsyncClient:
 
 async def test_health_is_503_while_starting_and_draining_and_200_when_ready(serve: Serve) -> None:
     switch = Switch()
-    async with client(serve(WorkerMetrics(), switch)) as http:
+    async with client(serve(WorkerMetrics("smol"), switch)) as http:
         answer = await http.get("/health")
         assert (answer.status_code, answer.json()["status"]) == (503, "starting")
         switch.readiness = Readiness.ready
@@ -64,13 +64,13 @@ async def test_a_ready_worker_whose_event_loop_stopped_running_is_503_stalled(se
     switch = Switch()
     switch.readiness = Readiness.ready
     # No allowance at all: the loop's last turn is always longer ago than that.
-    async with client(serve(WorkerMetrics(), switch, stall_seconds=0.0)) as http:
+    async with client(serve(WorkerMetrics("smol"), switch, stall_seconds=0.0)) as http:
         answer = await http.get("/health")
     assert (answer.status_code, answer.json()["status"]) == (503, "stalled")
 
 
 async def test_metrics_are_prometheus_text(serve: Serve) -> None:
-    metrics = WorkerMetrics()
+    metrics = WorkerMetrics("smol")
     metrics.generated_tokens.inc(7)
     async with client(serve(metrics, Switch())) as http:
         scraped = await scrape(http, "/metrics?name[]=ignored")
@@ -79,14 +79,14 @@ async def test_metrics_are_prometheus_text(serve: Serve) -> None:
 
 
 async def test_other_paths_are_404_and_other_methods_refused(serve: Serve) -> None:
-    async with client(serve(WorkerMetrics(), Switch())) as http:
+    async with client(serve(WorkerMetrics("smol"), Switch())) as http:
         assert (await http.get("/v1/jobs")).status_code == 404
         assert (await http.get("/healthz")).status_code == 404
         assert (await http.post("/health")).status_code == 501
 
 
 async def test_a_request_that_is_no_http_gets_an_error_and_the_server_serves_on(serve: Serve) -> None:
-    server = serve(WorkerMetrics(), Switch())
+    server = serve(WorkerMetrics("smol"), Switch())
     reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
     writer.write(b"\xff\xfe hello\r\n\r\n")
     await writer.drain()
@@ -98,7 +98,7 @@ async def test_a_request_that_is_no_http_gets_an_error_and_the_server_serves_on(
 
 
 async def test_redis_round_trips_are_read_from_their_counter_at_each_scrape(serve: Serve) -> None:
-    metrics = WorkerMetrics()
+    metrics = WorkerMetrics("smol")
     counted = [3]
     metrics.count_redis_round_trips(lambda: counted[0])
     async with client(serve(metrics, Switch())) as http:

@@ -5,24 +5,31 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import redis.asyncio as aioredis
 
+from shared.errors import BackendUnavailable
 from shared.events import DeltaEvent, DoneEvent, ErrorEvent, Event, JobState, Usage, event_adapter
 from shared.jobstore import JobStore, Outcome
 from shared.keys import Keys
+from shared.lifecycle.transitions import Finished, FinishOutcome, Verdict
 from shared.requests import JobRequest
 from tests.conftest import UNIT_RETENTION_SECONDS, make_settings
+from tests.faults.conftest import RedisServer
+from tests.helpers import eventually
 from tests.processes import Processes, free_port
-from worker.publisher import Publisher, Verdict
+from worker.publisher import Publisher
 
 USAGE = Usage(prompt_tokens=5, completion_tokens=2)
 COMPLETED = Outcome(JobState.completed, "ab", 2, USAGE, finish_reason="stop")
 
 
 WORKER = "worker-1"
+MODEL = "smol"
+LEASE_SECONDS = 6.0
 
 
 @pytest.fixture
@@ -35,8 +42,8 @@ def delta(seq: int, text: str = "a", token_id: int = 1) -> DeltaEvent:
 
 
 async def started_job(store: JobStore) -> str:
-    job_id = (await store.submit(JobRequest(prompt="hi", max_tokens=2))).job_id
-    assert await store.start(job_id, WORKER, "smol") is not None
+    job_id = (await store.submit(JobRequest(prompt="hi", max_tokens=2), model=MODEL, max_queued=0)).job_id
+    assert await store.start(job_id, WORKER, MODEL, lease_seconds=LEASE_SECONDS) is not None
     return job_id
 
 
@@ -93,11 +100,13 @@ async def test_a_worker_without_the_lease_appends_nothing_and_learns_it_lost_the
     intruder = Publisher(store.redis, store, "worker-2")
     assert await intruder.step(job_id, [delta(2)]) is Verdict.lost
     failed = Outcome(JobState.failed, "", 0, USAGE, error="not mine")
-    assert await intruder.finish(job_id, [ErrorEvent(seq=2, message="x", code="internal")], failed) == "lost"
+    assert await intruder.finish(
+        job_id, [ErrorEvent(seq=2, message="x", code="internal")], failed
+    ) == Finished(FinishOutcome.lost)
     await store.redis.delete(store.keys.lease(job_id))  # lapsed: not even its first worker may write
     assert await publisher.step(job_id, [delta(2)]) is Verdict.lost
     assert await store.redis.xlen(store.keys.stream(job_id)) == 2
-    assert await store.status(job_id) is JobState.running
+    assert (await store.record(job_id)).status is JobState.running
 
 
 @pytest.fixture
@@ -129,7 +138,9 @@ async def test_finish_writes_terminal_event_last_and_ends_the_record(
     job_id = await started_job(store)
     await publisher.step(job_id, [delta(2, "a")])
     done = DoneEvent(seq=4, finish_reason="stop", usage=USAGE)
-    assert await publisher.finish(job_id, [delta(3, "b"), done], COMPLETED) == "completed"
+    assert await publisher.finish(job_id, [delta(3, "b"), done], COMPLETED) == Finished(
+        FinishOutcome.ended, JobState.completed
+    )
 
     events = await stream_events(store, job_id)
     assert [event.type for event in events] == ["status", "status", "delta", "delta", "done"]
@@ -152,7 +163,7 @@ async def test_finish_of_a_finished_job_keeps_its_first_terminal_state(
     failed = Outcome(JobState.failed, "", 0, USAGE, error="late failure")
     late_error = ErrorEvent(seq=3, message="late failure", code="internal")
     answer = await publisher.finish(job_id, [late_error], failed)
-    assert answer == "completed"
+    assert answer == Finished(FinishOutcome.not_running, JobState.completed)
     record = await store.record(job_id)
     assert (record.status, record.error) == (JobState.completed, None)
     assert [event.type for event in await stream_events(store, job_id)] == ["status", "status", "done"]
@@ -161,11 +172,13 @@ async def test_finish_of_a_finished_job_keeps_its_first_terminal_state(
 async def test_finish_of_a_cancelled_queued_job_writes_no_terminal_state(
     store: JobStore, publisher: Publisher
 ) -> None:
-    job_id = (await store.submit(JobRequest(prompt="hi", max_tokens=2))).job_id
+    job_id = (await store.submit(JobRequest(prompt="hi", max_tokens=2), model=MODEL, max_queued=0)).job_id
     await store.cancel(job_id)
     done = DoneEvent(seq=2, finish_reason="stop", usage=USAGE)
-    assert await publisher.finish(job_id, [done], COMPLETED) == "cancelled"
-    assert await store.status(job_id) is JobState.cancelled
+    assert await publisher.finish(job_id, [done], COMPLETED) == Finished(
+        FinishOutcome.not_running, JobState.cancelled
+    )
+    assert (await store.record(job_id)).status is JobState.cancelled
     assert [event.type for event in await stream_events(store, job_id)] == ["status", "cancelled"]
 
 
@@ -178,3 +191,68 @@ async def test_refused_finish_appends_nothing_after_the_terminal_event(
     late_error = ErrorEvent(seq=4, message="late", code="internal")
     await publisher.finish(job_id, [delta(3, "z"), late_error], failed)
     assert [event.type for event in await stream_events(store, job_id)] == ["status", "status", "done"]
+
+
+@dataclass
+class Restartable:
+    """A store on a redis-server of its own (with its append-only file), which a test stops and
+    starts again, or fills up."""
+
+    server: RedisServer
+    store: JobStore
+
+
+@pytest.fixture
+async def restartable(tmp_path: Path) -> AsyncIterator[Restartable]:
+    processes = Processes(tmp_path)
+    server = RedisServer(processes, free_port(), tmp_path / "data")
+    url = server.start()
+    client = aioredis.Redis.from_url(url, decode_responses=True)
+    settings = make_settings(url)
+    yield Restartable(server, JobStore(client, Keys(settings.key_prefix), settings))
+    await client.aclose()
+    processes.stop_all()
+
+
+async def step_meets_a_failure(publisher: Publisher, job_id: str, seq: int) -> asyncio.Task[Verdict]:
+    """A step under way that has met a failed round trip at least once."""
+    sent = publisher.round_trips
+    task = asyncio.create_task(publisher.step(job_id, [delta(seq)]))
+    await eventually(lambda: asyncio.sleep(0, publisher.round_trips > sent + 1), "the step is sent again")
+    assert not task.done()
+    return task
+
+
+async def test_a_step_through_a_redis_restart_is_written_once_when_redis_is_back(
+    restartable: Restartable,
+) -> None:
+    store = restartable.store
+    publisher = Publisher(store.redis, store, WORKER, resend_seconds=LEASE_SECONDS)
+    job_id = await started_job(store)
+    assert await publisher.step(job_id, [delta(2)]) is Verdict.go
+    await asyncio.to_thread(restartable.server.stop)
+    step = await step_meets_a_failure(publisher, job_id, 3)
+    await asyncio.to_thread(restartable.server.start)
+    assert await step is Verdict.go
+    assert [event.seq for event in await stream_events(store, job_id)] == [0, 1, 2, 3]
+
+
+async def test_a_step_through_a_full_redis_is_written_once_redis_has_room(restartable: Restartable) -> None:
+    store = restartable.store
+    publisher = Publisher(store.redis, store, WORKER, resend_seconds=LEASE_SECONDS)
+    job_id = await started_job(store)
+    await store.redis.config_set("maxmemory-policy", "noeviction")
+    await store.redis.config_set("maxmemory", 1)  # every write is refused: OOM command not allowed
+    step = await step_meets_a_failure(publisher, job_id, 2)
+    await store.redis.config_set("maxmemory", 0)
+    assert await step is Verdict.go
+    assert [event.seq for event in await stream_events(store, job_id)] == [0, 1, 2]
+
+
+async def test_a_step_that_cannot_be_written_for_a_whole_lease_fails(restartable: Restartable) -> None:
+    store = restartable.store
+    publisher = Publisher(store.redis, store, WORKER, resend_seconds=0.3)
+    job_id = await started_job(store)
+    await asyncio.to_thread(restartable.server.stop)
+    with pytest.raises(BackendUnavailable):
+        await publisher.step(job_id, [delta(2)])

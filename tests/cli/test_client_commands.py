@@ -6,9 +6,11 @@ import json
 import os
 import pty
 import re
+import select
 import signal
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -17,13 +19,22 @@ from typing import Any
 import httpx
 import pytest
 
-from shared import cli
+from cli.main import (
+    EXIT_CANCELLED,
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_USAGE,
+    build_parser,
+    job_request,
+    main,
+)
 from shared.requests import ChatMessage, JobRequest
 from tests.conftest import System
 from tests.gateway.keyed_gateway import KEY_A, KEY_B, KeyedGateway, bearer, run_keyed_gateway
 from tests.processes import ROOT, free_port
 
-STREAMPOOL = [sys.executable, "-m", "shared.cli"]
+STREAMPOOL = [sys.executable, "-m", "cli"]
 JOB_ID = re.compile(r"\b[0-9a-f]{32}\b")
 FOLLOW_HINT = re.compile(r"streampool follow ([0-9a-f]{32}) --after (\S+) --url (\S+)")
 # Greedy decoding of this prompt counts on for hundreds of tokens: the job outlives a Ctrl-C.
@@ -49,7 +60,7 @@ def record(system: System, job_id: str) -> dict[str, Any]:
 def finished_job(system: System, prompt: str, max_tokens: int = 16, *flags: str) -> str:
     """A job run to its end (`follow` returns when it ends)."""
     job_id = run(command(system, "submit", prompt, "--max-tokens", str(max_tokens), *flags)).stdout.strip()
-    assert run(command(system, "follow", job_id)).returncode == cli.EXIT_OK
+    assert run(command(system, "follow", job_id)).returncode == EXIT_OK
     return job_id
 
 
@@ -102,7 +113,7 @@ class Streaming:
 
 def test_submit_prints_only_the_job_id(system: System) -> None:
     result = run(command(system, "submit", "Hello", "--max-tokens", "4"))
-    assert result.returncode == cli.EXIT_OK, result.stderr
+    assert result.returncode == EXIT_OK, result.stderr
     assert re.fullmatch(r"[0-9a-f]{32}\n", result.stdout)
     assert record(system, result.stdout.strip())["id"] == result.stdout.strip()
 
@@ -129,7 +140,7 @@ def test_submit_stream_prints_exactly_the_generated_text_then_a_summary(system: 
             "0",
         )
     )
-    assert result.returncode == cli.EXIT_OK, result.stderr
+    assert result.returncode == EXIT_OK, result.stderr
     found = JOB_ID.search(result.stderr)
     assert found, result.stderr
     job = record(system, found.group())
@@ -142,7 +153,7 @@ def test_submit_stream_prints_exactly_the_generated_text_then_a_summary(system: 
 def test_follow_of_a_finished_job_prints_its_whole_text(system: System) -> None:
     job_id = finished_job(system, "The capital of France is")
     result = run(command(system, "follow", job_id))
-    assert result.returncode == cli.EXIT_OK
+    assert result.returncode == EXIT_OK
     assert result.stdout == record(system, job_id)["output"]["text"] != ""
 
 
@@ -153,7 +164,7 @@ def test_follow_after_a_cursor_prints_only_the_text_after_it(system: System) -> 
     cursor = events[5]["id"]  # queued, running, then four deltas
     rest = "".join(event["text"] for event in events[6:] if event["type"] == "delta")
     result = run(command(system, "follow", job_id, "--after", cursor))
-    assert result.returncode == cli.EXIT_OK
+    assert result.returncode == EXIT_OK
     assert result.stdout == rest != ""
     assert record(system, job_id)["output"]["text"] != rest
 
@@ -163,13 +174,17 @@ def test_status_prints_the_record_as_json_with_json_flag_or_in_a_pipe(system: Sy
     expected = record(system, job_id)
     for args in (["status", job_id, "--json"], ["status", job_id]):
         result = run(command(system, *args))
-        assert result.returncode == cli.EXIT_OK
+        assert result.returncode == EXIT_OK
         assert json.loads(result.stdout) == expected
 
 
-def read_terminal(fd: int) -> bytes:
+def read_terminal(fd: int, timeout: float = 60) -> bytes:
+    """What the command wrote to its terminal until it closed it (within `timeout` seconds)."""
     chunks = []
+    deadline = time.monotonic() + timeout
     while True:
+        remaining = deadline - time.monotonic()
+        assert remaining > 0 and select.select([fd], [], [], remaining)[0], "the command closes its terminal"
         try:
             chunk = os.read(fd, 65536)
         except OSError:  # EIO: the command's side of the terminal has closed
@@ -190,21 +205,22 @@ def test_status_on_a_terminal_is_a_coloured_table(system: System) -> None:
     os.close(follower)
     shown = read_terminal(leader).decode()
     os.close(leader)
-    assert process.wait(timeout=EXIT_TIMEOUT) == cli.EXIT_OK
+    assert process.wait(timeout=EXIT_TIMEOUT) == EXIT_OK
     assert job_id in shown and "completed" in shown
     assert "\x1b[" in shown  # colour
     assert not shown.lstrip().startswith("{")
 
 
 def test_cancel_of_a_running_job_ends_its_stream_cancelled(system: System) -> None:
-    with Streaming(system, *LONG_PROMPT, "--max-tokens", "1000") as streaming:
+    # ignore_eos: the job is still running when the cancel comes, however fast its worker.
+    with Streaming(system, *LONG_PROMPT, "--max-tokens", "1000", "--ignore-eos") as streaming:
         cancel = run(command(system, "cancel", streaming.job_id))
-        assert cancel.returncode == cli.EXIT_OK
+        assert cancel.returncode == EXIT_OK
         assert cancel.stdout.startswith("running: cancel requested")
         code, printed, _ = streaming.finish()
-        assert code == cli.EXIT_CANCELLED
+        assert code == EXIT_CANCELLED
         follow = run(command(system, "follow", streaming.job_id))
-        assert follow.returncode == cli.EXIT_CANCELLED
+        assert follow.returncode == EXIT_CANCELLED
         job = record(system, streaming.job_id)
         assert job["status"] == "cancelled"
         assert printed == follow.stdout == job["output"]["text"]
@@ -214,14 +230,14 @@ def test_ctrl_c_detaches_and_the_hint_resumes_exactly_where_the_text_stopped(sys
     with Streaming(system, *LONG_PROMPT, "--max-tokens", "120") as streaming:
         streaming.process.send_signal(signal.SIGINT)
         code, printed, stderr = streaming.finish()
-        assert code == cli.EXIT_INTERRUPTED
+        assert code == EXIT_INTERRUPTED
         hint = FOLLOW_HINT.search(stderr)
         assert hint, stderr
         assert f"streampool cancel {streaming.job_id}" in stderr
         job_id, cursor, url = hint.groups()
         assert (job_id, url) == (streaming.job_id, system.base_url)
         rest = run([*STREAMPOOL, "follow", job_id, "--after", cursor, "--url", url])
-        assert rest.returncode == cli.EXIT_OK  # the job went on without its first client
+        assert rest.returncode == EXIT_OK  # the job went on without its first client
         job = record(system, job_id)
         assert job["status"] == "completed"
         assert printed + rest.stdout == job["output"]["text"]
@@ -231,9 +247,9 @@ def test_ctrl_c_with_cancel_on_exit_cancels_the_job(system: System) -> None:
     with Streaming(system, *LONG_PROMPT, "--max-tokens", "1000", "--cancel-on-exit") as streaming:
         streaming.process.send_signal(signal.SIGINT)
         code, _, stderr = streaming.finish()
-        assert code == cli.EXIT_INTERRUPTED
+        assert code == EXIT_INTERRUPTED
         assert "cancel requested" in stderr
-        assert run(command(system, "follow", streaming.job_id)).returncode == cli.EXIT_CANCELLED
+        assert run(command(system, "follow", streaming.job_id)).returncode == EXIT_CANCELLED
         assert record(system, streaming.job_id)["status"] == "cancelled"
 
 
@@ -243,14 +259,14 @@ def test_a_closed_pipe_ends_the_stream_quietly(system: System) -> None:
         code = streaming.process.wait(timeout=EXIT_TIMEOUT)
         stderr = streaming.stderr.read().decode()
         run(command(system, "cancel", streaming.job_id))
-        assert code == cli.EXIT_FAILED
+        assert code == EXIT_FAILED
         assert "Traceback" not in stderr
 
 
 @pytest.mark.parametrize("job_command", ["status", "follow", "cancel"])
 def test_an_unknown_job_is_not_found(system: System, job_command: str) -> None:
     result = run(command(system, job_command, "0" * 32))
-    assert result.returncode == cli.EXIT_FAILED
+    assert result.returncode == EXIT_FAILED
     assert result.stderr.startswith("not_found: ")
     assert result.stdout == ""
 
@@ -260,7 +276,7 @@ def test_the_url_comes_from_streampool_url_without_the_flag(system: System) -> N
         [*STREAMPOOL, "submit", "Hello", "--max-tokens", "2"],
         env={**os.environ, "STREAMPOOL_URL": system.base_url},
     )
-    assert result.returncode == cli.EXIT_OK, result.stderr
+    assert result.returncode == EXIT_OK, result.stderr
     assert record(system, result.stdout.strip())["status"] in {"queued", "running", "completed"}
 
 
@@ -275,23 +291,23 @@ def test_the_api_key_comes_from_the_flag_or_streampool_api_key(keyed: KeyedGatew
     status = [*STREAMPOOL, "status", job_id, "--json", "--url", keyed.base_url]
     without_key = {name: value for name, value in os.environ.items() if name != "STREAMPOOL_API_KEY"}
     refused = run(status, env=without_key)
-    assert refused.returncode == cli.EXIT_FAILED
+    assert refused.returncode == EXIT_FAILED
     assert refused.stderr.startswith("unauthorized: ")
     for result in (
         run([*status, "--api-key", KEY_A], env=without_key),
         run(status, env={**without_key, "STREAMPOOL_API_KEY": KEY_A}),
     ):
-        assert result.returncode == cli.EXIT_OK, result.stderr
+        assert result.returncode == EXIT_OK, result.stderr
         assert json.loads(result.stdout)["id"] == job_id
     # Another key's job is as unknown as a job that never was.
     foreign = run([*status, "--api-key", KEY_B], env=without_key)
-    assert foreign.returncode == cli.EXIT_FAILED
+    assert foreign.returncode == EXIT_FAILED
     assert foreign.stderr.startswith("not_found: ")
 
 
 def test_no_gateway_is_an_unreachable_error() -> None:
     result = run([*STREAMPOOL, "status", "0" * 32, "--url", f"http://127.0.0.1:{free_port()}"])
-    assert result.returncode == cli.EXIT_FAILED
+    assert result.returncode == EXIT_FAILED
     assert result.stderr.startswith("unreachable: ")
 
 
@@ -300,16 +316,16 @@ def test_an_invalid_option_is_a_usage_error_before_anything_is_sent(
 ) -> None:
     closed = f"http://127.0.0.1:{free_port()}"  # were anything sent, the error would be `unreachable`
     with pytest.raises(SystemExit) as exit_info:
-        cli.main(["submit", "Hello", "--temperature", "5", "--url", closed])
-    assert exit_info.value.code == cli.EXIT_USAGE
+        main(["submit", "Hello", "--temperature", "5", "--url", closed])
+    assert exit_info.value.code == EXIT_USAGE
     assert capsys.readouterr().err.startswith("validation: temperature: ")
 
 
 def test_system_option_sends_a_chat_with_the_system_message_first() -> None:
-    args = cli.build_parser().parse_args(
+    args = build_parser().parse_args(
         ["submit", "Hi", "--system", "Be brief.", "--stop", "a", "--stop", "b", "--max-tokens", "5"]
     )
-    request = cli.job_request(args)
+    request = job_request(args)
     assert request == JobRequest.model_validate(
         {
             "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}],
@@ -321,7 +337,7 @@ def test_system_option_sends_a_chat_with_the_system_message_first() -> None:
 
 
 def test_chat_flag_sends_the_prompt_as_one_user_message_instead_of_a_prompt() -> None:
-    parser = cli.build_parser()
-    assert cli.job_request(parser.parse_args(["submit", "Hi"])).prompt == "Hi"
-    chat = cli.job_request(parser.parse_args(["submit", "Hi", "--chat"]))
+    parser = build_parser()
+    assert job_request(parser.parse_args(["submit", "Hi"])).prompt == "Hi"
+    chat = job_request(parser.parse_args(["submit", "Hi", "--chat"]))
     assert chat.prompt is None and chat.messages == [ChatMessage(role="user", content="Hi")]

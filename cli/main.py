@@ -10,19 +10,21 @@ import signal
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any, TypeVar
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar, get_origin
 
 from pydantic import ValidationError
 from pydantic_settings import BaseSettings
 
-from shared.client import Client, GatewayError
-from shared.config import ClientSettings, Settings
-from shared.console import Terminal, summary
+from client.api import Client, GatewayError
+from client.console import Terminal, summary
+from shared.config import ClientSettings, GatewaySettings, RedisSettings, Settings, WorkerSettings
 from shared.events import DeltaEvent, ErrorEvent, Event, JobState
 from shared.logs import configure_logging
 from shared.requests import ChatMessage, JobRequest
 
 SettingsT = TypeVar("SettingsT", bound=BaseSettings)
+RoleSettingsT = TypeVar("RoleSettingsT", bound=RedisSettings)
 
 # Exit codes of the client commands. 2 stays argparse's usage error, so a cancelled job gets 3.
 EXIT_OK = 0
@@ -31,14 +33,27 @@ EXIT_USAGE = 2
 EXIT_CANCELLED = 3
 EXIT_INTERRUPTED = 130
 EXIT_CODES = {JobState.completed: EXIT_OK, JobState.failed: EXIT_FAILED, JobState.cancelled: EXIT_CANCELLED}
-SAMPLING_OPTIONS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stream_step")
+SAMPLING_OPTIONS = (
+    "max_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "seed",
+    "stop",
+    "ignore_eos",
+    "stream_step",
+)
 
 
 def _add_setting_flags(parser: argparse.ArgumentParser, settings_class: type[BaseSettings]) -> None:
-    """One flag per setting (`--redis-url` for STREAMPOOL_REDIS_URL); a flag wins over the variable."""
+    """One flag per setting (`--redis-url` for STREAMPOOL_REDIS_URL); a flag wins over the variable. A
+    list setting's flag may be repeated (`--lora a=/x --lora b=/y`)."""
     group = parser.add_argument_group("settings (each also read from STREAMPOOL_<NAME>)")
     for name, field in settings_class.model_fields.items():
-        group.add_argument(f"--{name.replace('_', '-')}", dest=name, default=None, help=field.description)
+        action = "append" if get_origin(field.annotation) is list else "store"
+        group.add_argument(
+            f"--{name.replace('_', '-')}", dest=name, default=None, action=action, help=field.description
+        )
 
 
 def settings_from(args: argparse.Namespace, settings_class: type[SettingsT]) -> SettingsT:
@@ -48,35 +63,51 @@ def settings_from(args: argparse.Namespace, settings_class: type[SettingsT]) -> 
     return settings_class(**overrides)
 
 
-def _gateway(settings: Settings) -> None:
+def _gateway(settings: GatewaySettings) -> None:
     from gateway.app import run
 
     run(settings)
 
 
-def _worker(settings: Settings) -> None:
+def _worker(settings: WorkerSettings) -> None:
     from worker.app import run
 
     run(settings)
 
 
 def _up(settings: Settings) -> None:
-    from shared.launcher import run_all
+    from cli.launcher import run_all
 
     sys.exit(run_all(settings))
 
 
-def _prepare_model(settings: Settings) -> None:
-    from worker.model_prep import prepare_model
+def _prepare_model(settings: WorkerSettings) -> None:
+    from cli.model_prep import prepare_model
 
     print(prepare_model(settings.model))
 
 
-COMMANDS: dict[str, tuple[Callable[[Settings], None], str]] = {
-    "gateway": (_gateway, "run the HTTP gateway"),
-    "worker": (_worker, "run one worker (loads the model into vLLM)"),
-    "up": (_up, "run Redis (when none answers), a gateway and a worker; Ctrl-C stops them"),
-    "prepare-model": (_prepare_model, "prepare the default model folder (once; cached)"),
+@dataclass(frozen=True)
+class ServerCommand(Generic[RoleSettingsT]):
+    """A command that runs part of the system, with the flags of its role's settings only."""
+
+    run: Callable[[RoleSettingsT], None]
+    settings_class: type[RoleSettingsT]
+    help: str
+
+
+COMMANDS: dict[str, ServerCommand[Any]] = {
+    "gateway": ServerCommand(_gateway, GatewaySettings, "run the HTTP gateway"),
+    "worker": ServerCommand(_worker, WorkerSettings, "run one worker (loads the model into vLLM)"),
+    "up": ServerCommand(
+        _up,
+        Settings,
+        "run Redis (when none answers), a gateway (on 127.0.0.1 unless --host) and a worker; "
+        "Ctrl-C stops them",
+    ),
+    "prepare-model": ServerCommand(
+        _prepare_model, WorkerSettings, "prepare the default model folder (once; cached)"
+    ),
 }
 
 
@@ -216,6 +247,9 @@ def _add_client_commands(commands: argparse._SubParsersAction[argparse.ArgumentP
     submit.add_argument("--top-k", type=int, help="top-k sampling")
     submit.add_argument("--seed", type=int, help="for reproducible sampling")
     submit.add_argument("--stop", action="append", help="a string that ends generation (repeatable)")
+    submit.add_argument(
+        "--ignore-eos", action="store_true", default=None, help="generate max_tokens tokens, past end of text"
+    )
     submit.add_argument("--stream-step", type=int, help="tokens per delta event (default 1)")
     submit.add_argument("--chat", action="store_true", help="send the prompt as one user message")
     submit.add_argument("--system", help="a system message before the prompt (implies --chat)")
@@ -247,8 +281,10 @@ def _run_client(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="streampool", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
-    for name, (_, help_text) in COMMANDS.items():
-        _add_setting_flags(commands.add_parser(name, help=help_text, description=help_text), Settings)
+    for name, command in COMMANDS.items():
+        # No abbreviations: the gateway's `--models` must not take the worker's `--model` for itself.
+        subparser = commands.add_parser(name, help=command.help, description=command.help, allow_abbrev=False)
+        _add_setting_flags(subparser, command.settings_class)
     _add_client_commands(commands)
     return parser
 
@@ -257,10 +293,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     if args.command in CLIENT_COMMANDS:
         sys.exit(_run_client(args))
-    settings = settings_from(args, Settings)
+    command = COMMANDS[args.command]
+    settings = settings_from(args, command.settings_class)
     configure_logging(settings.log_level)
-    COMMANDS[args.command][0](settings)
-
-
-if __name__ == "__main__":
-    main()
+    command.run(settings)

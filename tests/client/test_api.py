@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterator
 import httpx
 import pytest
 
-from shared.client import Client, GatewayError, ServerSentEvent, gateway_error, parse_sse
+from client.api import Client, GatewayError, ServerSentEvent, gateway_error, parse_sse
 
 Handler = Callable[[httpx.Request], httpx.Response]
 

@@ -1,0 +1,66 @@
+"""How much of one Redis core a deployment uses, from Redis CPU costs measured by `bench.redis_capacity`.
+
+Redis runs commands on one thread, so one core is its ceiling. The load is the sum of what each
+worker's steps cost (one pipeline per engine step, one step script per running job in it) and what
+relaying its jobs' streams costs (the gateways' reads, beyond the append the step already paid):
+
+    Redis cores = workers x (steps/s x cost_per_step(jobs) + jobs x cost_per_followed_stream)
+
+A gateway's reader names every stream it follows in each blocking XREAD, so relaying costs Redis
+per followed stream and per read more than per event: `cost_per_followed_stream` is Redis CPU
+seconds per followed stream per second, measured at the reader's rate of reads (see
+bench/REDIS_CAPACITY.md).
+
+An engine step gives every running job one token, and the worker sends one pipeline per step
+(each job's script checks its cancel key even when `stream_step` holds its tokens back), so a
+worker's steps/s is one sequence's tokens/s. With `stream_step` 1 it writes jobs x steps/s events
+a second; the step cost is measured with one event per script, an upper bound for larger steps.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class RedisCosts:
+    """Redis CPU seconds per unit of work, at one batch size of the worker (jobs per step)."""
+
+    per_step: float  # one worker step: a pipeline of `jobs` step scripts
+    per_followed_stream: float  # a second of one stream followed by a gateway (its reads), beyond writing it
+
+
+@dataclass(frozen=True)
+class Workload:
+    """One GPU worker's output: `jobs` sequences decoding at `tokens_per_second` each."""
+
+    jobs: int
+    tokens_per_second: float
+    stream_step: int = 1  # tokens per event
+
+    @property
+    def steps_per_second(self) -> float:
+        """Pipelines a second: one per engine step, that is one per token of each sequence."""
+        return self.tokens_per_second
+
+    @property
+    def events_per_second(self) -> float:
+        return self.jobs * self.tokens_per_second / self.stream_step
+
+
+def redis_cores(costs: RedisCosts, workload: Workload, workers: int) -> float:
+    """Share of one Redis core that `workers` such workers keep busy, every job's stream followed."""
+    per_worker = workload.steps_per_second * costs.per_step + workload.jobs * costs.per_followed_stream
+    return workers * per_worker
+
+
+def workers_per_redis(costs: RedisCosts, workload: Workload, utilization: float) -> int:
+    """How many such workers one Redis carries with its core at most `utilization` busy."""
+    return math.floor(utilization / redis_cores(costs, workload, 1))
+
+
+def gateways_for(events_per_second: float, gateway_cpu_per_event: float, utilization: float) -> int:
+    """Gateway processes (one core each at most) relaying `events_per_second`, each at most
+    `utilization` busy."""
+    return math.ceil(events_per_second * gateway_cpu_per_event / utilization)

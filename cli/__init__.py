@@ -1,0 +1,1 @@
+"""The `streampool` command: the one package that imports both the gateway and the worker."""

@@ -1,0 +1,1 @@
+"""The Python client of a gateway's job API and its terminal output; needs neither gateway nor worker."""

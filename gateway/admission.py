@@ -1,0 +1,226 @@
+"""Admitting a job: the one path from a route's request to a queued job, whatever API it speaks.
+
+A route converts its request into a `JobRequest` and passes the model its caller named;
+admission resolves that name to a model's queue (an alias to its canonical name, an adapter to
+its base model: `shared.models`), checks the job against the gateway's limits and the prompt
+against that model's context, then submits it to that model's queue (idempotently, when a key
+is given; within its key's tenant's limits, which the submit script checks in the same atomic
+step) and counts what it accepted and refused. The route turns the exceptions raised here into
+its own API's answers.
+
+A known model (declared, or announced by a worker once) with no live worker queues its jobs, for
+an autoscaler to start a worker; callers that wait for the output wait for that worker. Only
+while no model is known at all, when nothing could ever run a job, is a job refused (503).
+
+What admission reads of Redis besides the job itself (the live workers, the model registry,
+Redis's memory) it reads at most once a second per gateway process and shares between requests:
+a burst of submissions, or of unauthenticated /health calls, costs Redis a constant few commands
+a second.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+import redis.asyncio as aioredis
+
+from gateway.metrics import GatewayMetrics
+from gateway.prompt_limit import PromptLimit
+from shared.config import GatewaySettings
+from shared.errors import InvalidRequest, Overloaded, PromptTooLong, RateLimited
+from shared.jobstore import JobStore, Submission
+from shared.keys import Keys
+from shared.models import Catalog, Target, read_registry
+from shared.redis_client import redis_errors
+from shared.requests import JobRequest
+from shared.tenants import Tenant
+from shared.workers import WorkerInfo, live_workers
+
+log = logging.getLogger(__name__)
+
+READ_EVERY_SECONDS = 1.0  # how stale the live workers and Redis's memory figures may be
+T = TypeVar("T")
+
+
+class Recent(Generic[T]):
+    """The answer of `read`, read again once it is `max_age` seconds old; requests that ask while
+    a read is under way wait for that one instead of sending their own. A failed read is not kept."""
+
+    def __init__(self, read: Callable[[], Awaitable[T]], max_age: float = READ_EVERY_SECONDS) -> None:
+        self.read = read
+        self.max_age = max_age
+        self._answer: tuple[float, T] | None = None
+        self._lock = asyncio.Lock()
+
+    def _fresh(self) -> T | None:
+        if self._answer is None or time.monotonic() - self._answer[0] >= self.max_age:
+            return None
+        return self._answer[1]
+
+    async def get(self) -> T:
+        if (answer := self._fresh()) is not None:
+            return answer
+        async with self._lock:
+            if (answer := self._fresh()) is not None:
+                return answer
+            value = await self.read()
+            self._answer = (time.monotonic(), value)
+            return value
+
+
+@dataclass(frozen=True)
+class Memory:
+    """Redis's `INFO memory` figures that admission needs: bytes used, and the limit (0: none)."""
+
+    used: int
+    limit: int
+
+    def share(self) -> float:
+        """The share of `maxmemory` in use; 0 when Redis has no limit."""
+        return self.used / self.limit if self.limit else 0.0
+
+
+def waiting_for(catalog: Catalog, model: str) -> str | None:
+    """What a job of `model` waits for, when no live worker serves it: said in its `queued` event
+    and its record."""
+    if catalog.workers[model]:
+        return None
+    return f"waiting for a worker of model {model}: none is live"
+
+
+class Admission:
+    """Checks, submits and counts every job this gateway queues."""
+
+    def __init__(
+        self,
+        settings: GatewaySettings,
+        redis: aioredis.Redis,
+        keys: Keys,
+        store: JobStore,
+        prompt_limit: PromptLimit,
+        metrics: GatewayMetrics,
+        tenants: Mapping[str, Tenant],
+    ) -> None:
+        """`tenants`: by owner id, the tenant whose limits a caller's jobs must fit."""
+        self.tenants = tenants
+        self.max_tokens_limit = settings.max_tokens_limit
+        self.max_choices = settings.max_choices
+        self.max_queued_jobs = settings.max_queued_jobs
+        self.memory_high_water = settings.redis_memory_high_water
+        self.default_model = settings.default_model
+        self.declared = [*settings.models, *([settings.default_model] if settings.default_model else [])]
+        self.redis = redis
+        self.keys = keys
+        self.store = store
+        self.prompt_limit = prompt_limit
+        self.metrics = metrics
+        self._workers = Recent(lambda: live_workers(redis, keys))
+        self._registry = Recent(lambda: read_registry(redis, keys))
+        self._memory = Recent(self._read_memory)
+
+    async def live_workers(self) -> list[WorkerInfo]:
+        """The workers with a live heartbeat, as read at most a second ago: what /health, the model
+        list and every route that needs a worker go by."""
+        return await self._workers.get()
+
+    async def catalog(self) -> Catalog:
+        """The models known now: the registry's, the declared ones and the live workers', each read
+        at most a second ago."""
+        workers = await self.live_workers()
+        return Catalog(
+            await self._registry.get(), self.declared, [worker.model_entry() for worker in workers]
+        )
+
+    async def resolve(self, model: str | None) -> Target:
+        """The model (and adapter) a request's `model` names; the default one for a request naming none."""
+        return (await self.catalog()).resolve(model, self.default_model)
+
+    async def waiting(self, model: str) -> str | None:
+        """What a queued job of `model` waits for now, if no live worker serves it."""
+        return waiting_for(await self.catalog(), model)
+
+    async def _read_memory(self) -> Memory:
+        with redis_errors():
+            info = await self.redis.info("memory")
+        return Memory(int(info["used_memory"]), int(info["maxmemory"]))
+
+    async def check_memory(self) -> None:
+        """`Overloaded` once Redis holds more than `redis_memory_high_water` of its `maxmemory`.
+
+        The rest is kept for the jobs already running: with `noeviction` a full Redis refuses
+        every write, and a job whose next step cannot be written stops streaming. New jobs wait
+        until running ones end and retention frees their keys.
+        """
+        memory = await self._memory.get()
+        if memory.share() >= self.memory_high_water:
+            self.metrics.jobs_rejected.labels(reason="redis_memory").inc()
+            raise Overloaded(
+                f"Redis holds {memory.used} bytes, {memory.share():.0%} of its maxmemory "
+                f"({memory.limit}); new jobs are refused above {self.memory_high_water:.0%}"
+            )
+
+    async def admit(
+        self,
+        job: JobRequest,
+        owner: str,
+        *,
+        model: str | None = None,
+        idempotency_key: str | None = None,
+        annotations: Mapping[str, str] | None = None,
+    ) -> Submission:
+        """Queue `job` for `owner` on its model's queue, or raise why not (before anything is written).
+
+        `model`: the model the caller named in its API's own field (else the job's `model`); none
+        means the default model. The job carries it resolved (`Target.qualified`) to its worker.
+        `annotations`: what the route's API keeps beside the job (`JobStore.annotations`).
+        """
+        if job.max_tokens > self.max_tokens_limit:
+            raise InvalidRequest.of_field(
+                "max_tokens",
+                f"must be at most {self.max_tokens_limit}",
+                detail=[{"loc": ["body", "max_tokens"], "type": "less_than_equal", "input": job.max_tokens}],
+            )
+        if job.n > self.max_choices:
+            raise InvalidRequest.of_field(
+                "n",
+                f"must be at most {self.max_choices}",
+                detail=[{"loc": ["body", "n"], "type": "less_than_equal", "input": job.n}],
+            )
+        catalog = await self.catalog()
+        target = catalog.resolve(model if model is not None else job.model, self.default_model)
+        job = job.model_copy(update={"model": target.qualified})
+        try:
+            await self.prompt_limit.check(job, target.model)
+        except PromptTooLong:
+            self.metrics.jobs_rejected.labels(reason="prompt_too_long").inc()
+            raise
+        await self.check_memory()
+        tenant = self.tenants.get(owner)
+        try:
+            submission = await self.store.submit(
+                job,
+                model=target.model,
+                waiting=waiting_for(catalog, target.model),
+                idempotency_key=idempotency_key,
+                owner=owner,
+                max_queued=self.max_queued_jobs,
+                annotations=annotations,
+                tenant=tenant,
+            )
+        except RateLimited as exc:
+            self.metrics.rejected_by_tenant(tenant.name if tenant else "", exc.detail["limit"])
+            raise
+        except Overloaded:
+            self.metrics.jobs_rejected.labels(reason="overloaded").inc()
+            raise
+        if submission.created:
+            self.metrics.jobs_submitted.inc()
+            if tenant is not None:
+                self.metrics.tenant_jobs_submitted.labels(tenant=tenant.name).inc()
+            log.info("queued for %s", target.qualified, extra={"job_id": submission.job_id})
+        return submission

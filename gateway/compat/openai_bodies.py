@@ -1,0 +1,372 @@
+"""OpenAI's completions and chat completions bodies, checked and turned into jobs. Pure, no I/O.
+
+Bodies are checked as vLLM's OpenAI server checks them, with vLLM's own sampling
+options, and what a job cannot do (tools, ...) is refused with the parameter named, never
+ignored. The answers are in `openai_answers`.
+"""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+from collections.abc import Mapping
+from typing import Annotated, Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from shared.errors import InvalidRequest
+from shared.requests import (
+    MAX_MESSAGES,
+    MAX_PROMPT_CHARS,
+    MAX_STOP_CHARS,
+    MAX_STOP_STRINGS,
+    MAX_STOP_TOKEN_IDS,
+    ChatMessage,
+    JobRequest,
+    Text,
+)
+
+COMPLETIONS_PATH = "/v1/completions"
+CHAT_COMPLETIONS_PATH = "/v1/chat/completions"
+
+VLLM_SAMPLING_OPTIONS = frozenset(
+    {
+        "presence_penalty",
+        "frequency_penalty",
+        "repetition_penalty",
+        "logit_bias",
+        "min_p",
+        "min_tokens",
+        "ignore_eos",
+        "stop_token_ids",
+        "include_stop_str_in_output",
+        "skip_special_tokens",
+        "spaces_between_special_tokens",
+        "truncate_prompt_tokens",
+    }
+)
+STRUCTURED_CONSTRAINTS = frozenset({"json", "regex", "choice", "grammar", "json_object", "structural_tag"})
+_GUIDED_GONE = (
+    "vLLM has replaced guided_{0} by structured_outputs: give {{'structured_outputs': {{'{0}': ...}}}}"
+)
+"""Options with the same name and meaning in a body and in a job: carried over as they are."""
+
+Refusal = tuple[bool, str, str]
+"""(whether the option is refused, its parameter, why)"""
+
+# Bounds that keep every value of a body finite and small; what a job accepts is checked
+# afterwards, against the job's own bounds, and reported under the OpenAI parameter's name.
+Integer = Annotated[int, Field(ge=-(2**63), le=2**64 - 1)]
+Number = Annotated[float, Field(ge=-1e6, le=1e6, allow_inf_nan=False)]
+Name = Annotated[Text, Field(max_length=256)]
+PromptText = Annotated[Text, Field(max_length=MAX_PROMPT_CHARS)]
+StopText = Annotated[Text, Field(max_length=MAX_STOP_CHARS)]
+Objects = Annotated[list[Any], Field(max_length=128)]
+TokenIds = Annotated[list[Integer], Field(max_length=MAX_PROMPT_CHARS)]
+
+
+def job_request_of(fields: dict[str, Any], params: Mapping[str, str]) -> JobRequest:
+    """The job, with a validation failure reported under the OpenAI name of the parameter."""
+    try:
+        return JobRequest.model_validate(fields)
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        param = params.get(str(error["loc"][0]), str(error["loc"][0])) if error["loc"] else None
+        message = f"{param}: {error['msg']}" if param else error["msg"]
+        raise InvalidRequest(message, param=param, code=error["type"]) from exc
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    include_usage: bool = False
+    continuous_usage_stats: bool = False  # vLLM's: the usage so far on every chunk
+
+    @property
+    def continuous_usage(self) -> bool:
+        """As vLLM: usage on every chunk only when usage is asked for at all."""
+        return self.include_usage and self.continuous_usage_stats
+
+
+class JsonSchemaFormat(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: Name
+    description: Text | None = None
+    schema_: dict[str, Any] | None = Field(None, alias="schema")
+    strict: bool | None = None  # vLLM's grammars always hold the output to the schema
+
+
+class ResponseFormat(BaseModel):
+    """`response_format`: `json_object` and `json_schema` become a `structured_outputs` constraint."""
+
+    model_config = ConfigDict(extra="allow")  # a structural tag's own fields, refused with it
+
+    type: Literal["text", "json_object", "json_schema", "structural_tag"]
+    json_schema: JsonSchemaFormat | None = None
+
+
+class SamplingOptions(BaseModel):
+    """The sampling options every OpenAI-compatible endpoint takes, OpenAI's and vLLM's, under their
+    names; the job's bounds apply. Unknown parameters are refused (400), as OpenAI refuses them;
+    null stands for the default wherever OpenAI's API allows it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    temperature: Number | None = None
+    top_p: Number | None = None
+    top_k: Integer | None = None  # vLLM's extension; -1 and 0 mean no limit there
+    seed: Integer | None = None
+    stop: StopText | Annotated[list[StopText], Field(max_length=MAX_STOP_STRINGS)] | None = None
+    presence_penalty: Number | None = None
+    frequency_penalty: Number | None = None
+    logit_bias: Annotated[dict[Name, Number], Field(max_length=1024)] | None = None
+    user: Name | None = None  # an end-user id for OpenAI's abuse monitoring: nothing to do here
+    # vLLM's own sampling options, under its names.
+    repetition_penalty: Number | None = None
+    min_p: Number | None = None
+    min_tokens: Integer | None = None
+    ignore_eos: bool | None = None
+    stop_token_ids: Annotated[list[Integer], Field(max_length=MAX_STOP_TOKEN_IDS)] | None = None
+    include_stop_str_in_output: bool | None = None
+    skip_special_tokens: bool | None = None
+    spaces_between_special_tokens: bool | None = None
+    truncate_prompt_tokens: Integer | None = None
+
+    def sampling_fields(self) -> dict[str, Any]:
+        """These options as job fields (None where the job's default applies)."""
+        return {
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "top_k": None if self.top_k in (-1, 0) else self.top_k,
+            "seed": self.seed,
+            "stop": self.stop,
+            **self.model_dump(include=set(VLLM_SAMPLING_OPTIONS), exclude_none=True),
+        }
+
+
+class _Body(SamplingOptions):
+    """What both endpoints take."""
+
+    chat: ClassVar[bool]
+    default_max_tokens: ClassVar[int]
+
+    model: Name
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    max_tokens: Integer | None = None
+    n: Integer | None = None
+    response_format: ResponseFormat | None = None
+    structured_outputs: dict[str, Any] | None = None  # the job checks it
+    # vLLM's names before `structured_outputs`: 0.32 no longer reads them, so they would do nothing.
+    guided_json: Any = None
+    guided_regex: Any = None
+    guided_choice: Any = None
+
+    @property
+    def include_usage(self) -> bool:
+        return self.stream_options is not None and self.stream_options.include_usage
+
+    def _refusals(self) -> list[Refusal]:
+        return [
+            (self.stream_options is not None and not self.stream, "stream_options", "needs stream=true"),
+            *(
+                (getattr(self, f"guided_{kind}") is not None, f"guided_{kind}", _GUIDED_GONE.format(kind))
+                for kind in ("json", "regex", "choice")
+            ),
+            (
+                self.response_format is not None and self.response_format.type == "structural_tag",
+                "response_format",
+                "structural tags (for tool calls) are not supported",
+            ),
+            (
+                self.response_format is not None
+                and self.response_format.type == "json_schema"
+                and (
+                    self.response_format.json_schema is None
+                    or self.response_format.json_schema.schema_ is None
+                ),
+                "response_format",
+                "type 'json_schema' needs json_schema.schema",
+            ),
+        ]
+
+    def _structured_outputs(self) -> dict[str, Any] | None:
+        """`structured_outputs`, with `response_format`'s constraint in place of its own, as vLLM does."""
+        kind = None if self.response_format is None else self.response_format.type
+        if kind == "json_object":
+            constraint: dict[str, Any] = {"json_object": True}
+        elif kind == "json_schema" and self.response_format and self.response_format.json_schema:
+            constraint = {"json": self.response_format.json_schema.schema_}
+        else:
+            return self.structured_outputs
+        options = {
+            name: value
+            for name, value in (self.structured_outputs or {}).items()
+            if name not in STRUCTURED_CONSTRAINTS
+        }
+        return {**options, **constraint}
+
+    @property
+    def echoed(self) -> str:
+        """What goes before the answer's text: the prompt, for a completion with `echo`, as vLLM answers."""
+        return ""
+
+    def _max_tokens(self) -> tuple[str, int | None]:
+        """The parameter that sets the most tokens to generate, and its value."""
+        return "max_tokens", self.max_tokens
+
+    @abstractmethod
+    def _input(self) -> dict[str, Any]:
+        """The job fields that differ by endpoint: what to generate from, and logprobs."""
+
+    def _parameter_names(self) -> dict[str, str]:
+        """This endpoint's names of the job fields it sets under another name."""
+        return {"max_tokens": self._max_tokens()[0], "logprobs": "top_logprobs" if self.chat else "logprobs"}
+
+    def in_own_terms(self, exc: InvalidRequest) -> InvalidRequest:
+        """A refusal of a job field (the gateway's limits), under this endpoint's parameter name."""
+        if exc.field is None:
+            return exc
+        param = self._parameter_names().get(exc.field, exc.field)
+        return InvalidRequest(f"{param}: {exc.reason}", param=param, code="invalid_value")
+
+    def job_request(self, max_tokens_limit: int) -> JobRequest:
+        """The job this body asks for; `InvalidRequest` (naming the parameter) when it cannot be one.
+
+        Without a `max_tokens` the job gets the endpoint's default, within the gateway's limit;
+        a value over the limit is admission's to refuse.
+        """
+        for refused, param, reason in self._refusals():
+            if refused:
+                raise InvalidRequest(f"{param}: {reason}", param=param, code="unsupported_parameter")
+        max_tokens = self._max_tokens()[1]
+        if max_tokens is None:
+            max_tokens = min(self.default_max_tokens, max_tokens_limit)
+        fields = {
+            "max_tokens": max_tokens,
+            "n": self.n,
+            **self.sampling_fields(),
+            "structured_outputs": self._structured_outputs(),
+            **self._input(),
+        }
+        fields = {name: value for name, value in fields.items() if value is not None}
+        return job_request_of(fields, self._parameter_names())
+
+
+class CompletionBody(_Body):
+    """`POST /v1/completions`: one prompt, `n` choices."""
+
+    chat = False
+    default_max_tokens = 16  # OpenAI's and vLLM's default for completions
+
+    prompt: (
+        PromptText
+        | Annotated[list[PromptText], Field(max_length=MAX_MESSAGES)]
+        | TokenIds
+        | Annotated[list[TokenIds], Field(max_length=MAX_MESSAGES)]
+    )
+    logprobs: Integer | None = None
+    echo: bool | None = None
+    suffix: PromptText | None = None
+    best_of: Integer | None = None
+
+    def _refusals(self) -> list[Refusal]:
+        one_text = isinstance(self.prompt, str) or (len(self.prompt) == 1 and isinstance(self.prompt[0], str))
+        return [
+            *super()._refusals(),
+            (not one_text, "prompt", "give one prompt as a string; token ids and batches are not supported"),
+            (
+                bool(self.echo) and self.logprobs is not None,
+                "echo",
+                "echo with logprobs needs the prompt's logprobs, which jobs do not report",
+            ),
+            (bool(self.suffix), "suffix", "suffix is not supported"),
+            (self.best_of not in (None, 1), "best_of", "only best_of=1 is supported"),
+        ]
+
+    @property
+    def echoed(self) -> str:
+        return self._prompt if self.echo else ""
+
+    @property
+    def _prompt(self) -> str:
+        prompt = self.prompt if isinstance(self.prompt, str) else self.prompt[0]
+        assert isinstance(prompt, str)  # refused otherwise, before the job is made
+        return prompt
+
+    def _input(self) -> dict[str, Any]:
+        return {"prompt": self._prompt, "logprobs": self.logprobs}
+
+
+class ContentPart(BaseModel):
+    """A part of a message's content; only text parts can go into a job."""
+
+    model_config = ConfigDict(extra="allow")
+
+    type: Name
+    text: PromptText | None = None
+
+
+class Message(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    role: Literal["system", "developer", "user", "assistant"]
+    content: PromptText | Annotated[list[ContentPart], Field(max_length=MAX_MESSAGES)]
+
+    @field_validator("content")
+    @classmethod
+    def _text_only(cls, content: str | list[ContentPart]) -> str | list[ContentPart]:
+        for part in content if isinstance(content, list) else []:
+            if part.type != "text" or part.text is None:
+                raise ValueError(f"only text content parts are supported, not {part.type!r}")
+        return content
+
+    @property
+    def text(self) -> str:
+        """The content; text parts are joined by newlines, as vLLM joins them."""
+        if isinstance(self.content, str):
+            return self.content
+        return "\n".join(part.text or "" for part in self.content)
+
+    def job_message(self) -> ChatMessage:
+        """As the chat template takes it: `developer`, OpenAI's new name for `system`, as `system`."""
+        return ChatMessage(role="system" if self.role == "developer" else self.role, content=self.text)
+
+
+class ChatBody(_Body):
+    """`POST /v1/chat/completions`: messages rendered with the model's chat template."""
+
+    chat = True
+    default_max_tokens = JobRequest.model_fields["max_tokens"].default
+
+    messages: Annotated[list[Message], Field(max_length=MAX_MESSAGES)]
+    max_completion_tokens: Integer | None = None
+    logprobs: bool | None = None
+    top_logprobs: Integer | None = None
+    tools: Objects | None = None
+    tool_choice: Name | dict[str, Any] | None = None
+    functions: Objects | None = None
+    function_call: Name | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None  # meaningless without tools
+
+    def _refusals(self) -> list[Refusal]:
+        return [
+            *super()._refusals(),
+            (bool(self.tools), "tools", "tool calling is not supported"),
+            (self.tool_choice not in (None, "none"), "tool_choice", "tool calling is not supported"),
+            (bool(self.functions), "functions", "function calling is not supported"),
+            (self.function_call not in (None, "none"), "function_call", "function calling is not supported"),
+            (bool(self.top_logprobs) and not self.logprobs, "top_logprobs", "needs logprobs=true"),
+        ]
+
+    def _max_tokens(self) -> tuple[str, int | None]:
+        # As vLLM: the newer name wins when both are given.
+        if self.max_completion_tokens is not None:
+            return "max_completion_tokens", self.max_completion_tokens
+        return super()._max_tokens()
+
+    def _input(self) -> dict[str, Any]:
+        return {
+            "messages": [message.job_message() for message in self.messages],
+            "logprobs": (self.top_logprobs or 0) if self.logprobs else None,
+        }

@@ -1,0 +1,145 @@
+"""The API keys file: a plain list (one key per line), or TOML with each key's tenant and webhook.
+
+A file whose name ends in `.toml` holds one `[[keys]]` table per key, and one `[[tenants]]` table
+per tenant that has limits (every limit optional; a key names its tenant, several keys may share
+one, and a key that names none is the `default` tenant's)::
+
+    [[tenants]]
+    name = "team-a"
+    max_queued_jobs = 100        # jobs waiting for a worker
+    max_running_jobs = 8         # jobs queued and running together
+    requests_per_minute = 600    # jobs admitted in any sliding minute
+    tokens_per_minute = 200000   # prompt plus generated tokens of jobs ended in any sliding minute
+    weight = 2.0                 # its share of a model's queue (the fair-share scheduler's)
+    default_priority = 0         # a job's priority when it names none, at most max_priority
+    max_priority = 10
+
+    [[keys]]
+    key = "sk-team-a"
+    tenant = "team-a"
+    webhook_secret = "whsec_..."                           # signs the webhooks of this key's jobs
+    webhook_url = "https://hooks.example.com/streampool"  # optional: the webhook of its jobs by default
+
+Any other file is the plain list, as before: every key the `default` tenant's, without limits.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from gateway.webhooks.signing import WebhookSecret
+from shared.tenants import DEFAULT_TENANT, Tenant
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - the same parser, before it joined the standard library
+    import tomli as tomllib
+
+
+TENANT_NAME = r"^[A-Za-z0-9_.-]{1,64}$"  # it names Redis keys and labels metrics
+
+
+@dataclass(frozen=True)
+class KeyEntry:
+    """One API key, its tenant's name, and its webhook's secret and default URL where the file gives them."""
+
+    key: str
+    webhook_secret: WebhookSecret | None = None
+    webhook_url: str | None = None
+    tenant: str = DEFAULT_TENANT
+
+
+@dataclass(frozen=True)
+class KeysFile:
+    """What a keys file holds: its keys, and the tenants it gives limits to."""
+
+    keys: list[KeyEntry]
+    tenants: list[Tenant]
+
+
+class _TenantTable(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    name: str = Field(pattern=TENANT_NAME)
+    max_queued_jobs: int | None = Field(None, ge=1)
+    max_running_jobs: int | None = Field(None, ge=1)
+    requests_per_minute: int | None = Field(None, ge=1)
+    tokens_per_minute: int | None = Field(None, ge=1)
+    weight: float = Field(1.0, gt=0, allow_inf_nan=False)
+    default_priority: int = 0
+    max_priority: int = 0
+
+    @model_validator(mode="after")
+    def _default_within_max(self) -> _TenantTable:
+        if self.default_priority > self.max_priority:
+            raise ValueError("default_priority must be at most max_priority")
+        return self
+
+
+class _KeyTable(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    key: str = Field(min_length=1)
+    tenant: str = Field(DEFAULT_TENANT, pattern=TENANT_NAME)
+    webhook_secret: str | None = None
+    webhook_url: str | None = Field(None, min_length=1)
+
+    @field_validator("webhook_secret")
+    @classmethod
+    def _secret(cls, value: str | None) -> str | None:
+        if value is not None:
+            WebhookSecret.parse(value)
+        return value
+
+    @model_validator(mode="after")
+    def _url_needs_secret(self) -> _KeyTable:
+        if self.webhook_url is not None and self.webhook_secret is None:
+            raise ValueError("a key with a webhook_url needs a webhook_secret to sign its webhooks")
+        return self
+
+
+class _KeysFile(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    keys: list[_KeyTable] = []
+    tenants: list[_TenantTable] = []
+
+    @model_validator(mode="after")
+    def _tenants_known(self) -> _KeysFile:
+        names = [tenant.name for tenant in self.tenants]
+        if len(set(names)) < len(names):
+            raise ValueError("a tenant is declared twice")
+        known = {*names, DEFAULT_TENANT}
+        for position, table in enumerate(self.keys):
+            if table.tenant not in known:
+                raise ValueError(f"keys.{position}.tenant: no [[tenants]] table is named {table.tenant!r}")
+        return self
+
+
+def read_keys_file(path: Path) -> KeysFile:
+    """The file's keys and tenants; `OSError` when it cannot be read, `ValueError` (saying where) when
+    it is wrong."""
+    text = path.read_text()
+    if path.suffix != ".toml":
+        return KeysFile([KeyEntry(line.strip()) for line in text.splitlines() if line.strip()], [])
+    try:
+        parsed = _KeysFile.model_validate(tomllib.loads(text))
+    except tomllib.TOMLDecodeError as exc:
+        raise ValueError(f"{path} is not valid TOML: {exc}") from None
+    except ValidationError as exc:
+        where = "; ".join(f"{'.'.join(map(str, error['loc']))}: {error['msg']}" for error in exc.errors())
+        raise ValueError(f"{path}: {where}") from None
+    keys = [
+        KeyEntry(
+            table.key,
+            WebhookSecret.parse(table.webhook_secret) if table.webhook_secret else None,
+            table.webhook_url,
+            table.tenant,
+        )
+        for table in parsed.keys
+    ]
+    return KeysFile(keys, [Tenant(**table.model_dump()) for table in parsed.tenants])

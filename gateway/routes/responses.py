@@ -1,0 +1,257 @@
+"""OpenAI's Responses API with background mode, a response being one job on the shared queue.
+
+A background response is the job API under OpenAI's names: created at once, polled, followed and
+resumed by `sequence_number` (`gateway.compat.responses_answers`) through any gateway for as long as the
+retention lasts, and cancelled. A response in the foreground is answered as the chat route answers:
+its client waits (or streams) and its job is cancelled if the client goes away; as on OpenAI it
+cannot be cancelled through the API, nor streamed again. Everything is under the API key that
+created the response (404 for any other); a response made with `store: false` cannot be read back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncGenerator, AsyncIterator
+from contextlib import aclosing
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Depends, Path, Query, Request, Response
+from fastapi.responses import JSONResponse
+from sse_starlette import EventSourceResponse, ServerSentEvent
+
+from gateway.auth import REQUIRE_KEY, Owner
+from gateway.compat.responses_answers import (
+    RESPONSE_PREFIX,
+    Head,
+    ResponseEvents,
+    Standing,
+    deleted,
+    error_event,
+    item_list,
+    response_object,
+)
+from gateway.compat.responses_bodies import RESPONSES_PATH, ResponsesBody, Stored
+from gateway.deps import JOB_ID, Services, ServicesDep
+from gateway.entries import Entry
+from gateway.generation import JOB_ID_HEADER, JobRun
+from gateway.relay import IDLE_SECONDS, START
+from gateway.routes.openai import ERRORS, OPENAI_ERRORS, SEPARATOR, STREAM, OpenAIRoute
+from shared.errors import (
+    EngineError,
+    InvalidRequest,
+    JobCancelled,
+    JobNotFound,
+    PromptTooLong,
+    StreampoolError,
+)
+from shared.events import JobState, event_adapter
+from shared.requests import ChatMessage
+from shared.webhooks import RESPONSE_API
+
+CANCEL_WAIT_SECONDS = 10.0
+"""How long a cancel waits for a running response to end (a worker ends it within two decoding
+steps) so that it can answer with the Response `cancelled`, as OpenAI's does."""
+
+router = APIRouter(
+    prefix=RESPONSES_PATH,
+    tags=["responses"],
+    dependencies=[REQUIRE_KEY],
+    responses=ERRORS,
+    route_class=OpenAIRoute,
+)
+
+ResponseIdPath = Annotated[str, Path(description="resp_ and the job's 32 lowercase hex digits")]
+
+
+async def owned_response(
+    response_id: ResponseIdPath, owner: Owner, services: ServicesDep
+) -> tuple[str, Stored]:
+    """The response's job id and stored fields, once it is known to be the caller's and stored."""
+    job_id = response_id.removeprefix(RESPONSE_PREFIX)
+    missing = JobNotFound(f"Response with id '{response_id}' not found.")
+    if not response_id.startswith(RESPONSE_PREFIX) or not JOB_ID.fullmatch(job_id):
+        raise missing
+    try:
+        await services.store.check_owner(job_id, owner)
+        stored = Stored.of_annotations(await services.store.annotations(job_id))
+    except JobNotFound:
+        raise missing from None
+    if stored is None or not stored.store:
+        raise missing
+    return job_id, stored
+
+
+OwnedResponse = Annotated[tuple[str, Stored], Depends(owned_response)]
+
+
+async def _previous(response_id: str | None, owner: str, services: Services) -> list[ChatMessage]:
+    """The conversation `previous_response_id` names: its context, then its output."""
+    if response_id is None:
+        return []
+    job_id, stored = await owned_response(response_id, owner, services)
+    record = await services.store.record(job_id)
+    if not record.status.terminal:
+        raise InvalidRequest(
+            f"previous_response_id: response {response_id} has not finished", param="previous_response_id"
+        )
+    return [*stored.context, ChatMessage(role="assistant", content=record.output.text)]
+
+
+def _written_at(entry: Entry) -> float:
+    """When an entry was written, by its stream id (milliseconds of Redis's clock)."""
+    return int(entry.id.partition("-")[0]) / 1000
+
+
+def _frame(event: dict[str, Any]) -> ServerSentEvent:
+    return ServerSentEvent(data=json.dumps(event), event=event["type"], sep=SEPARATOR)
+
+
+async def _frames(
+    entries: AsyncGenerator[Entry, None], events: ResponseEvents, after: int, services: Services
+) -> AsyncIterator[ServerSentEvent]:
+    """The response events of the job's entries numbered past `after`; a failure of the stream
+    itself (not of the job) ends it with an `error` event, never a silent close."""
+    last = after
+    services.metrics.streams_open.inc()
+    try:
+        async with aclosing(entries):  # closing a foreground run's entries early cancels its job
+            async for entry in entries:
+                for event in events.feed(event_adapter.validate_json(entry.data), _written_at(entry)):
+                    if event["sequence_number"] > after:
+                        last = event["sequence_number"]
+                        yield _frame(event)
+    except StreampoolError as exc:
+        code = OPENAI_ERRORS.failure(exc)[1]["error"]["code"]
+        yield _frame(error_event(exc.message, code, last + 1))
+    finally:
+        services.metrics.streams_open.dec()
+
+
+async def _followed(services: Services, job_id: str) -> AsyncGenerator[Entry, None]:
+    """The job's entries from its first, to its end or until the gateway stops (then the client
+    resumes elsewhere with `starting_after`); leaving leaves the job running."""
+    following = services.relay.follow(job_id, START)
+    with services.relay.open_streams.open(following):
+        async with aclosing(following.batches(IDLE_SECONDS)) as batches:
+            async for batch in batches:
+                for entry in batch:
+                    yield entry
+
+
+def _stream(
+    head: Head, entries: AsyncGenerator[Entry, None], after: int, services: Services
+) -> EventSourceResponse:
+    return EventSourceResponse(
+        _frames(entries, ResponseEvents(head), after, services),
+        headers={JOB_ID_HEADER: head.job_id},
+        ping=services.settings.sse_ping_seconds,
+        sep=SEPARATOR,
+    )
+
+
+@router.post("", response_model=None, responses={200: {"content": STREAM}})
+async def create_response(
+    body: ResponsesBody, request: Request, owner: Owner, services: ServicesDep
+) -> Response:
+    """Create a response: queued and answered at once with `background`, else waited for (or streamed)."""
+    body.refuse_unsupported()
+    stored = body.stored(await _previous(body.previous_response_id, owner, services))
+    job = body.job_request(stored.context, services.settings.max_tokens_limit)
+    background = stored.background
+    try:
+        webhook = services.webhook_targets.annotations(owner, body.webhook, RESPONSE_API)
+        submission = await services.admission.admit(
+            job,
+            owner,
+            model=body.model,
+            annotations={**stored.annotations(), **webhook},
+        )
+    except InvalidRequest as exc:
+        raise body.in_own_terms(exc) from exc
+    head = Head(submission.job_id, submission.created_at.timestamp(), stored)
+    headers = {JOB_ID_HEADER: head.job_id}
+    if body.stream:
+        if background:
+            return _stream(head, _followed(services, head.job_id), -1, services)
+        run = JobRun(services, head.job_id, request)
+        return _stream(head, run.entries(), -1, services)
+    if background:
+        return JSONResponse(response_object(head, Standing("queued")), headers=headers)
+    with contextlib.suppress(JobCancelled, EngineError, PromptTooLong):  # the record says how it ended
+        await JobRun(services, head.job_id, request).result()
+    record = await services.store.record(head.job_id)
+    return JSONResponse(response_object(head, Standing.of_record(record)), headers=headers)
+
+
+@router.get("/{response_id}", response_model=None, responses={200: {"content": STREAM}})
+async def get_response(
+    owned: OwnedResponse,
+    services: ServicesDep,
+    stream: bool = False,
+    starting_after: Annotated[int | None, Query(ge=0, le=2**53)] = None,
+) -> Response:
+    """The Response as it stands; with `stream`, a background response's events after
+    `starting_after` (from its first without), then live to its end."""
+    job_id, stored = owned
+    record = await services.store.record(job_id)
+    head = Head(job_id, record.created_at.timestamp(), stored)
+    if not stream:
+        return JSONResponse(response_object(head, Standing.of_record(record)))
+    if not stored.background:
+        raise InvalidRequest(
+            "This response cannot be streamed because it was not created with background=true.",
+            param="stream",
+        )
+    await services.relay.check(job_id, START)  # 410 once the stream's start is trimmed away
+    after = -1 if starting_after is None else starting_after
+    return _stream(head, _followed(services, job_id), after, services)
+
+
+async def _until_ended(services: Services, job_id: str) -> None:
+    """Wait (a bounded time) for the job's terminal event."""
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(CANCEL_WAIT_SECONDS):
+            async with aclosing(services.relay.follow(job_id, START).batches(IDLE_SECONDS)) as batches:
+                async for batch in batches:
+                    if batch and batch[-1].terminal:
+                        return
+
+
+@router.post("/{response_id}/cancel")
+async def cancel_response(owned: OwnedResponse, services: ServicesDep) -> JSONResponse:
+    """Cancel a background response; idempotent, and a finished one is answered as it is."""
+    job_id, stored = owned
+    if not stored.background:
+        raise InvalidRequest("Only responses created with background=true can be cancelled.", param=None)
+    answer, took_effect = await services.store.cancel(job_id)
+    if took_effect and answer.status is JobState.running:
+        await _until_ended(services, job_id)
+    record = await services.store.record(job_id)
+    head = Head(job_id, record.created_at.timestamp(), stored)
+    return JSONResponse(response_object(head, Standing.of_record(record)))
+
+
+@router.delete("/{response_id}")
+async def delete_response(owned: OwnedResponse, services: ServicesDep) -> JSONResponse:
+    """Delete a finished response (its job's keys) before its retention ends; a queued or running one
+    is refused, as a worker may write to it yet: cancel it first."""
+    job_id, _ = owned
+    try:
+        await services.store.delete(job_id)
+    except InvalidRequest as exc:
+        raise InvalidRequest(f"Response {RESPONSE_PREFIX}{job_id} has not finished: cancel it first") from exc
+    return JSONResponse(deleted(job_id))
+
+
+@router.get("/{response_id}/input_items")
+async def list_input_items(
+    owned: OwnedResponse,
+    limit: Annotated[int, Query(ge=1, le=100)] = 20,
+    order: Literal["asc", "desc"] = "desc",
+    after: Annotated[str | None, Query(max_length=256)] = None,
+) -> JSONResponse:
+    """The response's input items, OpenAI's list page."""
+    job_id, stored = owned
+    return JSONResponse(item_list(stored.input_items(job_id), limit, order == "asc", after))

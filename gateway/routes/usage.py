@@ -1,0 +1,35 @@
+"""`GET /v1/usage`: the calling key's tenant, its limits and its counters, as the submit script sees them."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+
+from gateway.auth import Owner
+from gateway.deps import ServicesDep
+from gateway.errors import documented
+from shared.tenants import LIMITS, UsageAnswer, read_usage
+
+router = APIRouter(tags=["usage"], responses=documented(401, 503))
+
+
+@router.get("/v1/usage", response_model=UsageAnswer)
+async def usage(request: Request, owner: Owner, services: ServicesDep) -> UsageAnswer:
+    """Only the caller's own tenant: another tenant's figures are not a key's to read."""
+    tenant = request.app.state.api_keys.tenants.get(owner)
+    if tenant is None:
+        return UsageAnswer(
+            tenant=None,
+            limits=dict.fromkeys(LIMITS),
+            weight=None,
+            default_priority=None,
+            max_priority=None,
+            usage=None,
+        )
+    return UsageAnswer(
+        tenant=tenant.name,
+        limits=tenant.limits(),
+        weight=tenant.weight,
+        default_priority=tenant.default_priority,
+        max_priority=tenant.max_priority,
+        usage=await read_usage(services.redis, services.keys, tenant.name),
+    )

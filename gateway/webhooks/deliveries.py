@@ -1,0 +1,218 @@
+"""The webhooks stream and the delivery records, as a sender reads and writes them.
+
+Every gateway's sender reads the stream through one consumer group: an entry goes to one sender,
+stays pending with it until delivered or given up (then it is acknowledged and deleted in the same
+step as its record says so), and a sender that stops touching its entries (its gateway is gone) has
+them taken over by another (`XAUTOCLAIM`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from importlib.resources import files
+from typing import Any
+
+import redis.asyncio as aioredis
+from redis.exceptions import ResponseError
+
+from shared.errors import JobNotFound
+from shared.events import JobState
+from shared.keys import Keys
+from shared.lifecycle.scripts import LuaScript
+from shared.redis_client import redis_errors
+from shared.webhooks import (
+    DeliveryStatus,
+    WebhookDelivery,
+    WebhookEvent,
+    WebhookEventData,
+    event_id,
+    event_type,
+    subject_id,
+)
+
+GROUP = "senders"
+KEEP = LuaScript("keep", files(__package__).joinpath("keep.lua").read_text())
+MAX_ERROR_CHARS = 500
+
+
+@dataclass(frozen=True)
+class Announcement:
+    """One entry of the webhooks stream: an ended job's webhook, with all that delivering it needs."""
+
+    entry_id: str
+    job_id: str
+    url: str
+    api: str
+    owner: str
+    state: JobState
+    finish_reason: str | None
+    ended_at: float
+
+    @classmethod
+    def of(cls, entry_id: str, fields: dict[str, str]) -> Announcement:
+        """`KeyError` / `ValueError` for an entry that is not one (only `announce_end.lua` writes them)."""
+        return cls(
+            entry_id,
+            fields["job"],
+            fields["url"],
+            fields["api"],
+            fields["owner"],
+            JobState(fields["state"]),
+            fields["finish_reason"] or None,
+            float(fields["ended_at"]),
+        )
+
+    def event(self) -> WebhookEvent:
+        return WebhookEvent(
+            id=event_id(self.job_id),
+            type=event_type(self.api, self.state, self.finish_reason),
+            created_at=int(self.ended_at),
+            data=WebhookEventData(id=subject_id(self.api, self.job_id)),
+        )
+
+
+@dataclass(frozen=True)
+class Progress:
+    """What the delivery record says of the attempts so far."""
+
+    attempts: int
+    next_attempt_at: float  # 0: at once
+    done: bool  # delivered or given up: nothing more to send
+
+
+def _time(value: str | None) -> datetime | None:
+    return datetime.fromtimestamp(float(value), tz=timezone.utc) if value else None
+
+
+class Deliveries:
+    """The webhooks stream's consumer group, and the delivery records."""
+
+    def __init__(self, redis: aioredis.Redis, keys: Keys, record_ttl_seconds: int) -> None:
+        self.redis = redis
+        self.keys = keys
+        self.record_ttl_seconds = record_ttl_seconds
+
+    async def join(self) -> bool:
+        """Make the consumer group unless it exists; False while the stream does not (no job has had a
+        webhook yet): the sender writes no key of its own, so a gateway without webhooks writes nothing."""
+        with redis_errors():
+            try:
+                await self.redis.xgroup_create(self.keys.webhooks, GROUP, id="0")
+            except ResponseError as exc:
+                if str(exc).startswith("BUSYGROUP"):
+                    return True
+                if "requires the key to exist" in str(exc):
+                    return False
+                raise
+        return True
+
+    def _announcements(self, entries: list[Any]) -> list[Announcement | str]:
+        """Each entry as an announcement, or its id alone when it is not one (to be dropped)."""
+        read: list[Announcement | str] = []
+        for entry_id, fields in entries:
+            try:
+                read.append(Announcement.of(entry_id, fields))
+            except (KeyError, ValueError):
+                read.append(entry_id)
+        return read
+
+    async def read_new(self, consumer: str, count: int, block_ms: int) -> list[Announcement | str]:
+        """Entries no sender has had yet, waiting up to `block_ms` for one."""
+        with redis_errors():
+            answer = await self.redis.xreadgroup(
+                GROUP, consumer, {self.keys.webhooks: ">"}, count=count, block=block_ms
+            )
+        return self._announcements(answer[0][1] if answer else [])
+
+    async def take_over(
+        self, consumer: str, idle_ms: int, count: int, cursor: str
+    ) -> tuple[str, list[Announcement | str]]:
+        """Entries pending with a sender that has not touched them for `idle_ms` (gone), from `cursor`;
+        answers where the next call goes on."""
+        with redis_errors():
+            answer = await self.redis.xautoclaim(
+                self.keys.webhooks, GROUP, consumer, idle_ms, start_id=cursor, count=count
+            )
+        return answer[0], self._announcements([entry for entry in answer[1] if entry[1] is not None])
+
+    async def keep(self, consumer: str, entry_ids: list[str]) -> list[str]:
+        """Reset the idle time of the entries `consumer` holds; answers those another sender took."""
+        if not entry_ids:
+            return []
+        with redis_errors():
+            lost: list[str] = await KEEP(self.redis, [self.keys.webhooks], [GROUP, consumer, *entry_ids])
+        return lost
+
+    async def leave(self, consumer: str) -> None:
+        """Remove `consumer` from the group if it holds nothing (what it holds would be lost with it)."""
+        with redis_errors():
+            pending = await self.redis.xpending_range(
+                self.keys.webhooks, GROUP, min="-", max="+", count=1, consumername=consumer
+            )
+            if not pending:
+                await self.redis.xgroup_delconsumer(self.keys.webhooks, GROUP, consumer)
+
+    async def progress(self, job_id: str) -> Progress:
+        with redis_errors():
+            status, attempts, next_at = await self.redis.hmget(  # type: ignore[misc]
+                self.keys.webhook(job_id), ["status", "attempts", "next_attempt_at"]
+            )
+        done = status in (DeliveryStatus.delivered.value, DeliveryStatus.failed.value)
+        return Progress(int(attempts or 0), float(next_at or 0), done)
+
+    async def attempted(self, announcement: Announcement, fields: dict[str, Any]) -> None:
+        """Record an attempt that failed; the entry stays pending, for the next."""
+        with redis_errors():
+            async with self.redis.pipeline(transaction=True) as pipe:
+                self._record(pipe, announcement, fields)
+                await pipe.execute()
+
+    async def finished(self, announcement: Announcement, fields: dict[str, Any]) -> None:
+        """Record the delivery's end (delivered or given up) and drop its entry, in one step: once the
+        record says delivered, no sender has the entry any more, so the event is never sent again."""
+        with redis_errors():
+            async with self.redis.pipeline(transaction=True) as pipe:
+                self._record(pipe, announcement, fields)
+                pipe.xack(self.keys.webhooks, GROUP, announcement.entry_id)
+                pipe.xdel(self.keys.webhooks, announcement.entry_id)
+                await pipe.execute()
+
+    async def drop(self, entry_id: str) -> None:
+        """Acknowledge and delete an entry there is nothing to send for."""
+        with redis_errors():
+            async with self.redis.pipeline(transaction=True) as pipe:
+                pipe.xack(self.keys.webhooks, GROUP, entry_id)
+                pipe.xdel(self.keys.webhooks, entry_id)
+                await pipe.execute()
+
+    def _record(self, pipe: Any, announcement: Announcement, fields: dict[str, Any]) -> None:
+        """Write the record's fields (None: cleared) with a fresh TTL, which outlives the next wait."""
+        key = self.keys.webhook(announcement.job_id)
+        mapping = {name: "" if value is None else str(value) for name, value in fields.items()}
+        if "last_error" in mapping:
+            mapping["last_error"] = mapping["last_error"][:MAX_ERROR_CHARS]
+        pipe.hset(key, mapping=mapping)
+        pipe.expire(key, self.record_ttl_seconds)
+
+    async def record(self, job_id: str, webhook_url: str | None) -> WebhookDelivery:
+        """The job's delivery record, for its owner. A job with a webhook that has not ended has none yet;
+        `JobNotFound` for a job without a webhook."""
+        with redis_errors():
+            fields = await self.redis.hgetall(self.keys.webhook(job_id))  # type: ignore[misc]
+        if not fields:
+            if webhook_url is None:
+                raise JobNotFound(f"job {job_id} has no webhook")
+            return WebhookDelivery(url=webhook_url)
+        return WebhookDelivery(
+            url=fields["url"],
+            event=event_type(fields["api"], JobState(fields["state"]), fields.get("finish_reason") or None),
+            event_id=event_id(job_id),
+            status=DeliveryStatus(fields["status"]),
+            attempts=int(fields.get("attempts") or 0),
+            last_status=int(fields["last_status"]) if fields.get("last_status") else None,
+            last_error=fields.get("last_error") or None,
+            last_attempt_at=_time(fields.get("last_attempt_at")),
+            next_attempt_at=_time(fields.get("next_attempt_at")),
+            delivered_at=_time(fields.get("delivered_at")),
+        )

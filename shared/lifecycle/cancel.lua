@@ -1,0 +1,25 @@
+-- queued -> cancelled at once; for a running job, set its cancel key (holding when the first
+-- cancel was asked for, for the cancel latency): its worker's next step ends it cancelled.
+-- `queue` is the queue of the job's model (its record's `model`).
+-- Answers {'cancelled' | 'asked' | 'ended', the state the job is in now} or {'missing'}.
+local record, stream, cancel, queue, arq_job, webhooks, webhook = unpack(KEYS)
+local id, now, cancelled_event, maxlen, retention, lifetime = unpack(ARGV)
+
+local status = redis.call('HGET', record, 'status')
+if not status then return {'missing'} end
+if status == 'queued' then
+  redis.call('HSET', record, 'status', 'cancelled', 'finished_at', now, 'token_count', 0,
+             'usage', '{"prompt_tokens":0,"completion_tokens":0}')
+  redis.call('XADD', stream, 'MAXLEN', '~', maxlen, '*', 'type', 'cancelled', 'data', cancelled_event)
+  redis.call('ZREM', queue, id)
+  redis.call('DEL', arq_job)
+  expire_job(retention)
+  announce_end(webhooks, webhook, retention)
+  tenant_move(id, 'queued', 'ended')
+  return {'cancelled', 'cancelled'}
+end
+if status == 'running' then
+  redis.call('SET', cancel, now, 'EX', lifetime, 'NX')
+  return {'asked', status}
+end
+return {'ended', status}

@@ -1,0 +1,23 @@
+-- running -> completed | cancelled | failed: append the last events (the terminal one last) and
+-- end the record, if this worker still holds the lease. A job that is no longer running is left as
+-- it is, and so is one whose lease this worker no longer holds: nothing is appended.
+-- ARGV after the first six: `event_count` (type, data) pairs, then field/value pairs for the record.
+-- Answers {'ended', state}, {'not_running', status or 'missing'} or {'lost'}.
+local record, stream, _, lease, running, webhooks, webhook = unpack(KEYS)
+local id, worker, state, maxlen, retention, event_count = unpack(ARGV, 1, 6)
+local FIRST_EVENT = 7
+local first_field = FIRST_EVENT + 2 * tonumber(event_count)
+
+local status = redis.call('HGET', record, 'status')
+if status ~= 'running' then return {'not_running', status or 'missing'} end
+if redis.call('GET', lease) ~= worker then return {'lost'} end
+for i = FIRST_EVENT, first_field - 1, 2 do
+  redis.call('XADD', stream, 'MAXLEN', '~', maxlen, '*', 'type', ARGV[i], 'data', ARGV[i + 1])
+end
+redis.call('HSET', record, 'status', state, unpack(ARGV, first_field))
+redis.call('DEL', lease)
+redis.call('SREM', running, id)
+expire_job(retention)
+announce_end(webhooks, webhook, retention)
+tenant_move(id, 'running', 'ended')
+return {'ended', state}

@@ -1,0 +1,88 @@
+"""The lifecycle's Lua scripts, loaded from this package's `.lua` files, and how they are run."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from importlib.resources import files
+from typing import Any
+
+import redis.asyncio as aioredis
+from redis.exceptions import NoScriptError
+
+HELPERS = {
+    "expire_job": "expire_job.lua",
+    "announce_end": "announce_end.lua",
+    "tenant_admit": "tenant_admit.lua",
+    "tenant_move": "tenant_move.lua",
+}
+"""Lua functions a script may call; the loader prepends each one the script uses."""
+
+
+@dataclass(frozen=True)
+class LuaScript:
+    """One transition's script: its source and SHA1, for EVALSHA alone or inside a pipeline."""
+
+    name: str
+    source: str
+
+    @classmethod
+    def load(cls, name: str) -> LuaScript:
+        package = files(__package__)
+        body = package.joinpath(f"{name}.lua").read_text()
+        helpers = [
+            package.joinpath(path).read_text() for helper, path in HELPERS.items() if f"{helper}(" in body
+        ]
+        return cls(name, "".join([*helpers, body]))
+
+    @property
+    def sha(self) -> str:
+        return hashlib.sha1(self.source.encode()).hexdigest()
+
+    def command(self, keys: list[str], args: list[Any]) -> tuple[Any, ...]:
+        """EVALSHA, for a pipeline (whose sender loads the script again on NOSCRIPT)."""
+        return ("EVALSHA", self.sha, len(keys), *keys, *args)
+
+    def eval_command(self, keys: list[str], args: list[Any]) -> tuple[Any, ...]:
+        """EVAL with the source, for a pipeline that must not depend on Redis's script cache."""
+        return ("EVAL", self.source, len(keys), *keys, *args)
+
+    async def then_wait(
+        self, redis: aioredis.Redis, keys: list[str], args: list[Any], wait: tuple[Any, ...]
+    ) -> tuple[Any, int]:
+        """Run the script, then `wait` (a WAIT command) in the same round trip: the script's answer,
+        and how many replicas hold what it wrote."""
+        answer, acked = await _pipelined(redis, self.command(keys, args), wait)
+        if isinstance(answer, NoScriptError):
+            answer, acked = await _pipelined(redis, self.eval_command(keys, args), wait)
+        for result in (answer, acked):
+            if isinstance(result, Exception):
+                raise result
+        return answer, int(acked)
+
+    async def __call__(self, redis: aioredis.Redis, keys: list[str], args: list[Any]) -> Any:
+        """Run the script; a Redis that lost its scripts (restarted, flushed) gets it again by EVAL."""
+        try:
+            return await redis.evalsha(self.sha, len(keys), *keys, *args)  # type: ignore[misc]
+        except NoScriptError:
+            return await redis.eval(self.source, len(keys), *keys, *args)  # type: ignore[misc]
+
+
+async def _pipelined(redis: aioredis.Redis, *commands: tuple[Any, ...]) -> list[Any]:
+    """Each command's answer (or the error it met), sent in one round trip."""
+    pipe = redis.pipeline(transaction=False)
+    for command in commands:
+        pipe.execute_command(*command)
+    answers: list[Any] = await pipe.execute(raise_on_error=False)
+    return answers
+
+
+SUBMIT = LuaScript.load("submit")
+CLAIM = LuaScript.load("claim")
+START = LuaScript.load("start")
+STEP = LuaScript.load("step")
+RENEW = LuaScript.load("renew")
+RELEASE = LuaScript.load("release")
+FINISH = LuaScript.load("finish")
+CANCEL = LuaScript.load("cancel")
+DELETE = LuaScript.load("delete")

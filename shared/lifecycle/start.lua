@@ -1,0 +1,49 @@
+-- queued -> running (attempt 1), or a handed-back running job resumes with the next attempt, its
+-- stream in the answer so that the new worker continues where the last one stopped. The starting
+-- worker takes the job's lease and the job leaves arq's queue set, so that the set holds only
+-- waiting jobs, and the job's record and stream live `lifetime` seconds from now, however long it
+-- waited. A queued job past its `deadline` fails instead (queued -> failed), without ever running.
+-- `queue` is the queue of the job's model, the one the starting worker serves and claimed it from.
+-- The request's JSON is decoded only when it has one.
+-- Answers {'running', request, created_at}, {'resumed', request, created_at, attempt, entries},
+-- {'expired'} or {'refused', status or 'missing'}.
+local record, stream, _, queue, lease, running, arq_job, webhooks, webhook = unpack(KEYS)
+local id, worker, now, running_event, expired_event, expired_message, maxlen, lease_ms,
+      retention, lifetime = unpack(ARGV)
+
+local function take(attempt)
+  redis.call('HSET', record, 'worker', worker, 'attempts', attempt)
+  redis.call('ZREM', queue, id)
+  redis.call('SET', lease, worker, 'PX', lease_ms)
+  redis.call('SADD', running, id)
+  redis.call('EXPIRE', record, lifetime)
+  redis.call('EXPIRE', stream, lifetime)
+end
+
+local status, request, created = unpack(redis.call('HMGET', record, 'status', 'request', 'created_at'))
+if status == 'running' and redis.call('HGET', record, 'requeued') then
+  redis.call('HDEL', record, 'requeued')
+  local attempt = tonumber(redis.call('HGET', record, 'attempts')) + 1
+  take(attempt)
+  return {'resumed', request, created, attempt, redis.call('XRANGE', stream, '-', '+')}
+end
+if status ~= 'queued' then return {'refused', status or 'missing'} end
+if string.find(request, '"deadline":', 1, true) then
+  local deadline = cjson.decode(request)['deadline']
+  if type(deadline) == 'number' and deadline <= tonumber(now) then
+    redis.call('HSET', record, 'status', 'failed', 'finished_at', now, 'error', expired_message,
+               'token_count', 0, 'usage', '{"prompt_tokens":0,"completion_tokens":0}')
+    redis.call('XADD', stream, 'MAXLEN', '~', maxlen, '*', 'type', 'error', 'data', expired_event)
+    redis.call('ZREM', queue, id)
+    redis.call('DEL', arq_job)
+    expire_job(retention)
+    announce_end(webhooks, webhook, retention)
+    tenant_move(id, 'queued', 'ended')
+    return {'expired'}
+  end
+end
+redis.call('HSET', record, 'status', 'running', 'started_at', now)
+redis.call('XADD', stream, 'MAXLEN', '~', maxlen, '*', 'type', 'status', 'data', running_event)
+take(1)
+tenant_move(id, 'queued', 'running')
+return {'running', request, created}

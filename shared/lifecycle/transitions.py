@@ -1,0 +1,446 @@
+"""One typed wrapper per lifecycle script: named parameters in, an enum (or a small result) out."""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+import redis.asyncio as aioredis
+
+from shared.events import ErrorEvent, Event, JobState, StatusEvent
+from shared.keys import Keys
+from shared.lifecycle import scripts
+from shared.replication import Wait
+from shared.tenants import Tenant
+
+
+class SubmitOutcome(Enum):
+    created = "created"
+    existing = "existing"  # the job an earlier request with the same idempotency key made
+    mismatch = "mismatch"  # the key's job was made for another request: nothing was written
+    overloaded = "overloaded"  # the queue is full: nothing was written
+    rate_limited = "rate_limited"  # the job's tenant is at one of its limits: nothing was written
+
+
+@dataclass(frozen=True)
+class TenantRefusal:
+    """The tenant's limit a job met: its name (`shared.tenants.LIMITS`), the count it met and its value,
+    and the seconds after which a retry may be admitted."""
+
+    limit: str
+    retry_after: int
+    count: int
+    value: int
+
+
+@dataclass(frozen=True)
+class Submitted:
+    outcome: SubmitOutcome
+    job_id: str  # the new job's, or the key's existing one; '' when refused
+    queue_depth: int = 0
+    acked: int | None = None  # replicas holding the writes, when a WAIT followed them
+    refusal: TenantRefusal | None = None  # with `rate_limited`
+
+
+class StartOutcome(Enum):
+    running = "running"  # queued -> running, attempt 1
+    resumed = "resumed"  # a handed-back job runs again, with the next attempt
+    expired = "expired"  # its deadline passed while queued: failed without running
+    refused = "refused"  # nothing to run: cancelled, ended, missing or held by another worker
+
+
+@dataclass(frozen=True)
+class StartAnswer:
+    outcome: StartOutcome
+    request: str = ""  # the request's JSON
+    created_at: float = 0.0
+    attempt: int = 0
+    entries: list[dict[str, str]] = field(default_factory=list)  # a resumed job's stream
+
+
+class Verdict(Enum):
+    """What a job learns from its step."""
+
+    go = "go"
+    cancel = "cancel"  # a cancel was asked for: abort and end with `cancelled`
+    lost = "lost"  # another worker holds the job now (or will), or its keys expired: stop without writing
+
+
+@dataclass(frozen=True)
+class StepAnswer:
+    verdict: Verdict
+    cancel_asked_at: float | None = None  # with `cancel`: when it was asked for (epoch seconds)
+
+    @classmethod
+    def of(cls, answer: Any) -> StepAnswer:
+        """The step script's answer: 'go', 'lost' or ['cancel', when it was asked for]."""
+        if not isinstance(answer, list):
+            return cls(Verdict(answer))
+        asked_at = None
+        with contextlib.suppress(ValueError):  # a value that is no time only goes unmeasured
+            asked_at = float(answer[1])
+        return cls(Verdict.cancel, asked_at)
+
+
+class FinishOutcome(Enum):
+    ended = "ended"  # the job ended here, in the state asked for
+    not_running = "not_running"  # it had ended already (or never ran): left as it was
+    lost = "lost"  # another worker holds the job now: nothing written
+
+
+@dataclass(frozen=True)
+class Finished:
+    outcome: FinishOutcome
+    state: JobState | None = None  # the record's state after the call; None: no such job
+
+    @classmethod
+    def of(cls, answer: list[str]) -> Finished:
+        outcome, *state = answer
+        return cls(FinishOutcome(outcome), JobState(state[0]) if state and state[0] != "missing" else None)
+
+
+class CancelOutcome(Enum):
+    cancelled = "cancelled"  # queued -> cancelled
+    asked = "asked"  # running: its worker ends it cancelled at its next step
+    ended = "ended"  # already in a terminal state: nothing changed
+    missing = "missing"
+
+
+@dataclass(frozen=True)
+class CancelResult:
+    outcome: CancelOutcome
+    state: JobState | None = None  # the state the job is in now; None: no such job
+    acked: int | None = None  # replicas holding the writes, when a WAIT followed them
+
+
+class DeleteOutcome(Enum):
+    deleted = "deleted"  # a finished job's keys are gone
+    unfinished = "unfinished"  # queued or running: left as it is
+    missing = "missing"
+
+
+@dataclass(frozen=True)
+class DeleteResult:
+    outcome: DeleteOutcome
+    state: JobState | None = None  # the state the job had; None: no such job
+
+
+class ReleaseOutcome(Enum):
+    held = "held"  # another worker (or another run of the job) holds the lease: left alone
+    requeued = "requeued"  # back in the queue, for another worker to resume
+    exhausted = "exhausted"  # out of attempts; failing it needs its output from the stream
+    failed = "failed"  # out of attempts: failed with `worker_lost`
+    not_running = "not_running"  # ended (or missing) already: left alone
+
+
+@dataclass(frozen=True)
+class Failure:
+    """How a job out of attempts fails: its last event and the output its stream holds."""
+
+    event: ErrorEvent
+    text: str
+    token_count: int
+    stream_tip: str  # the id of the stream's last entry these were computed from ('' when empty)
+
+
+class Transitions:
+    """The job lifecycle's scripts, each behind one method."""
+
+    def __init__(self, redis: aioredis.Redis, keys: Keys) -> None:
+        self.redis = redis
+        self.keys = keys
+
+    def _announce_keys(self, job_id: str) -> list[str]:
+        """The last keys of every script that may end a job: where its end is announced to its webhook."""
+        return [self.keys.webhooks, self.keys.webhook(job_id)]
+
+    def _tenant_keys(self, tenant: Tenant | None) -> list[str]:
+        """The submit script's last keys: the tenant's counters, '' each for a job of no tenant."""
+        if tenant is None:
+            return ["", "", "", ""]
+        name, keys = tenant.name, self.keys
+        return [
+            keys.tenant_queued(name),
+            keys.tenant_running(name),
+            keys.tenant_requests(name),
+            keys.tenant_tokens(name),
+        ]
+
+    async def _run(
+        self, script: scripts.LuaScript, keys: list[str], args: list[Any], wait: Wait | None
+    ) -> tuple[Any, int | None]:
+        """The script's answer, and with `wait` how many replicas hold its writes (same round trip)."""
+        if wait is None:
+            return await script(self.redis, keys, args), None
+        return await script.then_wait(self.redis, keys, args, wait.command)
+
+    async def submit(
+        self,
+        *,
+        job_id: str,
+        created_at: float,
+        request_json: str,
+        request_digest: str,
+        queued: StatusEvent,
+        arq_payload: bytes,
+        idempotency_key: str | None,
+        owner: str,
+        model: str,
+        lifetime_seconds: int,
+        max_queued: int,
+        maxlen: int,
+        annotations: dict[str, str] | None = None,
+        wait: Wait | None = None,
+        tenant: Tenant | None = None,
+    ) -> Submitted:
+        """`model`: the canonical name of the job's model, whose queue it joins; `annotations`: fields
+        the record keeps beside the job, for the API layer that made it; `wait`: the replicas the
+        writes must reach, asked in the same round trip; `tenant`: whose limits the job must fit and
+        whose counters it joins (None: no tenant's)."""
+        queue = self.keys.model(model)
+        fields = {**(self.keys.tenant_record_fields(tenant.name) if tenant else {}), **(annotations or {})}
+        keys = [
+            self.keys.job(job_id),
+            self.keys.stream(job_id),
+            self.keys.idempotency(idempotency_key, owner) if idempotency_key else "",
+            queue.queue,
+            self.keys.arq_job(job_id),
+            *self._tenant_keys(tenant),
+        ]
+        args: list[Any] = [
+            job_id,
+            repr(created_at),
+            request_json,
+            queued.model_dump_json(),
+            arq_payload,
+            lifetime_seconds,
+            max_queued,
+            maxlen,
+            int(created_at * 1000),
+            owner,
+            queue.wakeup,
+            request_digest,
+            model,
+            tenant.name if tenant else "",
+            *(tenant.limit_args() if tenant else [0, 0, 0, 0]),
+            *(part for pair in fields.items() for part in pair),
+        ]
+        (outcome, value, *rest), acked = await self._run(scripts.SUBMIT, keys, args, wait)
+        if outcome == SubmitOutcome.overloaded.value:
+            return Submitted(SubmitOutcome.overloaded, "", int(value))
+        if outcome == SubmitOutcome.rate_limited.value:
+            retry_after, count, limit = map(int, rest)
+            refusal = TenantRefusal(value, retry_after, count, limit)
+            return Submitted(SubmitOutcome.rate_limited, "", refusal=refusal)
+        return Submitted(SubmitOutcome(outcome), value, acked=acked)
+
+    async def start(
+        self,
+        *,
+        job_id: str,
+        worker_id: str,
+        model: str,
+        now: float,
+        running: StatusEvent,
+        expired: ErrorEvent,
+        maxlen: int,
+        lease_seconds: float,
+        retention_seconds: int,
+        lifetime_seconds: int,
+    ) -> StartAnswer:
+        """`model`: the model the worker serves, whose queue it claimed the job from."""
+        keys = [
+            *self.keys.job_keys(job_id),
+            self.keys.model(model).queue,
+            self.keys.lease(job_id),
+            self.keys.running,
+            self.keys.arq_job(job_id),
+            *self._announce_keys(job_id),
+        ]
+        args: list[Any] = [
+            job_id,
+            worker_id,
+            repr(now),
+            running.model_dump_json(),
+            expired.model_dump_json(),
+            expired.message,
+            maxlen,
+            int(lease_seconds * 1000),
+            retention_seconds,
+            lifetime_seconds,
+        ]
+        outcome, *values = await scripts.START(self.redis, keys, args)
+        if outcome == StartOutcome.running.value:
+            request, created_at = values
+            return StartAnswer(StartOutcome.running, request, float(created_at), 1)
+        if outcome == StartOutcome.resumed.value:
+            request, created_at, attempt, entries = values
+            fields = [dict(zip(pairs[::2], pairs[1::2], strict=True)) for _, pairs in entries]
+            return StartAnswer(StartOutcome.resumed, request, float(created_at), int(attempt), fields)
+        return StartAnswer(StartOutcome(outcome))
+
+    def step_command(
+        self, *, job_id: str, worker_id: str, events: list[Event], maxlen: int, resent: bool = False
+    ) -> tuple[Any, ...]:
+        """The step script as a pipeline command; its answer reads with `StepAnswer.of`. `resent`: the
+        step's first sending may have reached the stream; events the stream holds are not added twice."""
+        keys = [
+            self.keys.stream(job_id),
+            self.keys.cancel(job_id),
+            self.keys.lease(job_id),
+            self.keys.job(job_id),
+        ]
+        resent_from = events[0].seq if resent and events else ""
+        pairs = (part for event in events for part in (event.type, event.model_dump_json()))
+        return scripts.STEP.command(keys, [worker_id, maxlen, resent_from, *pairs])
+
+    def finish_command(
+        self,
+        *,
+        job_id: str,
+        worker_id: str,
+        state: JobState,
+        events: list[Event],
+        record_fields: dict[str, str],
+        maxlen: int,
+        retention_seconds: int,
+    ) -> tuple[Any, ...]:
+        """The finish script as a pipeline command (EVAL: it runs once a job); its answer reads with
+        `Finished.of`."""
+        keys = [
+            *self.keys.job_keys(job_id),
+            self.keys.lease(job_id),
+            self.keys.running,
+            *self._announce_keys(job_id),
+        ]
+        args = [
+            job_id,
+            worker_id,
+            state.value,
+            maxlen,
+            retention_seconds,
+            len(events),
+            *(part for event in events for part in (event.type, event.model_dump_json())),
+            *(item for pair in record_fields.items() for item in pair),
+        ]
+        return scripts.FINISH.eval_command(keys, args)
+
+    async def cancel(
+        self,
+        *,
+        job_id: str,
+        model: str,
+        now: float,
+        cancelled: Event,
+        maxlen: int,
+        retention_seconds: int,
+        lifetime_seconds: int,
+        wait: Wait | None = None,
+    ) -> CancelResult:
+        """`model`: the job's model (its record's), whose queue a queued job leaves."""
+        keys = [
+            *self.keys.job_keys(job_id),
+            self.keys.model(model).queue,
+            self.keys.arq_job(job_id),
+            *self._announce_keys(job_id),
+        ]
+        args: list[Any] = [
+            job_id,
+            repr(now),
+            cancelled.model_dump_json(),
+            maxlen,
+            retention_seconds,
+            lifetime_seconds,
+        ]
+        (outcome, *state), acked = await self._run(scripts.CANCEL, keys, args, wait)
+        return CancelResult(CancelOutcome(outcome), JobState(state[0]) if state else None, acked)
+
+    async def delete(self, *, job_id: str) -> DeleteResult:
+        keys = [*self.keys.job_keys(job_id), self.keys.arq_job(job_id)]
+        outcome, *state = await scripts.DELETE(self.redis, keys, [])
+        return DeleteResult(DeleteOutcome(outcome), JobState(state[0]) if state else None)
+
+    async def renew(
+        self, *, worker_id: str, job_ids: list[str], lease_seconds: float, lifetime_seconds: int
+    ) -> list[str]:
+        """Extend the leases `worker_id` holds on `job_ids`, and their jobs' record and stream to
+        `lifetime_seconds`; answers the jobs whose lease it lost."""
+        keys = [
+            key
+            for job_id in job_ids
+            for key in (self.keys.lease(job_id), self.keys.job(job_id), self.keys.stream(job_id))
+        ]
+        args = [worker_id, int(lease_seconds * 1000), lifetime_seconds]
+        lost = await scripts.RENEW(self.redis, keys, args)
+        return [job_ids[position - 1] for position in lost]
+
+    async def release(
+        self,
+        *,
+        job_id: str,
+        model: str,
+        worker_id: str,
+        attempt: int,
+        max_attempts: int,
+        arq_payload: bytes,
+        now: float,
+        message: str,
+        failure: Failure | None,
+        lifetime_seconds: int,
+        retention_seconds: int,
+        maxlen: int,
+    ) -> ReleaseOutcome:
+        """`model`: the job's model (its record's), whose queue a requeued job goes back to."""
+        queue = self.keys.model(model)
+        keys = [
+            *self.keys.job_keys(job_id),
+            self.keys.lease(job_id),
+            self.keys.running,
+            queue.queue,
+            self.keys.arq_job(job_id),
+            self.keys.arq_in_progress(job_id),
+            self.keys.arq_retry(job_id),
+            *self._announce_keys(job_id),
+        ]
+        args: list[Any] = [
+            job_id,
+            worker_id,
+            attempt,
+            max_attempts,
+            arq_payload,
+            lifetime_seconds,
+            repr(now),
+            retention_seconds,
+            maxlen,
+            message,
+            queue.wakeup,
+        ]
+        if failure is None:
+            args += ["", "", 0, ""]
+        else:
+            args += [failure.event.model_dump_json(), failure.text, failure.token_count, failure.stream_tip]
+        outcome, *_ = await scripts.RELEASE(self.redis, keys, args)
+        return ReleaseOutcome(outcome)
+
+
+async def claim(
+    redis: aioredis.Redis,
+    *,
+    queue: str,
+    now_ms: int,
+    in_progress_ms: int,
+    in_progress_prefix: str,
+    read_limit: int,
+    wanted: int,
+) -> list[tuple[str, int]]:
+    """Up to `wanted` due jobs no other worker has taken, each marked in progress: (id, score) pairs.
+
+    A function of its own, not a method: arq's own client runs it, with arq's key prefix.
+    """
+    answer = await scripts.CLAIM(
+        redis, [queue], [now_ms, in_progress_ms, in_progress_prefix, read_limit, wanted]
+    )
+    ids = [item.decode() if isinstance(item, bytes) else item for item in answer[::2]]
+    return [(job_id, int(float(score))) for job_id, score in zip(ids, answer[1::2], strict=True)]

@@ -1,0 +1,62 @@
+"""The Sentinel form of a Redis URL: `redis+sentinel://[:password@]host:port[,host:port...]/master[/db]`.
+
+A plain `redis://` (or `rediss://`, `unix://`) URL names one server and is redis-py's own; this
+form names the Sentinels that know which server is the master of `master` now, so that a failover
+needs no new configuration. The password in it is the master's (and its replicas'); the Sentinels'
+own password, if they have one, is a setting of its own (`redis_sentinel_password`), as Sentinels
+and the servers they watch usually have different ones.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from urllib.parse import unquote
+
+SENTINEL_SCHEME = "redis+sentinel://"
+SENTINEL_PORT = 26379  # Sentinel's own default, for a host given without a port
+FORM = "redis+sentinel://[:password@]host:port[,host:port...]/master_name[/db]"
+
+
+@dataclass(frozen=True)
+class SentinelUrl:
+    """The Sentinels to ask, the name they know the master by, and how to talk to that master."""
+
+    sentinels: tuple[tuple[str, int], ...]
+    master: str
+    db: int = 0
+    username: str | None = None
+    password: str | None = None
+
+
+def is_sentinel(url: str) -> bool:
+    return url.startswith(SENTINEL_SCHEME)
+
+
+def parse_sentinel_url(url: str) -> SentinelUrl:
+    """The parts of a `redis+sentinel://` URL; `ValueError` naming the expected form otherwise."""
+    if not is_sentinel(url):
+        raise ValueError(f"not a Sentinel URL (expected {FORM})")
+    authority, _, path = url[len(SENTINEL_SCHEME) :].partition("/")
+    credentials, _, hosts = authority.rpartition("@")
+    username, _, password = credentials.partition(":")
+    master, _, db = path.strip("/").partition("/")
+    if not hosts or not master or "/" in db:
+        raise ValueError(f"a Sentinel URL needs at least one host and the master's name: {FORM}")
+    if db and not db.isdigit():
+        raise ValueError(f"the database of a Sentinel URL is a number, not {db!r}: {FORM}")
+    return SentinelUrl(
+        sentinels=tuple(_host_port(part) for part in hosts.split(",")),
+        master=unquote(master),
+        db=int(db or 0),
+        username=unquote(username) or None,
+        password=unquote(password) or None,
+    )
+
+
+def _host_port(part: str) -> tuple[str, int]:
+    host, _, port = part.strip().rpartition(":") if ":" in part else (part.strip(), "", "")
+    if not host:
+        raise ValueError(f"a Sentinel URL lists host:port pairs, not {part!r}: {FORM}")
+    if port and not (port.isdigit() and 0 < int(port) < 65536):
+        raise ValueError(f"{part!r} has no valid port: {FORM}")
+    return host, int(port) if port else SENTINEL_PORT

@@ -1,0 +1,79 @@
+"""Acknowledging only what a failover keeps: Redis's WAIT after a write, in the write's round trip.
+
+Redis replicates asynchronously: a write the master answered may die with it. A submission, a
+cancel and a job's end are acknowledged (a 202, a job's slot freed) only once `Wait.replicas`
+replicas hold them: the WAIT goes in the same pipeline as the write's script, so it costs no round
+trip of its own, only the time the replicas take to acknowledge (measured in the README).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import redis.asyncio as aioredis
+
+from shared.errors import BackendUnavailable
+from shared.redis_client import redis_errors
+
+# How long the number of replicas a master has is taken as known: a failover's new master starts
+# with none, and the old master comes back as its replica; one INFO per process this often.
+REPLICAS_CHECK_SECONDS = 5.0
+
+
+@dataclass(frozen=True)
+class Wait:
+    """WAIT for `replicas` replicas, `timeout_ms` at most."""
+
+    replicas: int
+    timeout_ms: int
+
+    @property
+    def command(self) -> tuple[Any, ...]:
+        return ("WAIT", self.replicas, self.timeout_ms)
+
+
+class ReplicaAcks:
+    """How many replicas must hold a write before it is acknowledged: `min_replicas_to_ack`, or, with
+    that unset, 1 while the master has a replica online (`INFO replication`) and 0 while it has none.
+
+    The count is read at first use, again every `REPLICAS_CHECK_SECONDS`, and at once after a WAIT
+    fell short (a failover, or a replica gone): so a master without replicas (a single Redis, or a
+    new master whose old one has not come back) acknowledges at once rather than refusing everything.
+    """
+
+    def __init__(self, redis: aioredis.Redis, replicas: int | None, timeout_ms: int) -> None:
+        self.redis = redis
+        self.fixed = replicas
+        self.timeout_ms = timeout_ms
+        self._needed = 0
+        self._known_until = 0.0
+
+    async def wait(self) -> Wait | None:
+        """The WAIT a write is to be followed by now; None when no replica need hold it."""
+        replicas = self.fixed if self.fixed is not None else await self._needed_now()
+        return Wait(replicas, self.timeout_ms) if replicas else None
+
+    def check(self, wait: Wait | None, acked: int | None, what: str, then: str = "") -> None:
+        """`BackendUnavailable` unless as many replicas as `wait` asked for acknowledged `what`;
+        `then` says what the client may do about it."""
+        if wait is None or (acked is not None and acked >= wait.replicas):
+            return
+        self._known_until = 0.0
+        raise BackendUnavailable(
+            f"{what} reached {acked or 0} of the {wait.replicas} Redis replicas it needs within "
+            f"{wait.timeout_ms} ms (a failover, or a replica down){then}"
+        )
+
+    async def _needed_now(self) -> int:
+        now = time.monotonic()
+        if now >= self._known_until:
+            with redis_errors():
+                info = await self.redis.info("replication")
+            replicas = [value for name, value in info.items() if name.startswith("slave")]
+            online = sum(
+                1 for replica in replicas if isinstance(replica, dict) and replica["state"] == "online"
+            )
+            self._online, self._known_until = min(online, 1), now + REPLICAS_CHECK_SECONDS
+        return self._online

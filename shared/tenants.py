@@ -1,0 +1,103 @@
+"""Tenants: who shares an API key's limits, what the limits are, and a tenant's usage as Redis holds it.
+
+A tenant's counters are kept by the lifecycle scripts, never by a gateway's memory, so every gateway
+and worker sees the same figures: the tenant's queued jobs (a sorted set scored by when each one's
+record would expire, so that a job that expires unstarted stops counting), its running jobs (a set),
+its admitted requests and its ended jobs' tokens of the last minute (sorted sets scored by time, a
+sliding window: `tenant.lua`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import redis.asyncio as aioredis
+from pydantic import BaseModel
+
+from shared.keys import Keys
+from shared.redis_client import redis_errors
+
+DEFAULT_TENANT = "default"
+"""The tenant of a key that names none (every key of a plain list, or of STREAMPOOL_API_KEYS)."""
+
+WINDOW_SECONDS = 60
+"""The span of `requests_per_minute` and `tokens_per_minute`: a sliding minute, as Redis's clock reads it."""
+
+LIMITS = ("max_queued_jobs", "max_running_jobs", "requests_per_minute", "tokens_per_minute")
+"""The limits a tenant may have, under the names a refusal gives."""
+
+
+@dataclass(frozen=True)
+class Tenant:
+    """A tenant's name and limits; a limit of None is no limit. `weight`, `default_priority` and
+    `max_priority` are kept for the sharing of a model's queue among tenants."""
+
+    name: str
+    max_queued_jobs: int | None = None
+    max_running_jobs: int | None = None  # queued and running together: see `submit.lua`
+    requests_per_minute: int | None = None
+    tokens_per_minute: int | None = None
+    weight: float = 1.0
+    default_priority: int = 0
+    max_priority: int = 0
+
+    def limit_args(self) -> list[int]:
+        """The limits as the submit script reads them: 0 is none."""
+        return [getattr(self, limit) or 0 for limit in LIMITS]
+
+    def limits(self) -> dict[str, int | None]:
+        return {limit: getattr(self, limit) for limit in LIMITS}
+
+
+class TenantUsage(BaseModel):
+    """A tenant's counters now: jobs queued and running, requests admitted and tokens counted in the
+    last minute; and tokens and jobs ended since Redis began counting (`Keys.tenant_totals`)."""
+
+    queued_jobs: int
+    running_jobs: int
+    requests_last_minute: int
+    tokens_last_minute: int
+    tokens_total: int
+    jobs_ended_total: int
+
+
+def window_tokens(members: list[str]) -> int:
+    """The tokens of a tenant's token window, whose members read `<job id>:<tokens>`."""
+    return sum(int(member.rpartition(":")[2]) for member in members)
+
+
+async def read_usage(redis: aioredis.Redis, keys: Keys, tenant: str) -> TenantUsage:
+    """The tenant's counters, read in one round trip (without pruning: windows are read from now)."""
+    with redis_errors():
+        seconds, micros = await redis.time()
+        now_ms = seconds * 1000 + micros // 1000
+        since = now_ms - WINDOW_SECONDS * 1000
+        async with redis.pipeline(transaction=False) as pipe:
+            pipe.zcount(keys.tenant_queued(tenant), now_ms, math.inf)
+            pipe.scard(keys.tenant_running(tenant))
+            pipe.zcount(keys.tenant_requests(tenant), f"({since}", math.inf)
+            pipe.zrangebyscore(keys.tenant_tokens(tenant), f"({since}", math.inf)
+            pipe.hmget(keys.tenant_totals, [f"{tenant}:tokens", f"{tenant}:jobs"])
+            queued, running, requests, tokens, (tokens_total, jobs_total) = await pipe.execute()
+    return TenantUsage(
+        queued_jobs=queued,
+        running_jobs=running,
+        requests_last_minute=requests,
+        tokens_last_minute=window_tokens(tokens),
+        tokens_total=tokens_total or 0,
+        jobs_ended_total=jobs_total or 0,
+    )
+
+
+class UsageAnswer(BaseModel):
+    """`GET /v1/usage`: the calling key's tenant, its limits (null: none) and its counters; `tenant`
+    null (and no usage) where the gateway asks for no key."""
+
+    tenant: str | None
+    limits: dict[str, int | None]
+    weight: float | None
+    default_priority: int | None
+    max_priority: int | None
+    window_seconds: int = WINDOW_SECONDS
+    usage: TenantUsage | None

@@ -1,0 +1,145 @@
+"""Several models behind one gateway, on real processes: each worker takes only its own model's
+jobs, a LoRA adapter runs on its base model's worker, and a declared model with no worker queues
+its jobs until a worker of it starts.
+
+The two workers run the same weights (the default model) under two served names, which is enough
+to prove the routing: greedy output equal between them shows the same weights, the worker each
+record names shows the queue. The adapter is a real one (random weights, `tests/lora_adapter.py`)
+run by vLLM's CPU build: its output differs from the base model's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import pytest
+
+from cli.launcher import wait_healthy
+from shared.config import Settings
+from tests.conftest import SYSTEM_START_TIMEOUT, make_settings
+from tests.helpers import eventually, submit, wait_for_status
+from tests.lora_adapter import make_adapter
+from tests.processes import Processes, free_port
+from tests.redis_cleanup import delete_prefix
+
+FIRST = "smol-a"
+SECOND = "smol-b"
+SECOND_ALIAS = "smol-b-alias"
+ADAPTER = "pirate"
+LATE = "smol-late"  # declared by the gateway; its worker starts only in the test that needs it
+PROMPT = {"prompt": "The capital of France is", "max_tokens": 8, "temperature": 0}
+STARTED = {"completed"}
+
+
+@dataclass
+class ModelsPool:
+    settings: Settings
+    base_url: str
+    processes: Processes
+    workers: dict[str, int]  # served name -> the pid of its worker process
+
+    def start_worker(self, name: str, **settings: Any) -> int:
+        update = {"metrics_port": free_port(), "served_model_name": name, **settings}
+        process = self.processes.start(f"worker-{name}", "worker", self.settings.model_copy(update=update))
+        self.workers[name.split(",")[0]] = process.pid
+        return process.pid
+
+    def model_of(self, worker_id: str) -> str:
+        """The model of the worker a record's `worker` (host-pid-stamp) names."""
+        pid = int(worker_id.rsplit("-", 2)[1])
+        return next(model for model, worker_pid in self.workers.items() if worker_pid == pid)
+
+
+@pytest.fixture(scope="module")
+def models_pool(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ModelsPool]:
+    """A gateway declaring LATE, a worker of FIRST (with the adapter) and one of SECOND (with an alias)."""
+    settings = make_settings(
+        redis_url,
+        port=free_port(),
+        host="127.0.0.1",
+        allow_unauthenticated=True,
+        default_model=None,
+        models=[LATE],
+    )
+    adapter = make_adapter(tmp_path_factory.mktemp("adapter"))
+    processes = Processes(tmp_path_factory.mktemp("models-logs"))
+    gateway = processes.start("gateway", "gateway", settings)
+    pool = ModelsPool(settings, f"http://127.0.0.1:{settings.port}", processes, {})
+    pool.start_worker(FIRST, lora=[f"{ADAPTER}={adapter}"])
+    pool.start_worker(f"{SECOND},{SECOND_ALIAS}")
+    try:
+        children = list(processes.children.values())
+        assert wait_healthy(pool.base_url, children, 2, SYSTEM_START_TIMEOUT), processes.log_dir
+        assert gateway.poll() is None
+        yield pool
+    finally:
+        processes.stop_all()
+        delete_prefix(redis_url, settings.key_prefix)
+
+
+@pytest.fixture
+async def client(models_pool: ModelsPool) -> AsyncIterator[httpx.AsyncClient]:
+    async with httpx.AsyncClient(base_url=models_pool.base_url, timeout=120) as http:
+        yield http
+
+
+async def test_each_worker_runs_only_its_own_models_jobs(
+    client: httpx.AsyncClient, models_pool: ModelsPool
+) -> None:
+    names = [FIRST, SECOND, SECOND_ALIAS, f"{FIRST}:{ADAPTER}", ADAPTER] * 3
+    job_ids = [await submit(client, **PROMPT, model=name) for name in names]
+    records = [await wait_for_status(client, job_id, STARTED) for job_id in job_ids]
+    expected = {
+        FIRST: FIRST,
+        SECOND: SECOND,
+        SECOND_ALIAS: SECOND,
+        f"{FIRST}:{ADAPTER}": FIRST,
+        ADAPTER: FIRST,
+    }
+    ran_on = [
+        (name, models_pool.model_of(record["worker"]), record["model"])
+        for name, record in zip(names, records, strict=True)
+    ]
+    assert ran_on == [(name, expected[name], expected[name]) for name in names]
+
+    texts: dict[str, set[str]] = {}
+    for name, record in zip(names, records, strict=True):
+        texts.setdefault(expected[name] + (":adapter" if record["adapter"] else ""), set()).add(
+            record["output"]["text"]
+        )
+    # One text per model (greedy); the two served names share their weights; the adapter changes them.
+    assert all(len(outputs) == 1 for outputs in texts.values()), texts
+    assert texts[FIRST] == texts[SECOND]
+    assert texts[f"{FIRST}:adapter"] != texts[FIRST]
+
+
+async def test_a_declared_model_without_a_worker_queues_until_one_starts(
+    client: httpx.AsyncClient, models_pool: ModelsPool
+) -> None:
+    job_id = await submit(client, **PROMPT, model=LATE)
+    # A client that waits for its answer waits too, rather than being refused.
+    waiting_answer = asyncio.ensure_future(
+        client.post("/v1/completions", json={**PROMPT, "model": LATE}, timeout=SYSTEM_START_TIMEOUT + 60)
+    )
+    record = await wait_for_status(client, job_id, {"queued"})
+    assert record["waiting"] == f"waiting for a worker of model {LATE}: none is live"
+    events = (await client.get(f"/v1/jobs/{job_id}/events")).json()["events"]
+    assert events[0]["message"] == record["waiting"]
+    listed = {model["id"]: model for model in (await client.get("/v1/models")).json()["data"]}
+
+    async def queued_two() -> int:
+        depth: int = (await client.get(f"/v1/models/{LATE}")).json()["queue_depth"]
+        return depth
+
+    await eventually(queued_two, "both jobs queued", 10, until=lambda depth: depth == 2)
+    assert listed[LATE]["workers"] == 0 and not waiting_answer.done()
+
+    models_pool.start_worker(LATE)
+    record = await wait_for_status(client, job_id, STARTED, timeout=SYSTEM_START_TIMEOUT)
+    answer = await waiting_answer
+    assert models_pool.model_of(record["worker"]) == LATE and record["waiting"] is None
+    assert answer.status_code == 200 and answer.json()["choices"][0]["text"] == record["output"]["text"]

@@ -1,0 +1,85 @@
+"""With the real engine, through the `openai` client: a stream's first chunk comes with the job's
+first token, and continuous usage counts as the job record does.
+
+The first token's time is its `delta` entry's stream id (Redis's clock, in milliseconds), on the
+same machine as the client's clock.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from datetime import datetime
+from typing import Any
+
+import httpx
+import openai
+import pytest
+import redis
+
+from tests.conftest import System
+
+JOB_ID_HEADER = "X-Streampool-Job-Id"
+QUESTION = [{"role": "user", "content": "Name three colours."}]
+
+
+@pytest.fixture
+def sync_openai(system: System) -> Iterator[openai.OpenAI]:
+    with openai.OpenAI(
+        base_url=f"{system.base_url}/v1", api_key="none", max_retries=0, timeout=120
+    ) as client:
+        yield client
+
+
+def _first_delta_ms(system: System, job_id: str) -> int:
+    with redis.Redis.from_url(system.settings.redis_url, decode_responses=True) as client:
+        entries = client.xrange(system.keys.stream(job_id))
+    first = next(entry_id for entry_id, fields in entries if fields["type"] == "delta")
+    return int(first.split("-")[0])
+
+
+def _record(system: System, job_id: str) -> dict[str, Any]:
+    answer = httpx.get(f"{system.base_url}/v1/jobs/{job_id}", timeout=30)
+    assert answer.status_code == 200, answer.text
+    record: dict[str, Any] = answer.json()
+    return record
+
+
+@pytest.mark.parametrize("chat", [True, False], ids=["chat", "completion"])
+def test_the_first_chunk_arrives_after_the_jobs_first_token(
+    sync_openai: openai.OpenAI, system: System, chat: bool
+) -> None:
+    options: dict[str, Any] = {"model": system.settings.model_name, "max_tokens": 8, "stream": True}
+    create: Any = sync_openai.chat.completions if chat else sync_openai.completions
+    body = {"messages": QUESTION} if chat else {"prompt": "The three primary colours are"}
+    with create.with_streaming_response.create(**options, **body) as response:
+        job_id = response.headers[JOB_ID_HEADER]
+        first_chunk_ms = None
+        for _ in response.parse():
+            first_chunk_ms = first_chunk_ms or time.time() * 1000
+    assert first_chunk_ms is not None
+    record = _record(system, job_id)
+    assert record["status"] == "completed"
+    assert first_chunk_ms >= datetime.fromisoformat(record["started_at"]).timestamp() * 1000
+    assert first_chunk_ms >= _first_delta_ms(system, job_id)
+
+
+def test_continuous_usage_counts_as_the_job_record(sync_openai: openai.OpenAI, system: System) -> None:
+    with sync_openai.chat.completions.with_streaming_response.create(
+        model=system.settings.model_name,
+        messages=[{"role": "user", "content": "Name three colours."}],
+        max_tokens=12,
+        stream=True,
+        extra_body={"stream_options": {"include_usage": True, "continuous_usage_stats": True}},
+    ) as response:
+        job_id = response.headers[JOB_ID_HEADER]
+        chunks = list(response.parse())
+    record = _record(system, job_id)
+    usages = [chunk.usage for chunk in chunks]
+    assert all(usage is not None for usage in usages)
+    completion = [usage.completion_tokens for usage in usages if usage is not None]
+    assert completion == sorted(completion) and completion[0] == 0
+    assert completion[-1] == record["usage"]["completion_tokens"] == record["output"]["token_count"]
+    assert {usage.prompt_tokens for usage in usages if usage is not None} == {
+        record["usage"]["prompt_tokens"]
+    }

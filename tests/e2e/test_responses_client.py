@@ -1,0 +1,290 @@
+"""The Responses API through the real `openai` package, sync and async, against the session's gateway
+and workers on the real engine, and gateways of the tests' own on the same Redis (a second one to
+resume through, one restarted under a background response).
+
+What the client assembles is held against the job record of the native API (`GET /v1/jobs/{id}`):
+a response `resp_<id>` is the job `<id>`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+import redis.asyncio as aioredis
+from openai.types.responses import Response
+
+from cli.launcher import wait_healthy
+from tests.conftest import SYSTEM_START_TIMEOUT, WORKERS, System
+from tests.helpers import JOB_DEADLINE_SECONDS, LONG_PROMPT, eventually
+from tests.processes import Processes, free_port
+
+TERMINAL = {"completed", "incomplete", "cancelled", "failed"}
+ENDS = {"response.completed", "response.incomplete", "response.cancelled", "response.failed"}
+
+
+def _client(base_url: str) -> openai.AsyncOpenAI:
+    # No retries: a failure must show as it happened, not as the third attempt.
+    return openai.AsyncOpenAI(base_url=f"{base_url}/v1", api_key="none", max_retries=0, timeout=120)
+
+
+@pytest.fixture
+def sync_openai(system: System) -> Iterator[openai.OpenAI]:
+    with openai.OpenAI(
+        base_url=f"{system.base_url}/v1", api_key="none", max_retries=0, timeout=120
+    ) as client:
+        yield client
+
+
+@pytest.fixture
+async def async_openai(system: System) -> AsyncIterator[openai.AsyncOpenAI]:
+    async with _client(system.base_url) as client:
+        yield client
+
+
+@dataclass
+class Gateways:
+    """Gateway processes of the test's own on the session's settings (the same Redis and workers),
+    named by their port."""
+
+    system: System
+    processes: Processes
+
+    def start(self, port: int) -> str:
+        """A gateway on `port`; its base URL once it counts the workers."""
+        settings = self.system.settings.model_copy(update={"port": port})
+        process = self.processes.start(f"gateway-{port}", "gateway", settings)
+        base_url = f"http://127.0.0.1:{port}"
+        healthy = wait_healthy(base_url, [process], WORKERS, SYSTEM_START_TIMEOUT)
+        assert healthy, f"logs in {self.processes.log_dir}"
+        return base_url
+
+    def stop(self, port: int) -> None:
+        self.processes.stop(f"gateway-{port}")
+
+
+@pytest.fixture
+def gateways(system: System, tmp_path: Path) -> Iterator[Gateways]:
+    processes = Processes(tmp_path)
+    try:
+        yield Gateways(system, processes)
+    finally:
+        processes.stop_all()
+
+
+def _record(system: System, response_id: str) -> dict[str, Any]:
+    answer = httpx.get(f"{system.base_url}/v1/jobs/{response_id.removeprefix('resp_')}", timeout=30)
+    assert answer.status_code == 200, answer.text
+    record: dict[str, Any] = answer.json()
+    return record
+
+
+async def _finished(client: openai.AsyncOpenAI, response_id: str) -> Response:
+    return await eventually(
+        lambda: client.responses.retrieve(response_id),
+        f"response {response_id} ends",
+        JOB_DEADLINE_SECONDS,
+        interval=0.2,
+        until=lambda response: response.status in TERMINAL,
+    )
+
+
+def test_background_response_polled_to_completed_has_the_job_records_text_and_usage(
+    sync_openai: openai.OpenAI, system: System
+) -> None:
+    created = sync_openai.responses.create(
+        model=system.settings.model_name,
+        input="Name three colors.",
+        instructions="Answer briefly.",
+        background=True,
+        max_output_tokens=24,
+        temperature=0,
+        metadata={"ticket": "42"},
+    )
+    assert (created.status, created.background, created.metadata) == ("queued", True, {"ticket": "42"})
+    response = created
+    while response.status not in TERMINAL:  # bounded by the test's timeout, as a client polls
+        time.sleep(0.1)
+        response = sync_openai.responses.retrieve(created.id)
+    record = _record(system, created.id)
+    assert response.status in ("completed", "incomplete") and record["status"] == "completed"
+    assert response.output_text == record["output"]["text"] != ""
+    assert response.usage is not None
+    assert (response.usage.input_tokens, response.usage.output_tokens) == (
+        record["usage"]["prompt_tokens"],
+        record["usage"]["completion_tokens"],
+    )
+    assert (response.instructions, response.metadata) == ("Answer briefly.", {"ticket": "42"})
+    items = sync_openai.responses.input_items.list(created.id)
+    assert [(item.role, item.content[0].text) for item in items.data] == [("user", "Name three colors.")]
+
+
+async def test_a_dropped_background_stream_resumes_through_a_second_gateway_without_gap_or_duplicate(
+    async_openai: openai.AsyncOpenAI, system: System, gateways: Gateways
+) -> None:
+    second = _client(await asyncio.to_thread(gateways.start, free_port()))
+    stream = await async_openai.responses.create(
+        model=system.settings.model_name,
+        input=LONG_PROMPT,
+        background=True,
+        stream=True,
+        max_output_tokens=60,
+        temperature=0,
+    )
+    first: list[Any] = []
+    async for event in stream:
+        first.append(event)
+        if event.type == "response.output_text.delta" and len(first) >= 8:
+            break
+    await stream.close()  # the client drops; the response goes on
+    response_id = first[0].response.id
+    rest = [
+        event
+        async for event in await second.responses.retrieve(
+            response_id, stream=True, starting_after=first[-1].sequence_number
+        )
+    ]
+    events = first + rest
+    assert [event.sequence_number for event in events] == list(range(len(events)))
+    assert rest[-1].type in ENDS and rest[-1].type != "response.cancelled"
+    final = await second.responses.retrieve(response_id)
+    text = "".join(event.delta for event in events if event.type == "response.output_text.delta")
+    assert (
+        text
+        == final.output_text
+        == rest[-1].response.output_text
+        == _record(system, response_id)["output"]["text"]
+    )
+    whole = [event async for event in await async_openai.responses.retrieve(response_id, stream=True)]
+    assert [event.model_dump() for event in whole] == [event.model_dump() for event in events]
+    await second.close()
+
+
+def test_sdk_stream_by_response_id_gives_the_final_response(
+    sync_openai: openai.OpenAI, system: System
+) -> None:
+    created = sync_openai.responses.create(
+        model=system.settings.model_name,
+        input="Say hello.",
+        background=True,
+        max_output_tokens=64,
+        temperature=0,
+    )
+    with sync_openai.responses.stream(response_id=created.id) as stream:
+        texts = [event.delta for event in stream if event.type == "response.output_text.delta"]
+        final = stream.get_final_response()
+    assert final.status == "completed" and final.output_text == "".join(texts) != ""
+    with sync_openai.responses.stream(response_id=created.id, starting_after=4) as stream:
+        numbers = [event.sequence_number for event in stream]
+    assert numbers[0] == 5
+
+
+async def test_cancel_mid_generation_ends_cancelled_with_the_text_so_far(
+    async_openai: openai.AsyncOpenAI, system: System
+) -> None:
+    created = await async_openai.responses.create(
+        model=system.settings.model_name,
+        input=LONG_PROMPT,
+        background=True,
+        max_output_tokens=1000,
+        temperature=0,
+    )
+
+    async def tokens() -> int:
+        return int(_record(system, created.id)["output"]["token_count"])
+
+    await eventually(
+        tokens, "the response generates", JOB_DEADLINE_SECONDS, interval=0.1, until=lambda n: n >= 3
+    )
+    cancelled = await async_openai.responses.cancel(created.id)
+    record = _record(system, created.id)
+    assert (cancelled.status, record["status"]) == ("cancelled", "cancelled")
+    assert 3 <= record["output"]["token_count"] < 1000
+    assert cancelled.output_text == record["output"]["text"]
+    assert (await async_openai.responses.cancel(created.id)).status == "cancelled"  # idempotent
+    events = [event async for event in await async_openai.responses.retrieve(created.id, stream=True)]
+    assert events[-1].type == "response.cancelled"
+    assert events[-1].response["status"] == "cancelled"  # a type the package has no model of: a dict
+    await async_openai.responses.delete(created.id)
+    with pytest.raises(openai.NotFoundError):
+        await async_openai.responses.retrieve(created.id)
+
+
+async def test_previous_response_id_carries_the_conversation_over(
+    async_openai: openai.AsyncOpenAI, system: System, redis_client: aioredis.Redis
+) -> None:
+    first = await async_openai.responses.create(
+        model=system.settings.model_name,
+        input="My name is Ada. Say hi.",
+        max_output_tokens=12,
+        temperature=0,
+        instructions="Be brief.",
+    )
+    assert first.status in ("completed", "incomplete") and first.output_text
+    second = await async_openai.responses.create(
+        model=system.settings.model_name,
+        input="What is my name?",
+        previous_response_id=first.id,
+        max_output_tokens=12,
+        temperature=0,
+    )
+    assert second.previous_response_id == first.id and second.output_text
+    request = json.loads(await redis_client.hget(system.keys.job(second.id.removeprefix("resp_")), "request"))
+    assert request["messages"] == [  # the first's instructions are not carried over, as on OpenAI
+        {"role": "user", "content": "My name is Ada. Say hi."},
+        {"role": "assistant", "content": first.output_text},
+        {"role": "user", "content": "What is my name?"},
+    ]
+
+
+async def test_a_foreground_response_waits_and_can_be_neither_cancelled_nor_streamed_again(
+    async_openai: openai.AsyncOpenAI, system: System
+) -> None:
+    cut = await async_openai.responses.create(
+        model=system.settings.model_name, input=LONG_PROMPT, max_output_tokens=5, temperature=0
+    )
+    assert cut.status == "incomplete" and cut.incomplete_details is not None
+    assert cut.incomplete_details.reason == "max_output_tokens" and cut.usage and cut.usage.output_tokens == 5
+    with pytest.raises(openai.BadRequestError, match="background"):
+        await async_openai.responses.cancel(cut.id)
+    with pytest.raises(openai.BadRequestError, match="background"):
+        await async_openai.responses.retrieve(cut.id, stream=True)
+    streamed = await async_openai.responses.create(
+        model=system.settings.model_name, input="Say hi.", stream=True, max_output_tokens=8, temperature=0
+    )
+    events = [event async for event in streamed]
+    assert events[-1].type in ENDS and [e.sequence_number for e in events] == list(range(len(events)))
+    unstored = await async_openai.responses.create(
+        model=system.settings.model_name, input="Say hi.", store=False, max_output_tokens=4, temperature=0
+    )
+    assert unstored.store is False and unstored.output_text
+    with pytest.raises(openai.NotFoundError):
+        await async_openai.responses.retrieve(unstored.id)
+
+
+async def test_a_background_response_outlives_a_gateway_restart(system: System, gateways: Gateways) -> None:
+    port = free_port()
+    async with _client(await asyncio.to_thread(gateways.start, port)) as before:
+        created = await before.responses.create(
+            model=system.settings.model_name,
+            input=LONG_PROMPT,
+            background=True,
+            max_output_tokens=40,
+            temperature=0,
+        )
+    await asyncio.to_thread(gateways.stop, port)
+    async with _client(
+        await asyncio.to_thread(gateways.start, port)
+    ) as after:  # the same address, a new process
+        response = await _finished(after, created.id)
+        assert response.output_text == _record(system, created.id)["output"]["text"] != ""
+        events = [event async for event in await after.responses.retrieve(created.id, stream=True)]
+    assert events[-1].response.output_text == response.output_text

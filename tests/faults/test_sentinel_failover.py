@@ -1,0 +1,171 @@
+"""A Redis failover under load: a master, its replica and three Sentinels (`redis-server` processes of
+the test's own, on loopback), a gateway and a worker that know only the Sentinels. The master is
+SIGKILLed while jobs stream and wait in the queue, and while submissions pour in: every job that got
+a 202 completes exactly once, every stream followed across the failover is one stream without gap or
+duplicate, and meanwhile the gateway answers nothing but what it answers when healthy or 503 with
+Retry-After, never a 500.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from subprocess import Popen
+
+import httpx
+import pytest
+
+from shared.config import Settings
+from tests.conftest import make_settings
+from tests.faults.conftest import (
+    RECOVERY,
+    WAIT_TIMEOUT,
+    assert_one_seamless_stream,
+    start_gateway_and_worker,
+    wait_for_tokens,
+)
+from tests.helpers import LONG_PROMPT, read_sse, submit, wait_until
+from tests.processes import Processes, free_port
+from tests.replicated_redis import ReplicatedRedis
+
+SHORT = {"prompt": "The capital of France is", "max_tokens": 4, "temperature": 0}
+PROBE_SECONDS = 0.05
+SUBMITTERS = 4
+
+
+@dataclass
+class Deployment:
+    settings: Settings
+    base_url: str
+    processes: Processes
+    redis: ReplicatedRedis
+    gateway: Popen[bytes]
+
+    def log(self, name: str) -> str:
+        return (self.processes.log_dir / f"{name}.log").read_text(errors="replace")
+
+
+@pytest.fixture(scope="module")
+def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
+    processes = Processes(tmp_path_factory.mktemp("sentinel-failover"))
+    try:
+        redis = ReplicatedRedis.start(processes, sentinels=3)
+        settings = make_settings(
+            redis.sentinel_url,
+            port=free_port(),
+            host="127.0.0.1",
+            allow_unauthenticated=True,
+            metrics_port=free_port(),
+            worker_max_jobs=2,  # so that jobs wait in the queue across the failover
+            sse_ping_seconds=1.0,
+            **RECOVERY,
+        )
+        gateway, base_url = start_gateway_and_worker(processes, settings)
+        yield Deployment(settings, base_url, processes, redis, gateway)
+    finally:
+        processes.stop_all()
+
+
+@dataclass
+class Answers:
+    """What the gateway answered while the test pressed on it: statuses, and the jobs it accepted."""
+
+    statuses: Counter[int] = field(default_factory=Counter)
+    accepted: list[str] = field(default_factory=list)
+    without_retry_after: list[str] = field(default_factory=list)
+
+    def note(self, answer: httpx.Response) -> None:
+        self.statuses[answer.status_code] += 1
+        if answer.status_code == 202:
+            self.accepted.append(answer.json()["id"])
+        if answer.status_code == 503 and "Retry-After" not in answer.headers:
+            self.without_retry_after.append(answer.text)
+
+    def assert_only_success_or_503(self) -> None:
+        assert set(self.statuses) <= {200, 202, 503}, self.statuses
+        assert self.statuses[503] > 0, f"no request met the failover: {self.statuses}"
+        assert not self.without_retry_after
+
+
+async def press(gateway: httpx.AsyncClient, answers: Answers, stop: asyncio.Event, job_id: str) -> None:
+    """Submit a job and read a record, again and again, until `stop`."""
+    while not stop.is_set():
+        answers.note(await gateway.post("/v1/jobs", json=SHORT))
+        answers.note(await gateway.get(f"/v1/jobs/{job_id}"))
+        await asyncio.sleep(PROBE_SECONDS)
+
+
+async def fail_over(deployment: Deployment, answers: Answers, stop: asyncio.Event) -> None:
+    """SIGKILL the master; once the Sentinels have promoted its replica and the gateway takes jobs
+    again, stop pressing."""
+    master = "master" if deployment.redis.master_port() == deployment.redis.ports["master"] else "replica"
+    await asyncio.to_thread(deployment.redis.kill, master)
+    await asyncio.to_thread(deployment.redis.wait_failover_from, master)
+    accepted = len(answers.accepted)
+
+    async def accepting_again() -> None:
+        while len(answers.accepted) < accepted + SUBMITTERS:
+            await asyncio.sleep(PROBE_SECONDS)
+
+    await asyncio.wait_for(accepting_again(), WAIT_TIMEOUT)
+    stop.set()
+
+
+async def assert_completed_once(gateway: httpx.AsyncClient, job_id: str) -> None:
+    """Completed, with one stream from `queued` to one `done`: no gap, no duplicate."""
+    job = await wait_until(gateway, job_id, lambda job: job["status"] not in ("queued", "running"), job_id)
+    assert job["status"] == "completed", job
+    events = [event for _, event in await read_sse(gateway, job_id)]
+    assert_one_seamless_stream(events)
+    assert events[-1]["type"] == "done"
+
+
+async def test_jobs_running_and_queued_through_a_failover_complete_once_and_followed_streams_go_on(
+    deployment: Deployment, gateway: httpx.AsyncClient
+) -> None:
+    running = [await submit(gateway, prompt=LONG_PROMPT, max_tokens=120, temperature=0) for _ in range(2)]
+    following = [asyncio.create_task(read_sse(gateway, job_id)) for job_id in running]
+    for job_id in running:
+        await wait_for_tokens(gateway, job_id, 5)
+    queued = [await submit(gateway, **SHORT) for _ in range(2)]
+
+    answers, stop = Answers(), asyncio.Event()
+    pressing = asyncio.create_task(press(gateway, answers, stop, running[0]))
+    await fail_over(deployment, answers, stop)
+    await pressing
+    answers.assert_only_success_or_503()
+
+    # One connection each, from the first event to `done`: the streams went on by themselves.
+    for followed in following:
+        events = [event for _, event in await asyncio.wait_for(followed, WAIT_TIMEOUT)]
+        assert_one_seamless_stream(events)
+        assert events[-1]["type"] == "done"
+    for job_id in [*running, *queued, *answers.accepted]:
+        await assert_completed_once(gateway, job_id)
+    assert deployment.gateway.poll() is None
+    assert "Traceback" not in deployment.log("gateway")
+
+
+async def test_a_submission_burst_through_a_failover_completes_every_job_it_acknowledged(
+    deployment: Deployment, gateway: httpx.AsyncClient
+) -> None:
+    dead = "master" if deployment.redis.master_port() == deployment.redis.ports["replica"] else "replica"
+    await asyncio.to_thread(deployment.redis.restore_replica, dead)
+    probe = await submit(gateway, **SHORT)
+
+    answers, stop = Answers(), asyncio.Event()
+    submitters = [asyncio.create_task(press(gateway, answers, stop, probe)) for _ in range(SUBMITTERS)]
+    while len(answers.accepted) < 2 * SUBMITTERS:  # the burst is under way
+        await asyncio.sleep(PROBE_SECONDS)
+    await fail_over(deployment, answers, stop)
+    await asyncio.gather(*submitters)
+    answers.assert_only_success_or_503()
+
+    completed = 0
+    for job_id in answers.accepted:
+        await assert_completed_once(gateway, job_id)
+        completed += 1
+    assert completed == len(answers.accepted) == answers.statuses[202]
+    assert "Traceback" not in deployment.log("gateway")

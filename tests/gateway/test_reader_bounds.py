@@ -1,0 +1,150 @@
+"""What one reader may cost a gateway: a place among a bounded number of open streams, a bounded
+number of bytes of events, and no long parse on the event loop for a running job's record.
+
+The stream limits are seen over real sockets against a real gateway process that requires API
+keys, with no worker: the jobs stay queued, so their streams stay open as long as a test holds them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import AsyncExitStack
+
+import httpx
+import pytest
+
+from gateway.entries import Entry, entries_bytes
+from gateway.fanout import Subscription
+from gateway.relay import FIRST_READ, START, Relay
+from shared import jobstore
+from shared.events import DeltaEvent, Progress
+from shared.jobstore import JobStore
+from shared.requests import JobRequest
+from tests.gateway.keyed_gateway import KEY_A, KEY_B, KeyedGateway, bearer, run_keyed_gateway
+from tests.gateway.raw_http import raw_request
+from tests.helpers import eventually
+
+MOST_STREAMS = 3
+MOST_PER_KEY = 2
+POLL_WAIT = 3  # long enough to be seen waiting, short enough to give its place back soon after
+BATCH_BYTES = 64 * 1024
+BIG_DATA = "x" * 10_000  # an entry as large as a delta of a few tokens with 20 logprobs each
+
+
+@pytest.fixture(scope="module")
+def keyed(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[KeyedGateway]:
+    yield from run_keyed_gateway(
+        redis_url,
+        tmp_path_factory.mktemp("stream-limits"),
+        max_open_streams=MOST_STREAMS,
+        max_open_streams_per_key=MOST_PER_KEY,
+    )
+
+
+async def _job_of(keyed: KeyedGateway, key: str) -> tuple[str, str]:
+    """A new job of `key`'s, and the cursor of its last event."""
+    async with httpx.AsyncClient(base_url=keyed.base_url, headers=bearer(key)) as http:
+        answer = await http.post("/v1/jobs", json={"prompt": "held open", "max_tokens": 1})
+        assert answer.status_code == 202, answer.text
+        job_id: str = answer.json()["id"]
+        page = await http.get(f"/v1/jobs/{job_id}/events")
+        return job_id, page.json()["cursor"]
+
+
+async def _open(keyed: KeyedGateway, streams: AsyncExitStack, key: str, sse: bool = True) -> bytes:
+    """Open a stream (or a waiting long-poll) of a job of `key`'s and hold it; the answer's head,
+    or b"" for a poll that is waiting."""
+    job_id, cursor = await _job_of(keyed, key)
+    target, headers = f"/v1/jobs/{job_id}/events", {**bearer(key), "Accept": "text/event-stream"}
+    if not sse:
+        target, headers = f"{target}?after={cursor}&wait={POLL_WAIT}", bearer(key)
+    head = await streams.enter_async_context(raw_request(keyed.settings.port, target, headers))
+    if sse or not await _waits(head):
+        return await asyncio.wait_for(head, 10)
+    return b""
+
+
+async def _waits(head: asyncio.Task[bytes]) -> bool:
+    """Whether a long-poll is still waiting after a moment (a refused one answers at once)."""
+    done, _ = await asyncio.wait([head], timeout=1)
+    return not done
+
+
+def _refused(head: bytes) -> bool:
+    return head.startswith(b"HTTP/1.1 429") and b"retry-after: 1" in head.lower()
+
+
+async def test_streams_past_the_limits_per_key_and_per_gateway_get_429_before_they_start(
+    keyed: KeyedGateway,
+) -> None:
+    async with AsyncExitStack() as streams:
+        for _ in range(MOST_PER_KEY):
+            assert (await _open(keyed, streams, KEY_A)).startswith(b"HTTP/1.1 200")
+        assert _refused(await _open(keyed, streams, KEY_A))  # the key is at its limit
+        assert await _open(keyed, streams, KEY_B, sse=False) == b""  # a waiting poll counts too
+        assert _refused(await _open(keyed, streams, KEY_B))  # the gateway is at its limit
+    async with AsyncExitStack() as streams:  # every place is given back as its stream ends
+
+        async def opens() -> bool:
+            async with AsyncExitStack() as probe:
+                return (await _open(keyed, probe, KEY_A)).startswith(b"HTTP/1.1 200")
+
+        await eventually(opens, "a stream opens once the others closed")
+        for _ in range(MOST_STREAMS - 1):
+            assert (await _open(keyed, streams, KEY_B if _ else KEY_A)).startswith(b"HTTP/1.1 200")
+
+
+async def test_a_catch_up_reads_batches_of_bounded_bytes_not_of_entries(relay: Relay) -> None:
+    job_id = uuid.uuid4().hex
+    stream = relay.keys.stream(job_id)
+    pipe = relay.redis.pipeline(transaction=False)
+    for _ in range(200):  # 2 MB: before, one read of 512 entries took it all at once
+        pipe.xadd(stream, {"type": "delta", "data": BIG_DATA})
+    pipe.xadd(stream, {"type": "done", "data": "{}"})
+    await pipe.execute()
+    following = relay.follow(job_id, START, batch_bytes=BATCH_BYTES)
+    batches = [batch async for batch in following.batches(1.0)]
+    assert sum(map(len, batches)) == 201
+    assert len(batches[0]) <= FIRST_READ
+    assert all(entries_bytes(batch) <= BATCH_BYTES for batch in batches[1:])
+
+
+def test_a_follower_behind_the_hub_by_more_than_its_bytes_catches_up_by_itself() -> None:
+    subscription = Subscription("a-stream", START, max_bytes=BATCH_BYTES)
+    batch = [Entry(f"{n}-0", "delta", BIG_DATA) for n in range(4)]  # 40 KB: few entries, many bytes
+    offered = [subscription.offer(batch, entries_bytes(batch)) for _ in range(3)]
+    subscription.close()
+    # The first batch is taken as it comes (a follower that keeps up is never measured); past it,
+    # the follower holds at most BATCH_BYTES more before it is dropped, far below 1,024 entries.
+    assert offered == [True, True, False] and subscription.lagged
+
+
+async def test_a_long_running_jobs_output_is_assembled_off_the_event_loop(
+    store_factory: Callable[..., JobStore], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = store_factory()
+    job_id = (await store.submit(JobRequest(prompt="long", max_tokens=4), model="model", max_queued=0)).job_id
+    assert await store.start(job_id, "stand-in-worker", "model", lease_seconds=60) is not None
+    pipe = store.redis.pipeline(transaction=False)
+    for seq in range(2, 2 + jobstore.LONG_STREAM + 1):
+        pipe.xadd(store.keys.stream(job_id), {"type": "delta", "data": _delta(seq)})
+    await pipe.execute()
+    threads: list[str] = []
+
+    class Spied(Progress):
+        @classmethod
+        def of(cls, events):  # type: ignore[no-untyped-def]
+            threads.append(threading.current_thread().name)
+            return Progress.of(events)
+
+    monkeypatch.setattr(jobstore, "Progress", Spied)
+    record = await store.record(job_id)
+    assert record.output.token_count == jobstore.LONG_STREAM + 1
+    assert threads and threads[0] != threading.main_thread().name
+
+
+def _delta(seq: int) -> str:
+    return DeltaEvent(seq=seq, text="a", token_ids=[seq]).model_dump_json()

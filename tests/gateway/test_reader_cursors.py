@@ -1,0 +1,175 @@
+"""Readers with cursors at or past the end of a job stream, over real sockets against a real gateway.
+
+The gateway runs without workers. A stand-in for the worker moves the job with the job store's
+own transitions (start, the step script, finish), as the worker's publisher sends them, so that
+the test decides when each event is written: after the readers under test are in place.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import httpx
+import pytest
+import redis.asyncio as aioredis
+
+from shared.events import DeltaEvent, DoneEvent, JobState, Usage
+from shared.jobstore import JobStore, Outcome
+from shared.keys import Keys
+from shared.lifecycle import scripts
+from tests.gateway.keyed_gateway import KeyedGateway, run_gateway
+from tests.gateway.raw_http import raw_request
+from tests.helpers import eventually, read_sse, submit
+
+PING_SECONDS = 60.0  # a keep-alive far past every deadline below: no answer here may wait for one
+POLL_WAIT = 30  # a long-poll that waits this long would hold a reader far past its deadline
+DEADLINE = 5.0  # every answer below comes in milliseconds; a stalled reader waits a minute
+PAST_END = "99999999999999-0"  # far after any id Redis gives today
+DELTAS = 5
+WORKER = "stand-in-worker"
+
+
+@pytest.fixture(scope="module")
+def gateway(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[KeyedGateway]:
+    yield from run_gateway(
+        redis_url,
+        tmp_path_factory.mktemp("reader-cursors"),
+        allow_unauthenticated=True,
+        sse_ping_seconds=PING_SECONDS,
+        poll_wait_max=POLL_WAIT,
+    )
+
+
+@pytest.fixture
+async def http(gateway: KeyedGateway) -> AsyncIterator[httpx.AsyncClient]:
+    async with httpx.AsyncClient(base_url=gateway.base_url, timeout=120) as client:
+        yield client
+
+
+@pytest.fixture
+def store(gateway: KeyedGateway, redis_client: aioredis.Redis) -> JobStore:
+    return JobStore(redis_client, Keys(gateway.settings.key_prefix), gateway.settings)
+
+
+class StandInWorker:
+    """Runs one job as the worker would, event by event, through the job store's transitions."""
+
+    def __init__(self, store: JobStore, job_id: str) -> None:
+        self.store, self.job_id = store, job_id
+
+    async def start(self) -> None:
+        assert await self.store.start(self.job_id, WORKER, "model", lease_seconds=60) is not None
+
+    async def run_to_done(self) -> None:
+        transitions, redis = self.store.transitions, self.store.redis
+        await redis.script_load(scripts.STEP.source)  # a fresh Redis has none; the worker loads it so
+        for seq in range(2, 2 + DELTAS):
+            delta = DeltaEvent(seq=seq, text=f"t{seq}", token_ids=[seq])
+            command = transitions.step_command(
+                job_id=self.job_id, worker_id=WORKER, events=[delta], maxlen=1000
+            )
+            await redis.execute_command(*command)
+        usage = Usage(prompt_tokens=1, completion_tokens=DELTAS)
+        outcome = Outcome(JobState.completed, "", DELTAS, usage, finish_reason="length")
+        done = DoneEvent(seq=2 + DELTAS, finish_reason="length", usage=usage)
+        await redis.execute_command(*self.store.finish_command(self.job_id, WORKER, [done], outcome))
+
+
+async def _reader_blocked(redis_client: aioredis.Redis, gateway: KeyedGateway) -> bool:
+    """Whether the gateway's one stream reader sits in a blocking XREAD (it watches some stream)."""
+    name = Keys(gateway.settings.key_prefix).stream_reader_name
+    return any(
+        client.get("name") == name and "b" in client.get("flags", "")
+        for client in await redis_client.client_list()
+    )
+
+
+async def _a_second_reader_gets_every_event(
+    gateway: KeyedGateway,
+    http: httpx.AsyncClient,
+    redis_client: aioredis.Redis,
+    worker: StandInWorker,
+    head: bytes,
+) -> None:
+    """While the first reader holds its request, a reader from the start gets the job's every event
+    up to `done`, though they are written after both readers came."""
+
+    async def first_in_place() -> bool:  # refused, or (as it was) followed by the hub from its cursor
+        return head.done() or await _reader_blocked(redis_client, gateway)
+
+    await eventually(first_in_place, "the first reader is refused or followed")
+    received: list[tuple[str, dict[str, Any]]] = []
+    second = asyncio.create_task(read_sse(http, worker.job_id, into=received))
+    await eventually(lambda: _has(received, 2), "the second reader has queued and running")
+    await worker.run_to_done()
+    events = [event for _, event in await asyncio.wait_for(second, DEADLINE)]
+    assert [event["seq"] for event in events] == list(range(3 + DELTAS))
+    assert events[-1]["type"] == "done"
+
+
+async def _has(received: list[Any], count: int) -> bool:
+    return len(received) >= count
+
+
+@pytest.mark.parametrize("transport", ["sse", "long-poll"])
+async def test_a_cursor_past_the_end_of_a_running_job_is_refused_and_stalls_no_other_reader(
+    gateway: KeyedGateway,
+    http: httpx.AsyncClient,
+    redis_client: aioredis.Redis,
+    store: JobStore,
+    transport: str,
+) -> None:
+    worker = StandInWorker(store, await submit(http, prompt="past the end", max_tokens=DELTAS))
+    await worker.start()
+    target = f"/v1/jobs/{worker.job_id}/events"
+    if transport == "sse":
+        request = raw_request(
+            gateway.settings.port, target, {"Accept": "text/event-stream", "Last-Event-ID": PAST_END}
+        )
+    else:
+        request = raw_request(gateway.settings.port, f"{target}?after={PAST_END}&wait={POLL_WAIT}", {})
+    async with request as head:
+        await _a_second_reader_gets_every_event(gateway, http, redis_client, worker, head)
+        assert (await asyncio.wait_for(head, DEADLINE)).startswith(b"HTTP/1.1 422")
+
+
+async def _finished_job(http: httpx.AsyncClient, store: JobStore, cursor: str) -> tuple[str, str]:
+    """A job run to `done` by the stand-in worker, and `cursor`: PAST_END, or its terminal event's id."""
+    worker = StandInWorker(store, await submit(http, prompt="at the end", max_tokens=DELTAS))
+    await worker.start()
+    await worker.run_to_done()
+    events = await read_sse(http, worker.job_id)
+    return worker.job_id, events[-1][0] if cursor == "terminal" else cursor
+
+
+@pytest.mark.parametrize("cursor", ["terminal", PAST_END])
+async def test_sse_at_or_past_the_terminal_event_closes_at_once(
+    http: httpx.AsyncClient, store: JobStore, cursor: str
+) -> None:
+    job_id, last_event_id = await _finished_job(http, store, cursor)
+    assert await asyncio.wait_for(read_sse(http, job_id, last_event_id), DEADLINE) == []
+
+
+@pytest.mark.parametrize("cursor", ["terminal", PAST_END])
+async def test_a_poll_at_or_past_the_terminal_event_is_done_at_once(
+    http: httpx.AsyncClient, store: JobStore, cursor: str
+) -> None:
+    job_id, after = await _finished_job(http, store, cursor)
+    params = {"after": after, "wait": POLL_WAIT}
+    answer = await asyncio.wait_for(http.get(f"/v1/jobs/{job_id}/events", params=params), DEADLINE)
+    assert answer.status_code == 200, answer.text
+    assert answer.json() == {"events": [], "cursor": after, "status": "completed", "done": True}
+
+
+async def test_a_cursor_past_the_end_of_a_running_job_says_why_it_is_refused(
+    http: httpx.AsyncClient, store: JobStore
+) -> None:
+    worker = StandInWorker(store, await submit(http, prompt="refused cursor", max_tokens=DELTAS))
+    await worker.start()
+    answer = await http.get(f"/v1/jobs/{worker.job_id}/events", params={"after": PAST_END})
+    assert answer.status_code == 422, answer.text
+    body = answer.json()
+    assert body["error_type"] == "validation"
+    assert "past the job's last event" in body["error"]

@@ -1,0 +1,111 @@
+"""The Responses routes' answers that need no worker, through the real `openai` package against a real
+gateway process with API keys: ownership (404 for another key), refusals naming the parameter, and
+what a queued background response answers. No worker runs: background responses stay queued."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+
+import openai
+import pytest
+
+from shared.config import DEFAULT_MODEL_DIR
+from tests.gateway.keyed_gateway import KEY_A, KEY_B, KeyedGateway, run_keyed_gateway
+
+MODEL = DEFAULT_MODEL_DIR.name  # the gateway's default model (tests.conftest.make_settings)
+
+
+@pytest.fixture(scope="module")
+def keyed(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[KeyedGateway]:
+    yield from run_keyed_gateway(redis_url, tmp_path_factory.mktemp("responses"))
+
+
+def _client(keyed: KeyedGateway, key: str) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(base_url=f"{keyed.base_url}/v1", api_key=key, max_retries=0, timeout=30)
+
+
+@pytest.fixture
+async def owner(keyed: KeyedGateway) -> AsyncIterator[openai.AsyncOpenAI]:
+    async with _client(keyed, KEY_A) as client:
+        yield client
+
+
+@pytest.fixture
+async def stranger(keyed: KeyedGateway) -> AsyncIterator[openai.AsyncOpenAI]:
+    async with _client(keyed, KEY_B) as client:
+        yield client
+
+
+async def test_another_keys_response_is_404_on_every_route(
+    owner: openai.AsyncOpenAI, stranger: openai.AsyncOpenAI
+) -> None:
+    created = await owner.responses.create(model=MODEL, input="hi", background=True)
+    assert (await owner.responses.retrieve(created.id)).status == "queued"
+    calls = [
+        stranger.responses.retrieve(created.id),
+        stranger.responses.retrieve(created.id, stream=True),
+        stranger.responses.cancel(created.id),
+        stranger.responses.delete(created.id),
+        stranger.responses.input_items.list(created.id),
+        stranger.responses.create(
+            model=MODEL, input="more", previous_response_id=created.id, background=True
+        ),
+    ]
+    for call in calls:
+        with pytest.raises(openai.NotFoundError) as missing:
+            await call
+        assert missing.value.body == {
+            "message": f"Response with id '{created.id}' not found.",
+            "type": "invalid_request_error",
+            "param": None,
+            "code": "not_found",
+        }
+    assert (await owner.responses.cancel(created.id)).status == "cancelled"
+
+
+async def test_ids_that_name_no_response_are_404(owner: openai.AsyncOpenAI) -> None:
+    job = await owner.with_options().post("/jobs", body={"prompt": "hi"}, cast_to=dict)  # a native job
+    for response_id in (f"resp_{job['id']}", "resp_nothex", job["id"], f"resp_{'0' * 32}"):
+        with pytest.raises(openai.NotFoundError):
+            await owner.responses.retrieve(response_id)
+
+
+async def test_an_unfinished_response_is_neither_deleted_nor_continued_and_a_cancelled_one_is_deleted(
+    owner: openai.AsyncOpenAI,
+) -> None:
+    created = await owner.responses.create(model=MODEL, input="hi", background=True)
+    with pytest.raises(openai.BadRequestError, match="cancel it first"):
+        await owner.responses.delete(created.id)
+    with pytest.raises(openai.BadRequestError) as refused:
+        await owner.responses.create(
+            model=MODEL, input="more", previous_response_id=created.id, background=True
+        )
+    assert refused.value.param == "previous_response_id"
+    cancelled = await owner.responses.cancel(created.id)
+    assert (cancelled.status, cancelled.output) == ("cancelled", [])
+    assert (await owner.responses.cancel(created.id)).status == "cancelled"  # idempotent
+    await owner.responses.delete(created.id)
+    with pytest.raises(openai.NotFoundError):
+        await owner.responses.retrieve(created.id)
+
+
+@pytest.mark.parametrize(
+    ("options", "param"),
+    [
+        ({"tools": [{"type": "web_search"}]}, "tools"),
+        ({"reasoning": {"effort": "low"}}, "reasoning"),
+        ({"background": True, "store": False}, "background"),
+        (
+            {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
+            "input.0.content",
+        ),
+        ({"max_output_tokens": 10**6}, "max_output_tokens"),
+    ],
+)
+async def test_unsupported_features_are_refused_with_400_naming_the_parameter_and_make_no_response(
+    owner: openai.AsyncOpenAI, options: dict[str, object], param: str
+) -> None:
+    body: dict[str, object] = {"model": MODEL, "input": "hi", "background": True, **options}
+    with pytest.raises(openai.BadRequestError) as refused:
+        await owner.responses.create(**body)  # type: ignore[call-overload]
+    assert refused.value.param == param

@@ -1,0 +1,200 @@
+"""Tenants' limits through a real gateway process started with a tenants file, on the real Redis.
+
+No engine runs: a job's start and end are driven through the lifecycle scripts on the gateway's prefix,
+as a worker's would be, and a live worker is a heartbeat written to Redis (the routes that wait for an
+answer need one before they admit a job; it never runs one).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator, Iterator
+
+import httpx
+import openai
+import pytest
+import redis.asyncio as aioredis
+
+from shared.config import DEFAULT_MODEL_DIR
+from shared.events import DoneEvent, JobState, Usage
+from shared.jobstore import JobStore, Outcome
+from shared.keys import Keys
+from tests.conftest import make_settings
+from tests.gateway.keyed_gateway import KeyedGateway, bearer, run_gateway
+from tests.gateway.stand_ins import heartbeat
+from tests.helpers import in_process_gateway, scrape
+
+MODEL = DEFAULT_MODEL_DIR.name  # the gateway's default model (tests.conftest.make_settings)
+KEYS = {
+    name: f"sk-{name}-{uuid.uuid4().hex}" for name in ("queued", "running", "requests", "tokens", "burst")
+}
+TENANTS = """
+[[tenants]]
+name = "queued"
+max_queued_jobs = 3
+
+[[tenants]]
+name = "running"
+max_running_jobs = 2
+
+[[tenants]]
+name = "requests"
+requests_per_minute = 4
+
+[[tenants]]
+name = "tokens"
+tokens_per_minute = 50
+weight = 2.5
+max_priority = 5
+
+[[tenants]]
+name = "burst"
+max_queued_jobs = 10
+""" + "".join(f'\n[[keys]]\nkey = "{key}"\ntenant = "{name}"\n' for name, key in KEYS.items())
+JOB = {"prompt": "hi", "max_tokens": 8}
+
+
+@pytest.fixture(scope="module")
+def gateway(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[KeyedGateway]:
+    folder = tmp_path_factory.mktemp("tenants")
+    (folder / "tenants.toml").write_text(TENANTS)
+    yield from run_gateway(redis_url, folder, api_keys_file=folder / "tenants.toml")
+
+
+@pytest.fixture
+async def http(gateway: KeyedGateway) -> AsyncIterator[httpx.AsyncClient]:
+    async with httpx.AsyncClient(base_url=gateway.base_url, timeout=30) as client:
+        yield client
+
+
+@pytest.fixture
+async def store(gateway: KeyedGateway, redis_client: aioredis.Redis) -> JobStore:
+    """The gateway's job store, to start and end its jobs as a worker would."""
+    return JobStore(redis_client, Keys(gateway.settings.key_prefix), gateway.settings)
+
+
+async def submitted(http: httpx.AsyncClient, tenant: str) -> str:
+    answer = await http.post("/v1/jobs", json=JOB, headers=bearer(KEYS[tenant]))
+    assert answer.status_code == 202, answer.text
+    job_id: str = answer.json()["id"]
+    return job_id
+
+
+async def refused(http: httpx.AsyncClient, tenant: str, limit: str) -> httpx.Response:
+    answer = await http.post("/v1/jobs", json=JOB, headers=bearer(KEYS[tenant]))
+    assert answer.status_code == 429, answer.text
+    body = answer.json()
+    assert body["error_type"] == "rate_limited" and body["limit"] == limit
+    assert body["error"].startswith(f"{limit}: ")
+    return answer
+
+
+async def run(store: JobStore, job_id: str, tokens: tuple[int, int] = (0, 0)) -> None:
+    assert await store.start(job_id, "worker-1", MODEL, lease_seconds=30) is not None
+    usage = Usage(prompt_tokens=tokens[0], completion_tokens=tokens[1])
+    outcome = Outcome(JobState.completed, "text", tokens[1], usage, finish_reason="length")
+    done = DoneEvent(seq=2, finish_reason="length", usage=usage)
+    await store.redis.execute_command(*store.finish_command(job_id, "worker-1", [done], outcome))
+
+
+async def test_max_queued_jobs_answers_429_at_the_limit_and_not_before(http: httpx.AsyncClient) -> None:
+    for _ in range(3):
+        await submitted(http, "queued")
+    answer = await refused(http, "queued", "max_queued_jobs")
+    assert answer.headers["Retry-After"] == "1"
+
+
+async def test_max_running_jobs_counts_jobs_until_they_end(http: httpx.AsyncClient, store: JobStore) -> None:
+    first = await submitted(http, "running")
+    await submitted(http, "running")
+    await refused(http, "running", "max_running_jobs")
+    await run(store, first)
+    await submitted(http, "running")
+    await refused(http, "running", "max_running_jobs")
+
+
+async def test_requests_per_minute_answers_429_until_the_window_frees(http: httpx.AsyncClient) -> None:
+    for _ in range(4):
+        await submitted(http, "requests")
+    answer = await refused(http, "requests", "requests_per_minute")
+    assert 55 <= int(answer.headers["Retry-After"]) <= 60
+
+
+async def test_tokens_per_minute_counts_ended_jobs_usage(http: httpx.AsyncClient, store: JobStore) -> None:
+    await run(store, await submitted(http, "tokens"), (20, 29))
+    last = await submitted(http, "tokens")  # 49 of 50 tokens
+    await run(store, last, (1, 0))
+    answer = await refused(http, "tokens", "tokens_per_minute")
+    assert 1 <= int(answer.headers["Retry-After"]) <= 60
+    usage = (await http.get("/v1/usage", headers=bearer(KEYS["tokens"]))).json()
+    assert usage == {
+        "tenant": "tokens",
+        "limits": {
+            "max_queued_jobs": None,
+            "max_running_jobs": None,
+            "requests_per_minute": None,
+            "tokens_per_minute": 50,
+        },
+        "weight": 2.5,
+        "default_priority": 0,
+        "max_priority": 5,
+        "window_seconds": 60,
+        "usage": {
+            "queued_jobs": 0,
+            "running_jobs": 0,
+            "requests_last_minute": 2,
+            "tokens_last_minute": 50,
+            "tokens_total": 50,
+            "jobs_ended_total": 2,
+        },
+    }
+    scraped = await scrape(http)
+    assert scraped.value("streampool_tenant_tokens_total", tenant="tokens") == 50
+    assert scraped.value("streampool_tenant_jobs_ended_total", tenant="tokens") == 2
+    assert scraped.value("streampool_tenant_jobs_submitted_total", tenant="tokens") == 2
+    rejected = scraped.value(
+        "streampool_tenant_jobs_rejected_total", tenant="tokens", limit="tokens_per_minute"
+    )
+    assert rejected == 1
+    assert not [
+        name for name, labels in scraped.samples if any(KEYS["tokens"] in value for _, value in labels)
+    ]
+
+
+async def test_50_concurrent_submissions_admit_exactly_the_limit(http: httpx.AsyncClient) -> None:
+    answers = await asyncio.gather(
+        *(http.post("/v1/jobs", json=JOB, headers=bearer(KEYS["burst"])) for _ in range(50))
+    )
+    statuses = [answer.status_code for answer in answers]
+    assert (statuses.count(202), statuses.count(429)) == (10, 40)
+    usage = (await http.get("/v1/usage", headers=bearer(KEYS["burst"]))).json()["usage"]
+    assert usage["queued_jobs"] == usage["requests_last_minute"] == 10
+
+
+async def test_openai_and_tgi_routes_answer_429_in_their_own_shape(
+    gateway: KeyedGateway, http: httpx.AsyncClient, redis_client: aioredis.Redis
+) -> None:
+    await heartbeat(redis_client, Keys(gateway.settings.key_prefix), "stand-in", MODEL)
+    while (await http.post("/v1/jobs", json=JOB, headers=bearer(KEYS["queued"]))).status_code == 202:
+        pass  # full, whatever the other tests left
+    client = openai.AsyncOpenAI(base_url=f"{gateway.base_url}/v1", api_key=KEYS["queued"], max_retries=0)
+    async with client:
+        with pytest.raises(openai.RateLimitError) as caught:
+            await client.completions.create(model=MODEL, prompt="hi", max_tokens=4)
+    assert caught.value.code == "rate_limit_exceeded"
+    assert isinstance(caught.value.body, dict) and caught.value.body["message"].startswith(
+        "max_queued_jobs: "
+    )
+    assert caught.value.response.headers["Retry-After"] == "1"
+    tgi = await http.post("/generate", json={"inputs": "hi"}, headers=bearer(KEYS["queued"]))
+    assert tgi.status_code == 429 and tgi.json()["error"].startswith("max_queued_jobs: ")
+
+
+async def test_without_keys_there_is_no_tenant_and_no_limit(redis_url: str) -> None:
+    settings = make_settings(redis_url, allow_unauthenticated=True)
+    async with in_process_gateway(settings) as http:
+        usage = (await http.get("/v1/usage")).json()
+        answers = [await http.post("/v1/jobs", json=JOB) for _ in range(3)]
+    assert usage["tenant"] is None and usage["usage"] is None and set(usage["limits"].values()) == {None}
+    assert [answer.status_code for answer in answers] == [202] * 3

@@ -1,0 +1,96 @@
+"""A webhook receiver the tests start on loopback: a real HTTP server in a thread of its own, which
+checks every delivery's signature with the Standard Webhooks library and can fail the first ones."""
+
+from __future__ import annotations
+
+import base64
+import json
+import secrets
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from standardwebhooks import Webhook, WebhookVerificationError
+
+
+def new_secret() -> str:
+    """A secret as Standard Webhooks' libraries and OpenAI give them: `whsec_` and 32 random bytes."""
+    return "whsec_" + base64.b64encode(secrets.token_bytes(32)).decode()
+
+
+@dataclass
+class Delivery:
+    """One request the receiver got: its headers, body, whether its signature held, what it answered."""
+
+    headers: dict[str, str]
+    body: bytes
+    verified: bool
+    status: int
+
+    @property
+    def event(self) -> dict[str, Any]:
+        event: dict[str, Any] = json.loads(self.body)
+        return event
+
+
+@dataclass
+class Receiver:
+    """What the receiver got, and how it answers: 401 to a signature that does not hold, else 503 to
+    the first `failures`, then 204."""
+
+    secret: str
+    url: str = ""
+    failures: int = 0
+    deliveries: list[Delivery] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def received(self, headers: dict[str, str], body: bytes) -> int:
+        try:
+            Webhook(self.secret).verify(body, headers)
+            verified = True
+        except WebhookVerificationError:
+            verified = False
+        with self.lock:
+            status = 401 if not verified else 503 if self.failures > 0 else 204
+            self.failures -= verified and status == 503
+            self.deliveries.append(Delivery(headers, body, verified, status))
+            return status
+
+    def got(self) -> list[Delivery]:
+        with self.lock:
+            return list(self.deliveries)
+
+    def accepted(self) -> list[Delivery]:
+        """The deliveries it answered with 2xx."""
+        return [delivery for delivery in self.got() if 200 <= delivery.status < 300]
+
+
+@contextmanager
+def receiving(secret: str, failures: int = 0) -> Iterator[Receiver]:
+    """A receiver listening at `receiver.url` (`http://127.0.0.1:<port>/hooks/`) until the block ends."""
+    receiver = Receiver(secret, failures=failures)
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+            body = self.rfile.read(int(self.headers.get("content-length", 0)))
+            status = receiver.received(dict(self.headers.items()), body)
+            self.send_response(status)
+            self.send_header("content-length", "0")
+            self.end_headers()
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass  # the test's assertions say what came
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    receiver.url = f"http://127.0.0.1:{server.server_address[1]}/hooks/"
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield receiver
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()

@@ -1,0 +1,108 @@
+"""A master, its replica and (when asked for) three Sentinels, each a `redis-server` process of
+the test's own on a free loopback port, as a Sentinel-managed Redis runs in production."""
+
+from __future__ import annotations
+
+import signal
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import redis
+
+from tests.helpers import eventually_sync
+from tests.processes import Processes, free_port
+
+MASTER_NAME = "streampool"
+FAILOVER_TIMEOUT = 60
+
+
+@dataclass
+class ReplicatedRedis:
+    processes: Processes
+    data_dir: Path
+    ports: dict[str, int] = field(default_factory=dict)  # master, replica, sentinel-<n>
+    sentinels: list[str] = field(default_factory=list)
+
+    @classmethod
+    def start(cls, processes: Processes, sentinels: int = 0) -> ReplicatedRedis:
+        cluster = cls(processes, processes.log_dir / "redis")
+        master, replica = free_port(), free_port()
+        cluster.ports.update(master=master, replica=replica)
+        # Redis waits 5 s for more replicas before a diskless sync by default; one is all there is.
+        at_once = ("--repl-diskless-sync-delay", "0")
+        processes.start_redis("master", master, cluster.data_dir / "master", *at_once)
+        replica_of = ("--replicaof", "127.0.0.1", str(master))
+        processes.start_redis("replica", replica, cluster.data_dir / "replica", *at_once, *replica_of)
+        cluster.wait_replica_online()
+        for n in range(sentinels):
+            name, port = f"sentinel-{n}", free_port()
+            cluster.ports[name] = port
+            cluster.sentinels.append(
+                processes.start_sentinel(name, port, cluster.data_dir / name, MASTER_NAME, master)
+            )
+        return cluster
+
+    def url(self, name: str) -> str:
+        return f"redis://127.0.0.1:{self.ports[name]}/0"
+
+    @property
+    def sentinel_url(self) -> str:
+        return f"redis+sentinel://{','.join(self.sentinels)}/{MASTER_NAME}"
+
+    def client(self, name: str) -> redis.Redis:
+        return redis.Redis.from_url(self.url(name), decode_responses=True, socket_timeout=5)
+
+    def wait_replica_online(self) -> None:
+        """Until the master lists its replica as online (its first sync done)."""
+
+        def online() -> bool:
+            with self.client("master") as master:
+                replica = master.info("replication").get("slave0")
+            return isinstance(replica, dict) and replica["state"] == "online"
+
+        eventually_sync(online, "the replica is online", timeout=30, interval=0.1)
+
+    def kill(self, name: str) -> None:
+        """SIGKILL: the server dies with whatever it had not sent its replica."""
+        self.processes.signal(name, signal.SIGKILL)
+        self.processes.children[name].wait(30)
+
+    def master_port(self) -> int:
+        """The port of the master the Sentinels name now."""
+        sentinel = redis.Redis.from_url(f"redis://{self.sentinels[0]}", decode_responses=True)
+        with sentinel:
+            _, port = sentinel.sentinel_get_master_addr_by_name(MASTER_NAME)
+        return int(port)
+
+    def restore_replica(self, name: str) -> None:
+        """Start the dead server `name` again as a replica of the master now, and wait until the
+        Sentinels know it as a replica they could promote."""
+        master = self.master_port()
+        replica_of = ("--replicaof", "127.0.0.1", str(master), "--repl-diskless-sync-delay", "0")
+        self.processes.start_redis(name, self.ports[name], self.data_dir / name, *replica_of)
+
+        def promotable() -> bool:
+            sentinel = redis.Redis.from_url(f"redis://{self.sentinels[0]}", decode_responses=True)
+            with sentinel:
+                replicas = sentinel.sentinel_slaves(MASTER_NAME)
+            return any(
+                int(replica["port"]) == self.ports[name]
+                and not replica["is_sdown"]
+                and replica["master-link-status"] == "ok"
+                for replica in replicas
+            )
+
+        eventually_sync(promotable, f"the Sentinels see {name} as a replica", FAILOVER_TIMEOUT, interval=0.2)
+
+    def wait_failover_from(self, dead: str) -> None:
+        """Until the Sentinels have promoted the other server (the one `dead` is not) and it answers
+        as master."""
+        survivor = "replica" if dead == "master" else "master"
+
+        def promoted() -> bool:
+            if self.master_port() != self.ports[survivor]:
+                return False
+            with self.client(survivor) as server:
+                return bool(server.info("replication")["role"] == "master")
+
+        eventually_sync(promoted, f"the Sentinels promote {survivor}", FAILOVER_TIMEOUT, interval=0.1)

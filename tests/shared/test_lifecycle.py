@@ -1,0 +1,239 @@
+"""The lifecycle's typed wrappers against the real Redis: each transition answers an enum, and a job
+out of attempts fails only with the output its stream holds when the failure is written."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from shared.errors import InvalidRequest, JobNotFound
+from shared.events import DeltaEvent, ErrorEvent, JobState, event_adapter
+from shared.jobstore import JobStore
+from shared.lifecycle import scripts
+from shared.lifecycle.transitions import (
+    CancelOutcome,
+    Failure,
+    Finished,
+    FinishOutcome,
+    ReleaseOutcome,
+    StepAnswer,
+    Verdict,
+    claim,
+)
+from shared.queue import in_progress_key, job_payload
+from shared.requests import JobRequest
+
+REQUEST = JobRequest(prompt="The capital of France is", max_tokens=8)
+MODEL = "smol"
+LEASE_SECONDS = 6.0
+
+
+async def started(store: JobStore, worker_id: str = "worker-1") -> str:
+    job_id = (await store.submit(REQUEST, model=MODEL, max_queued=0)).job_id
+    assert await store.start(job_id, worker_id, MODEL, lease_seconds=LEASE_SECONDS) is not None
+    return job_id
+
+
+def test_every_script_ships_as_a_lua_file_and_gets_the_helpers_it_calls() -> None:
+    folder = Path(scripts.__file__).parent
+    names = {"submit", "claim", "start", "step", "renew", "release", "finish", "cancel", "delete"}
+    helpers = {"expire_job", "announce_end", "tenant_admit", "tenant_move"}
+    assert {path.stem for path in folder.glob("*.lua")} == names | helpers
+
+    def calling(helper: str) -> set[str]:
+        return {name for name in names if f"local function {helper}" in getattr(scripts, name.upper()).source}
+
+    # the scripts that may end a job: each lets its keys expire and announces the end to its webhook
+    assert calling("expire_job") == calling("announce_end") == {"start", "release", "finish", "cancel"}
+    # ... and moves the job out of its tenant's counters; submit alone checks the tenant's limits
+    assert calling("tenant_move") == {"start", "release", "finish", "cancel"}
+    assert calling("tenant_admit") == {"submit"}
+
+
+async def test_delete_takes_a_finished_jobs_keys_and_leaves_an_unfinished_one(store: JobStore) -> None:
+    running = await started(store)
+    with pytest.raises(InvalidRequest, match="cancel it first"):
+        await store.delete(running)
+    ended = (await store.submit(REQUEST, idempotency_key="delete-me", model=MODEL, max_queued=0)).job_id
+    await store.cancel(ended)
+    keys = [*store.keys.job_keys(ended), store.keys.idempotency("delete-me"), store.keys.arq_job(ended)]
+    for key in (store.keys.cancel(ended), store.keys.arq_job(ended)):  # every key a job may own, present
+        await store.redis.set(key, "1", ex=60)
+    assert await store.redis.exists(*keys) == len(keys)
+
+    assert await store.delete(ended) is JobState.cancelled
+    assert await store.redis.exists(*keys) == 0
+    with pytest.raises(JobNotFound):
+        await store.delete(ended)
+    assert (await store.record(running)).status is JobState.running
+
+
+async def test_cancel_answers_what_it_did_as_an_enum_with_the_state(store: JobStore) -> None:
+    queued = (await store.submit(REQUEST, model=MODEL, max_queued=0)).job_id
+    running = await started(store)
+
+    async def cancel(job_id: str) -> tuple[CancelOutcome, JobState | None]:
+        result = await store.transitions.cancel(
+            job_id=job_id,
+            model=MODEL,
+            now=time.time(),
+            cancelled=DeltaEvent(seq=1, text="", token_ids=[]),  # any event: only a queued job gets it
+            maxlen=1000,
+            retention_seconds=60,
+            lifetime_seconds=60,
+        )
+        return result.outcome, result.state
+
+    assert await cancel(queued) == (CancelOutcome.cancelled, JobState.cancelled)
+    assert await cancel(queued) == (CancelOutcome.ended, JobState.cancelled)
+    assert await cancel(running) == (CancelOutcome.asked, JobState.running)
+    assert await cancel("no-such-job") == (CancelOutcome.missing, None)
+
+
+def test_step_and_finish_answers_read_as_enums() -> None:
+    assert StepAnswer.of("go") == StepAnswer(Verdict.go)
+    assert StepAnswer.of(["cancel", "12.5"]) == StepAnswer(Verdict.cancel, 12.5)
+    assert StepAnswer.of(["cancel", "not a time"]) == StepAnswer(Verdict.cancel)
+    assert Finished.of(["lost"]) == Finished(FinishOutcome.lost)
+    assert Finished.of(["not_running", "missing"]) == Finished(FinishOutcome.not_running)
+    assert Finished.of(["ended", "completed"]) == Finished(FinishOutcome.ended, JobState.completed)
+
+
+async def release_by_worker_1(
+    store: JobStore, job_id: str, now: float, failure: Failure | None = None, attempt: int = 1
+) -> ReleaseOutcome:
+    """worker-1 hands back the run `attempt` of its job at `now`."""
+    return await store.transitions.release(
+        job_id=job_id,
+        model=MODEL,
+        worker_id="worker-1",
+        attempt=attempt,
+        max_attempts=3,
+        arq_payload=job_payload(job_id, now),
+        now=now,
+        message="gone",
+        failure=failure,
+        lifetime_seconds=60,
+        retention_seconds=60,
+        maxlen=1000,
+    )
+
+
+@pytest.mark.parametrize("stale", [False, True])
+async def test_a_failure_read_from_an_older_stream_is_refused(store: JobStore, stale: bool) -> None:
+    job_id = await started(store)
+    await store.redis.hset(store.keys.job(job_id), "attempts", "3")  # type: ignore[misc]
+    now = time.time()
+
+    async def release(failure: Failure | None) -> ReleaseOutcome:
+        return await release_by_worker_1(store, job_id, now, failure, attempt=3)
+
+    assert await release(None) is ReleaseOutcome.exhausted
+    assert not await store.redis.exists(store.keys.lease(job_id))  # nothing writes to the stream now
+    assert await store.redis.sismember(store.keys.running, job_id)  # a reaper finds it if the caller goes
+    entries = await store.redis.xrange(store.keys.stream(job_id))
+    tip = "0-1" if stale else entries[-1][0]
+    failure = Failure(ErrorEvent(seq=2, message="gone", code="worker_lost"), "", 0, tip)
+    assert await release(failure) is (ReleaseOutcome.exhausted if stale else ReleaseOutcome.failed)
+    assert (await store.record(job_id)).status is (JobState.running if stale else JobState.failed)
+
+
+async def test_claim_passes_over_jobs_marked_in_progress(store: JobStore) -> None:
+    first, second = [(await store.submit(REQUEST, model=MODEL, max_queued=0)).job_id for _ in range(2)]
+    await store.redis.set(in_progress_key(first), "1")
+    try:
+        claimed = await claim(
+            store.redis,
+            queue=store.keys.model(MODEL).queue,
+            now_ms=int(time.time() * 1000) + 1000,
+            in_progress_ms=10_000,
+            in_progress_prefix=in_progress_key(""),
+            read_limit=10,
+            wanted=5,
+        )
+        assert [job_id for job_id, _ in claimed] == [second]
+        assert await store.redis.exists(in_progress_key(second))
+    finally:
+        await store.redis.delete(in_progress_key(first), in_progress_key(second))
+
+
+async def step(store: JobStore, job_id: str, events: list[DeltaEvent], *, resent: bool = False) -> Any:
+    """The step script by EVALSHA, as the worker's pipeline sends it: loaded first, as the worker's
+    publisher loads it (a fresh Redis has no scripts)."""
+    await store.redis.script_load(scripts.STEP.source)
+    command = store.transitions.step_command(
+        job_id=job_id, worker_id="worker-1", events=events, maxlen=1000, resent=resent
+    )
+    return await store.redis.execute_command(*command)
+
+
+async def seqs(store: JobStore, job_id: str) -> list[int]:
+    entries = await store.redis.xrange(store.keys.stream(job_id))
+    return [event_adapter.validate_json(fields["data"]).seq for _, fields in entries]
+
+
+async def test_a_step_sent_again_appends_only_what_the_stream_does_not_hold(store: JobStore) -> None:
+    job_id = await started(store)
+    first = [DeltaEvent(seq=2, text="a", token_ids=[1]), DeltaEvent(seq=3, text="b", token_ids=[2])]
+    assert await step(store, job_id, first) == "go"
+    # Its answer was lost on the way back: the worker sends it again, and nothing is added twice.
+    assert await step(store, job_id, first, resent=True) == "go"
+    assert await seqs(store, job_id) == [0, 1, 2, 3]
+    # The next step's first sending never reached Redis: sent again, it is appended.
+    assert await step(store, job_id, [DeltaEvent(seq=4, text="c", token_ids=[3])], resent=True) == "go"
+    assert await seqs(store, job_id) == [0, 1, 2, 3, 4]
+
+
+async def test_a_released_job_keeps_its_place_in_the_queue(store: JobStore) -> None:
+    job_id = await started(store)
+    created_at = (await store.record(job_id)).created_at.timestamp()
+    later = (await store.submit(REQUEST, model=MODEL, max_queued=0)).job_id
+    now = time.time() + 60  # a hand-back long after the job was submitted
+    assert await release_by_worker_1(store, job_id, now) is ReleaseOutcome.requeued
+    assert await store.redis.zscore(store.keys.model(MODEL).queue, job_id) == int(created_at * 1000)
+    assert await store.redis.zrange(store.keys.model(MODEL).queue, 0, -1) == [job_id, later]
+
+
+async def ttls(store: JobStore, job_id: str) -> list[int]:
+    return [await store.redis.ttl(key) for key in (store.keys.job(job_id), store.keys.stream(job_id))]
+
+
+async def test_start_and_renewals_give_a_running_jobs_keys_a_job_lifetime_again(
+    store_factory: Callable[..., JobStore],
+) -> None:
+    store = store_factory(job_timeout_seconds=5)
+    lifetime = store.settings.job_lifetime_seconds
+    job_id = (await store.submit(REQUEST, model=MODEL, max_queued=0)).job_id
+
+    async def near_their_end() -> None:  # as after a long wait in the queue, or a long run
+        for key in (store.keys.job(job_id), store.keys.stream(job_id)):
+            await store.redis.expire(key, 1)
+
+    await near_their_end()
+    assert await store.start(job_id, "worker-1", MODEL, lease_seconds=LEASE_SECONDS) is not None
+    assert all(lifetime - 1 <= ttl <= lifetime for ttl in await ttls(store, job_id))
+    for _ in range(3):  # heartbeats
+        await near_their_end()
+        lost = await store.transitions.renew(
+            worker_id="worker-1", job_ids=[job_id], lease_seconds=LEASE_SECONDS, lifetime_seconds=lifetime
+        )
+        assert lost == []
+        assert all(lifetime - 1 <= ttl <= lifetime for ttl in await ttls(store, job_id))
+    # Another worker's renewal extends nothing of a job it does not hold.
+    await near_their_end()
+    lost = await store.transitions.renew(
+        worker_id="worker-2", job_ids=[job_id], lease_seconds=LEASE_SECONDS, lifetime_seconds=lifetime
+    )
+    assert lost == [job_id]
+    assert await ttls(store, job_id) == [1, 1]
+
+
+async def test_a_step_after_the_jobs_keys_expired_writes_nothing_and_stops_the_job(store: JobStore) -> None:
+    job_id = await started(store)
+    await store.redis.delete(store.keys.job(job_id), store.keys.stream(job_id))
+    assert await step(store, job_id, [DeltaEvent(seq=2, text="a", token_ids=[1])]) == "lost"
+    assert not await store.redis.exists(store.keys.stream(job_id))

@@ -1,0 +1,62 @@
+"""The Sentinel form of a Redis URL, as `STREAMPOOL_REDIS_URL` takes it."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from shared.config import RedisSettings
+from shared.redis_url import SentinelUrl, is_sentinel, parse_sentinel_url
+
+
+def test_a_sentinel_url_names_every_sentinel_the_master_and_the_database() -> None:
+    url = "redis+sentinel://:s%40cret@10.0.0.1:26379,10.0.0.2:26380,sentinel-c/mymaster/2"
+    assert parse_sentinel_url(url) == SentinelUrl(
+        sentinels=(("10.0.0.1", 26379), ("10.0.0.2", 26380), ("sentinel-c", 26379)),
+        master="mymaster",
+        db=2,
+        password="s@cret",
+    )
+
+
+def test_a_sentinel_url_without_password_or_database_uses_database_0() -> None:
+    assert parse_sentinel_url("redis+sentinel://127.0.0.1:26379/streampool") == SentinelUrl(
+        sentinels=(("127.0.0.1", 26379),), master="streampool"
+    )
+
+
+def test_a_sentinel_url_may_name_a_user_beside_the_password() -> None:
+    parsed = parse_sentinel_url("redis+sentinel://app:pw@h:1/m/")
+    assert (parsed.username, parsed.password, parsed.db) == ("app", "pw", 0)
+
+
+def test_only_the_sentinel_scheme_is_a_sentinel_url() -> None:
+    assert is_sentinel("redis+sentinel://h:26379/m")
+    assert not is_sentinel("redis://127.0.0.1:6379/0")
+    with pytest.raises(ValueError, match="not a Sentinel URL"):
+        parse_sentinel_url("redis://127.0.0.1:6379/0")
+
+
+@pytest.mark.parametrize(
+    ("url", "says"),
+    [
+        ("redis+sentinel://h:26379", "master's name"),
+        ("redis+sentinel:///m", "master's name"),
+        ("redis+sentinel://h:26379/m/zero", "is a number"),
+        ("redis+sentinel://h:26379/m/0/extra", "master's name"),
+        ("redis+sentinel://h:port/m", "no valid port"),
+        ("redis+sentinel://h:70000/m", "no valid port"),
+        ("redis+sentinel://h:1,,h:2/m", "host:port pairs"),
+        ("redis+sentinel://:1/m", "host:port pairs"),
+    ],
+)
+def test_a_malformed_sentinel_url_is_refused_naming_the_form(url: str, says: str) -> None:
+    with pytest.raises(ValueError, match=says) as refused:
+        parse_sentinel_url(url)
+    assert "redis+sentinel://[:password@]host:port" in str(refused.value)
+
+
+def test_settings_refuse_a_malformed_sentinel_url_at_start_up() -> None:
+    with pytest.raises(ValidationError, match="master's name"):
+        RedisSettings(redis_url="redis+sentinel://h:26379")
+    assert RedisSettings(redis_url="redis+sentinel://h:26379/m").redis_url == "redis+sentinel://h:26379/m"
