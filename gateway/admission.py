@@ -38,7 +38,7 @@ from shared.keys import Keys
 from shared.models import Catalog, Target, read_registry
 from shared.redis_client import redis_errors
 from shared.requests import JobRequest
-from shared.tenants import Tenant
+from shared.tenants import DEFAULT_SHARE, Tenant
 from shared.workers import WorkerInfo, live_workers
 
 log = logging.getLogger(__name__)
@@ -164,6 +164,19 @@ class Admission:
                 f"({memory.limit}); new jobs are refused above {self.memory_high_water:.0%}"
             )
 
+    @staticmethod
+    def priority(job: JobRequest, tenant: Tenant) -> int:
+        """The job's priority: its own, or its tenant's default; never more urgent than the tenant may ask."""
+        if job.priority is None:
+            return tenant.default_priority
+        if job.priority < tenant.min_priority:
+            raise InvalidRequest.of_field(
+                "priority",
+                f"must be at least {tenant.min_priority} for tenant {tenant.name} (lower runs first)",
+                detail=[{"loc": ["body", "priority"], "type": "greater_than_equal", "input": job.priority}],
+            )
+        return job.priority
+
     async def admit(
         self,
         job: JobRequest,
@@ -201,6 +214,7 @@ class Admission:
             raise
         await self.check_memory()
         tenant = self.tenants.get(owner)
+        job = job.model_copy(update={"priority": self.priority(job, tenant or DEFAULT_SHARE)})
         try:
             submission = await self.store.submit(
                 job,

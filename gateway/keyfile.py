@@ -10,9 +10,9 @@ one, and a key that names none is the `default` tenant's)::
     max_running_jobs = 8         # jobs queued and running together
     requests_per_minute = 600    # jobs admitted in any sliding minute
     tokens_per_minute = 200000   # prompt plus generated tokens of jobs ended in any sliding minute
-    weight = 2.0                 # its share of a model's queue (the fair-share scheduler's)
-    default_priority = 0         # a job's priority when it names none, at most max_priority
-    max_priority = 10
+    weight = 2.0                 # its share of each model's queue, against the others' weights
+    default_priority = 0         # a job's priority when it names none (lower runs first, as in vLLM)
+    min_priority = -10           # the most urgent priority its jobs may ask for
 
     [[keys]]
     key = "sk-team-a"
@@ -32,6 +32,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from gateway.webhooks.signing import WebhookSecret
+from shared.requests import MAX_PRIORITY
 from shared.tenants import DEFAULT_TENANT, Tenant
 
 if sys.version_info >= (3, 11):
@@ -70,13 +71,13 @@ class _TenantTable(BaseModel):
     requests_per_minute: int | None = Field(None, ge=1)
     tokens_per_minute: int | None = Field(None, ge=1)
     weight: float = Field(1.0, gt=0, allow_inf_nan=False)
-    default_priority: int = 0
-    max_priority: int = 0
+    default_priority: int = Field(0, ge=-MAX_PRIORITY, le=MAX_PRIORITY)
+    min_priority: int = Field(0, ge=-MAX_PRIORITY, le=MAX_PRIORITY)
 
     @model_validator(mode="after")
-    def _default_within_max(self) -> _TenantTable:
-        if self.default_priority > self.max_priority:
-            raise ValueError("default_priority must be at most max_priority")
+    def _default_within_bound(self) -> _TenantTable:
+        if self.default_priority < self.min_priority:
+            raise ValueError("default_priority must be at least min_priority")
         return self
 
 

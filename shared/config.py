@@ -217,6 +217,11 @@ class WorkerSettings(RedisSettings):
         None, gt=0, le=1, description="vLLM memory share (default: vLLM's on GPU, 0.3 on CPU)"
     )
     cpu_kvcache_gib: int = Field(1, ge=1, description="KV cache size on the CPU backend, GiB")
+    scheduling_policy: Literal["fcfs", "priority"] = Field(
+        "fcfs",
+        description="vLLM's scheduling policy: priority runs the jobs of one batch in order of their "
+        "priority (lower first) and may preempt a running job for a more urgent one",
+    )
     worker_max_jobs: int = Field(256, ge=1, description="jobs one worker runs at once (vLLM batches them)")
     worker_poll_delay: float = Field(
         0.5,

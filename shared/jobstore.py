@@ -182,6 +182,7 @@ class JobStore:
                 annotations={ANNOTATION + name: value for name, value in (annotations or {}).items()},
                 wait=wait,
                 tenant=tenant,
+                priority=request.priority or 0,
             )
         if submitted.outcome in (SubmitOutcome.created, SubmitOutcome.existing):
             then = "; the job may exist: retry with the same Idempotency-Key to find it"

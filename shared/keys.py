@@ -13,8 +13,8 @@ ANONYMOUS_OWNER = "anonymous"
 
 @dataclass(frozen=True)
 class ModelKeys:
-    """Every key about one model, under `<prefix>:model:<name>`: its queue and what serves it. A
-    new per-model key (a tenant's share of the queue, say) is named here too, from the same root."""
+    """Every key about one model, under `<prefix>:model:<name>`: its queue, the tenants' shares of
+    it, and what serves it."""
 
     root: str
 
@@ -28,6 +28,26 @@ class ModelKeys:
         """Pub/sub channel: a job id each time one is put on the model's queue, so that its idle
         workers take it at once."""
         return f"{self.root}:queue:wakeup"
+
+    @property
+    def share_tenants(self) -> str:
+        """Sorted set: the tenants with jobs in the model's queue, each scored by its pass, the virtual
+        time of its next job (`claim.lua`): the lowest pass is served next."""
+        return f"{self.root}:share:tenants"
+
+    @property
+    def share_state(self) -> str:
+        """Hash: the model's virtual clock (`clock`), and per tenant its stride (`stride:<name>`, one
+        over its weight) and the pass it had when its last queued job was taken (`pass:<name>`)."""
+        return f"{self.root}:share:state"
+
+    @property
+    def share_queue_prefix(self) -> str:
+        """Followed by a tenant's name: a sorted set of the tenant's jobs in the model's queue,
+        members `<submission ms, 15 digits>:<job id>` scored by priority, so that they read in order
+        of priority (lower first, as vLLM orders), then of submission. Entries of jobs that have left
+        the queue are dropped by the claim that meets them."""
+        return f"{self.root}:share:queue:"
 
     @property
     def card(self) -> str:

@@ -10,7 +10,8 @@ serialization are needed outside arq's own `enqueue_job`.
 - an idle worker waits for a wake-up message (published with every enqueue) instead of polling
   the queue every few milliseconds; the poll interval is only a backstop;
 - a poll reads the queue and claims the jobs it finds in one script (arq's `_poll_iteration`
-  takes a round trip for the read and four a job for the same checks);
+  takes a round trip for the read and four a job for the same checks), which also picks them
+  fairly among the tenants sharing the queue, where arq takes the oldest;
 - a Redis outage pauses the poll loop instead of ending the process (arq lets the first
   connection error end `main`, and so the worker);
 - a stop signal always stops the intake first, also with no drain time, so that running jobs
@@ -33,7 +34,6 @@ import redis.asyncio as aioredis
 from arq.connections import ArqRedis
 from arq.constants import in_progress_key_prefix, job_key_prefix, retry_key_prefix
 from arq.jobs import serialize_job
-from arq.utils import timestamp_ms
 from arq.worker import Retry, Worker, func
 from redis.exceptions import RedisError
 
@@ -67,14 +67,13 @@ def job_payload(job_id: str, enqueued_at: float) -> bytes:
 
 
 class Claim(Protocol):
-    """The claim script (the job lifecycle's): due jobs no other worker has taken, as (id, score)."""
+    """The claim script (the job lifecycle's) for the worker's queue: jobs no other worker has
+    taken, as (id, score)."""
 
     async def __call__(
         self,
         redis: aioredis.Redis,
         *,
-        queue: str,
-        now_ms: int,
         in_progress_ms: int,
         in_progress_prefix: str,
         read_limit: int,
@@ -199,8 +198,6 @@ class QueueWorker(Worker):
     async def _claim_and_start(self) -> None:
         claimed = await self.claim(
             self.pool,
-            queue=self.queue_name,
-            now_ms=timestamp_ms(),
             in_progress_ms=int(self.in_progress_timeout_s * 1000),
             in_progress_prefix=in_progress_key_prefix,
             read_limit=self.queue_read_limit,

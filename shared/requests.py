@@ -29,6 +29,8 @@ MAX_STOP_TOKEN_IDS = 64
 MAX_LOGIT_BIAS_ENTRIES = 300  # OpenAI's own limit
 MAX_GRAMMAR_CHARS = 65_536
 MAX_CHOICES_OF_OUTPUT = 256
+MAX_PRIORITY = 1_000_000
+"""The bound of a job's priority either way; lower runs first, as in vLLM."""
 MAX_TOKEN_ID = 2**31 - 1  # vLLM checks the model's vocabulary, which no model comes near to this
 QUICK_TO_TOKENIZE_CHARS = 2_000
 """A prompt this short is tokenized on the event loop (well under a millisecond): a thread hop costs more."""
@@ -145,6 +147,14 @@ class JobRequest(BaseModel):
     structured_outputs: StructuredOutputs | None = None
     truncate_prompt_tokens: int | None = Field(
         None, ge=-1, le=1_000_000, description="keep only the prompt's last tokens; -1: as many as fit"
+    )
+    priority: int | None = Field(
+        None,
+        ge=-MAX_PRIORITY,
+        le=MAX_PRIORITY,
+        description="the job's place among its tenant's queued jobs, lower first (vLLM's order), and "
+        "in vLLM's scheduler where the worker has priority scheduling; default: the tenant's "
+        "default_priority; never below its min_priority",
     )
     stream_step: int = Field(1, ge=1, le=1024, description="tokens per delta event")
     logprobs: int | None = Field(None, ge=0, le=20, description="alternatives to report per token")

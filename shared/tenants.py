@@ -30,8 +30,9 @@ LIMITS = ("max_queued_jobs", "max_running_jobs", "requests_per_minute", "tokens_
 
 @dataclass(frozen=True)
 class Tenant:
-    """A tenant's name and limits; a limit of None is no limit. `weight`, `default_priority` and
-    `max_priority` are kept for the sharing of a model's queue among tenants."""
+    """A tenant's name and limits; a limit of None is no limit. `weight` is its share of each model's
+    queue against the other tenants' (`claim.lua`); its jobs take `default_priority` unless they
+    name one, and may name none more urgent (lower) than `min_priority`."""
 
     name: str
     max_queued_jobs: int | None = None
@@ -40,7 +41,7 @@ class Tenant:
     tokens_per_minute: int | None = None
     weight: float = 1.0
     default_priority: int = 0
-    max_priority: int = 0
+    min_priority: int = 0
 
     def limit_args(self) -> list[int]:
         """The limits as the submit script reads them: 0 is none."""
@@ -48,6 +49,10 @@ class Tenant:
 
     def limits(self) -> dict[str, int | None]:
         return {limit: getattr(self, limit) for limit in LIMITS}
+
+
+DEFAULT_SHARE = Tenant(DEFAULT_TENANT)
+"""Where a job of no tenant stands: in the default tenant's share of the queue, with its bounds."""
 
 
 class TenantUsage(BaseModel):
@@ -98,6 +103,6 @@ class UsageAnswer(BaseModel):
     limits: dict[str, int | None]
     weight: float | None
     default_priority: int | None
-    max_priority: int | None
+    min_priority: int | None
     window_seconds: int = WINDOW_SECONDS
     usage: TenantUsage | None

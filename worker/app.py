@@ -10,6 +10,7 @@ import os
 import socket
 import time
 from dataclasses import dataclass
+from functools import partial
 
 import redis.asyncio as aioredis
 import uvloop
@@ -65,7 +66,7 @@ class WorkerApp:
         self.services: WorkerServices | None = None
         self.queue = queue_worker(
             run=self.run_job,
-            claim=claim,
+            claim=partial(claim, model=model),
             pool=connection_pool(
                 settings.redis_url,
                 self.keys.client_name(f"worker:{self.worker_id}:queue"),

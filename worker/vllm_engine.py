@@ -75,6 +75,7 @@ def engine_args(settings: WorkerSettings) -> AsyncEngineArgs:
         max_model_len=settings.max_model_len,
         enforce_eager=on_cpu if settings.enforce_eager is None else settings.enforce_eager,
         max_num_seqs=settings.worker_max_jobs,
+        scheduling_policy=settings.scheduling_policy,
         **extra,
     )
 
@@ -118,6 +119,7 @@ class VllmEngine:
 
     def __init__(self, settings: WorkerSettings) -> None:
         self.model_name = settings.model_name
+        self.scheduling_policy = settings.scheduling_policy
         self.max_model_len = settings.max_model_len
         self._llm = AsyncLLM.from_engine_args(engine_args(settings))
         # vLLM resolves `auto` (and our CPU fallback) into a torch dtype: report that one, e.g. "bfloat16".
@@ -173,6 +175,11 @@ class VllmEngine:
             output_kind=RequestOutputKind.DELTA,
         )
 
+    def _priority(self, request: JobRequest) -> int:
+        """The job's priority where vLLM schedules by it; under first-come-first-served vLLM refuses
+        any but 0, and the queue has already ordered the job by it."""
+        return (request.priority or 0) if self.scheduling_policy == "priority" else 0
+
     async def generate(self, request_id: str, prompt: Prompt) -> AsyncGenerator[EngineDelta, None]:
         params = self.sampling_params(prompt.request)
         adapter = self._adapter(prompt.request)
@@ -184,7 +191,11 @@ class VllmEngine:
                     [TokensPrompt(prompt_token_ids=prompt.token_ids)]
                 )
                 async for output in self._llm.generate(
-                    engine_input, params, request_id, lora_request=adapter
+                    engine_input,
+                    params,
+                    request_id,
+                    lora_request=adapter,
+                    priority=self._priority(prompt.request),
                 ):
                     # With n > 1 each choice streams apart (`index`); one output may hold several.
                     for completion in output.outputs:

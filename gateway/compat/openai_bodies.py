@@ -42,6 +42,7 @@ VLLM_SAMPLING_OPTIONS = frozenset(
         "skip_special_tokens",
         "spaces_between_special_tokens",
         "truncate_prompt_tokens",
+        "priority",
     }
 )
 STRUCTURED_CONSTRAINTS = frozenset({"json", "regex", "choice", "grammar", "json_object", "structural_tag"})
@@ -131,6 +132,7 @@ class SamplingOptions(BaseModel):
     skip_special_tokens: bool | None = None
     spaces_between_special_tokens: bool | None = None
     truncate_prompt_tokens: Integer | None = None
+    priority: Integer | None = None  # vLLM's: lower first; here also the order in the tenant's share
 
     def sampling_fields(self) -> dict[str, Any]:
         """These options as job fields (None where the job's default applies)."""

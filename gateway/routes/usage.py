@@ -22,7 +22,7 @@ async def usage(request: Request, owner: Owner, services: ServicesDep) -> UsageA
             limits=dict.fromkeys(LIMITS),
             weight=None,
             default_priority=None,
-            max_priority=None,
+            min_priority=None,
             usage=None,
         )
     return UsageAnswer(
@@ -30,6 +30,6 @@ async def usage(request: Request, owner: Owner, services: ServicesDep) -> UsageA
         limits=tenant.limits(),
         weight=tenant.weight,
         default_priority=tenant.default_priority,
-        max_priority=tenant.max_priority,
+        min_priority=tenant.min_priority,
         usage=await read_usage(services.redis, services.keys, tenant.name),
     )

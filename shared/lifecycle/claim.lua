@@ -1,19 +1,93 @@
--- arq's poll and its checks, in one call: the due jobs at the head of the queue, and of those the
--- ones no other worker has taken (each then marked in progress), up to `wanted`. Answers
--- {id, score, id, score, ...}. The in-progress keys are named here from arq's prefix:
--- single-instance Redis, not Redis Cluster.
-local queue = KEYS[1]
-local now_ms, in_progress_ms, in_progress_prefix, read_limit, wanted = unpack(ARGV)
+-- arq's poll and its checks in one call, with the model's queue shared fairly among its tenants:
+-- up to `wanted` jobs no other worker has taken, each then marked in progress (arq's mark), as
+-- {id, score, id, score, ...} (the score: the job's submission ms, from the model's queue).
+--
+-- Start-time fair queuing over the tenants' shares (`ModelKeys.share_*`): every tenant with jobs
+-- waiting has a pass, the virtual time of its next job. The tenant with the lowest pass gives its
+-- first job (lowest priority value, then earliest), and its pass moves on by its stride, one over
+-- its weight; the model's clock becomes the pass just served. A tenant that joins comes in at the
+-- clock, so it is served next however long the others' backlogs, and tenants with backlogs are
+-- served in proportion to their weights. Each pick costs a few O(log n) commands.
+--
+-- A job stays in its share until it leaves the model's queue (started, cancelled, expired): an
+-- entry whose job is no longer queued is dropped here, and one another worker has just claimed is
+-- passed over. A queued job in no share (queued before shares existed) is taken once no share has
+-- anything to give, in submission order, as arq would.
+-- The in-progress keys and shares are named here from prefixes: single-instance Redis, not Redis Cluster.
+local queue, tenants, state = unpack(KEYS)
+local in_progress_ms, in_progress_prefix, share_prefix, read_limit, wanted = unpack(ARGV)
+local room = 2 * tonumber(wanted)
+local SCAN = 16
 
-local due = redis.call('ZRANGEBYSCORE', queue, '-inf', now_ms, 'WITHSCORES', 'LIMIT', 0, read_limit)
 local claimed = {}
-for i = 1, #due, 2 do
-  if #claimed >= 2 * tonumber(wanted) then break end
-  local in_progress = in_progress_prefix .. due[i]
-  if redis.call('EXISTS', in_progress) == 0 then
-    redis.call('PSETEX', in_progress, in_progress_ms, '1')
-    claimed[#claimed + 1] = due[i]
-    claimed[#claimed + 1] = due[i + 1]
+local skipped = {}  -- tenants with nothing to give in this call (only jobs just claimed elsewhere)
+local clock_was = tonumber(redis.call('HGET', state, 'clock')) or 0
+local clock = clock_was
+
+-- true: taken; false: another worker claimed it a moment ago; nil: no longer queued.
+local function take(id)
+  local score = redis.call('ZSCORE', queue, id)
+  if not score then return nil end
+  local in_progress = in_progress_prefix .. id
+  if redis.call('EXISTS', in_progress) == 1 then return false end
+  redis.call('PSETEX', in_progress, in_progress_ms, '1')
+  claimed[#claimed + 1] = id
+  claimed[#claimed + 1] = score
+  return true
+end
+
+local function lowest_tenant()
+  local offset = 0
+  while true do
+    local got = redis.call('ZRANGE', tenants, offset, offset + SCAN - 1, 'WITHSCORES')
+    if #got == 0 then return nil end
+    for i = 1, #got, 2 do
+      if not skipped[got[i]] then return got[i], tonumber(got[i + 1]) end
+    end
+    offset = offset + SCAN
+  end
+end
+
+local function take_first(share_queue)
+  local offset = 0
+  while true do
+    local got = redis.call('ZRANGE', share_queue, offset, offset + SCAN - 1)
+    if #got == 0 then return false end
+    local passed = 0
+    for _, member in ipairs(got) do
+      local taken = take(string.sub(member, 17))  -- after '<15 digits>:'
+      if taken then return true end
+      if taken == nil then redis.call('ZREM', share_queue, member) else passed = passed + 1 end
+    end
+    offset = offset + passed
+  end
+end
+
+while #claimed < room do
+  local tenant, pass = lowest_tenant()
+  if not tenant then break end
+  local share_queue = share_prefix .. tenant
+  if take_first(share_queue) then
+    -- A pass below the clock is a tenant's that had only just-claimed jobs while others were
+    -- served: like a tenant that joins, it starts at the clock and has saved no turns.
+    clock = math.max(clock, pass)
+    local stride = tonumber(redis.call('HGET', state, 'stride:' .. tenant)) or 1
+    redis.call('ZADD', tenants, clock + stride, tenant)
+  else
+    if redis.call('EXISTS', share_queue) == 0 then
+      redis.call('ZREM', tenants, tenant)
+      redis.call('HSET', state, 'pass:' .. tenant, pass)
+    end
+    skipped[tenant] = true
+  end
+end
+if clock ~= clock_was then redis.call('HSET', state, 'clock', clock) end
+
+if #claimed < room then
+  local head = redis.call('ZRANGE', queue, 0, tonumber(read_limit) - 1)
+  for _, id in ipairs(head) do
+    if #claimed >= room then break end
+    take(id)
   end
 end
 return claimed

@@ -8,7 +8,8 @@
 -- restart does not send resumed jobs behind the backlog; its record and stream live `lifetime`
 -- seconds from now, for the wait.
 --
--- `queue` and `wakeup_channel` are those of the job's model (its record's `model`).
+-- `queue` and `wakeup_channel` are those of the job's model (its record's `model`), and so are
+-- `share_tenants`, `share_state` and `share_prefix`: a requeued job goes back into its share too.
 --
 -- Failing a job needs its output, which the caller computes from the stream: the first call of a
 -- job out of attempts answers {'exhausted'} and drops the lease (so that nothing writes to the
@@ -17,10 +18,10 @@
 -- computed from it and `stream_tip`, the id of its last entry: the job fails only if the stream
 -- still ends there.
 -- Answers {'held'}, {'requeued'}, {'exhausted'}, {'failed'} or {'not_running', status or 'missing'}.
-local record, stream, _, lease, running, queue, arq_job, arq_in_progress, arq_retry, webhooks, webhook =
-  unpack(KEYS)
+local record, stream, _, lease, running, queue, arq_job, arq_in_progress, arq_retry, webhooks, webhook,
+      share_tenants, share_state = unpack(KEYS)
 local id, worker, attempt, max_attempts, arq_payload, lifetime, now, retention, maxlen, message,
-      wakeup_channel, failure_event, text, token_count, stream_tip = unpack(ARGV)
+      wakeup_channel, failure_event, text, token_count, stream_tip, share_prefix = unpack(ARGV)
 
 local holder = redis.call('GET', lease)
 if holder and holder ~= worker then return {'held'} end
@@ -44,6 +45,10 @@ if tonumber(redis.call('HGET', record, 'attempts') or '1') < tonumber(max_attemp
   -- milliseconds, as submit scores it; '%d': Lua would print a large number in exponent form
   local score = string.format('%d', math.floor(tonumber(redis.call('HGET', record, 'created_at')) * 1000))
   redis.call('ZADD', queue, score, id)
+  local share, priority = unpack(redis.call('HMGET', record, 'share', 'priority'))
+  if share then
+    share_enqueue(share_tenants, share_state, share_prefix .. share, share, priority, tonumber(score), id, lifetime)
+  end
   redis.call('PUBLISH', wakeup_channel, id)
   return {'requeued'}
 end

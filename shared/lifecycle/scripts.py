@@ -15,6 +15,7 @@ HELPERS = {
     "announce_end": "announce_end.lua",
     "tenant_admit": "tenant_admit.lua",
     "tenant_move": "tenant_move.lua",
+    "share_enqueue": "share_enqueue.lua",
 }
 """Lua functions a script may call; the loader prepends each one the script uses."""
 

@@ -10,10 +10,10 @@ from typing import Any
 import redis.asyncio as aioredis
 
 from shared.events import ErrorEvent, Event, JobState, StatusEvent
-from shared.keys import Keys
+from shared.keys import Keys, ModelKeys
 from shared.lifecycle import scripts
 from shared.replication import Wait
-from shared.tenants import Tenant
+from shared.tenants import DEFAULT_SHARE, Tenant
 
 
 class SubmitOutcome(Enum):
@@ -194,12 +194,15 @@ class Transitions:
         annotations: dict[str, str] | None = None,
         wait: Wait | None = None,
         tenant: Tenant | None = None,
+        priority: int = 0,
     ) -> Submitted:
         """`model`: the canonical name of the job's model, whose queue it joins; `annotations`: fields
         the record keeps beside the job, for the API layer that made it; `wait`: the replicas the
-        writes must reach, asked in the same round trip; `tenant`: whose limits the job must fit and
-        whose counters it joins (None: no tenant's)."""
+        writes must reach, asked in the same round trip; `tenant`: whose limits the job must fit,
+        whose counters it joins and whose share of the queue it waits in (None: no tenant's; it
+        waits in the default tenant's share); `priority`: its order within that share, lower first."""
         queue = self.keys.model(model)
+        share = tenant or DEFAULT_SHARE
         fields = {**(self.keys.tenant_record_fields(tenant.name) if tenant else {}), **(annotations or {})}
         keys = [
             self.keys.job(job_id),
@@ -208,6 +211,8 @@ class Transitions:
             queue.queue,
             self.keys.arq_job(job_id),
             *self._tenant_keys(tenant),
+            queue.share_tenants,
+            queue.share_state,
         ]
         args: list[Any] = [
             job_id,
@@ -225,6 +230,10 @@ class Transitions:
             model,
             tenant.name if tenant else "",
             *(tenant.limit_args() if tenant else [0, 0, 0, 0]),
+            share.name,
+            queue.share_queue_prefix,
+            repr(1 / share.weight),
+            priority,
             *(part for pair in fields.items() for part in pair),
         ]
         (outcome, value, *rest), acked = await self._run(scripts.SUBMIT, keys, args, wait)
@@ -403,6 +412,8 @@ class Transitions:
             self.keys.arq_in_progress(job_id),
             self.keys.arq_retry(job_id),
             *self._announce_keys(job_id),
+            queue.share_tenants,
+            queue.share_state,
         ]
         args: list[Any] = [
             job_id,
@@ -421,6 +432,7 @@ class Transitions:
             args += ["", "", 0, ""]
         else:
             args += [failure.event.model_dump_json(), failure.text, failure.token_count, failure.stream_tip]
+        args.append(queue.share_queue_prefix)
         outcome, *_ = await scripts.RELEASE(self.redis, keys, args)
         return ReleaseOutcome(outcome)
 
@@ -428,19 +440,21 @@ class Transitions:
 async def claim(
     redis: aioredis.Redis,
     *,
-    queue: str,
-    now_ms: int,
+    model: ModelKeys,
     in_progress_ms: int,
     in_progress_prefix: str,
     read_limit: int,
     wanted: int,
 ) -> list[tuple[str, int]]:
-    """Up to `wanted` due jobs no other worker has taken, each marked in progress: (id, score) pairs.
+    """Up to `wanted` of `model`'s queued jobs that no other worker has taken, picked fairly among
+    the tenants' shares (`claim.lua`), each marked in progress: (id, submission ms) pairs.
 
     A function of its own, not a method: arq's own client runs it, with arq's key prefix.
     """
     answer = await scripts.CLAIM(
-        redis, [queue], [now_ms, in_progress_ms, in_progress_prefix, read_limit, wanted]
+        redis,
+        [model.queue, model.share_tenants, model.share_state],
+        [in_progress_ms, in_progress_prefix, model.share_queue_prefix, read_limit, wanted],
     )
     ids = [item.decode() if isinstance(item, bytes) else item for item in answer[::2]]
     return [(job_id, int(float(score))) for job_id, score in zip(ids, answer[1::2], strict=True)]

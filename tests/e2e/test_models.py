@@ -1,6 +1,6 @@
 """Several models behind one gateway, on real processes: each worker takes only its own model's
-jobs, a LoRA adapter runs on its base model's worker, and a declared model with no worker queues
-its jobs until a worker of it starts.
+jobs, a LoRA adapter runs on its base model's worker, a declared model with no worker queues
+its jobs until a worker of it starts, and tenants share one model's queue fairly.
 
 The two workers run the same weights (the default model) under two served names, which is enough
 to prove the routing: greedy output equal between them shows the same weights, the worker each
@@ -13,15 +13,19 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+import redis.asyncio as aioredis
 
 from cli.launcher import wait_healthy
 from shared.config import Settings
+from shared.keys import Keys
 from tests.conftest import SYSTEM_START_TIMEOUT, make_settings
-from tests.helpers import eventually, submit, wait_for_status
+from tests.gateway.keyed_gateway import KEY_A, KEY_B, bearer
+from tests.helpers import eventually, in_process_gateway, submit, wait_for_status
 from tests.lora_adapter import make_adapter
 from tests.processes import Processes, free_port
 from tests.redis_cleanup import delete_prefix
@@ -33,6 +37,7 @@ ADAPTER = "pirate"
 LATE = "smol-late"  # declared by the gateway; its worker starts only in the test that needs it
 PROMPT = {"prompt": "The capital of France is", "max_tokens": 8, "temperature": 0}
 STARTED = {"completed"}
+SECOND_SLOTS = 4  # jobs SECOND's worker runs at once: few, so that a backlog waits in its queue
 
 
 @dataclass
@@ -70,7 +75,7 @@ def models_pool(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Ite
     gateway = processes.start("gateway", "gateway", settings)
     pool = ModelsPool(settings, f"http://127.0.0.1:{settings.port}", processes, {})
     pool.start_worker(FIRST, lora=[f"{ADAPTER}={adapter}"])
-    pool.start_worker(f"{SECOND},{SECOND_ALIAS}")
+    pool.start_worker(f"{SECOND},{SECOND_ALIAS}", worker_max_jobs=SECOND_SLOTS)
     try:
         children = list(processes.children.values())
         assert wait_healthy(pool.base_url, children, 2, SYSTEM_START_TIMEOUT), processes.log_dir
@@ -143,3 +148,57 @@ async def test_a_declared_model_without_a_worker_queues_until_one_starts(
     answer = await waiting_answer
     assert models_pool.model_of(record["worker"]) == LATE and record["waiting"] is None
     assert answer.status_code == 200 and answer.json()["choices"][0]["text"] == record["output"]["text"]
+
+
+BACKLOG = 300
+FAIR_TENANTS = f"""
+[[tenants]]
+name = "bulk"
+[[tenants]]
+name = "interactive"
+[[keys]]
+key = "{KEY_A}"
+tenant = "bulk"
+[[keys]]
+key = "{KEY_B}"
+tenant = "interactive"
+"""
+
+
+async def test_a_tenants_backlog_delays_another_tenants_next_job_by_at_most_a_pickup(
+    models_pool: ModelsPool, redis_client: aioredis.Redis, tmp_path: Path
+) -> None:
+    """Tenant `bulk` queues 300 jobs of SECOND, then `interactive` one: of `bulk`'s jobs, only those
+    SECOND's worker had already claimed may start between the submission of `interactive`'s job and
+    its start (counted from the records' times, not timed)."""
+    keys_file = tmp_path / "tenants.toml"
+    keys_file.write_text(FAIR_TENANTS)
+    settings = models_pool.settings.model_copy(
+        update={"allow_unauthenticated": False, "api_keys_file": keys_file}
+    )
+    keys = Keys(settings.key_prefix)
+    job = {"prompt": "Hello", "max_tokens": 1, "model": SECOND}
+    async with in_process_gateway(settings) as gateway:
+        answers = await asyncio.gather(
+            *(gateway.post("/v1/jobs", json=job, headers=bearer(KEY_A)) for _ in range(BACKLOG))
+        )
+        assert [answer.status_code for answer in answers] == [202] * BACKLOG
+        bulk = [answer.json()["id"] for answer in answers]
+        gateway.headers.update(bearer(KEY_B))
+        interactive = await submit(gateway, **job)
+        await wait_for_status(gateway, interactive, {"completed"})
+        gateway.headers.update(bearer(KEY_A))
+        await asyncio.gather(*(gateway.post(f"/v1/jobs/{job_id}/cancel") for job_id in bulk))
+
+    async with redis_client.pipeline(transaction=False) as pipe:
+        for job_id in [interactive, *bulk]:
+            pipe.hmget(keys.job(job_id), ["created_at", "started_at"])
+        (submitted_at, started_at), *bulk_times = await pipe.execute()
+    overtaking = [
+        started
+        for _, started in bulk_times
+        if started and float(submitted_at) < float(started) < float(started_at)
+    ]
+    waiting_then = sum(1 for _, started in bulk_times if not started or float(started) > float(submitted_at))
+    assert waiting_then > 10 * SECOND_SLOTS  # a backlog was there to be overtaken
+    assert len(overtaking) <= SECOND_SLOTS, (len(overtaking), waiting_then)

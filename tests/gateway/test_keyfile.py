@@ -55,7 +55,8 @@ def test_a_toml_file_gives_keys_their_webhook(tmp_path: Path) -> None:
         ('[[tenants]]\nname = "a"\nmax_queued_jobs = 0\n', "tenants.0.max_queued_jobs"),
         ('[[tenants]]\nname = "a"\ntokens_per_minute = "many"\n', "tenants.0.tokens_per_minute"),
         ('[[tenants]]\nname = "a"\nweight = 0\n', "tenants.0.weight"),
-        ('[[tenants]]\nname = "a"\ndefault_priority = 3\n', "default_priority must be at most max_priority"),
+        ('[[tenants]]\nname = "a"\ndefault_priority = -3\n', "default_priority must be at least min_priority"),
+        ('[[tenants]]\nname = "a"\nmin_priority = -2000000\n', "tenants.0.min_priority"),
         ('[[tenants]]\nname = "a"\nrequests_per_hour = 3\n', "tenants.0.requests_per_hour"),
     ],
 )
@@ -70,13 +71,13 @@ def test_keys_share_a_tenant_and_its_limits_and_a_key_without_one_is_the_default
     path = tmp_path / "tenants.toml"
     path.write_text(
         '[[tenants]]\nname = "team-a"\nmax_queued_jobs = 10\nmax_running_jobs = 4\nrequests_per_minute = 60\n'
-        "tokens_per_minute = 9000\nweight = 2\ndefault_priority = 1\nmax_priority = 5\n"
+        "tokens_per_minute = 9000\nweight = 2\ndefault_priority = 1\nmin_priority = -5\n"
         '[[keys]]\nkey = "key-1"\ntenant = "team-a"\n'
         '[[keys]]\nkey = "key-2"\ntenant = "team-a"\n'
         '[[keys]]\nkey = "key-3"\n'
     )
     api_keys = keys_of(path)
-    team_a = Tenant("team-a", 10, 4, 60, 9000, weight=2.0, default_priority=1, max_priority=5)
+    team_a = Tenant("team-a", 10, 4, 60, 9000, weight=2.0, default_priority=1, min_priority=-5)
     assert api_keys.tenants == {
         owner_id("key-0"): Tenant("default"),
         owner_id("key-1"): team_a,

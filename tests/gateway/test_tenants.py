@@ -27,7 +27,7 @@ from tests.helpers import in_process_gateway, scrape
 
 MODEL = DEFAULT_MODEL_DIR.name  # the gateway's default model (tests.conftest.make_settings)
 KEYS = {
-    name: f"sk-{name}-{uuid.uuid4().hex}" for name in ("queued", "running", "requests", "tokens", "burst")
+    name: f"sk-{name}-{uuid.uuid4().hex}" for name in ("queued", "running", "requests", "tokens", "burst", "urgent")
 }
 TENANTS = """
 [[tenants]]
@@ -46,11 +46,16 @@ requests_per_minute = 4
 name = "tokens"
 tokens_per_minute = 50
 weight = 2.5
-max_priority = 5
+min_priority = -5
 
 [[tenants]]
 name = "burst"
 max_queued_jobs = 10
+
+[[tenants]]
+name = "urgent"
+default_priority = 3
+min_priority = -5
 """ + "".join(f'\n[[keys]]\nkey = "{key}"\ntenant = "{name}"\n' for name, key in KEYS.items())
 JOB = {"prompt": "hi", "max_tokens": 8}
 
@@ -138,7 +143,7 @@ async def test_tokens_per_minute_counts_ended_jobs_usage(http: httpx.AsyncClient
         },
         "weight": 2.5,
         "default_priority": 0,
-        "max_priority": 5,
+        "min_priority": -5,
         "window_seconds": 60,
         "usage": {
             "queued_jobs": 0,
@@ -191,10 +196,35 @@ async def test_openai_and_tgi_routes_answer_429_in_their_own_shape(
     assert tgi.status_code == 429 and tgi.json()["error"].startswith("max_queued_jobs: ")
 
 
+async def priority_of(http: httpx.AsyncClient, store: JobStore, tenant: str, job: dict[str, object]) -> int:
+    answer = await http.post("/v1/jobs", json=job, headers=bearer(KEYS[tenant]))
+    assert answer.status_code == 202, answer.text
+    return int(await store.redis.hget(store.keys.job(answer.json()["id"]), "priority"))  # type: ignore[misc]
+
+
+async def test_a_jobs_priority_is_its_tenants_default_and_never_below_its_minimum(
+    http: httpx.AsyncClient, store: JobStore
+) -> None:
+    assert await priority_of(http, store, "urgent", JOB) == 3
+    assert await priority_of(http, store, "urgent", {**JOB, "priority": -5}) == -5
+    assert await priority_of(http, store, "urgent", {**JOB, "priority": 100}) == 100
+    too_urgent = await http.post("/v1/jobs", json={**JOB, "priority": -6}, headers=bearer(KEYS["urgent"]))
+    assert too_urgent.status_code == 422  # as every invalid field of a native job
+    assert too_urgent.json()["error"] == "priority: must be at least -5 for tenant urgent (lower runs first)"
+    # A tenant that names no minimum may not go below 0, on the OpenAI routes too.
+    client = openai.AsyncOpenAI(base_url=f"{http.base_url}/v1", api_key=KEYS["running"], max_retries=0)
+    async with client:
+        with pytest.raises(openai.BadRequestError) as caught:
+            await client.completions.create(model=MODEL, prompt="hi", max_tokens=4, extra_body={"priority": -1})
+    assert caught.value.param == "priority"
+
+
 async def test_without_keys_there_is_no_tenant_and_no_limit(redis_url: str) -> None:
     settings = make_settings(redis_url, allow_unauthenticated=True)
     async with in_process_gateway(settings) as http:
         usage = (await http.get("/v1/usage")).json()
         answers = [await http.post("/v1/jobs", json=JOB) for _ in range(3)]
+        too_urgent = await http.post("/v1/jobs", json={**JOB, "priority": -1})
+    assert too_urgent.status_code == 422  # the default tenant's bound: nothing more urgent than 0
     assert usage["tenant"] is None and usage["usage"] is None and set(usage["limits"].values()) == {None}
     assert [answer.status_code for answer in answers] == [202] * 3

@@ -41,7 +41,7 @@ async def started(store: JobStore, worker_id: str = "worker-1") -> str:
 def test_every_script_ships_as_a_lua_file_and_gets_the_helpers_it_calls() -> None:
     folder = Path(scripts.__file__).parent
     names = {"submit", "claim", "start", "step", "renew", "release", "finish", "cancel", "delete"}
-    helpers = {"expire_job", "announce_end", "tenant_admit", "tenant_move"}
+    helpers = {"expire_job", "announce_end", "tenant_admit", "tenant_move", "share_enqueue"}
     assert {path.stem for path in folder.glob("*.lua")} == names | helpers
 
     def calling(helper: str) -> set[str]:
@@ -52,6 +52,8 @@ def test_every_script_ships_as_a_lua_file_and_gets_the_helpers_it_calls() -> Non
     # ... and moves the job out of its tenant's counters; submit alone checks the tenant's limits
     assert calling("tenant_move") == {"start", "release", "finish", "cancel"}
     assert calling("tenant_admit") == {"submit"}
+    # the scripts that put a job on its model's queue put it in its tenant's share of it too
+    assert calling("share_enqueue") == {"submit", "release"}
 
 
 async def test_delete_takes_a_finished_jobs_keys_and_leaves_an_unfinished_one(store: JobStore) -> None:
@@ -148,8 +150,7 @@ async def test_claim_passes_over_jobs_marked_in_progress(store: JobStore) -> Non
     try:
         claimed = await claim(
             store.redis,
-            queue=store.keys.model(MODEL).queue,
-            now_ms=int(time.time() * 1000) + 1000,
+            model=store.keys.model(MODEL),
             in_progress_ms=10_000,
             in_progress_prefix=in_progress_key(""),
             read_limit=10,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
+from functools import partial
 from typing import Any
 
 from shared.jobstore import JobStore
@@ -29,7 +30,7 @@ def worker_of(
 
     return queue_worker(
         run=run_job,
-        claim=claim,
+        claim=partial(claim, model=store.keys.model(MODEL)),
         pool=connection_pool(redis_url, "test-queue", 4, decode_responses=False),
         queue=store.keys.model(MODEL).queue,
         wakeup_channel=store.keys.model(MODEL).wakeup,
@@ -126,7 +127,7 @@ async def test_a_job_requeued_while_its_earlier_run_still_ends_here_waits_for_th
     claims: list[str] = []
 
     async def counting_claim(*args: Any, **kwargs: Any) -> list[tuple[str, int]]:
-        claimed = await claim(*args, **kwargs)
+        claimed = await claim(*args, model=store.keys.model(MODEL), **kwargs)
         claims.extend(job_id for job_id, _ in claimed)
         return claimed
 
