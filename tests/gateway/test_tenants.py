@@ -26,9 +26,8 @@ from tests.gateway.stand_ins import heartbeat
 from tests.helpers import in_process_gateway, scrape
 
 MODEL = DEFAULT_MODEL_DIR.name  # the gateway's default model (tests.conftest.make_settings)
-KEYS = {
-    name: f"sk-{name}-{uuid.uuid4().hex}" for name in ("queued", "running", "requests", "tokens", "burst", "urgent")
-}
+TENANT_NAMES = ("queued", "running", "requests", "tokens", "burst", "urgent")
+KEYS = {name: f"sk-{name}-{uuid.uuid4().hex}" for name in TENANT_NAMES}
 TENANTS = """
 [[tenants]]
 name = "queued"
@@ -215,7 +214,9 @@ async def test_a_jobs_priority_is_its_tenants_default_and_never_below_its_minimu
     client = openai.AsyncOpenAI(base_url=f"{http.base_url}/v1", api_key=KEYS["running"], max_retries=0)
     async with client:
         with pytest.raises(openai.BadRequestError) as caught:
-            await client.completions.create(model=MODEL, prompt="hi", max_tokens=4, extra_body={"priority": -1})
+            await client.completions.create(
+                model=MODEL, prompt="hi", max_tokens=4, extra_body={"priority": -1}
+            )
     assert caught.value.param == "priority"
 
 
