@@ -23,7 +23,7 @@ WORKDIR /home/streampool
 # Numeric, so that Kubernetes' runAsNonRoot can check it.
 USER 10001:10001
 EXPOSE 8000
-# /health is 200 once Redis answers and a worker has a live heartbeat.
+# /health is 200 once Redis answers and a worker is live or a model is known.
 HEALTHCHECK --interval=15s --timeout=6s --start-period=20s --retries=3 \
     CMD ["python3", "/opt/streampool/healthcheck.py", "port"]
 ENTRYPOINT ["streampool"]

@@ -21,18 +21,23 @@ router = APIRouter(tags=["health"])
 
 @router.get("/health", responses=documented(503))
 async def health(services: ServicesDep) -> dict[str, Any]:
-    """200 when Redis answers and a worker has a live heartbeat; 503 with the reason otherwise.
+    """200 when the gateway can queue jobs: Redis answers, and a worker has a live heartbeat or a
+    model is known (declared, or announced by a worker once), whose jobs wait for a worker, as an
+    autoscaler that starts workers from zero needs; 503 with the reason otherwise.
 
     Unauthenticated, so it reads what admission read at most a second ago: callers cannot make
     Redis work harder by asking more often.
     """
     try:
         workers = await services.admission.live_workers()
+        models = (await services.admission.catalog()).entries
     except BackendUnavailable as exc:
         raise BackendUnavailable(exc.message, redis="unreachable") from exc
-    if not workers:
-        raise BackendUnavailable("no worker has a live heartbeat", redis="ok", workers=0)
-    return {"status": "ok", "redis": "ok", "workers": len(workers)}
+    if not workers and not models:
+        raise BackendUnavailable(
+            "no worker has a live heartbeat and no model is declared", redis="ok", workers=0
+        )
+    return {"status": "ok", "redis": "ok", "workers": len(workers), "models": len(models)}
 
 
 @router.get("/v1/models", dependencies=[REQUIRE_KEY], responses=documented(401, 503))

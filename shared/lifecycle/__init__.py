@@ -26,5 +26,7 @@ terminal event together, so a reader never sees one without the other::
 job: every end lets the job's keys expire, and announces the end of a job with a webhook (an entry
 on the webhooks stream that the gateways' senders deliver, and the job's delivery record).
 `tenant_admit.lua` checks a job's tenant's limits in submit; `tenant_move.lua` moves the job between
-its tenant's counters in the scripts that start or end it (`shared.tenants`).
+its tenant's counters in the scripts that start or end it (`shared.tenants`). `share_enqueue.lua`
+puts a job in its tenant's share of its model's queue in the scripts that queue it (submit, and
+release's requeue); claim picks among the shares fairly (start-time fair queuing, by weight).
 """

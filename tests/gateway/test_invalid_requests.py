@@ -176,11 +176,19 @@ async def test_cancel_of_a_queued_job_ends_it_without_a_worker(
     assert again.json()["status"] == "cancelled"
 
 
-async def test_health_without_workers_is_503_with_the_reason(gateway: httpx.AsyncClient) -> None:
-    answer = await gateway.get("/health")
+async def test_health_without_workers_is_200_while_a_model_is_declared(gateway: httpx.AsyncClient) -> None:
+    answer = await gateway.get("/health")  # the default model is declared: its jobs wait for a worker
+    assert answer.status_code == 200
+    assert answer.json() == {"status": "ok", "redis": "ok", "workers": 0, "models": 1}
+
+
+async def test_health_without_workers_or_models_is_503_with_the_reason(redis_url: str) -> None:
+    settings = make_settings(redis_url, allow_unauthenticated=True, default_model=None)
+    async with in_process_gateway(settings) as http:
+        answer = await http.get("/health")
     assert answer.status_code == 503
     assert answer.json()["error_type"] == "unavailable"
-    assert "worker" in answer.json()["error"]
+    assert answer.json()["error"] == "no worker has a live heartbeat and no model is declared"
 
 
 async def test_gateway_answers_503_when_redis_is_unreachable() -> None:
