@@ -108,6 +108,12 @@ def _logprobs(
     return result
 
 
+def engine_priority(request: JobRequest, scheduling_policy: str) -> int:
+    """The job's priority where vLLM schedules by it; under first-come-first-served vLLM refuses
+    any but 0, and the queue has already ordered the job by it."""
+    return (request.priority or 0) if scheduling_policy == "priority" else 0
+
+
 def _structured_outputs(constraint: StructuredOutputs | None) -> StructuredOutputsParams | None:
     if constraint is None:
         return None
@@ -175,11 +181,6 @@ class VllmEngine:
             output_kind=RequestOutputKind.DELTA,
         )
 
-    def _priority(self, request: JobRequest) -> int:
-        """The job's priority where vLLM schedules by it; under first-come-first-served vLLM refuses
-        any but 0, and the queue has already ordered the job by it."""
-        return (request.priority or 0) if self.scheduling_policy == "priority" else 0
-
     async def generate(self, request_id: str, prompt: Prompt) -> AsyncGenerator[EngineDelta, None]:
         params = self.sampling_params(prompt.request)
         adapter = self._adapter(prompt.request)
@@ -195,7 +196,7 @@ class VllmEngine:
                     params,
                     request_id,
                     lora_request=adapter,
-                    priority=self._priority(prompt.request),
+                    priority=engine_priority(prompt.request, self.scheduling_policy),
                 ):
                     # With n > 1 each choice streams apart (`index`); one output may hold several.
                     for completion in output.outputs:

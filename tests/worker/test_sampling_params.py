@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from shared.config import WorkerSettings
 from shared.requests import JobRequest
 from worker.engine import Prompt
 
@@ -82,3 +83,15 @@ def test_structured_outputs_reach_sampling_params_under_vllms_names(
 def test_truncate_prompt_tokens_keeps_the_last_tokens(truncate: int | None, kept: int) -> None:
     request = JobRequest(prompt="Once", max_tokens=12, truncate_prompt_tokens=truncate)
     assert request.kept_prompt_tokens(10, max_model_len=20) == kept
+
+
+@pytest.mark.parametrize(("policy", "handed"), [("priority", -3), ("fcfs", 0)])
+def test_a_jobs_priority_reaches_vllm_where_the_worker_schedules_by_priority(
+    policy: str, handed: int
+) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        from worker.vllm_engine import engine_args, engine_priority
+    settings = WorkerSettings(scheduling_policy=policy)
+    assert engine_args(settings).scheduling_policy == policy
+    assert engine_priority(JobRequest(prompt="hi", priority=-3), policy) == handed
