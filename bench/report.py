@@ -7,7 +7,7 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bench import first_token
 from bench.cancel import CancelSample
@@ -18,6 +18,15 @@ from bench.peer import PeerLevel, PeerRun
 from bench.redis_probe import Ceiling
 from bench.relay_load import RelayLevel
 from bench.stats import PhaseSummary, percentile
+
+if TYPE_CHECKING:  # bench.fair_share writes its figures here when run alone (`write_fair_share`)
+    from bench.fair_share import FairShare
+
+FAIR_SHARE_TARGET = 0.90
+"""Jobs started per second with tenants, at least this share of the single queue's (issue 21)."""
+FAIR_SHARE_HEADING = "## 8. Fair sharing among tenants"
+HAND_WRITTEN = "**Written by hand"
+"""How a paragraph written by hand under a generated section begins: `write_fair_share` keeps it."""
 
 
 @dataclass
@@ -32,6 +41,7 @@ class Results:
     full_path: list[PhaseSummary] = field(default_factory=list)
     first_tokens: list[FirstToken] = field(default_factory=list)
     pickup: list[float] = field(default_factory=list)
+    fair_share: FairShare | None = None
     cancels: list[CancelSample] = field(default_factory=list)
     step_costs: list[StepCost] = field(default_factory=list)
     ceilings: list[Ceiling] = field(default_factory=list)
@@ -204,6 +214,129 @@ def _peer_targets(results: Results) -> list[str]:
     ]
 
 
+FAIR_SHARE_TARGET_LABEL = (
+    f"jobs started/s with tenants / single queue >= {FAIR_SHARE_TARGET:.2f} at 1, 10, 100 tenants (section 8)"
+)
+
+
+def _fair_share_target(fair: FairShare | None) -> str:
+    if fair is None:
+        return f"| {FAIR_SHARE_TARGET_LABEL} | not run | **missed** |"
+    ratios = fair.ratios()
+    text = ", ".join(f"{count}: {ratio:.3f}" for count, ratio in ratios.items())
+    met = all(ratio >= FAIR_SHARE_TARGET for ratio in ratios.values())
+    return f"| {FAIR_SHARE_TARGET_LABEL} | {text} | {_verdict(met)} |"
+
+
+def fair_share_section(fair: FairShare | None) -> list[str]:
+    """Section 8, from a run of `make bench` or of `python -m bench.fair_share` alone."""
+    if fair is None:
+        return [FAIR_SHARE_HEADING, "", "Not measured in this run.", ""]
+    plan, ratios = fair.plan, fair.ratios()
+    lines = [
+        FAIR_SHARE_HEADING,
+        "",
+        f"Measured by `{fair.command}` ({fair.measured}), one worker (max_jobs {fair.max_jobs}). Tiny jobs"
+        " (max_tokens 1, `workload.request`) submitted by `JobStore.submit` round-robin over the tenants"
+        " (weight 1 each); with no tenant every job waits in the default share: the single queue of a"
+        f" deployment without tenants. Burst: {plan.burst_jobs} jobs submitted while the worker's process"
+        " is held (SIGSTOP), so that all of them wait in the queue when it resumes; jobs started per second"
+        " are (N - 1) over the span of their `started_at`. Each figure is the median of"
+        f" {plan.rounds} round(s) (each round's in brackets); a round runs every row once, each round"
+        " beginning with the next row, after one warm-up burst. The first claim: the jobs the worker's"
+        f" first claim takes as it resumes (up to {fair.max_jobs}), which start without waiting for the"
+        " engine to end any; the rest start as jobs end. Pickup: "
+        f"{plan.pickup_jobs} jobs one at a time, one every 20 ms, `created_at` to `started_at`, on an idle"
+        " system (one job waits at a time: only its tenant's share has one).",
+        "",
+        "| tenants | jobs started/s (rounds) | ratio to no tenant | first claim's jobs started/s (rounds) "
+        "| ratio | pickup p50, ms | pickup p99, ms | pickup max, ms |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    single = fair.single_queue.first_claim_per_second
+    for run in fair.runs:
+        rounds = " / ".join(f"{rate:.0f}" for rate in run.burst_rates)
+        first = " / ".join(f"{rate:.0f}" for rate in run.first_rates)
+        ratio = f"{ratios[run.tenants]:.3f}" if run.tenants in ratios else "1"
+        lines.append(
+            f"| {run.label} | {run.jobs_per_second:.0f} ({rounds}) | {ratio} "
+            f"| {run.first_claim_per_second:.0f} ({first}) | {run.first_claim_per_second / single:.3f} "
+            f"| {_ms(percentile(run.pickup, 50))} | {_ms(percentile(run.pickup, 99))} "
+            f"| {_ms(max(run.pickup, default=math.nan))} |"
+        )
+    lines += [
+        "",
+        f"The claim script alone, without the engine, on the same Redis: {plan.claims} jobs queued across"
+        " the tenants (by `JobStore.submit`, for a model no worker serves), then claimed one per call"
+        f" (`wanted` 1, `read_limit` {fair.read_limit} as the worker passes it), each claimed job then"
+        " taken off the queue as the start script takes it. Before fair sharing: `bench/fifo_claim.lua`,"
+        " the claim script as it was (the due jobs read from the queue's head, up to `read_limit`, in"
+        " submission order), on copies of the same queue: with the worker's `read_limit`, and with 1 (the"
+        " head alone: the least a FIFO claim can read). Time per call as Redis counts it (INFO"
+        " commandstats, EVALSHA: the script's own run; the idle worker's few calls in the same seconds"
+        " count too), and the client's round trip.",
+        "",
+        f"| jobs queued across | claims | µs/claim before, read_limit {fair.read_limit} "
+        "| µs/claim before, read_limit 1 | µs/claim fair sharing | fair / before (read_limit 1) "
+        "| round trip p50 before / before (1) / fair, µs |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for cost in fair.claims:
+        fair_us = cost.fair.us
+        lines.append(
+            f"| {cost.label} | {cost.claims} | {cost.fifo.us:.1f} | {cost.fifo_head.us:.1f} "
+            f"| {fair_us:.1f} | {fair_us / cost.fifo.us:.2f} ({fair_us / cost.fifo_head.us:.2f}) "
+            f"| {cost.fifo.round_trip_us:.0f} / {cost.fifo_head.round_trip_us:.0f} "
+            f"/ {cost.fair.round_trip_us:.0f} |"
+        )
+    return [*lines, ""]
+
+
+def _put_section(lines: list[str], section: list[str]) -> list[str]:
+    """`lines` with `section` in place of the one under the same heading (up to the next heading, or to
+    a paragraph written by hand, which stays), or else before the notes."""
+    heading = section[0]
+    if heading in lines:
+        begins = lines.index(heading)
+        ends = next(
+            (
+                index
+                for index in range(begins + 1, len(lines))
+                if lines[index].startswith(("## ", HAND_WRITTEN))
+            ),
+            len(lines),
+        )
+    else:
+        begins = ends = lines.index("## Notes") if "## Notes" in lines else len(lines)
+    return [*lines[:begins], *section, *lines[ends:]]
+
+
+def _put_target(lines: list[str], row: str, label: str) -> list[str]:
+    """`lines` with `row` in place of the Targets table's row of `label`, or else as its last row."""
+    at = next((index for index, line in enumerate(lines) if line.startswith(f"| {label} |")), None)
+    if at is not None:
+        return [*lines[:at], row, *lines[at + 1 :]]
+    table = lines.index("## Targets (DESIGN.md)") + 2
+    end = next((index for index in range(table, len(lines)) if not lines[index].startswith("| ")), len(lines))
+    return [*lines[:end], row, *lines[end:]]
+
+
+def write_fair_share(fair: FairShare, out: Path) -> Path:
+    """Put a run of `python -m bench.fair_share` alone into results.json (its `fair_share`) and RESULTS.md
+    (section 8 and its target row) in place, leaving everything else as it is; answers RESULTS.md's path.
+
+    Not through `write`: RESULTS.md's analysis is written by hand, and results.json keeps only the
+    relay lags' percentiles (the lag CDF could not be drawn again), so regenerating would lose both."""
+    raw_path, path = out / "results.json", out / "RESULTS.md"
+    raw = json.loads(raw_path.read_text())
+    raw["fair_share"] = dataclasses.asdict(fair)
+    raw_path.write_text(json.dumps(raw, indent=1, default=str))
+    lines = _put_section(path.read_text().splitlines(), fair_share_section(fair))
+    lines = _put_target(lines, _fair_share_target(fair), FAIR_SHARE_TARGET_LABEL)
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
 def _first_token_tables(results: Results) -> list[str]:
     in_process, full = _in_process_ttft(results), [sample.ttft for sample in results.first_tokens]
     quantiles = (50, 90, 99)
@@ -340,6 +473,7 @@ def _targets(results: Results, facts: dict[str, Any]) -> list[str]:
         f"| Redis round trips per engine step per worker = 1 | {rtt} "
         f"| {_verdict(all(c.round_trips_per_step <= 1.05 for c in results.step_costs))} |",
         *_peer_targets(results),
+        _fair_share_target(results.fair_share),
     ]
 
 
@@ -445,6 +579,7 @@ def render(results: Results, plots: list[str], extra_notes: list[str]) -> list[s
         "",
         *_peer_table(results),
         "",
+        *fair_share_section(results.fair_share),
         "## Notes",
         "",
         *extra_notes,

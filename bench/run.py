@@ -28,6 +28,7 @@ from bench import (
     cancel,
     commands,
     engine_baseline,
+    fair_share,
     first_token,
     full_path,
     peer,
@@ -62,6 +63,7 @@ class Plan:
     relay_seconds: float
     benchmark_requests: tuple[int, int]  # unpipelined, pipelined
     peer_plan: peer.PeerPlan  # vLLM's benchmark client against vLLM's server and streampool
+    fair_share: fair_share.FairPlan
 
 
 FULL = Plan(
@@ -75,6 +77,7 @@ FULL = Plan(
     10,
     (200_000, 1_000_000),
     peer_plan=peer.PeerPlan(128, 128, [(1, 8), (8, 32), (32, 96)]),
+    fair_share=fair_share.FULL,
 )
 QUICK = Plan(
     [(1, 1), (8, 1), (32, 1)],
@@ -87,6 +90,7 @@ QUICK = Plan(
     5,
     (50_000, 300_000),
     peer_plan=peer.PeerPlan(64, 32, [(1, 2), (8, 8), (32, 32)]),
+    fair_share=fair_share.QUICK,
 )
 
 
@@ -116,10 +120,10 @@ def _has(distribution: str) -> bool:
 
 
 async def engine_phases(
-    settings: Settings, plan: Plan, results: Results, logs: Path, progress: Progress
+    settings: Settings, plan: Plan, results: Results, logs: Path, progress: Progress, worker: psutil.Process
 ) -> None:
-    """vLLM's benchmark client, full path, pickup, cancel and Redis cost per step, against one gateway
-    and one worker."""
+    """vLLM's benchmark client, full path, pickup, fair sharing, cancel and Redis cost per step, against
+    one gateway and one worker (`worker`: its process, which the fair sharing phase holds at times)."""
     streams = sum(c * r for c, r in plan.levels)
     sync_redis = redis.Redis.from_url(settings.redis_url, decode_responses=True)
     async_redis = aioredis.Redis.from_url(settings.redis_url, decode_responses=True)
@@ -137,7 +141,13 @@ async def engine_phases(
             settings.port, store, plan.first_tokens, lambda: progress.advance(task)
         )
         task = progress.add_task("queue pickup: tiny jobs", total=plan.pickup_jobs)
-        results.pickup = await pickup.measure(http, store, plan.pickup_jobs, lambda: progress.advance(task))
+        results.pickup = await pickup.measure(
+            pickup.over_http(http), store, plan.pickup_jobs, lambda: progress.advance(task)
+        )
+        task = progress.add_task("fair sharing among tenants", total=fair_share.steps(plan.fair_share))
+        results.fair_share = await fair_share.measure(
+            store, settings, worker, plan.fair_share, results.command, lambda: progress.advance(task)
+        )
         task = progress.add_task("cancel latency: jobs", total=plan.cancels)
         results.cancels = await cancel.measure(http, store, plan.cancels, lambda: progress.advance(task))
         task = progress.add_task("Redis cost per step: 1 and 32 jobs", total=2)
@@ -216,18 +226,14 @@ def main() -> None:
             results.peer_vllm.append(vllm_side(settings, plan, logs, progress, 1))
             leftovers = [f"{p.name()} ({p.status()})" for p in psutil.Process().children(recursive=True)]
             notes.append(f"- This process's children when the worker started: {', '.join(leftovers)}.")
-            children += [system.start_gateway(settings, logs), system.start_worker(settings, logs)]
             progress.console.print("waiting for the gateway and the worker's engine")
-            system.wait_ready(settings, children, workers=1)
-            serving = [children[0].handle, psutil.Process()]
-            serving += [psutil.Process(redis_server.pid)] if redis_server is not None else []
-            placement = system.share_worker_cores(children[1], serving)
+            serving, placement = system.start_system(settings, logs, redis_server, children)
             if placement is not None:
                 notes.append(
                     f"- During the engine phases the gateway, Redis and this process ran on core(s) "
                     f"{sorted(placement[1])}, with the worker and its engine core, off the model runner's."
                 )
-            uvloop.run(engine_phases(settings, plan, results, logs, progress))
+            uvloop.run(engine_phases(settings, plan, results, logs, progress, children[1].handle))
             children.pop().stop()  # the worker: the relay phase must not share the cores with an engine
             if placement is not None:  # the relay phase has every core
                 for process in serving:

@@ -129,6 +129,19 @@ def start_redis(log_dir: Path) -> tuple[subprocess.Popen[bytes], str]:
     raise RuntimeError("redis-server did not come up")
 
 
+def start_system(
+    settings: Settings, log_dir: Path, redis_server: subprocess.Popen[bytes] | None, children: list[Child]
+) -> tuple[list[psutil.Process], tuple[set[int], set[int]] | None]:
+    """A gateway and one worker, appended to `children` as they start (so that the caller stops them
+    whatever happens), ready, with the gateway, Redis and this process on the worker's cores
+    (`share_worker_cores`). Answers the processes so placed and the placement."""
+    children += [start_gateway(settings, log_dir), start_worker(settings, log_dir)]
+    wait_ready(settings, children, workers=1)
+    serving = [children[0].handle, psutil.Process()]
+    serving += [psutil.Process(redis_server.pid)] if redis_server is not None else []
+    return serving, share_worker_cores(children[1], serving)
+
+
 def share_worker_cores(worker: Child, others: list[psutil.Process]) -> tuple[set[int], set[int]] | None:
     """On a CPU host, bind `others` (gateway, Redis, this process) to the cores the worker keeps off its
     model runner's, as the README advises where they share the host: the in-process side runs there too.
