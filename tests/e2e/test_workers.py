@@ -15,7 +15,7 @@ SUBMITTED = "streampool_jobs_submitted_total"
 async def test_health_reports_live_workers(client: httpx.AsyncClient) -> None:
     answer = await client.get("/health")
     assert answer.status_code == 200
-    assert answer.json() == {"status": "ok", "redis": "ok", "workers": WORKERS}
+    assert answer.json() == {"status": "ok", "redis": "ok", "workers": WORKERS, "models": 1}
 
 
 async def test_models_lists_the_served_model_in_openai_shape(
