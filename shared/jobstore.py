@@ -28,7 +28,7 @@ from shared.events import (
     Usage,
     event_adapter,
 )
-from shared.keys import ANONYMOUS_OWNER, Keys
+from shared.keys import ANONYMOUS_OWNER, Keys, share_member
 from shared.lifecycle.transitions import (
     CancelOutcome,
     DeleteOutcome,
@@ -333,10 +333,9 @@ class JobStore:
             if not fields:
                 raise JobNotFound(f"no job {job_id}")
             state = JobState(fields["status"])
-            # Only a queued job has a place, in its model's queue: a second round trip only then.
-            rank = None
-            if state is JobState.queued:
-                rank = await self.redis.zrank(self.keys.model(fields.get("model", "")).queue, job_id)
+            # Only a queued job has a place, in its tenant's share of its model's queue: a second
+            # round trip only then.
+            rank = await self._queue_position(job_id, fields) if state is JobState.queued else None
         if state.terminal:
             output = JobOutput(text=fields.get("text", ""), token_count=int(fields.get("token_count", 0)))
         else:
@@ -359,6 +358,18 @@ class JobStore:
             queue_position=rank,
             attempts=int(fields.get("attempts", 0)),
         )
+
+    async def _queue_position(self, job_id: str, fields: dict[str, str]) -> int | None:
+        """How many jobs of its tenant come before the job in its model's queue (by priority, then
+        age): other tenants' jobs take turns with them and do not count. It counts a job that has
+        just started until the next claim of that tenant's share drops its entry."""
+        model = self.keys.model(fields.get("model", ""))
+        if "share" not in fields:  # queued before tenants' shares: its place by age in the model's queue
+            rank: int | None = await self.redis.zrank(model.queue, job_id)
+            return rank
+        member = share_member(float(fields["created_at"]), job_id)
+        rank = await self.redis.zrank(model.share_queue_prefix + fields["share"], member)
+        return rank
 
     async def _output_so_far(self, job_id: str) -> JobOutput:
         """The text and token count the stream holds so far. Read from the stream, not kept as the

@@ -11,6 +11,12 @@ ANONYMOUS_OWNER = "anonymous"
 """The owner of jobs submitted where no API key is asked for (an owner id is never this word)."""
 
 
+def share_member(created_at: float, job_id: str) -> str:
+    """A job's member in its tenant's share of its model's queue, as `share_enqueue.lua` writes it:
+    its submission time in ms (15 digits, so that members of one priority sort by age), and its id."""
+    return f"{int(created_at * 1000):015d}:{job_id}"
+
+
 @dataclass(frozen=True)
 class ModelKeys:
     """Every key about one model, under `<prefix>:model:<name>`: its queue, the tenants' shares of
@@ -45,8 +51,8 @@ class ModelKeys:
     def share_queue_prefix(self) -> str:
         """Followed by a tenant's name: a sorted set of the tenant's jobs in the model's queue,
         members `<submission ms, 15 digits>:<job id>` scored by priority, so that they read in order
-        of priority (lower first, as vLLM orders), then of submission. Entries of jobs that have left
-        the queue are dropped by the claim that meets them."""
+        of priority (lower first, as vLLM orders), then of submission (`share_member`). Start and
+        cancel take a job's entry out; the claim drops one whose job left the queue otherwise."""
         return f"{self.root}:share:queue:"
 
     @property

@@ -28,5 +28,6 @@ on the webhooks stream that the gateways' senders deliver, and the job's deliver
 `tenant_admit.lua` checks a job's tenant's limits in submit; `tenant_move.lua` moves the job between
 its tenant's counters in the scripts that start or end it (`shared.tenants`). `share_enqueue.lua`
 puts a job in its tenant's share of its model's queue in the scripts that queue it (submit, and
-release's requeue); claim picks among the shares fairly (start-time fair queuing, by weight).
+release's requeue), and `share_leave.lua` takes it out in those that end its wait (start, cancel);
+claim picks among the shares fairly (start-time fair queuing, by weight).
 """

@@ -1,9 +1,9 @@
 -- queued -> cancelled at once; for a running job, set its cancel key (holding when the first
 -- cancel was asked for, for the cancel latency): its worker's next step ends it cancelled.
--- `queue` is the queue of the job's model (its record's `model`).
+-- `queue` is the queue of the job's model (its record's `model`), `share_prefix` that model's.
 -- Answers {'cancelled' | 'asked' | 'ended', the state the job is in now} or {'missing'}.
 local record, stream, cancel, queue, arq_job, webhooks, webhook = unpack(KEYS)
-local id, now, cancelled_event, maxlen, retention, lifetime = unpack(ARGV)
+local id, now, cancelled_event, maxlen, retention, lifetime, share_prefix = unpack(ARGV)
 
 local status = redis.call('HGET', record, 'status')
 if not status then return {'missing'} end
@@ -12,6 +12,7 @@ if status == 'queued' then
              'usage', '{"prompt_tokens":0,"completion_tokens":0}')
   redis.call('XADD', stream, 'MAXLEN', '~', maxlen, '*', 'type', 'cancelled', 'data', cancelled_event)
   redis.call('ZREM', queue, id)
+  share_leave(share_prefix, id)
   redis.call('DEL', arq_job)
   expire_job(retention)
   announce_end(webhooks, webhook, retention)

@@ -9,9 +9,9 @@
 -- clock, so it is served next however long the others' backlogs, and tenants with backlogs are
 -- served in proportion to their weights. Each pick costs a few O(log n) commands.
 --
--- A job stays in its share until it leaves the model's queue (started, cancelled, expired): an
--- entry whose job is no longer queued is dropped here, and one another worker has just claimed is
--- passed over. A queued job in no share (queued before shares existed) is taken once no share has
+-- A job stays in its share until it leaves the model's queue: start and cancel take its entry out
+-- (`share_leave.lua`); an entry whose job left otherwise (its keys expired) is dropped here, and one
+-- that another worker has just claimed is passed over. A queued job in no share (queued before shares existed) is taken once no share has
 -- anything to give, in submission order, as arq would.
 -- The in-progress keys and shares are named here from prefixes: single-instance Redis, not Redis Cluster.
 local queue, tenants, state = unpack(KEYS)

@@ -16,6 +16,7 @@ HELPERS = {
     "tenant_admit": "tenant_admit.lua",
     "tenant_move": "tenant_move.lua",
     "share_enqueue": "share_enqueue.lua",
+    "share_leave": "share_leave.lua",
 }
 """Lua functions a script may call; the loader prepends each one the script uses."""
 

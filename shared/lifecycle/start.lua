@@ -3,17 +3,19 @@
 -- worker takes the job's lease and the job leaves arq's queue set, so that the set holds only
 -- waiting jobs, and the job's record and stream live `lifetime` seconds from now, however long it
 -- waited. A queued job past its `deadline` fails instead (queued -> failed), without ever running.
--- `queue` is the queue of the job's model, the one the starting worker serves and claimed it from.
+-- `queue` is the queue of the job's model, the one the starting worker serves and claimed it from,
+-- and `share_prefix` that model's (`ModelKeys.share_queue_prefix`).
 -- The request's JSON is decoded only when it has one.
 -- Answers {'running', request, created_at}, {'resumed', request, created_at, attempt, entries},
 -- {'expired'} or {'refused', status or 'missing'}.
 local record, stream, _, queue, lease, running, arq_job, webhooks, webhook = unpack(KEYS)
 local id, worker, now, running_event, expired_event, expired_message, maxlen, lease_ms,
-      retention, lifetime = unpack(ARGV)
+      retention, lifetime, share_prefix = unpack(ARGV)
 
 local function take(attempt)
   redis.call('HSET', record, 'worker', worker, 'attempts', attempt)
   redis.call('ZREM', queue, id)
+  share_leave(share_prefix, id)
   redis.call('SET', lease, worker, 'PX', lease_ms)
   redis.call('SADD', running, id)
   redis.call('EXPIRE', record, lifetime)
@@ -35,6 +37,7 @@ if string.find(request, '"deadline":', 1, true) then
                'token_count', 0, 'usage', '{"prompt_tokens":0,"completion_tokens":0}')
     redis.call('XADD', stream, 'MAXLEN', '~', maxlen, '*', 'type', 'error', 'data', expired_event)
     redis.call('ZREM', queue, id)
+    share_leave(share_prefix, id)
     redis.call('DEL', arq_job)
     expire_job(retention)
     announce_end(webhooks, webhook, retention)

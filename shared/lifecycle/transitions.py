@@ -279,6 +279,7 @@ class Transitions:
             int(lease_seconds * 1000),
             retention_seconds,
             lifetime_seconds,
+            self.keys.model(model).share_queue_prefix,
         ]
         outcome, *values = await scripts.START(self.redis, keys, args)
         if outcome == StartOutcome.running.value:
@@ -362,6 +363,7 @@ class Transitions:
             maxlen,
             retention_seconds,
             lifetime_seconds,
+            self.keys.model(model).share_queue_prefix,
         ]
         (outcome, *state), acked = await self._run(scripts.CANCEL, keys, args, wait)
         return CancelResult(CancelOutcome(outcome), JobState(state[0]) if state else None, acked)

@@ -116,14 +116,18 @@ async def test_jobs_of_no_tenant_share_the_default_tenants_turns(queue: Queue) -
     assert served.count("a") == 1 and queue.claimed.index(a_job) <= 1
 
 
-async def test_jobs_that_left_the_queue_are_dropped_from_their_share(queue: Queue, store: JobStore) -> None:
-    cancelled = await queue.submit(A, 3)
-    (kept,) = await queue.submit(A)
+async def test_jobs_that_left_the_queue_leave_their_share(queue: Queue, store: JobStore) -> None:
+    cancelled = await queue.submit(A, 2)
+    stale, kept = await queue.submit(A, 2)
     for job_id in cancelled:
-        await store.cancel(job_id)
-    assert await queue.claim(wanted=5) == [kept]
+        await store.cancel(job_id)  # the cancel script takes the entry out
     share = store.keys.model(MODEL).share_queue_prefix + "a"
-    assert await store.redis.zcard(share) == 1  # only the claimed job, until it starts
+    assert await store.redis.zcard(share) == 2
+    await store.redis.zrem(store.keys.model(MODEL).queue, stale)  # gone without a script, as by expiry
+    assert await queue.claim(wanted=5) == [kept]
+    assert await store.redis.zcard(share) == 1  # the claim dropped the stale entry; `kept` waits to start
+    assert await store.start(kept, "worker-1", MODEL, lease_seconds=6.0) is not None
+    assert await store.redis.zcard(share) == 0
 
 
 async def test_a_queued_job_in_no_share_is_still_taken(queue: Queue, store: JobStore) -> None:
@@ -137,3 +141,20 @@ async def test_a_job_claimed_by_another_worker_is_passed_over(queue: Queue, stor
     await store.redis.set(in_progress_key(first), "1", px=60_000)
     queue.claimed.append(first)  # for the cleanup
     assert await queue.claim(wanted=5) == [second]
+
+
+async def test_a_queued_jobs_position_counts_only_its_own_tenants_jobs_before_it(
+    queue: Queue, store: JobStore
+) -> None:
+    usual = await queue.submit(A, 3)
+    (urgent,) = await queue.submit(A, priority=-1)
+    (b_job,) = await queue.submit(B)
+
+    async def position(job_id: str) -> int:
+        rank = (await store.record(job_id)).queue_position
+        assert rank is not None
+        return rank
+
+    assert await position(urgent) == 0 and await position(b_job) == 0
+    # by age, then (two in one millisecond) by id: each has its own place after the urgent one
+    assert sorted([await position(job_id) for job_id in usual]) == [1, 2, 3]

@@ -41,7 +41,7 @@ async def started(store: JobStore, worker_id: str = "worker-1") -> str:
 def test_every_script_ships_as_a_lua_file_and_gets_the_helpers_it_calls() -> None:
     folder = Path(scripts.__file__).parent
     names = {"submit", "claim", "start", "step", "renew", "release", "finish", "cancel", "delete"}
-    helpers = {"expire_job", "announce_end", "tenant_admit", "tenant_move", "share_enqueue"}
+    helpers = {"expire_job", "announce_end", "tenant_admit", "tenant_move", "share_enqueue", "share_leave"}
     assert {path.stem for path in folder.glob("*.lua")} == names | helpers
 
     def calling(helper: str) -> set[str]:
@@ -54,6 +54,7 @@ def test_every_script_ships_as_a_lua_file_and_gets_the_helpers_it_calls() -> Non
     assert calling("tenant_admit") == {"submit"}
     # the scripts that put a job on its model's queue put it in its tenant's share of it too
     assert calling("share_enqueue") == {"submit", "release"}
+    assert calling("share_leave") == {"start", "cancel"}  # ... and out of it, the scripts that end its wait
 
 
 async def test_delete_takes_a_finished_jobs_keys_and_leaves_an_unfinished_one(store: JobStore) -> None:
