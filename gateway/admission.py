@@ -185,12 +185,15 @@ class Admission:
         model: str | None = None,
         idempotency_key: str | None = None,
         annotations: Mapping[str, str] | None = None,
+        fill_context: bool = False,
     ) -> Submission:
         """Queue `job` for `owner` on its model's queue, or raise why not (before anything is written).
 
         `model`: the model the caller named in its API's own field (else the job's `model`); none
         means the default model. The job carries it resolved (`Target.qualified`) to its worker.
         `annotations`: what the route's API keeps beside the job (`JobStore.annotations`).
+        `fill_context`: the caller named no maximum, and its API's default is vLLM's (chat, Responses):
+        the job may generate as many tokens as the model's context leaves, within `max_tokens_limit`.
         """
         if job.max_tokens > self.max_tokens_limit:
             raise InvalidRequest.of_field(
@@ -208,7 +211,9 @@ class Admission:
         target = catalog.resolve(model if model is not None else job.model, self.default_model)
         job = job.model_copy(update={"model": target.qualified})
         try:
-            await self.prompt_limit.check(job, target.model)
+            job = await self.prompt_limit.check(
+                job, target.model, fill=self.max_tokens_limit if fill_context else None
+            )
         except PromptTooLong:
             self.metrics.jobs_rejected.labels(reason="prompt_too_long").inc()
             raise

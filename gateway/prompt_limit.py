@@ -76,17 +76,24 @@ class PromptLimit:
         counter = await self.counter(model)
         return None if counter is None else await count_prompt(counter, request)
 
-    async def check(self, request: JobRequest, model: str) -> None:
-        """`PromptTooLong`, with the numbers, when prompt plus `max_tokens` exceed the model's context."""
+    async def check(self, request: JobRequest, model: str, *, fill: int | None = None) -> JobRequest:
+        """The request, or `PromptTooLong` with the numbers when prompt plus `max_tokens` exceed the
+        model's context. `fill`: the request named no `max_tokens`; as vLLM, it gets as many as the
+        context leaves after the prompt, at most `fill` (it keeps its own where the prompt cannot be
+        counted)."""
         counter = await self.counter(model)
         if counter is None:
-            return
+            return request
         prompt_tokens = await count_prompt(counter, request)
+        if prompt_tokens is None:
+            return request
         context = counter.card.max_model_len
-        if prompt_tokens is not None:
-            prompt_tokens = request.kept_prompt_tokens(prompt_tokens, context)
-        if prompt_tokens is not None and prompt_tokens + request.max_tokens > context:
+        prompt_tokens = request.kept_prompt_tokens(prompt_tokens, context)
+        if fill is not None:
+            request = request.model_copy(update={"max_tokens": max(1, min(fill, context - prompt_tokens))})
+        if prompt_tokens + request.max_tokens > context:
             raise prompt_too_long(prompt_tokens, request.max_tokens, context)
+        return request
 
 
 async def count_prompt(counter: PromptCounter, request: JobRequest) -> int | None:

@@ -165,6 +165,12 @@ class _Body(SamplingOptions):
     guided_choice: Any = None
 
     @property
+    def fills_context(self) -> bool:
+        """No maximum given on chat, whose default in vLLM is what the context leaves after the prompt
+        (completions default to 16 tokens, as in vLLM and OpenAI)."""
+        return self.chat and self._max_tokens()[1] is None
+
+    @property
     def include_usage(self) -> bool:
         return self.stream_options is not None and self.stream_options.include_usage
 
@@ -235,8 +241,9 @@ class _Body(SamplingOptions):
     def job_request(self, max_tokens_limit: int) -> JobRequest:
         """The job this body asks for; `InvalidRequest` (naming the parameter) when it cannot be one.
 
-        Without a `max_tokens` the job gets the endpoint's default, within the gateway's limit;
-        a value over the limit is admission's to refuse.
+        Without a `max_tokens` the job gets the endpoint's default, within the gateway's limit (chat's
+        is then raised to what the context leaves: `fills_context`); a value over the limit is
+        admission's to refuse.
         """
         for refused, param, reason in self._refusals():
             if refused:

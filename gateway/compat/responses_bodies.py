@@ -266,8 +266,9 @@ class ResponsesBody(SamplingOptions):
     def job_request(self, context: list[ChatMessage], max_tokens_limit: int) -> JobRequest:
         """The job: `instructions`, then `context` (the conversation up to and with this input).
 
-        Without `max_output_tokens` the job gets the chat route's default, within the gateway's limit;
-        a value over the limit is admission's to refuse. Call it after `refuse_unsupported`.
+        Without `max_output_tokens` the job gets the chat route's default, within the gateway's limit,
+        which admission raises to what the context leaves; a value over the limit is admission's to
+        refuse. Call it after `refuse_unsupported`.
         """
         instructions = (
             [] if self.instructions is None else [ChatMessage(role="system", content=self.instructions)]

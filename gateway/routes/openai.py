@@ -123,7 +123,9 @@ async def _answer(
     before the job runs."""
     job = body.job_request(services.settings.max_tokens_limit)
     try:
-        submission = await services.admission.admit(job, owner, model=body.model)
+        submission = await services.admission.admit(
+            job, owner, model=body.model, fill_context=body.fills_context
+        )
     except InvalidRequest as exc:
         raise body.in_own_terms(exc) from exc
     run = JobRun(services, submission.job_id, request)

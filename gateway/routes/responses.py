@@ -167,6 +167,7 @@ async def create_response(
             owner,
             model=body.model,
             annotations={**stored.annotations(), **webhook},
+            fill_context=body.max_output_tokens is None,  # as OpenAI: bounded by the context alone
         )
     except InvalidRequest as exc:
         raise body.in_own_terms(exc) from exc

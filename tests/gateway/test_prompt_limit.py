@@ -6,6 +6,9 @@ published under the test's prefix, as a worker publishes it; no worker runs.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import json
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -20,6 +23,7 @@ from shared.model_card import ModelCard, publish_model_card
 from shared.requests import JobRequest
 from tests.conftest import make_settings
 from tests.gateway.stand_ins import CARD_CONTEXT as CONTEXT
+from tests.helpers import eventually
 from tests.redis_cleanup import delete_prefix
 
 LONG = "The quick brown fox jumps over the lazy dog. " * 300  # about 3,000 tokens
@@ -112,3 +116,67 @@ async def test_a_chat_the_template_refuses_is_422(
 async def test_without_a_model_card_the_worker_is_left_to_check(gateway: httpx.AsyncClient) -> None:
     answer = await gateway.post("/v1/jobs", json={"prompt": LONG, "max_tokens": 16})
     assert answer.status_code == 202, answer.text
+
+
+async def _job_request_of_a_call(
+    gateway: httpx.AsyncClient,
+    redis_client: aioredis.Redis,
+    settings: Settings,
+    path: str,
+    body: dict[str, Any],
+) -> dict[str, Any]:
+    """The job a call makes, read from its record as soon as it is queued (no worker runs here, so
+    a call that waits for the answer is cancelled once its job exists)."""
+    call = asyncio.ensure_future(gateway.post(path, json=body))
+    records: list[str] = []
+
+    async def queued() -> bool:
+        records[:] = [
+            key
+            async for key in redis_client.scan_iter(match=f"{settings.key_prefix}:job:*")
+            if key.count(":") == 2
+        ]
+        return bool(records)
+
+    try:
+        await eventually(queued, f"{path} queued a job", timeout=10)
+    finally:
+        call.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await call
+    request: dict[str, Any] = json.loads(await redis_client.hget(records[0], "request"))  # type: ignore[misc]
+    return request
+
+
+HELLO = [{"role": "user", "content": "Hello!"}]
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "fills"),
+    [
+        ("/v1/chat/completions", {"messages": HELLO}, True),  # vLLM's default: what the context leaves
+        ("/v1/responses", {"input": HELLO}, True),  # OpenAI's: bounded by the context alone
+        ("/v1/completions", {"prompt": "Hello!"}, False),  # 16, as vLLM and OpenAI
+        ("/v1/chat/completions", {"messages": HELLO, "max_tokens": 7}, False),
+    ],
+    ids=["chat", "responses", "completions", "chat with max_tokens"],
+)
+async def test_without_a_maximum_chat_and_responses_may_fill_the_context(
+    gateway: httpx.AsyncClient,
+    published: ModelCard,
+    redis_client: aioredis.Redis,
+    settings: Settings,
+    path: str,
+    body: dict[str, Any],
+    fills: bool,
+) -> None:
+    request = await _job_request_of_a_call(
+        gateway, redis_client, settings, path, {"model": published.model, **body}
+    )
+    counter = PromptCounter(published)
+    prompt_tokens = counter.count(
+        JobRequest.model_validate({"messages": HELLO} if "prompt" not in body else {"prompt": "Hello!"})
+    )
+    assert prompt_tokens is not None
+    expected = CONTEXT - prompt_tokens if fills else body.get("max_tokens", 16)
+    assert request["max_tokens"] == expected
