@@ -1,13 +1,13 @@
 """Bad input gets the documented error, and creates nothing in Redis.
 
-These run the real gateway app in-process against the real Redis, with no worker:
-what they check is decided before a job would ever reach one.
+These run the real gateway app in-process against a real Redis of their own, with no
+worker: what they check is decided before a job would ever reach one.
 """
 
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import httpx
@@ -16,9 +16,19 @@ import redis.asyncio as aioredis
 
 from shared.config import Settings
 from tests.conftest import make_settings
+from tests.gateway.stand_ins import private_redis
 from tests.helpers import in_process_gateway
 from tests.processes import free_port
 from tests.redis_cleanup import delete_prefix
+
+
+@pytest.fixture(scope="session")
+def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A redis-server of this module's own, one per test process: arq's job keys (`arq:job:*`, arq's
+    own prefix) are written by every test that submits a job, so only a Redis that no other test uses
+    shows that a refused request wrote none."""
+    with private_redis(tmp_path_factory.mktemp("invalid-requests")) as url:
+        yield url
 
 
 @pytest.fixture
