@@ -46,6 +46,15 @@ ENGINE_FIXTURES = frozenset({"system", "pool", "deployment", "outage", "cluster"
 tests/e2e/test_models.py."""
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--fuzz-examples",
+        type=int,
+        metavar="N",
+        help="examples a route in tests/fuzz, instead of its EXAMPLES_PER_ROUTE (make test-fast: fewer)",
+    )
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Every test is `system` when it uses an engine-starting fixture, directly or through another
     fixture, and `unit` otherwise: a new test is classified by what it uses (`make test-fast` runs

@@ -13,6 +13,7 @@ import pytest
 from xdist.scheduler import LoadScopeScheduling
 
 GROUPS = {
+    "tests/fuzz/test_schema_fuzz.py": "fuzz",  # its gateway process and the schema read from it
     "tests/worker/test_sampling_params.py": "engine-libraries",  # imports vLLM
     "tests/worker/test_cpu_dtype.py": "engine-libraries",  # imports torch
     "tests/gateway/test_vllm_routes.py": "engine-libraries",  # loads the tokenizer with transformers
@@ -28,9 +29,6 @@ GROUPS = {
 }
 """Each module's group: what the comment names is set up once per group, not once per process."""
 
-SPREAD_FIRST = ("tests/fuzz/",)
-"""The longest tests of those dealt out one at a time: they go right after the groups."""
-
 
 def _path(nodeid: str) -> str:
     return nodeid.split("::")[0]
@@ -38,12 +36,10 @@ def _path(nodeid: str) -> str:
 
 def rank(item: pytest.Item) -> int:
     """Where a test goes in the order of dealing: the groups first (each is one long run), in GROUPS'
-    order; then SPREAD_FIRST; then the rest, so that short tests fill the processes at the end."""
+    order, then the rest, so that short tests fill the processes at the end."""
     groups = list(dict.fromkeys(GROUPS.values()))
-    path = _path(item.nodeid)
-    if path in GROUPS:
-        return groups.index(GROUPS[path])
-    return len(groups) + (0 if path.startswith(SPREAD_FIRST) else 1)
+    group = GROUPS.get(_path(item.nodeid))
+    return groups.index(group) if group else len(groups)
 
 
 class GroupScheduling(LoadScopeScheduling):

@@ -31,7 +31,9 @@ from shared.model_card import ModelCard, publish_model_card
 from shared.requests import JobRequest
 from tests.gateway.keyed_gateway import KEY_A, KeyedGateway, bearer, run_keyed_gateway
 
-EXAMPLES_PER_ROUTE = 100  # the whole run takes a couple of minutes on a 2-core machine
+# The whole run takes a couple of minutes on a 2-core machine: `make test` tries this many examples a
+# route, `make test-fast` fewer (`--fuzz-examples`).
+EXAMPLES_PER_ROUTE = 100
 # A job's other keys are named `<job key>:<suffix>` (shared/keys.py): ids a generator rarely makes.
 KEY_SUFFIXES = [":events", ":cancel", ":lease", ":webhook"]
 
@@ -47,9 +49,7 @@ async def _publish_card(gateway: KeyedGateway, card: ModelCard) -> None:
         await client.aclose()
 
 
-# The fixtures are per test process (session), not per module: under `-n` this module's tests are dealt
-# out one at a time, and a process may run some, then others, then more of these.
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def gateway(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[KeyedGateway]:
     # A short long-poll wait: fuzzed `wait` values must not hold a case for half a minute. No model
     # declared: with none known, a request that waits for its output is a 503 at once (with one
@@ -59,7 +59,7 @@ def gateway(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     )
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def api_schema(gateway: KeyedGateway, model_card: ModelCard | None) -> BaseSchema:
     if model_card is not None:
         asyncio.run(_publish_card(gateway, model_card))
@@ -97,7 +97,7 @@ async def _submitted_and_started(gateway: KeyedGateway) -> str:
         await client.aclose()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def running_job(gateway: KeyedGateway) -> str:
     """KEY_A's job with every key of the layout present: stream, lease (started by a stand-in for a
     worker) and cancel key (a cancel asked while it runs)."""
@@ -129,7 +129,7 @@ def _sendable(name: str) -> bool:
 # schemathesis' own pytest integration does not run on this pytest; its strategies do, with Hypothesis.
 @pytest.mark.parametrize(("method", "path"), ROUTES, ids=[f"{m} {p}" for m, p in ROUTES])
 def test_every_route_answers_within_its_documented_schema(
-    api_schema: BaseSchema, method: str, path: str
+    api_schema: BaseSchema, pytestconfig: pytest.Config, method: str, path: str
 ) -> None:
     operation = api_schema[path][method]
     cases = st.one_of(
@@ -137,7 +137,10 @@ def test_every_route_answers_within_its_documented_schema(
     )
 
     @settings(
-        max_examples=EXAMPLES_PER_ROUTE, deadline=None, database=None, suppress_health_check=list(HealthCheck)
+        max_examples=pytestconfig.getoption("fuzz_examples") or EXAMPLES_PER_ROUTE,
+        deadline=None,
+        database=None,
+        suppress_health_check=list(HealthCheck),
     )
     @given(case=cases)
     def answers_as_documented(case: Case) -> None:
