@@ -33,11 +33,13 @@ test: setup
 	$(BIN)/pytest
 
 # The tests that start no engine (`unit`, given in tests/conftest.py), spread over two processes a
-# core (most of their time is spent waiting on the gateways and Redis servers they start). Some read
-# the prepared model's tokenizer, hence `setup`.
+# core (part of their time is spent waiting on the gateways and Redis servers they start) as
+# tests/schedule.py deals them out. Some read the prepared model's tokenizer, hence `setup`. The
+# schema fuzz tests try FAST_FUZZ_EXAMPLES examples a route here, and 100 in `make test`.
 FAST_PROCESSES ?= $(shell echo $$(( $$(nproc) * 2 )))
+FAST_FUZZ_EXAMPLES ?= 25
 test-fast: setup
-	$(BIN)/pytest -m unit -n $(FAST_PROCESSES)
+	$(BIN)/pytest -m unit -n $(FAST_PROCESSES) --fuzz-examples $(FAST_FUZZ_EXAMPLES)
 
 # The benchmark (bench/RESULTS.md); QUICK=1 (or `make bench-quick`) is a smoke run of a few minutes.
 # Only the `bench` extra is added: re-resolving the cpu extra would bring torchvision back.

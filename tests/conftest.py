@@ -3,16 +3,21 @@
 The workers run the real vLLM engine with the default model, as separate processes
 started by the `streampool` command, exactly as a deployment runs them. Every
 session writes under its own key prefix, so it never sees another's keys.
+
+Also, for the unit tests: a gateway process with API keys (`keyed`), and the default model's card
+(`model_card`), each made once per test process; and how `-n` deals the tests out (tests/schedule.py).
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
 import subprocess
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import httpx
 import pytest
@@ -22,8 +27,15 @@ from cli.launcher import wait_healthy
 from shared.config import DEFAULT_MODEL_DIR, Settings
 from shared.jobstore import JobStore
 from shared.keys import Keys
+from shared.model_card import ModelCard
+from tests import schedule
+from tests.gateway.stand_ins import CARD_CONTEXT, CARD_MODEL
 from tests.processes import Processes, free_port, redis_answers
 from tests.redis_cleanup import delete_prefix
+from worker.model_card import build_model_card
+
+if TYPE_CHECKING:
+    from tests.gateway.keyed_gateway import KeyedGateway
 
 SYSTEM_START_TIMEOUT = 240
 WORKERS = 2
@@ -34,15 +46,32 @@ ENGINE_FIXTURES = frozenset({"system", "pool", "deployment", "outage", "cluster"
 tests/e2e/test_models.py."""
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--fuzz-examples",
+        type=int,
+        metavar="N",
+        help="examples a route in tests/fuzz, instead of its EXAMPLES_PER_ROUTE (make test-fast: fewer)",
+    )
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Every test is `system` when it uses an engine-starting fixture, directly or through another
     fixture, and `unit` otherwise: a new test is classified by what it uses (`make test-fast` runs
-    `-m unit`)."""
+    `-m unit`). In a test process of `-n`, the tests are ordered as tests/schedule.py deals them."""
     for item in items:
         # A parametrize argument named like a fixture (tests/deploy's `deployment`) replaces it.
         callspec = getattr(item, "callspec", None)
         used = set(getattr(item, "fixturenames", ())) - set(callspec.params if callspec else ())
         item.add_marker(pytest.mark.system if used & ENGINE_FIXTURES else pytest.mark.unit)
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        items.sort(key=schedule.rank)  # stable: each module's tests keep their order
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> schedule.GroupScheduling | None:
+    """`-n`'s default distribution (`load`) by tests/schedule.py's groups; any other `--dist` as asked."""
+    return schedule.GroupScheduling(config, log) if config.getvalue("dist") == "load" else None
 
 
 @pytest.fixture(scope="session")
@@ -111,6 +140,38 @@ def system(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator
     finally:
         processes.stop_all()
         delete_prefix(redis_url, settings.key_prefix)
+
+
+@pytest.fixture(scope="session")
+def keyed(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[KeyedGateway]:
+    """A gateway process that requires API keys, with no worker, shared by the tests that need no other
+    settings (tests/schedule.py runs them in one process); every test makes jobs of its own."""
+    from tests.gateway.keyed_gateway import run_keyed_gateway  # not at the top: it imports this module
+
+    yield from run_keyed_gateway(redis_url, tmp_path_factory.mktemp("keyed"))
+
+
+@pytest.fixture(scope="session")
+def model_card(tmp_path_factory: pytest.TempPathFactory) -> ModelCard | None:
+    """The default model's card as a worker builds it, or None when the model is not prepared. Building
+    it (importing transformers, loading the tokenizer) takes seconds of CPU: under `-n` the first test
+    process that needs it builds it into the run's temporary folder, and the others read it there."""
+    if not DEFAULT_MODEL_DIR.is_dir():
+        return None
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return _build_card()
+    stored = tmp_path_factory.getbasetemp().parent / "model-card.json"  # the workers' common folder
+    with open(stored.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released as the file closes
+        if not stored.exists():
+            stored.write_text(_build_card().model_dump_json())
+    return ModelCard.model_validate_json(stored.read_text())
+
+
+def _build_card() -> ModelCard:
+    built = build_model_card(DEFAULT_MODEL_DIR, CARD_MODEL, CARD_CONTEXT)
+    assert built is not None
+    return built
 
 
 @pytest.fixture

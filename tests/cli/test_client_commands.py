@@ -31,7 +31,7 @@ from cli.main import (
 )
 from shared.requests import ChatMessage, JobRequest
 from tests.conftest import System
-from tests.gateway.keyed_gateway import KEY_A, KEY_B, KeyedGateway, bearer, run_keyed_gateway
+from tests.gateway.keyed_gateway import KEY_A, KEY_B, KeyedGateway, bearer
 from tests.processes import ROOT, free_port
 
 STREAMPOOL = [sys.executable, "-m", "cli"]
@@ -288,11 +288,6 @@ def test_the_url_comes_from_streampool_url_without_the_flag(system: System) -> N
     )
     assert result.returncode == EXIT_OK, result.stderr
     assert record(system, result.stdout.strip())["status"] in {"queued", "running", "completed"}
-
-
-@pytest.fixture(scope="module")
-def keyed(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[KeyedGateway]:
-    yield from run_keyed_gateway(redis_url, tmp_path_factory.mktemp("cli-auth"))
 
 
 def test_the_api_key_comes_from_the_flag_or_streampool_api_key(keyed: KeyedGateway) -> None:

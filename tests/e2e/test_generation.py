@@ -3,17 +3,24 @@
 from __future__ import annotations
 
 from functools import cache
+from typing import TYPE_CHECKING
 
 import httpx
 import redis.asyncio as aioredis
-from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from tests.conftest import System
 from tests.helpers import deltas, read_sse, streamed_text, streamed_token_ids, submit, wait_for_status
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
 
 @cache
 def tokenizer(model: str) -> PreTrainedTokenizerBase:
+    """Imported here, not at the top: every test process collects this module, and transformers
+    (with torch) takes seconds to import; only the process that runs these tests needs it."""
+    from transformers import AutoTokenizer
+
     return AutoTokenizer.from_pretrained(model)
 
 

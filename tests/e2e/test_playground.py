@@ -17,7 +17,7 @@ from playwright.sync_api import Browser, Page, Request, expect, sync_playwright
 
 from gateway.routes import playground as playground_routes
 from tests.conftest import System
-from tests.gateway.keyed_gateway import KEY_A, KeyedGateway, bearer, run_keyed_gateway
+from tests.gateway.keyed_gateway import KEY_A, KeyedGateway, bearer
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [
@@ -238,12 +238,6 @@ def test_a_rejected_request_shows_the_gateway_error(playground: Playground, syst
     )
     assert "job=" not in page.url and page.locator("#generate").is_enabled()
     assert playground.errors == []
-
-
-@pytest.fixture(scope="module")
-def keyed(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[KeyedGateway]:
-    """A gateway that requires a key, with no worker: a job stays queued until it is cancelled."""
-    yield from run_keyed_gateway(redis_url, tmp_path_factory.mktemp("playground-auth"))
 
 
 def test_a_gateway_that_asks_for_a_key_gets_one_and_streams_with_it(

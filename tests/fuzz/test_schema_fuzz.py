@@ -14,6 +14,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 import redis.asyncio as aioredis
+import requests
 import schemathesis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -23,25 +24,27 @@ from schemathesis.schemas import BaseSchema
 
 from gateway.app import create_app
 from gateway.auth import owner_id
-from shared.config import DEFAULT_MODEL_DIR, Settings
+from shared.config import Settings
 from shared.jobstore import JobStore
 from shared.keys import Keys
-from shared.model_card import publish_model_card
+from shared.model_card import ModelCard, publish_model_card
 from shared.requests import JobRequest
 from tests.gateway.keyed_gateway import KEY_A, KeyedGateway, bearer, run_keyed_gateway
-from worker.model_card import build_model_card
 
-EXAMPLES_PER_ROUTE = 100  # the whole run takes a couple of minutes on a 2-core machine
+# The whole run takes a couple of minutes on a 2-core machine: `make test` tries this many examples a
+# route, `make test-fast` fewer (`--fuzz-examples`).
+EXAMPLES_PER_ROUTE = 100
 # A job's other keys are named `<job key>:<suffix>` (shared/keys.py): ids a generator rarely makes.
 KEY_SUFFIXES = [":events", ":cancel", ":lease", ":webhook"]
 
 
-async def _publish_card(gateway: KeyedGateway) -> None:
-    card = build_model_card(DEFAULT_MODEL_DIR, gateway.settings.model_name, gateway.settings.max_model_len)
-    assert card is not None
-    client = aioredis.Redis.from_url(gateway.settings.redis_url, decode_responses=True)
+async def _publish_card(gateway: KeyedGateway, card: ModelCard) -> None:
+    """The default model's card, as a worker of the gateway's model would publish it."""
+    settings = gateway.settings
+    own = card.model_copy(update={"model": settings.model_name, "max_model_len": settings.max_model_len})
+    client = aioredis.Redis.from_url(settings.redis_url, decode_responses=True)
     try:
-        await publish_model_card(client, Keys(gateway.settings.key_prefix), card)
+        await publish_model_card(client, gateway.keys, own)
     finally:
         await client.aclose()
 
@@ -57,9 +60,9 @@ def gateway(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterato
 
 
 @pytest.fixture(scope="module")
-def api_schema(gateway: KeyedGateway) -> BaseSchema:
-    if DEFAULT_MODEL_DIR.is_dir():
-        asyncio.run(_publish_card(gateway))
+def api_schema(gateway: KeyedGateway, model_card: ModelCard | None) -> BaseSchema:
+    if model_card is not None:
+        asyncio.run(_publish_card(gateway, model_card))
     config = SchemathesisConfig.from_dict(
         {
             "auth": {"openapi": {"HTTPBearer": {"bearer": KEY_A}}},
@@ -110,6 +113,9 @@ def _routes() -> list[tuple[str, str]]:
     return [(method.upper(), path) for path, item in document["paths"].items() for method in item]
 
 
+ROUTES = _routes()  # once: every test process builds the app to collect this module
+
+
 # Header names HTTP itself refuses (not a token) or that frame the message: the HTTP server answers those
 # 400 before any route sees them. Fuzzed headers are sent only when they could reach a route.
 HEADER_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
@@ -121,9 +127,9 @@ def _sendable(name: str) -> bool:
 
 
 # schemathesis' own pytest integration does not run on this pytest; its strategies do, with Hypothesis.
-@pytest.mark.parametrize(("method", "path"), _routes(), ids=[f"{m} {p}" for m, p in _routes()])
+@pytest.mark.parametrize(("method", "path"), ROUTES, ids=[f"{m} {p}" for m, p in ROUTES])
 def test_every_route_answers_within_its_documented_schema(
-    api_schema: BaseSchema, method: str, path: str
+    api_schema: BaseSchema, pytestconfig: pytest.Config, method: str, path: str
 ) -> None:
     operation = api_schema[path][method]
     cases = st.one_of(
@@ -131,18 +137,24 @@ def test_every_route_answers_within_its_documented_schema(
     )
 
     @settings(
-        max_examples=EXAMPLES_PER_ROUTE, deadline=None, database=None, suppress_health_check=list(HealthCheck)
+        max_examples=pytestconfig.getoption("fuzz_examples") or EXAMPLES_PER_ROUTE,
+        deadline=None,
+        database=None,
+        suppress_health_check=list(HealthCheck),
     )
     @given(case=cases)
     def answers_as_documented(case: Case) -> None:
         if case.headers:
             case.headers = {name: value for name, value in case.headers.items() if _sendable(name)}
-        case.call_and_validate()
+        case.call_and_validate(session=session)
 
-    answers_as_documented()
+    # One connection kept open for the cases, as a client keeps one; schemathesis sends a case again on a
+    # new one when the gateway has closed it (after a refused body, say).
+    with requests.Session() as session:
+        answers_as_documented()
 
 
-JOB_ROUTES = [(method, path) for method, path in _routes() if "{job_id}" in path]
+JOB_ROUTES = [(method, path) for method, path in ROUTES if "{job_id}" in path]
 
 
 @pytest.mark.parametrize(("method", "path"), JOB_ROUTES, ids=[f"{m} {p}" for m, p in JOB_ROUTES])

@@ -1,4 +1,5 @@
 """`gateway`: an in-process gateway client on the `settings` fixture that each test module defines;
+`gateway_process`: a real gateway process without keys or workers, one per test process;
 `relay`: the gateway's stream reading on the real Redis, without a gateway, under a prefix of its own;
 `card`: the default model's card, as a worker builds it; `published`: that card published under the
 prefix of the test's `settings`, as a worker publishes it."""
@@ -6,7 +7,7 @@ prefix of the test's `settings`, as a worker publishes it."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 
 import httpx
 import pytest
@@ -18,16 +19,37 @@ from shared.config import DEFAULT_MODEL_DIR, Settings
 from shared.keys import Keys
 from shared.model_card import ModelCard, publish_model_card
 from shared.redis_client import connect_reader
-from tests.gateway.stand_ins import CARD_CONTEXT, CARD_MODEL
+from tests.gateway.keyed_gateway import KeyedGateway, run_gateway
 from tests.helpers import in_process_gateway
 from tests.redis_cleanup import delete_prefix
-from worker.model_card import build_model_card
 
 
 @pytest.fixture
 async def gateway(settings: Settings) -> AsyncIterator[httpx.AsyncClient]:
     async with in_process_gateway(settings) as http:
         yield http
+
+
+PING_SECONDS = 60.0
+"""`gateway_process`'s keep-alive interval: far past every deadline of its tests, so that no answer
+they wait for can be a keep-alive."""
+POLL_WAIT = 30
+"""`gateway_process`'s longest long-poll: one that waits this long would hold a reader far past a
+test's deadline."""
+
+
+@pytest.fixture(scope="session")
+def gateway_process(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[KeyedGateway]:
+    """A real gateway process without keys or workers: jobs submitted over HTTP stay queued until a test
+    writes their events. Shared by the modules that need no other settings (tests/schedule.py runs them
+    in one process); every test makes jobs of its own, under new ids."""
+    yield from run_gateway(
+        redis_url,
+        tmp_path_factory.mktemp("gateway-process"),
+        allow_unauthenticated=True,
+        sse_ping_seconds=PING_SECONDS,
+        poll_wait_max=POLL_WAIT,
+    )
 
 
 @pytest.fixture
@@ -39,13 +61,11 @@ async def relay(redis_url: str, redis_client: aioredis.Redis) -> AsyncIterator[R
     delete_prefix(redis_url, keys.prefix)
 
 
-@pytest.fixture(scope="module")
-def card() -> ModelCard:
-    if not DEFAULT_MODEL_DIR.is_dir():
+@pytest.fixture(scope="session")
+def card(model_card: ModelCard | None) -> ModelCard:
+    if model_card is None:
         pytest.skip(f"the default model is not prepared in {DEFAULT_MODEL_DIR} (streampool prepare-model)")
-    built = build_model_card(DEFAULT_MODEL_DIR, CARD_MODEL, CARD_CONTEXT)
-    assert built is not None
-    return built
+    return model_card
 
 
 @pytest.fixture

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from shared.config import Settings
+from shared.keys import Keys
 from tests.conftest import make_settings
 from tests.processes import Processes, free_port, wait_answering
 from tests.redis_cleanup import delete_prefix
@@ -24,6 +25,11 @@ def bearer(key: str) -> dict[str, str]:
 class KeyedGateway:
     settings: Settings
     base_url: str
+    pid: int
+
+    @property
+    def keys(self) -> Keys:
+        return Keys(self.settings.key_prefix)
 
 
 def run_keyed_gateway(redis_url: str, folder: Path, **overrides: object) -> Iterator[KeyedGateway]:
@@ -41,7 +47,7 @@ def run_gateway(redis_url: str, folder: Path, **overrides: object) -> Iterator[K
     base_url = f"http://127.0.0.1:{settings.port}"
     try:
         wait_answering(base_url, gateway)
-        yield KeyedGateway(settings, base_url)
+        yield KeyedGateway(settings, base_url, gateway.pid)
     finally:
         processes.stop_all()
         delete_prefix(redis_url, settings.key_prefix)

@@ -14,7 +14,7 @@ from shared.keys import Keys
 from shared.workers import WorkerInfo, announce
 from tests.processes import Processes, free_port
 
-CARD_MODEL = "SmolLM2-135M-Instruct"  # the model card of the `card` fixture: the default model
+CARD_MODEL = "SmolLM2-135M-Instruct"  # the model card of the `model_card` fixture: the default model
 CARD_CONTEXT = 2048
 
 

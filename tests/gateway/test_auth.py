@@ -8,7 +8,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -20,13 +20,8 @@ import redis.asyncio as aioredis
 from gateway.auth import ApiKeys, AuthNotConfigured, owner_id
 from shared.config import Settings
 from shared.keys import Keys
-from tests.gateway.keyed_gateway import KEY_A, KEY_B, KeyedGateway, bearer, run_keyed_gateway
+from tests.gateway.keyed_gateway import KEY_A, KEY_B, KeyedGateway, bearer
 from tests.processes import ROOT, free_port
-
-
-@pytest.fixture(scope="module")
-def keyed(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[KeyedGateway]:
-    yield from run_keyed_gateway(redis_url, tmp_path_factory.mktemp("auth"))
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ the test decides when each event is written: after the readers under test are in
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
@@ -19,38 +19,26 @@ from shared.events import DeltaEvent, DoneEvent, JobState, Usage
 from shared.jobstore import JobStore, Outcome
 from shared.keys import Keys
 from shared.lifecycle import scripts
-from tests.gateway.keyed_gateway import KeyedGateway, run_gateway
+from tests.gateway.conftest import POLL_WAIT
+from tests.gateway.keyed_gateway import KeyedGateway
 from tests.gateway.raw_http import raw_request
 from tests.helpers import eventually, read_sse, submit
 
-PING_SECONDS = 60.0  # a keep-alive far past every deadline below: no answer here may wait for one
-POLL_WAIT = 30  # a long-poll that waits this long would hold a reader far past its deadline
 DEADLINE = 5.0  # every answer below comes in milliseconds; a stalled reader waits a minute
 PAST_END = "99999999999999-0"  # far after any id Redis gives today
 DELTAS = 5
 WORKER = "stand-in-worker"
 
 
-@pytest.fixture(scope="module")
-def gateway(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[KeyedGateway]:
-    yield from run_gateway(
-        redis_url,
-        tmp_path_factory.mktemp("reader-cursors"),
-        allow_unauthenticated=True,
-        sse_ping_seconds=PING_SECONDS,
-        poll_wait_max=POLL_WAIT,
-    )
-
-
 @pytest.fixture
-async def http(gateway: KeyedGateway) -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(base_url=gateway.base_url, timeout=120) as client:
+async def http(gateway_process: KeyedGateway) -> AsyncIterator[httpx.AsyncClient]:
+    async with httpx.AsyncClient(base_url=gateway_process.base_url, timeout=120) as client:
         yield client
 
 
 @pytest.fixture
-def store(gateway: KeyedGateway, redis_client: aioredis.Redis) -> JobStore:
-    return JobStore(redis_client, Keys(gateway.settings.key_prefix), gateway.settings)
+def store(gateway_process: KeyedGateway, redis_client: aioredis.Redis) -> JobStore:
+    return JobStore(redis_client, Keys(gateway_process.settings.key_prefix), gateway_process.settings)
 
 
 class StandInWorker:
@@ -115,7 +103,7 @@ async def _has(received: list[Any], count: int) -> bool:
 
 @pytest.mark.parametrize("transport", ["sse", "long-poll"])
 async def test_a_cursor_past_the_end_of_a_running_job_is_refused_and_stalls_no_other_reader(
-    gateway: KeyedGateway,
+    gateway_process: KeyedGateway,
     http: httpx.AsyncClient,
     redis_client: aioredis.Redis,
     store: JobStore,
@@ -123,15 +111,13 @@ async def test_a_cursor_past_the_end_of_a_running_job_is_refused_and_stalls_no_o
 ) -> None:
     worker = StandInWorker(store, await submit(http, prompt="past the end", max_tokens=DELTAS))
     await worker.start()
-    target = f"/v1/jobs/{worker.job_id}/events"
+    target, port = f"/v1/jobs/{worker.job_id}/events", gateway_process.settings.port
     if transport == "sse":
-        request = raw_request(
-            gateway.settings.port, target, {"Accept": "text/event-stream", "Last-Event-ID": PAST_END}
-        )
+        request = raw_request(port, target, {"Accept": "text/event-stream", "Last-Event-ID": PAST_END})
     else:
-        request = raw_request(gateway.settings.port, f"{target}?after={PAST_END}&wait={POLL_WAIT}", {})
+        request = raw_request(port, f"{target}?after={PAST_END}&wait={POLL_WAIT}", {})
     async with request as head:
-        await _a_second_reader_gets_every_event(gateway, http, redis_client, worker, head)
+        await _a_second_reader_gets_every_event(gateway_process, http, redis_client, worker, head)
         assert (await asyncio.wait_for(head, DEADLINE)).startswith(b"HTTP/1.1 422")
 
 

@@ -10,22 +10,16 @@ from __future__ import annotations
 
 import asyncio
 import socket
-from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import httpx
-import psutil
 import pytest
 import redis.asyncio as aioredis
 
-from shared.config import Settings
 from shared.events import DeltaEvent, DoneEvent, Usage
-from shared.keys import Keys
-from tests.conftest import make_settings
+from tests.gateway.keyed_gateway import KeyedGateway
 from tests.helpers import eventually, read_sse, submit
-from tests.processes import Processes, free_port, wait_answering
-from tests.redis_cleanup import delete_prefix
 
 WAIT_TIMEOUT = 60
 STALL_EVENTS = 40_000
@@ -33,38 +27,13 @@ STALL_TEXT = "x" * 1000  # ~1 KB a frame: 40 MB in all, far past any socket buff
 RSS_GROWTH_LIMIT = 20 * 2**20  # half of what the stalled reader is sent
 
 
-@dataclass
-class Gateway:
-    settings: Settings
-    base_url: str
-    process: psutil.Process
-
-    @property
-    def keys(self) -> Keys:
-        return Keys(self.settings.key_prefix)
-
-
-@pytest.fixture(scope="module")
-def gateway(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
-    settings = make_settings(redis_url, port=free_port(), host="127.0.0.1", allow_unauthenticated=True)
-    processes = Processes(tmp_path_factory.mktemp("readers"))
-    child = processes.start("gateway", "gateway", settings)
-    base_url = f"http://127.0.0.1:{settings.port}"
-    try:
-        wait_answering(base_url, child)
-        yield Gateway(settings, base_url, psutil.Process(child.pid))
-    finally:
-        processes.stop_all()
-        delete_prefix(redis_url, settings.key_prefix)
-
-
 @pytest.fixture
-async def http(gateway: Gateway) -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(base_url=gateway.base_url, timeout=120) as client:
+async def http(gateway_process: KeyedGateway) -> AsyncIterator[httpx.AsyncClient]:
+    async with httpx.AsyncClient(base_url=gateway_process.base_url, timeout=120) as client:
         yield client
 
 
-async def _open_stream(gateway: Gateway, job_id: str) -> socket.socket:
+async def _open_stream(gateway: KeyedGateway, job_id: str) -> socket.socket:
     """A raw socket that asked for the job's events and read the answer's head, nothing more."""
     sock = socket.create_connection(("127.0.0.1", gateway.settings.port))
     request = f"GET /v1/jobs/{job_id}/events HTTP/1.1\r\nHost: test\r\nAccept: text/event-stream\r\n\r\n"
@@ -99,15 +68,15 @@ async def _metric(http: httpx.AsyncClient, name: str) -> float:
     return next(float(line.split()[-1]) for line in text.splitlines() if line.startswith(f"{name} "))
 
 
-def _restart_peak_memory(gateway: Gateway) -> int:
+def _restart_peak_memory(gateway: KeyedGateway) -> int:
     """The gateway's resident memory, from which its peak (VmHWM) counts again."""
-    (Path("/proc") / str(gateway.process.pid) / "clear_refs").write_text("5")
+    (Path("/proc") / str(gateway.pid) / "clear_refs").write_text("5")
     return _peak_memory(gateway)
 
 
-def _peak_memory(gateway: Gateway) -> int:
+def _peak_memory(gateway: KeyedGateway) -> int:
     """The most resident memory the gateway has held since the peak was last restarted."""
-    status = (Path("/proc") / str(gateway.process.pid) / "status").read_text()
+    status = (Path("/proc") / str(gateway.pid) / "status").read_text()
     return next(int(line.split()[1]) * 1024 for line in status.splitlines() if line.startswith("VmHWM:"))
 
 
@@ -119,7 +88,7 @@ async def _streams_open_are(http: httpx.AsyncClient, expected: float) -> bool:
     return await _streams_open(http) == expected
 
 
-async def _reader_blocked(redis_client: aioredis.Redis, gateway: Gateway) -> bool:
+async def _reader_blocked(redis_client: aioredis.Redis, gateway: KeyedGateway) -> bool:
     """Whether the gateway's one stream reader sits in a blocking XREAD (it watches some stream)."""
     return any(
         client.get("name") == gateway.keys.stream_reader_name and "b" in client.get("flags", "")
@@ -127,7 +96,7 @@ async def _reader_blocked(redis_client: aioredis.Redis, gateway: Gateway) -> boo
     )
 
 
-async def _reader_idle(redis_client: aioredis.Redis, gateway: Gateway) -> bool:
+async def _reader_idle(redis_client: aioredis.Redis, gateway: KeyedGateway) -> bool:
     return not await _reader_blocked(redis_client, gateway)
 
 
@@ -141,13 +110,15 @@ async def _append_deltas(redis_client: aioredis.Redis, stream: str, first_seq: i
 
 
 async def test_a_reader_that_stops_reading_costs_bounded_memory_and_resumes_without_a_gap(
-    gateway: Gateway, http: httpx.AsyncClient, redis_client: aioredis.Redis
+    gateway_process: KeyedGateway, http: httpx.AsyncClient, redis_client: aioredis.Redis
 ) -> None:
     job_id = await submit(http, prompt="stalled reader", max_tokens=1)
-    stream = gateway.keys.stream(job_id)
-    stalled = await _open_stream(gateway, job_id)
-    await eventually(lambda: _reader_blocked(redis_client, gateway), "the stalled reader's stream is open")
-    rss_before = _restart_peak_memory(gateway)
+    stream = gateway_process.keys.stream(job_id)
+    stalled = await _open_stream(gateway_process, job_id)
+    await eventually(
+        lambda: _reader_blocked(redis_client, gateway_process), "the stalled reader's stream is open"
+    )
+    rss_before = _restart_peak_memory(gateway_process)
 
     await _append_deltas(redis_client, stream, 1, STALL_EVENTS)
     usage = Usage(prompt_tokens=1, completion_tokens=STALL_EVENTS)
@@ -160,21 +131,23 @@ async def test_a_reader_that_stops_reading_costs_bounded_memory_and_resumes_with
     received = await asyncio.to_thread(_read_to_terminal, stalled)
     stalled.close()
     # The peak since the stall began, now that the gateway has sent the stalled reader everything.
-    growth = _peak_memory(gateway) - rss_before
+    growth = _peak_memory(gateway_process) - rss_before
     assert growth < RSS_GROWTH_LIMIT, f"the gateway grew {growth / 2**20:.0f} MiB for one stalled reader"
     stored = [(entry_id, fields["type"]) for entry_id, fields in await redis_client.xrange(stream)]
     assert received == stored  # every event once, in order, though it fell far behind
 
 
 async def test_readers_that_vanish_free_their_streams_at_once(
-    gateway: Gateway, http: httpx.AsyncClient, redis_client: aioredis.Redis
+    gateway_process: KeyedGateway, http: httpx.AsyncClient, redis_client: aioredis.Redis
 ) -> None:
     baseline = await _streams_open(http)
     job_ids = [await submit(http, prompt=f"vanishing reader {n}", max_tokens=1) for n in range(20)]
-    sockets = [await _open_stream(gateway, job_id) for job_id in job_ids]
+    sockets = [await _open_stream(gateway_process, job_id) for job_id in job_ids]
     await eventually(lambda: _streams_open_are(http, baseline + len(sockets)), "every stream is open")
     # The reader is between two blocking reads now and then: wait for it to sit in one.
-    await eventually(lambda: _reader_blocked(redis_client, gateway), "the stream reader watches the streams")
+    await eventually(
+        lambda: _reader_blocked(redis_client, gateway_process), "the stream reader watches the streams"
+    )
     for sock in sockets[::2]:
         sock.close()  # a clean close
     for sock in sockets[1::2]:
@@ -182,4 +155,4 @@ async def test_readers_that_vanish_free_their_streams_at_once(
         sock.close()  # a reset, as a client that crashed
     # Their jobs are silent: only noticing the disconnect can end these streams.
     await eventually(lambda: _streams_open_are(http, baseline), "the streams close")
-    await eventually(lambda: _reader_idle(redis_client, gateway), "the stream reader stops watching")
+    await eventually(lambda: _reader_idle(redis_client, gateway_process), "the stream reader stops watching")

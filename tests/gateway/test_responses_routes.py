@@ -4,20 +4,15 @@ what a queued background response answers. No worker runs: background responses 
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 
 import openai
 import pytest
 
 from shared.config import DEFAULT_MODEL_DIR
-from tests.gateway.keyed_gateway import KEY_A, KEY_B, KeyedGateway, run_keyed_gateway
+from tests.gateway.keyed_gateway import KEY_A, KEY_B, KeyedGateway
 
 MODEL = DEFAULT_MODEL_DIR.name  # the gateway's default model (tests.conftest.make_settings)
-
-
-@pytest.fixture(scope="module")
-def keyed(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[KeyedGateway]:
-    yield from run_keyed_gateway(redis_url, tmp_path_factory.mktemp("responses"))
 
 
 def _client(keyed: KeyedGateway, key: str) -> openai.AsyncOpenAI:

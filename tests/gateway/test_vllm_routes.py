@@ -6,12 +6,11 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from importlib.metadata import version
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import pytest
 import redis.asyncio as aioredis
-from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from shared.config import DEFAULT_MODEL_DIR, Settings
 from shared.keys import Keys
@@ -22,13 +21,19 @@ from tests.gateway.stand_ins import CARD_MODEL as MODEL
 from tests.gateway.stand_ins import heartbeat
 from tests.redis_cleanup import delete_prefix
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
 PROMPT = "Once upon a time, in a lighthouse by the sea, there lived"
 CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there!"}]
 
 
 @pytest.fixture(scope="module")
 def tokenizer(card: ModelCard) -> PreTrainedTokenizerBase:
-    """The tokenizer the engine loads, to hold the gateway's answers against."""
+    """The tokenizer the engine loads, to hold the gateway's answers against. Imported here, not at the
+    top: every test process collects this module, and only those that run its tests need transformers."""
+    from transformers import AutoTokenizer
+
     loaded: PreTrainedTokenizerBase = AutoTokenizer.from_pretrained(str(DEFAULT_MODEL_DIR))
     return loaded
 

@@ -11,10 +11,10 @@ from shared.jobstore import JobStore, Outcome
 from shared.lifecycle.transitions import Failure, ReleaseOutcome
 from shared.requests import JobRequest
 from shared.webhooks import API, RESPONSE_API, WEBHOOK_URL
-from tests.shared.test_lifecycle import LEASE_SECONDS, REQUEST, release_by_worker_1
+from tests.shared.test_lifecycle import LEASE_SECONDS, REQUEST
+from tests.shared.transitions import WORKER, release
 
 URL = "http://127.0.0.1:9/hooks/"
-WORKER = "worker-1"
 
 
 async def submitted(store: JobStore, request: JobRequest = REQUEST, **annotations: str) -> str:
@@ -69,11 +69,11 @@ async def test_a_job_failed_out_of_attempts_is_announced(store: JobStore) -> Non
     assert await store.start(job_id, WORKER, "smol", lease_seconds=LEASE_SECONDS) is not None
     await store.redis.hset(store.keys.job(job_id), "attempts", "3")  # type: ignore[misc]
     now = time.time()
-    assert await release_by_worker_1(store, job_id, now, attempt=3) is ReleaseOutcome.exhausted
+    assert await release(store, job_id, attempt=3, now=now) is ReleaseOutcome.exhausted
     assert await announced(store) == []  # not failed yet: its output is still to be read
     tip = (await store.redis.xrange(store.keys.stream(job_id)))[-1][0]
     failure = Failure(ErrorEvent(seq=2, message="gone", code="worker_lost"), "", 0, tip)
-    assert await release_by_worker_1(store, job_id, now, failure, attempt=3) is ReleaseOutcome.failed
+    assert await release(store, job_id, attempt=3, failure=failure, now=now) is ReleaseOutcome.failed
     assert [entry["state"] for entry in await announced(store)] == ["failed"]
 
 

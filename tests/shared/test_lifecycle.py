@@ -24,11 +24,11 @@ from shared.lifecycle.transitions import (
     Verdict,
     claim,
 )
-from shared.queue import in_progress_key, job_payload
+from shared.queue import in_progress_key
 from shared.requests import JobRequest
+from tests.shared.transitions import MODEL, release
 
 REQUEST = JobRequest(prompt="The capital of France is", max_tokens=8)
-MODEL = "smol"
 LEASE_SECONDS = 6.0
 
 
@@ -106,42 +106,22 @@ def test_step_and_finish_answers_read_as_enums() -> None:
     assert Finished.of(["ended", "completed"]) == Finished(FinishOutcome.ended, JobState.completed)
 
 
-async def release_by_worker_1(
-    store: JobStore, job_id: str, now: float, failure: Failure | None = None, attempt: int = 1
-) -> ReleaseOutcome:
-    """worker-1 hands back the run `attempt` of its job at `now`."""
-    return await store.transitions.release(
-        job_id=job_id,
-        model=MODEL,
-        worker_id="worker-1",
-        attempt=attempt,
-        max_attempts=3,
-        arq_payload=job_payload(job_id, now),
-        now=now,
-        message="gone",
-        failure=failure,
-        lifetime_seconds=60,
-        retention_seconds=60,
-        maxlen=1000,
-    )
-
-
 @pytest.mark.parametrize("stale", [False, True])
 async def test_a_failure_read_from_an_older_stream_is_refused(store: JobStore, stale: bool) -> None:
     job_id = await started(store)
     await store.redis.hset(store.keys.job(job_id), "attempts", "3")  # type: ignore[misc]
     now = time.time()
 
-    async def release(failure: Failure | None) -> ReleaseOutcome:
-        return await release_by_worker_1(store, job_id, now, failure, attempt=3)
+    async def hand_back(failure: Failure | None) -> ReleaseOutcome:
+        return await release(store, job_id, attempt=3, failure=failure, now=now)
 
-    assert await release(None) is ReleaseOutcome.exhausted
+    assert await hand_back(None) is ReleaseOutcome.exhausted
     assert not await store.redis.exists(store.keys.lease(job_id))  # nothing writes to the stream now
     assert await store.redis.sismember(store.keys.running, job_id)  # a reaper finds it if the caller goes
     entries = await store.redis.xrange(store.keys.stream(job_id))
     tip = "0-1" if stale else entries[-1][0]
     failure = Failure(ErrorEvent(seq=2, message="gone", code="worker_lost"), "", 0, tip)
-    assert await release(failure) is (ReleaseOutcome.exhausted if stale else ReleaseOutcome.failed)
+    assert await hand_back(failure) is (ReleaseOutcome.exhausted if stale else ReleaseOutcome.failed)
     assert (await store.record(job_id)).status is (JobState.running if stale else JobState.failed)
 
 
@@ -195,7 +175,7 @@ async def test_a_released_job_keeps_its_place_in_the_queue(store: JobStore) -> N
     created_at = (await store.record(job_id)).created_at.timestamp()
     later = (await store.submit(REQUEST, model=MODEL, max_queued=0)).job_id
     now = time.time() + 60  # a hand-back long after the job was submitted
-    assert await release_by_worker_1(store, job_id, now) is ReleaseOutcome.requeued
+    assert await release(store, job_id, attempt=1, now=now) is ReleaseOutcome.requeued
     assert await store.redis.zscore(store.keys.model(MODEL).queue, job_id) == int(created_at * 1000)
     assert await store.redis.zrange(store.keys.model(MODEL).queue, 0, -1) == [job_id, later]
 

@@ -5,7 +5,6 @@ handed back as a worker would (no engine: the usage a worker records is written 
 from __future__ import annotations
 
 import asyncio
-import time
 from datetime import datetime, timedelta, timezone
 
 import pytest
@@ -14,12 +13,11 @@ from shared.errors import RateLimited
 from shared.events import DoneEvent, ErrorEvent, JobState, Usage
 from shared.jobstore import JobStore, Outcome
 from shared.lifecycle.transitions import Failure, ReleaseOutcome
-from shared.queue import job_payload
 from shared.requests import JobRequest
 from shared.tenants import Tenant, TenantUsage, read_usage
+from tests.shared.transitions import WORKER, release
 
 REQUEST = JobRequest(prompt="The capital of France is", max_tokens=8)
-WORKER = "worker-1"
 LEASE_SECONDS = 6.0
 
 
@@ -88,7 +86,7 @@ async def test_max_running_jobs_counts_queued_and_running_and_frees_as_they_end(
     await refusal(store, tenant)
     await start(store, third)
     await store.redis.hset(store.keys.job(third), "attempts", "3")  # type: ignore[misc]
-    released = await release(
+    released = await fail_out_of_attempts(
         store, third, Failure(ErrorEvent(seq=2, message="gone", code="worker_lost"), "", 0, "")
     )
     assert released is ReleaseOutcome.failed  # a job that fails out of attempts ends its run too
@@ -96,51 +94,20 @@ async def test_max_running_jobs_counts_queued_and_running_and_frees_as_they_end(
     await submit(store, tenant)
 
 
-async def release(store: JobStore, job_id: str, failure: Failure) -> ReleaseOutcome:
+async def fail_out_of_attempts(store: JobStore, job_id: str, failure: Failure) -> ReleaseOutcome:
     """The job out of attempts fails: first without its output, then with the stream's tip."""
-
-    async def once(given: Failure | None) -> ReleaseOutcome:
-        now = time.time()
-        return await store.transitions.release(
-            job_id=job_id,
-            model="smol",
-            worker_id=WORKER,
-            attempt=3,
-            max_attempts=3,
-            arq_payload=job_payload(job_id, now),
-            now=now,
-            message="gone",
-            failure=given,
-            lifetime_seconds=60,
-            retention_seconds=60,
-            maxlen=1000,
-        )
-
-    assert await once(None) is ReleaseOutcome.exhausted
+    assert await release(store, job_id, attempt=3) is ReleaseOutcome.exhausted
     tip = (await store.redis.xrevrange(store.keys.stream(job_id), count=1))[0][0]
-    return await once(Failure(failure.event, failure.text, failure.token_count, tip))
+    return await release(
+        store, job_id, attempt=3, failure=Failure(failure.event, failure.text, failure.token_count, tip)
+    )
 
 
 async def test_a_job_handed_back_stays_running_for_its_tenant_until_it_runs_again(store: JobStore) -> None:
     tenant = Tenant("team-a", max_running_jobs=5)
     job_id = await submit(store, tenant)
     await start(store, job_id)
-    now = time.time()
-    requeued = await store.transitions.release(
-        job_id=job_id,
-        model="smol",
-        worker_id=WORKER,
-        attempt=1,
-        max_attempts=3,
-        arq_payload=job_payload(job_id, now),
-        now=now,
-        message="gone",
-        failure=None,
-        lifetime_seconds=60,
-        retention_seconds=60,
-        maxlen=1000,
-    )
-    assert requeued is ReleaseOutcome.requeued
+    assert await release(store, job_id, attempt=1) is ReleaseOutcome.requeued
     assert (await usage(store, tenant)).model_dump(include={"queued_jobs", "running_jobs"}) == {
         "queued_jobs": 0,
         "running_jobs": 1,  # its record says running, as the queue's reapers see it

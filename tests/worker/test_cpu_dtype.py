@@ -7,11 +7,22 @@ machine's architecture are test doubles here; the suite's own workers run with t
 from __future__ import annotations
 
 import platform
+from collections.abc import Callable
 
 import pytest
-import torch
 
-from worker.cpu_dtype import dtype_for_cpu
+
+def dtype_on(monkeypatch: pytest.MonkeyPatch, capability: str, machine: str) -> Callable[[str], str]:
+    """`dtype_for_cpu` on a CPU that torch reports with `capability`, of architecture `machine`.
+    Imported here, not at the top: every test process collects this module, torch takes seconds to
+    import, and only the process that runs these tests needs it."""
+    import torch
+
+    from worker.cpu_dtype import dtype_for_cpu
+
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
+    monkeypatch.setattr(platform, "machine", lambda: machine)
+    return dtype_for_cpu
 
 
 @pytest.mark.parametrize(
@@ -26,12 +37,8 @@ from worker.cpu_dtype import dtype_for_cpu
 def test_auto_is_float32_only_on_an_x86_cpu_without_avx512(
     monkeypatch: pytest.MonkeyPatch, capability: str, machine: str, expected: str
 ) -> None:
-    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
-    monkeypatch.setattr(platform, "machine", lambda: machine)
-    assert dtype_for_cpu("auto") == expected
+    assert dtype_on(monkeypatch, capability, machine)("auto") == expected
 
 
 def test_a_dtype_asked_for_is_kept(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX2")
-    monkeypatch.setattr(platform, "machine", lambda: "x86_64")
-    assert dtype_for_cpu("bfloat16") == "bfloat16"
+    assert dtype_on(monkeypatch, "AVX2", "x86_64")("bfloat16") == "bfloat16"

@@ -15,6 +15,10 @@ from typing import Any
 
 from standardwebhooks import Webhook, WebhookVerificationError
 
+POLL_SECONDS = 0.05
+"""How often a receiver's server looks for `shutdown()`: each test's receivers end at once, not within
+http.server's default half second."""
+
 
 def new_secret() -> str:
     """A secret as Standard Webhooks' libraries and OpenAI give them: `whsec_` and 32 random bytes."""
@@ -86,7 +90,9 @@ def receiving(secret: str, failures: int = 0) -> Iterator[Receiver]:
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     receiver.url = f"http://127.0.0.1:{server.server_address[1]}/hooks/"
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread = threading.Thread(
+        target=server.serve_forever, kwargs={"poll_interval": POLL_SECONDS}, daemon=True
+    )
     thread.start()
     try:
         yield receiver

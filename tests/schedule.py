@@ -1,0 +1,54 @@
+"""How `-n` (`make test-fast`) deals the tests out to its test processes: one at a time, but for the
+modules of a group, whose tests all run in one process, and in an order that starts the long runs first.
+
+A group's process then sets up once what the group's modules share, where every process that ran one
+of their tests would set it up again otherwise: seconds of CPU on a 2-core machine that runs four test
+processes. (xdist's own `--dist loadgroup` marks cannot serve: they rename tests, which this pytest no
+longer allows, and xdist takes them silently.)
+"""
+
+from __future__ import annotations
+
+import pytest
+from xdist.scheduler import LoadScopeScheduling
+
+GROUPS = {
+    "tests/fuzz/test_schema_fuzz.py": "fuzz",  # its gateway process and the schema read from it
+    "tests/worker/test_sampling_params.py": "engine-libraries",  # imports vLLM
+    "tests/worker/test_cpu_dtype.py": "engine-libraries",  # imports torch
+    "tests/gateway/test_vllm_routes.py": "engine-libraries",  # loads the tokenizer with transformers
+    "tests/gateway/test_auth.py": "keyed",  # tests/conftest.py's `keyed` gateway process
+    "tests/gateway/test_responses_routes.py": "keyed",
+    "tests/cli/test_client_commands.py": "keyed",
+    "tests/e2e/test_playground.py": "keyed",
+    "tests/gateway/test_readers.py": "gateway-process",  # tests/gateway/conftest.py's `gateway_process`
+    "tests/gateway/test_reader_cursors.py": "gateway-process",
+    "tests/gateway/test_openai_stream_timing.py": "stream-timing",  # a gateway process of its own
+    "tests/gateway/test_reader_bounds.py": "stream-limits",  # a gateway process of its own
+    "tests/gateway/test_tenants.py": "tenants",  # a gateway process of its own
+}
+"""Each module's group: what the comment names is set up once per group, not once per process."""
+
+
+def _path(nodeid: str) -> str:
+    return nodeid.split("::")[0]
+
+
+def rank(item: pytest.Item) -> int:
+    """Where a test goes in the order of dealing: the groups first (each is one long run), in GROUPS'
+    order, then the rest, so that short tests fill the processes at the end."""
+    groups = list(dict.fromkeys(GROUPS.values()))
+    group = GROUPS.get(_path(item.nodeid))
+    return groups.index(group) if group else len(groups)
+
+
+class GroupScheduling(LoadScopeScheduling):
+    """xdist's scheduling by scope, with a group (GROUPS) or else the test itself as the scope, dealt
+    out in the order of the collection, which tests/conftest.py sorts by `rank`."""
+
+    def __init__(self, config: pytest.Config, log: object = None) -> None:
+        super().__init__(config, log)  # type: ignore[arg-type]
+        config.option.loadscopereorder = False  # else the largest scopes would go first
+
+    def _split_scope(self, nodeid: str) -> str:
+        return GROUPS.get(_path(nodeid), nodeid)

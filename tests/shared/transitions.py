@@ -1,0 +1,34 @@
+"""The lifecycle's transitions called as a worker calls them, for the tests that drive the job store."""
+
+from __future__ import annotations
+
+import time
+
+from shared.jobstore import JobStore
+from shared.lifecycle.transitions import Failure, ReleaseOutcome
+from shared.queue import job_payload
+
+MODEL = "smol"
+WORKER = "worker-1"
+
+
+async def release(
+    store: JobStore, job_id: str, *, attempt: int, failure: Failure | None = None, now: float | None = None
+) -> ReleaseOutcome:
+    """WORKER hands back its run `attempt` (of 3) of a job of MODEL at `now` (by default, now), as a
+    worker does whose engine died; `failure`: what the job fails with if it is out of attempts."""
+    at = time.time() if now is None else now
+    return await store.transitions.release(
+        job_id=job_id,
+        model=MODEL,
+        worker_id=WORKER,
+        attempt=attempt,
+        max_attempts=3,
+        arq_payload=job_payload(job_id, at),
+        now=at,
+        message="gone",
+        failure=failure,
+        lifetime_seconds=60,
+        retention_seconds=60,
+        maxlen=1000,
+    )
