@@ -134,8 +134,16 @@ async def test_waiting_long_polls_hold_no_redis_connection_each(redis_url: str, 
         ]
         await asyncio.wait_for(_until_watched(polling, len(jobs)), 10)
         ours = (pool_name, polling.keys.stream_reader_name)
-        blocked = [c["name"] for c in await pool.client_list() if "b" in c["flags"] and c["name"] in ours]
-        assert blocked == [polling.keys.stream_reader_name]
+
+        async def blocked() -> list[str]:
+            return [c["name"] for c in await pool.client_list() if "b" in c["flags"] and c["name"] in ours]
+
+        # The reader is between two blocking reads now and then: the first look that finds it in one
+        # must find it alone there (a poll blocking on the pool would be blocked all along).
+        reader_blocked = await eventually(
+            blocked, "the hub's reader blocks", until=lambda names: polling.keys.stream_reader_name in names
+        )
+        assert reader_blocked == [polling.keys.stream_reader_name]
         ends = [await _append(pool, polling, job_id, "done") for job_id in jobs]
         answers = await asyncio.wait_for(asyncio.gather(*pages), 30)
         assert [[entry.id for entry in entries] for entries, _, _ in answers] == [[end] for end in ends]
