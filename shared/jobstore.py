@@ -361,8 +361,8 @@ class JobStore:
 
     async def _queue_position(self, job_id: str, fields: dict[str, str]) -> int | None:
         """How many jobs of its tenant come before the job in its model's queue (by priority, then
-        age): other tenants' jobs take turns with them and do not count. It counts a job that has
-        just started until the next claim of that tenant's share drops its entry."""
+        age): other tenants' jobs take turns with them and do not count. A job a worker has claimed
+        counts until that worker's start takes it out of the share, a moment later."""
         model = self.keys.model(fields.get("model", ""))
         if "share" not in fields:  # queued before tenants' shares: its place by age in the model's queue
             rank: int | None = await self.redis.zrank(model.queue, job_id)
