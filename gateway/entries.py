@@ -12,13 +12,20 @@ TERMINAL_STATES = {"done": JobState.completed, "cancelled": JobState.cancelled, 
 
 
 class Entry(NamedTuple):
-    """One stream entry as stored: its stream id (the cursor), event type and event JSON.
+    """One stream entry as stored: its stream id (the cursor: `<seq>-1`), event type and event JSON,
+    and when Redis wrote it (ms, as text; '' in a stream written before entries kept it).
 
     A named tuple: the relay makes one per event, and a tuple is the cheapest object to make."""
 
     id: str
     type: str
     data: str
+    at: str = ""
+
+    @classmethod
+    def of(cls, entry_id: str, fields: dict[str, str]) -> Entry:
+        """An entry as redis-py reads it: its id and its fields by name."""
+        return cls(entry_id, fields["type"], fields["data"], fields.get("at", ""))
 
     @property
     def terminal(self) -> bool:

@@ -151,9 +151,8 @@ class _Watched:
 
 def _entry(entry_id: str, fields: list[str]) -> Entry:
     if fields[0] == "type" and fields[2] == "data":  # the order every writer of job streams uses
-        return Entry(entry_id, fields[1], fields[3])
-    named = dict(zip(fields[::2], fields[1::2], strict=True))
-    return Entry(entry_id, named["type"], named["data"])
+        return Entry(entry_id, fields[1], fields[3], fields[5] if len(fields) > 5 else "")
+    return Entry.of(entry_id, dict(zip(fields[::2], fields[1::2], strict=True)))
 
 
 class StreamHub:

@@ -96,7 +96,7 @@ class RelayLag(Collector):
 
     name = "streampool_relay_lag_seconds"
     documentation = (
-        "From a worker's XADD (the entry id, by Redis's clock) to this gateway writing the entry to its "
+        "From a worker's XADD (the entry's `at`, by Redis's clock) to this gateway writing the entry to its "
         "SSE client, once per write, for the oldest entry written; replays of a backlog included"
     )
 
@@ -163,9 +163,10 @@ class GatewayMetrics:
         self.jobs_rejected.labels(reason="rate_limited").inc()
         self.tenant_jobs_rejected.labels(tenant=tenant, limit=limit).inc()
 
-    def observe_relay_lag(self, stream_id: str) -> None:
-        """The lag of the entry `stream_id` (`<ms>-<seq>`), now that it has been handed over."""
-        self.relay_lag.observe(time.time() - int(stream_id.partition("-")[0]) / 1000)
+    def observe_relay_lag(self, written_at: str) -> None:
+        """The lag of an entry Redis wrote at `written_at` (its `at`, in ms), now that it has been
+        handed over."""
+        self.relay_lag.observe(time.time() - int(written_at) / 1000)
 
     async def read_queue(self, read: QueueRead) -> None:
         """Read the queue's figures for this scrape; a Redis that fails leaves them out (and is logged)."""

@@ -9,7 +9,9 @@ the same way.
 
 from __future__ import annotations
 
+import asyncio
 import re
+import time
 from collections import Counter
 from collections.abc import AsyncGenerator, AsyncIterator, Iterator
 from contextlib import aclosing, contextmanager
@@ -33,6 +35,8 @@ READ_BATCH = 512  # most entries one catch-up read asks for
 FIRST_READ = 16  # a follow's first catch-up read, before the size of its stream's entries is known
 DEFAULT_BATCH_BYTES: int = GatewaySettings.model_fields["reader_batch_bytes"].default
 IDLE_SECONDS = 5.0  # how long a silent follow waits before checking its job still exists
+AHEAD_WAIT_SECONDS = 10.0  # for a running job's stream to reach a cursor past its end (a failover)
+AHEAD_POLL_SECONDS = 0.1
 
 
 def _id_tuple(stream_id: str) -> tuple[int, int]:
@@ -55,7 +59,7 @@ def parse_cursor(cursor: str | None) -> str:
     if cursor is None or cursor == "":
         return START
     if not CURSOR.fullmatch(cursor) or max(_id_tuple(cursor)) > MAX_ID_PART:
-        raise InvalidRequest(f"cursor {cursor!r} is not a stream id like '1700000000000-0'")
+        raise InvalidRequest(f"cursor {cursor!r} is not an event id like '12-1'")
     return cursor
 
 
@@ -148,15 +152,43 @@ class Relay:
     async def check(self, job_id: str, cursor: str) -> tuple[JobState, bool]:
         """The job's state, and whether `cursor` is at or past the stream's last entry (nothing
         left to read now); 404 for an unknown job, 410 for a cursor older than what is kept, 422
-        for a cursor past the end of a running job's stream.
+        for a cursor past the end of a running job's stream that the stream does not reach within
+        `AHEAD_WAIT_SECONDS`, or before the job ends.
 
-        A cursor past the end names no event this job has sent: relayed to the hub, whose one
-        read of a stream starts after its first follower's cursor, it would hide every new entry
-        from every other follower of the job. A finished job has nothing after its terminal event,
-        so there such a cursor is simply at the end. The status is read before the stream: the script
-        that ends a job writes both, so a job read as ended has its terminal event in what follows.
-        (Not in MULTI: a Redis out of memory refuses every command queued in one, reads included.)
+        A cursor past the end names no event the stream holds: relayed to the hub, whose one read
+        of a stream starts after its first follower's cursor, it would hide every new entry from
+        every other follower of the job. Such a cursor is one a client got from a master that died
+        before its replica had the last events (the job's worker writes them again on the new
+        master, with the same ids) or none this job sent: the first is waited for, the second
+        refused. A finished job has nothing after its terminal event, so there such a cursor is
+        simply at the end.
         """
+        deadline, waited = time.monotonic() + AHEAD_WAIT_SECONDS, False
+        while True:
+            state, info = await self._state_and_stream(job_id)
+            if _id_tuple(cursor) < _oldest_readable(info):
+                oldest = info["first-entry"][0]
+                raise CursorExpired(
+                    f"events after {cursor} are no longer all kept; the oldest kept is {oldest}",
+                    oldest=oldest,
+                )
+            last = _id_tuple(info["last-generated-id"])
+            if _id_tuple(cursor) <= last or (state.terminal and not waited):
+                return state, _id_tuple(cursor) >= last
+            if state.terminal or time.monotonic() >= deadline:
+                raise InvalidRequest(
+                    f"cursor {cursor} is past the job's last event {info['last-generated-id']}: "
+                    "resume from the id of an event this job sent"
+                )
+            waited = True
+            await asyncio.sleep(AHEAD_POLL_SECONDS)
+
+    async def _state_and_stream(self, job_id: str) -> tuple[JobState, dict[str, Any]]:
+        """The job's state and XINFO of its stream; 404 for an unknown job.
+
+        The status is read before the stream: the script that ends a job writes both, so a job read
+        as ended has its terminal event in what follows. (Not in MULTI: a Redis out of memory
+        refuses every command queued in one, reads included.)"""
         with redis_errors():
             async with self.redis.pipeline(transaction=False) as pipe:
                 pipe.hget(self.keys.job(job_id), "status")
@@ -164,18 +196,7 @@ class Relay:
                 status, info = await pipe.execute(raise_on_error=False)
         if status is None or isinstance(info, Exception):
             raise JobNotFound(f"no job {job_id}")
-        if _id_tuple(cursor) < _oldest_readable(info):
-            raise CursorExpired(
-                f"events after {cursor} are no longer all kept; the oldest kept is {info['first-entry'][0]}",
-                oldest=info["first-entry"][0],
-            )
-        state, last = JobState(status), _id_tuple(info["last-generated-id"])
-        if _id_tuple(cursor) > last and not state.terminal:
-            raise InvalidRequest(
-                f"cursor {cursor} is past the job's last event {info['last-generated-id']}: "
-                "resume from the id of an event this job sent"
-            )
-        return state, _id_tuple(cursor) >= last
+        return JobState(status), info
 
     async def open(self, job_id: str, cursor: str, owner: str, limits: StreamLimits) -> Following:
         """A follow of the job from a client's cursor, checked first (see `check`) and counted among
@@ -194,7 +215,7 @@ class Relay:
             reply = await self.redis.xread({self.keys.stream(job_id): cursor}, count=count)
         if not reply:
             return []
-        return [Entry(entry_id, fields["type"], fields["data"]) for entry_id, fields in reply[0][1]]
+        return [Entry.of(entry_id, fields) for entry_id, fields in reply[0][1]]
 
     async def page(
         self, job_id: str, cursor: str, limit: int, wait: float, owner: str, limits: StreamLimits
@@ -337,7 +358,7 @@ class Following:
                     relay.keys.stream(self.job_id), min=f"({self.cursor}", max=subscription.started_after
                 )
             if gap:
-                yield [Entry(entry_id, fields["type"], fields["data"]) for entry_id, fields in gap]
+                yield [Entry.of(entry_id, fields) for entry_id, fields in gap]
                 cursor = _id_tuple(gap[-1][0])
         # Ahead of the hub's cursor, this follow may be handed entries it has already read (from a
         # read sent before it subscribed); once past them, the hub only hands over new ones.

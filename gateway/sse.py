@@ -58,7 +58,7 @@ def entry_frame(entry: Entry) -> bytes:
     `frame`'s bytes, made in one step when nothing needs breaking or cleaning, as for every
     event a worker writes (its data is one line of JSON, and a stream id has no line break).
     """
-    entry_id, event, data = entry
+    entry_id, event, data, _ = entry
     if "\n" in data or "\r" in data or "\n" in event or "\r" in event:
         return frame(data, event, entry_id)
     return f"id: {entry_id}{SEPARATOR}event: {event}{SEPARATOR}data: {data}{SEPARATOR}{SEPARATOR}".encode()
@@ -125,8 +125,10 @@ class EventStream(Response):
                 async for batch in batches:
                     body = b"".join(map(entry_frame, batch)) if batch else ping_frame()
                     await send({"type": "http.response.body", "body": body, "more_body": True})
-                    if batch:  # once per write, for its oldest entry: cheap at the relay's rate
-                        self.metrics.observe_relay_lag(batch[0].id)
+                    if (
+                        batch and batch[0].at
+                    ):  # once per write, for its oldest entry: cheap at the relay's rate
+                        self.metrics.observe_relay_lag(batch[0].at)
         except StreampoolError as exc:
             await send({"type": "http.response.body", "body": error_frame(exc), "more_body": True})
 

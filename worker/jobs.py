@@ -37,6 +37,11 @@ log = logging.getLogger(__name__)
 HAND_BACK_RETRY_SECONDS = 0.5
 
 
+class StreamBehind(Exception):
+    """The job's stream lacks events this run wrote (a Redis failover lost them) that the publisher
+    no longer keeps: the job goes on from what the stream holds, handed back like a crashed run's."""
+
+
 class Ending(Enum):
     """How a run ended for this worker."""
 
@@ -99,6 +104,7 @@ class JobRunner:
                 return await self._run_started(job_id, started)
             finally:
                 self.jobs.pop(job_id, None)
+                self.publisher.forget(job_id)
 
     async def _run_started(self, job_id: str, started: Started) -> Ending:
         chunker = Chunker.after(started.progress, started.request.stream_step, started.request.n)
@@ -108,12 +114,15 @@ class JobRunner:
             # What the last write did is unknown; the stream is the truth the next run resumes from.
             log.warning("Redis is unreachable (%s); handing the job back", exc.message)
             return await self._hand_back(job_id, started.attempt, "its worker lost Redis")
+        except StreamBehind:
+            log.warning("a Redis failover lost the job's last events; handing the job back")
+            return await self._hand_back(job_id, started.attempt, "a Redis failover lost its last events")
 
     async def _run_guarded(self, job_id: str, started: Started, chunker: Chunker) -> Ending:
         """Run the job; a failure ends it with an `error` event, a stop signal hands it back."""
         try:
             return await self._generate(job_id, started, chunker)
-        except BackendUnavailable:
+        except (BackendUnavailable, StreamBehind):
             raise
         except EngineDead as exc:
             # No fault of the job's: it goes on on another worker, from the tokens its stream holds.
@@ -178,6 +187,8 @@ class JobRunner:
 
     async def _stop(self, job_id: str, chunker: Chunker, verdict: Verdict) -> Ending:
         """A step answered other than `go`: abort the engine request, then end cancelled or leave."""
+        if verdict is Verdict.behind:
+            raise StreamBehind
         await self.engine.abort(job_id)
         if verdict is Verdict.cancel:
             self.metrics.cancelled(self.publisher.cancels_asked_at.pop(job_id, None))
@@ -221,6 +232,8 @@ class JobRunner:
             error=error,
         )
         finished = await self.publisher.finish(job_id, events, outcome)
+        if finished.outcome is FinishOutcome.behind:
+            raise StreamBehind
         if finished.outcome is FinishOutcome.lost:
             log.warning("lease lost before the job could end; the job is not this worker's any more")
             return Ending.left

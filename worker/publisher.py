@@ -7,9 +7,15 @@ job that checks the job's lease, appends the events and checks the cancel key: a
 that lost the lease appends nothing.
 
 A step that cannot be written (Redis unreachable, out of memory or read-only for a moment) is
-sent again, with the same events, for as long as the job's lease could still be held: the step
-script appends only what the stream does not hold yet, so a blip costs the job nothing. Only
-then does the job learn of the failure, and is handed back.
+sent again, with the same events, for as long as the job's lease could still be held: a stream's
+ids are its events' seqs, and the step script appends only what the stream does not hold yet, so a
+blip costs the job nothing. Only then does the job learn of the failure, and is handed back.
+
+A failover can lose a job's last steps: Redis acknowledged them before its replica had them. The
+new master's stream then ends before the step that follows, and the step script refuses it
+(`behind`); the publisher writes the lost events again from the last `KEPT_EVENTS` it sent of the
+job, with the ids and contents readers already saw, then the step. A job whose lost events it no
+longer keeps is handed back, to resume from what the stream holds.
 
 A job's end is acknowledged only once the replicas the store's `acks` asks for hold it: a round
 trip that carries an end closes with a WAIT, in the same pipeline. An end short of its replicas
@@ -23,6 +29,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,6 +48,9 @@ from shared.replication import Wait
 log = logging.getLogger(__name__)
 
 RESEND_SECONDS = 0.1  # between sendings of steps that failed: a Redis restart takes about this long
+KEPT_EVENTS = 64
+"""A job's last events kept to write again after a failover lost them: a replica trails its master
+by what the master wrote in the last few milliseconds, a step or two of each job."""
 
 
 @dataclass
@@ -47,12 +58,18 @@ class _Step:
     """One job's share of a round trip: one script call, a step or the EVAL that ends the job."""
 
     command: tuple[Any, ...]
-    resend: tuple[Any, ...]
-    """The command when sent again; the step script then skips events the stream holds (finish is
-    idempotent as it is: a job that ended is left alone)."""
+    """Sent again as it is: the step script skips events the stream holds, and finish leaves a job
+    that ended alone."""
     ends: bool = False  # the job's end: acknowledged once replicas hold it
     answer: asyncio.Future[Any] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
     failing_since: float | None = None  # monotonic time of the first failed sending
+
+
+def _behind(answer: Any) -> int | None:
+    """The seq of the stream's last event when a step's or an end's answer is ['behind', that seq]."""
+    if isinstance(answer, list) and answer and answer[0] == Verdict.behind.value:
+        return int(answer[1])
+    return None
 
 
 def _as_sent(result: Any) -> Any:
@@ -87,23 +104,52 @@ class Publisher:
         self._failing = False  # the last round trip met an unavailable Redis (said once per outage)
         self.cancels_asked_at: dict[str, float] = {}
         """When the cancel a job's step saw was asked for (epoch seconds), until the job takes it."""
+        self._sent: dict[str, deque[Event]] = {}
+        """Each running job's last `KEPT_EVENTS` events sent, until `forget`."""
 
     async def step(self, job_id: str, events: list[Event]) -> Verdict:
         """Append `events` to the job's stream if this worker still holds the job; may it go on?"""
         transitions, worker_id, maxlen = self.store.transitions, self.worker_id, self.maxlen
-        command = transitions.step_command(job_id=job_id, worker_id=worker_id, events=events, maxlen=maxlen)
-        resend = transitions.step_command(
-            job_id=job_id, worker_id=worker_id, events=events, maxlen=maxlen, resent=True
-        )
-        answer = StepAnswer.of(await self._submit(_Step(command, resend)))
+
+        def command(events: list[Event]) -> tuple[Any, ...]:
+            return transitions.step_command(job_id=job_id, worker_id=worker_id, events=events, maxlen=maxlen)
+
+        answer = StepAnswer.of(await self._write(job_id, events, command, ends=False))
         if answer.cancel_asked_at is not None:
             self.cancels_asked_at[job_id] = answer.cancel_asked_at
+        if answer.verdict in (Verdict.go, Verdict.cancel):
+            self._sent.setdefault(job_id, deque(maxlen=KEPT_EVENTS)).extend(events)
         return answer.verdict
 
     async def finish(self, job_id: str, events: list[Event], outcome: Outcome) -> Finished:
         """Append the last events, the terminal one last, and end the job, if this worker still holds it."""
-        command = self.store.finish_command(job_id, self.worker_id, events, outcome)
-        return Finished.of(await self._submit(_Step(command, command, ends=True)))
+
+        def command(events: list[Event]) -> tuple[Any, ...]:
+            return self.store.finish_command(job_id, self.worker_id, events, outcome)
+
+        return Finished.of(await self._write(job_id, events, command, ends=True))
+
+    def forget(self, job_id: str) -> None:
+        """The job's run here is over: its events need not be kept any more."""
+        self._sent.pop(job_id, None)
+
+    async def _write(
+        self, job_id: str, events: list[Event], command: Callable[[list[Event]], tuple[Any, ...]], ends: bool
+    ) -> Any:
+        """The script's answer to `command(events)`; when it finds the stream `behind`, the lost events
+        this publisher keeps are sent again before `events`, once."""
+        answer = await self._submit(_Step(command(events), ends))
+        last_seq = _behind(answer)
+        lost = [] if last_seq is None or not events else self._lost(job_id, last_seq, events[0].seq)
+        if lost:
+            log.warning("a failover lost events %d to %d; writing them again", lost[0].seq, lost[-1].seq)
+            answer = await self._submit(_Step(command([*lost, *events]), ends))
+        return answer
+
+    def _lost(self, job_id: str, last_seq: int, next_seq: int) -> list[Event]:
+        """The kept events after `last_seq` and before `next_seq`; none unless they are all kept."""
+        lost = [event for event in self._sent.get(job_id, ()) if last_seq < event.seq < next_seq]
+        return lost if lost and lost[0].seq == last_seq + 1 and lost[-1].seq == next_seq - 1 else []
 
     async def _submit(self, step: _Step) -> Any:
         self._pending.append(step)
@@ -137,7 +183,7 @@ class Publisher:
         """One pipeline of the batch's commands: each one's answer, or the error it met."""
         pipe = self.redis.pipeline(transaction=False)
         for step in batch:
-            pipe.execute_command(*(step.command if step.failing_since is None else step.resend))
+            pipe.execute_command(*step.command)
         wait: Wait | None = None
         try:
             if any(step.ends for step in batch):

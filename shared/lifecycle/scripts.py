@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 from importlib.resources import files
+from importlib.resources.abc import Traversable
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -17,8 +18,29 @@ HELPERS = {
     "tenant_move": "tenant_move.lua",
     "share_enqueue": "share_enqueue.lua",
     "share_leave": "share_leave.lua",
+    "last_seq": "append_event.lua",
+    "append_event": "append_event.lua",
+    "is_behind": "append_event.lua",
 }
-"""Lua functions a script may call; the loader prepends each one the script uses."""
+"""Lua functions a script may call, by the file that defines them; the loader prepends each file the
+script uses, and the files those use, each once and before its callers."""
+
+
+def _helper_files(body: str, package: Traversable) -> list[str]:
+    """The helper files `body` calls, directly or through other helpers: each once, and each after
+    the files it calls (a Lua local function must be defined before the code that calls it)."""
+    ordered: list[str] = []
+    seen: set[str] = set()
+
+    def visit(text: str) -> None:
+        for helper, path in HELPERS.items():
+            if path not in seen and f"{helper}(" in text:
+                seen.add(path)
+                visit(package.joinpath(path).read_text())
+                ordered.append(path)
+
+    visit(body)
+    return ordered
 
 
 @dataclass(frozen=True)
@@ -32,9 +54,7 @@ class LuaScript:
     def load(cls, name: str) -> LuaScript:
         package = files(__package__)
         body = package.joinpath(f"{name}.lua").read_text()
-        helpers = [
-            package.joinpath(path).read_text() for helper, path in HELPERS.items() if f"{helper}(" in body
-        ]
+        helpers = [package.joinpath(path).read_text() for path in _helper_files(body, package)]
         return cls(name, "".join([*helpers, body]))
 
     @property

@@ -66,18 +66,23 @@ class Verdict(Enum):
     go = "go"
     cancel = "cancel"  # a cancel was asked for: abort and end with `cancelled`
     lost = "lost"  # another worker holds the job now (or will), or its keys expired: stop without writing
+    behind = "behind"  # the stream lacks the job's last events (a failover lost them): nothing written
 
 
 @dataclass(frozen=True)
 class StepAnswer:
     verdict: Verdict
     cancel_asked_at: float | None = None  # with `cancel`: when it was asked for (epoch seconds)
+    last_seq: int = -1  # with `behind`: the seq of the last event the stream holds
 
     @classmethod
     def of(cls, answer: Any) -> StepAnswer:
-        """The step script's answer: 'go', 'lost' or ['cancel', when it was asked for]."""
+        """The step script's answer: 'go', 'lost', ['behind', last seq] or ['cancel', when it was
+        asked for]."""
         if not isinstance(answer, list):
             return cls(Verdict(answer))
+        if answer[0] == Verdict.behind.value:
+            return cls(Verdict.behind, last_seq=int(answer[1]))
         asked_at = None
         with contextlib.suppress(ValueError):  # a value that is no time only goes unmeasured
             asked_at = float(answer[1])
@@ -88,17 +93,21 @@ class FinishOutcome(Enum):
     ended = "ended"  # the job ended here, in the state asked for
     not_running = "not_running"  # it had ended already (or never ran): left as it was
     lost = "lost"  # another worker holds the job now: nothing written
+    behind = "behind"  # the stream lacks the job's last events (a failover lost them): nothing written
 
 
 @dataclass(frozen=True)
 class Finished:
     outcome: FinishOutcome
     state: JobState | None = None  # the record's state after the call; None: no such job
+    last_seq: int = -1  # with `behind`: the seq of the last event the stream holds
 
     @classmethod
     def of(cls, answer: list[str]) -> Finished:
-        outcome, *state = answer
-        return cls(FinishOutcome(outcome), JobState(state[0]) if state and state[0] != "missing" else None)
+        outcome, *rest = answer
+        if outcome == FinishOutcome.behind.value:
+            return cls(FinishOutcome.behind, last_seq=int(rest[0]))
+        return cls(FinishOutcome(outcome), JobState(rest[0]) if rest and rest[0] != "missing" else None)
 
 
 class CancelOutcome(Enum):
@@ -292,19 +301,18 @@ class Transitions:
         return StartAnswer(StartOutcome(outcome))
 
     def step_command(
-        self, *, job_id: str, worker_id: str, events: list[Event], maxlen: int, resent: bool = False
+        self, *, job_id: str, worker_id: str, events: list[Event], maxlen: int
     ) -> tuple[Any, ...]:
-        """The step script as a pipeline command; its answer reads with `StepAnswer.of`. `resent`: the
-        step's first sending may have reached the stream; events the stream holds are not added twice."""
+        """The step script as a pipeline command; its answer reads with `StepAnswer.of`. Sent again,
+        it adds none of the events the stream holds already."""
         keys = [
             self.keys.stream(job_id),
             self.keys.cancel(job_id),
             self.keys.lease(job_id),
             self.keys.job(job_id),
         ]
-        resent_from = events[0].seq if resent and events else ""
         pairs = (part for event in events for part in (event.type, event.model_dump_json()))
-        return scripts.STEP.command(keys, [worker_id, maxlen, resent_from, *pairs])
+        return scripts.STEP.command(keys, [worker_id, maxlen, *pairs])
 
     def finish_command(
         self,

@@ -15,6 +15,7 @@ import httpx
 import pytest
 import redis.asyncio as aioredis
 
+from gateway.relay import AHEAD_POLL_SECONDS
 from shared.events import DeltaEvent, DoneEvent, JobState, Usage
 from shared.jobstore import JobStore, Outcome
 from shared.keys import Keys
@@ -74,20 +75,9 @@ async def _reader_blocked(redis_client: aioredis.Redis, gateway: KeyedGateway) -
     )
 
 
-async def _a_second_reader_gets_every_event(
-    gateway: KeyedGateway,
-    http: httpx.AsyncClient,
-    redis_client: aioredis.Redis,
-    worker: StandInWorker,
-    head: bytes,
-) -> None:
+async def _a_second_reader_gets_every_event(http: httpx.AsyncClient, worker: StandInWorker) -> None:
     """While the first reader holds its request, a reader from the start gets the job's every event
     up to `done`, though they are written after both readers came."""
-
-    async def first_in_place() -> bool:  # refused, or (as it was) followed by the hub from its cursor
-        return head.done() or await _reader_blocked(redis_client, gateway)
-
-    await eventually(first_in_place, "the first reader is refused or followed")
     received: list[tuple[str, dict[str, Any]]] = []
     second = asyncio.create_task(read_sse(http, worker.job_id, into=received))
     await eventually(lambda: _has(received, 2), "the second reader has queued and running")
@@ -101,24 +91,51 @@ async def _has(received: list[Any], count: int) -> bool:
     return len(received) >= count
 
 
+def _reader(port: int, job_id: str, cursor: str, transport: str) -> Any:
+    target = f"/v1/jobs/{job_id}/events"
+    if transport == "sse":
+        return raw_request(port, target, {"Accept": "text/event-stream", "Last-Event-ID": cursor})
+    return raw_request(port, f"{target}?after={cursor}&wait={POLL_WAIT}", {})
+
+
 @pytest.mark.parametrize("transport", ["sse", "long-poll"])
-async def test_a_cursor_past_the_end_of_a_running_job_is_refused_and_stalls_no_other_reader(
-    gateway_process: KeyedGateway,
-    http: httpx.AsyncClient,
-    redis_client: aioredis.Redis,
-    store: JobStore,
-    transport: str,
+async def test_a_cursor_past_the_end_of_a_running_job_waits_is_refused_once_the_job_ends_and_stalls_no_one(
+    gateway_process: KeyedGateway, http: httpx.AsyncClient, store: JobStore, transport: str
 ) -> None:
     worker = StandInWorker(store, await submit(http, prompt="past the end", max_tokens=DELTAS))
     await worker.start()
-    target, port = f"/v1/jobs/{worker.job_id}/events", gateway_process.settings.port
-    if transport == "sse":
-        request = raw_request(port, target, {"Accept": "text/event-stream", "Last-Event-ID": PAST_END})
-    else:
-        request = raw_request(port, f"{target}?after={PAST_END}&wait={POLL_WAIT}", {})
-    async with request as head:
-        await _a_second_reader_gets_every_event(gateway_process, http, redis_client, worker, head)
+    async with _reader(gateway_process.settings.port, worker.job_id, PAST_END, transport) as head:
+        await asyncio.sleep(5 * AHEAD_POLL_SECONDS)
+        assert not head.done()  # waiting for the stream to reach the cursor, as after a failover
+        await _a_second_reader_gets_every_event(http, worker)
         assert (await asyncio.wait_for(head, DEADLINE)).startswith(b"HTTP/1.1 422")
+
+
+@pytest.mark.parametrize("transport", ["sse", "long-poll"])
+async def test_a_cursor_just_past_the_end_gets_what_follows_it_once_the_stream_reaches_it(
+    http: httpx.AsyncClient, store: JobStore, transport: str
+) -> None:
+    """What a reader that reconnects after a failover holds: the id of an event the old master
+    relayed and the new one has not received yet (its worker writes it again, under that id)."""
+    worker = StandInWorker(store, await submit(http, prompt="just past the end", max_tokens=DELTAS))
+    await worker.start()  # the stream holds seqs 0 and 1; the reader saw up to 3
+
+    async def seqs_read() -> list[int]:
+        if transport == "sse":
+            return [event["seq"] for _, event in await read_sse(http, worker.job_id, "3-1")]
+        params = {"after": "3-1", "wait": str(POLL_WAIT)}
+        answer = await http.get(f"/v1/jobs/{worker.job_id}/events", params=params)
+        assert answer.status_code == 200, answer.text
+        return [event["seq"] for event in answer.json()["events"]]
+
+    reading = asyncio.create_task(seqs_read())
+    await asyncio.sleep(5 * AHEAD_POLL_SECONDS)
+    await worker.run_to_done()
+    seqs = await asyncio.wait_for(reading, DEADLINE)
+    if transport == "sse":
+        assert seqs == list(range(4, 3 + DELTAS))
+    else:  # a poll answers with the first batch written after its cursor
+        assert seqs and seqs == list(range(4, 4 + len(seqs)))
 
 
 async def _finished_job(http: httpx.AsyncClient, store: JobStore, cursor: str) -> tuple[str, str]:
@@ -154,7 +171,9 @@ async def test_a_cursor_past_the_end_of_a_running_job_says_why_it_is_refused(
 ) -> None:
     worker = StandInWorker(store, await submit(http, prompt="refused cursor", max_tokens=DELTAS))
     await worker.start()
-    answer = await http.get(f"/v1/jobs/{worker.job_id}/events", params={"after": PAST_END})
+    asking = asyncio.create_task(http.get(f"/v1/jobs/{worker.job_id}/events", params={"after": PAST_END}))
+    await worker.run_to_done()  # the job ends with its stream short of the cursor
+    answer = await asyncio.wait_for(asking, DEADLINE)
     assert answer.status_code == 422, answer.text
     body = answer.json()
     assert body["error_type"] == "validation"

@@ -26,7 +26,7 @@ from shared.lifecycle.transitions import (
 )
 from shared.queue import in_progress_key
 from shared.requests import JobRequest
-from tests.shared.transitions import MODEL, release
+from tests.shared.transitions import MODEL, lose_last_entries, release
 
 REQUEST = JobRequest(prompt="The capital of France is", max_tokens=8)
 LEASE_SECONDS = 6.0
@@ -41,7 +41,15 @@ async def started(store: JobStore, worker_id: str = "worker-1") -> str:
 def test_every_script_ships_as_a_lua_file_and_gets_the_helpers_it_calls() -> None:
     folder = Path(scripts.__file__).parent
     names = {"submit", "claim", "start", "step", "renew", "release", "finish", "cancel", "delete"}
-    helpers = {"expire_job", "announce_end", "tenant_admit", "tenant_move", "share_enqueue", "share_leave"}
+    helpers = {
+        "expire_job",
+        "announce_end",
+        "tenant_admit",
+        "tenant_move",
+        "share_enqueue",
+        "share_leave",
+        "append_event",
+    }
     assert {path.stem for path in folder.glob("*.lua")} == names | helpers
 
     def calling(helper: str) -> set[str]:
@@ -55,6 +63,12 @@ def test_every_script_ships_as_a_lua_file_and_gets_the_helpers_it_calls() -> Non
     # the scripts that put a job on its model's queue put it in its tenant's share of it too
     assert calling("share_enqueue") == {"submit", "release"}
     assert calling("share_leave") == {"start", "cancel"}  # ... and out of it, the scripts that end its wait
+    # every script that writes a job's stream writes it through the one helper that makes its ids
+    assert calling("append_event") == {"submit", "start", "step", "release", "finish", "cancel"}
+    # a helper a helper calls comes with it, once, before it
+    finish = scripts.FINISH.source
+    assert finish.count("local function last_seq(") == 1
+    assert finish.index("local function expire_job(") < finish.index("expire_job(retention)")
 
 
 async def test_delete_takes_a_finished_jobs_keys_and_leaves_an_unfinished_one(store: JobStore) -> None:
@@ -143,13 +157,11 @@ async def test_claim_passes_over_jobs_marked_in_progress(store: JobStore) -> Non
         await store.redis.delete(in_progress_key(first), in_progress_key(second))
 
 
-async def step(store: JobStore, job_id: str, events: list[DeltaEvent], *, resent: bool = False) -> Any:
+async def step(store: JobStore, job_id: str, events: list[DeltaEvent]) -> Any:
     """The step script by EVALSHA, as the worker's pipeline sends it: loaded first, as the worker's
     publisher loads it (a fresh Redis has no scripts)."""
     await store.redis.script_load(scripts.STEP.source)
-    command = store.transitions.step_command(
-        job_id=job_id, worker_id="worker-1", events=events, maxlen=1000, resent=resent
-    )
+    command = store.transitions.step_command(job_id=job_id, worker_id="worker-1", events=events, maxlen=1000)
     return await store.redis.execute_command(*command)
 
 
@@ -163,11 +175,40 @@ async def test_a_step_sent_again_appends_only_what_the_stream_does_not_hold(stor
     first = [DeltaEvent(seq=2, text="a", token_ids=[1]), DeltaEvent(seq=3, text="b", token_ids=[2])]
     assert await step(store, job_id, first) == "go"
     # Its answer was lost on the way back: the worker sends it again, and nothing is added twice.
-    assert await step(store, job_id, first, resent=True) == "go"
+    assert await step(store, job_id, first) == "go"
     assert await seqs(store, job_id) == [0, 1, 2, 3]
     # The next step's first sending never reached Redis: sent again, it is appended.
-    assert await step(store, job_id, [DeltaEvent(seq=4, text="c", token_ids=[3])], resent=True) == "go"
+    assert await step(store, job_id, [DeltaEvent(seq=4, text="c", token_ids=[3])]) == "go"
     assert await seqs(store, job_id) == [0, 1, 2, 3, 4]
+
+
+async def test_a_step_after_events_the_stream_lost_writes_nothing_and_says_what_the_stream_holds(
+    store: JobStore,
+) -> None:
+    job_id = await started(store)
+    assert await step(store, job_id, [DeltaEvent(seq=2, text="a", token_ids=[1])]) == "go"
+    assert await step(store, job_id, [DeltaEvent(seq=3, text="b", token_ids=[2])]) == "go"
+    await lose_last_entries(store, job_id, 1)  # a failover's new master had not received the last step
+    assert await step(store, job_id, [DeltaEvent(seq=4, text="c", token_ids=[3])]) == ["behind", 2]
+    assert await seqs(store, job_id) == [0, 1, 2]
+    # Written again with the lost event first, the step goes on with the ids the readers saw.
+    lost_then_next = [DeltaEvent(seq=3, text="b", token_ids=[2]), DeltaEvent(seq=4, text="c", token_ids=[3])]
+    assert await step(store, job_id, lost_then_next) == "go"
+    entries = await store.redis.xrange(store.keys.stream(job_id))
+    assert [entry_id for entry_id, _ in entries] == ["0-1", "1-1", "2-1", "3-1", "4-1"]
+
+
+async def test_a_stream_written_before_ids_were_seqs_is_appended_to_as_it_was(store: JobStore) -> None:
+    job_id = await started(store)
+    stream = store.keys.stream(job_id)
+    await store.redis.delete(stream)
+    await store.redis.xadd(
+        stream, {"type": "status", "data": '{"type":"status","seq":1}'}, id="1700000000000-0"
+    )
+    assert await step(store, job_id, [DeltaEvent(seq=2, text="a", token_ids=[1])]) == "go"
+    (old_id, _), (new_id, fields) = await store.redis.xrange(stream)
+    assert old_id == "1700000000000-0" and int(new_id.split("-")[0]) > 1700000000000
+    assert event_adapter.validate_json(fields["data"]).seq == 2
 
 
 async def test_a_released_job_keeps_its_place_in_the_queue(store: JobStore) -> None:

@@ -32,3 +32,16 @@ async def release(
         retention_seconds=60,
         maxlen=1000,
     )
+
+
+async def lose_last_entries(store: JobStore, job_id: str, count: int) -> None:
+    """A stand-in for a failover whose new master had not received the job stream's last `count`
+    entries: the stream as that master holds it, made anew without them (XDEL would leave the
+    stream's last id where it was, which no new master does)."""
+    stream = store.keys.stream(job_id)
+    kept = (await store.redis.xrange(stream))[:-count]
+    async with store.redis.pipeline(transaction=True) as pipe:
+        pipe.delete(stream)
+        for entry_id, fields in kept:
+            pipe.xadd(stream, fields, id=entry_id)
+        await pipe.execute()

@@ -21,6 +21,7 @@ from tests.conftest import UNIT_RETENTION_SECONDS, make_settings
 from tests.faults.conftest import RedisServer
 from tests.helpers import eventually
 from tests.processes import Processes, free_port
+from tests.shared.transitions import lose_last_entries
 from worker.publisher import Publisher
 
 USAGE = Usage(prompt_tokens=5, completion_tokens=2)
@@ -52,10 +53,12 @@ async def stream_length_after_start(store: JobStore, job_ids: list[str]) -> list
 
 
 async def stream_events(store: JobStore, job_id: str) -> list[Event]:
+    """The stream's events, each checked against its entry: type, id made of its seq, a write time."""
     entries = await store.redis.xrange(store.keys.stream(job_id))
-    assert all(set(fields) == {"type", "data"} for _, fields in entries)
+    assert all(set(fields) == {"type", "data", "at"} for _, fields in entries)
     events = [event_adapter.validate_json(fields["data"]) for _, fields in entries]
     assert [event.type for event in events] == [fields["type"] for _, fields in entries]
+    assert [entry_id for entry_id, _ in entries] == [f"{event.seq}-1" for event in events]
     return events
 
 
@@ -130,6 +133,40 @@ async def test_a_step_after_redis_lost_its_scripts_loads_the_script_and_goes_thr
     await private_store.redis.script_flush()  # what a restarted Redis has forgotten
     assert await publisher.step(job_id, [delta(3)]) is Verdict.go
     assert [event.seq for event in await stream_events(private_store, job_id)] == [0, 1, 2, 3]
+
+
+async def test_events_a_failover_lost_are_written_again_with_their_ids_before_the_next_step(
+    store: JobStore, publisher: Publisher
+) -> None:
+    job_id = await started_job(store)
+    sent = [delta(2, "a", 1), delta(3, "b", 2), delta(4, "c", 3)]
+    for event in sent:
+        assert await publisher.step(job_id, [event]) is Verdict.go
+    await lose_last_entries(store, job_id, 2)  # a failover's new master had not received the last two steps
+    assert await publisher.step(job_id, [delta(5, "d", 4)]) is Verdict.go
+    assert await stream_events(store, job_id) == [
+        *(await stream_events(store, job_id))[:2],
+        *sent,
+        delta(5, "d", 4),
+    ]
+    done = DoneEvent(seq=7, finish_reason="stop", usage=USAGE)
+    assert await publisher.step(job_id, [delta(6)]) is Verdict.go
+    await lose_last_entries(store, job_id, 1)  # ... and the end finds one lost too
+    assert (await publisher.finish(job_id, [done], COMPLETED)).outcome is FinishOutcome.ended
+    assert [event.seq for event in await stream_events(store, job_id)] == list(range(8))
+
+
+async def test_a_step_after_lost_events_no_longer_kept_learns_the_stream_is_behind(
+    store: JobStore, publisher: Publisher
+) -> None:
+    job_id = await started_job(store)
+    assert await publisher.step(job_id, [delta(2)]) is Verdict.go
+    publisher.forget(job_id)
+    await lose_last_entries(store, job_id, 1)
+    assert await publisher.step(job_id, [delta(3)]) is Verdict.behind
+    assert [event.seq for event in await stream_events(store, job_id)] == [0, 1]
+    assert (await publisher.finish(job_id, [delta(3)], COMPLETED)).outcome is FinishOutcome.behind
+    assert (await store.record(job_id)).status is JobState.running
 
 
 async def test_finish_writes_terminal_event_last_and_ends_the_record(
