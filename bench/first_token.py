@@ -82,12 +82,12 @@ async def _first_delta(job_id: str, events: AsyncIterator[tuple[str, str]]) -> f
 
 
 async def _split(store: JobStore, job_id: str, wall: float, received: float) -> FirstToken:
-    """The job's first token split at the record's times and its first delta's stream id."""
+    """The job's first token split at the record's times and when Redis wrote its first delta (`at`)."""
     record = await store.record(job_id)
     if record.started_at is None:
         raise RuntimeError(f"job {job_id} streamed a token but has no started_at")
     entries = await store.redis.xrange(store.keys.stream(job_id))
-    appended = next(int(entry_id.split("-")[0]) / 1000 for entry_id, f in entries if f["type"] == "delta")
+    appended = next(int(fields["at"]) / 1000 for _, fields in entries if fields["type"] == "delta")
     created, started = record.created_at.timestamp(), record.started_at.timestamp()
     return FirstToken(
         received - wall, created - wall, started - created, appended - started, received - appended

@@ -157,18 +157,13 @@ class Client:
 
         A stream that drops is reopened with `Last-Event-ID`, so nothing is skipped or repeated;
         after `reconnects` attempts in a row that bring no event, the last failure is raised. A
-        cursor already past the terminal event yields nothing. An event whose `seq` is not above
-        the last one yielded is passed over: a worker writes again, under new ids, the last steps
-        a Redis failover lost before they reached the replica (README, "Redis failover").
+        cursor already past the terminal event yields nothing.
         """
-        cursor, failures, last_seq = after, 0, -1
+        cursor, failures = after, 0
         while True:
             try:
                 for job_event in self._stream(job_id, cursor):
                     cursor, failures = job_event.id, 0
-                    if job_event.event.seq <= last_seq:
-                        continue
-                    last_seq = job_event.event.seq
                     yield job_event
                     if job_event.event.type in TERMINAL_EVENT_TYPES:
                         return

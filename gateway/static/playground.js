@@ -29,7 +29,7 @@ let apiKey = sessionStorage.getItem(KEY_STORAGE) ?? "";
 
 function newJob(id, request, submittedAt) {
   return {
-    id, request, state: "queued", text: "", lastEventId: "", lastSeq: -1, tokens: 0, cancelling: false,
+    id, request, state: "queued", text: "", lastEventId: "", tokens: 0, cancelling: false,
     submittedAt, firstTokenAt: null, firstTokens: 0, lastTokenAt: null, outcome: "", error: "",
   };
 }
@@ -225,9 +225,6 @@ function useKey(event) {
 
 function onEvent(message) {
   const event = JSON.parse(message.data);
-  // Written again under a new id after a Redis failover lost it (README, "Redis failover"): seen already.
-  if (event.seq <= (job.lastSeq ?? -1)) return;
-  job.lastSeq = event.seq;
   job.error = "";
   if (event.type === "status") {
     job.state = event.state;

@@ -127,17 +127,6 @@ def test_follow_resumes_a_dropped_stream_with_last_event_id() -> None:
     assert all(request.headers["Accept"] == "text/event-stream" for request in requests)
 
 
-def test_follow_passes_over_events_written_again_after_a_failover() -> None:
-    # The worker wrote seq 3 again under a new id: the master that held its first write died first.
-    body = sse_body(("1-0", delta(2, "a")), ("2-0", delta(3, "b")), ("5-0", delta(3, "b")), ("6-0", DONE))
-    client, _ = client_with(lambda request: httpx.Response(200, content=body))
-    assert [(event.id, event.event.seq) for event in client.follow("job")] == [
-        ("1-0", 2),
-        ("2-0", 3),
-        ("6-0", 9),
-    ]
-
-
 def test_follow_reconnects_when_the_gateway_reports_its_own_failure() -> None:
     failure: dict[str, object] = {"type": "error", "message": "Redis is unreachable", "code": "unavailable"}
     client, requests = client_with(
