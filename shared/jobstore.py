@@ -131,7 +131,9 @@ class JobStore:
         self.keys = keys
         self.settings = settings
         self.transitions = Transitions(redis, keys)
-        self.acks = ReplicaAcks(redis, settings.min_replicas_to_ack, settings.replica_ack_timeout_ms)
+        self.acks = ReplicaAcks(
+            redis, settings.min_replicas_to_ack, settings.replica_ack_timeout_ms, keys.replication_fence
+        )
 
     async def submit(
         self,

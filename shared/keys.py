@@ -106,6 +106,12 @@ class Keys:
         return f"{self.prefix}:job:{job_id}:lease"
 
     @property
+    def replication_fence(self) -> str:
+        """String: written before every WAIT, so that the WAIT covers every earlier write on any
+        connection (`shared.replication`)."""
+        return f"{self.prefix}:replication-fence"
+
+    @property
     def running(self) -> str:
         """Set: ids of jobs a worker has started and not yet ended or handed back, for the reapers."""
         return f"{self.prefix}:running"

@@ -4,6 +4,12 @@ Redis replicates asynchronously: a write the master answered may die with it. A 
 cancel and a job's end are acknowledged (a 202, a job's slot freed) only once `Wait.replicas`
 replicas hold them: the WAIT goes in the same pipeline as the write's script, so it costs no round
 trip of its own, only the time the replicas take to acknowledge (measured in the README).
+
+WAIT counts only the writes of its own connection, and a script sent again finds its work done and
+writes nothing: a submission retried with its idempotency key, a cancel asked twice, a job's end sent
+again on another pooled connection than the first sending's. So a WAIT follows a write of its own
+(the replication fence key): the replicas that acknowledge that hold every earlier write too, on
+whatever connection it was made, since a master replicates its writes in the order it made them.
 """
 
 from __future__ import annotations
@@ -24,14 +30,16 @@ REPLICAS_CHECK_SECONDS = 5.0
 
 @dataclass(frozen=True)
 class Wait:
-    """WAIT for `replicas` replicas, `timeout_ms` at most."""
+    """WAIT for `replicas` replicas, `timeout_ms` at most, after a write to `fence`."""
 
     replicas: int
     timeout_ms: int
+    fence: str
 
     @property
-    def command(self) -> tuple[Any, ...]:
-        return ("WAIT", self.replicas, self.timeout_ms)
+    def commands(self) -> tuple[tuple[Any, ...], ...]:
+        """The fence's write, then the WAIT (whose answer is the count of replicas holding both)."""
+        return (("SET", self.fence, "1"), ("WAIT", self.replicas, self.timeout_ms))
 
 
 class ReplicaAcks:
@@ -43,17 +51,18 @@ class ReplicaAcks:
     new master whose old one has not come back) acknowledges at once rather than refusing everything.
     """
 
-    def __init__(self, redis: aioredis.Redis, replicas: int | None, timeout_ms: int) -> None:
+    def __init__(self, redis: aioredis.Redis, replicas: int | None, timeout_ms: int, fence: str) -> None:
         self.redis = redis
         self.fixed = replicas
         self.timeout_ms = timeout_ms
+        self.fence = fence
         self._needed = 0
         self._known_until = 0.0
 
     async def wait(self) -> Wait | None:
         """The WAIT a write is to be followed by now; None when no replica need hold it."""
         replicas = self.fixed if self.fixed is not None else await self._needed_now()
-        return Wait(replicas, self.timeout_ms) if replicas else None
+        return Wait(replicas, self.timeout_ms, self.fence) if replicas else None
 
     def check(self, wait: Wait | None, acked: int | None, what: str, then: str = "") -> None:
         """`BackendUnavailable` unless as many replicas as `wait` asked for acknowledged `what`;

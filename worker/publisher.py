@@ -189,12 +189,15 @@ class Publisher:
             if any(step.ends for step in batch):
                 wait = await self.store.acks.wait()
                 if wait is not None:
-                    pipe.execute_command(*wait.command)
+                    for command in wait.commands:
+                        pipe.execute_command(*command)
             results = [_as_sent(result) for result in await pipe.execute(raise_on_error=False)]
         except Exception as exc:  # the round trip itself failed: every waiting job meets it
             results = [_as_sent(exc)] * len(batch)
         if wait is not None and len(results) > len(batch):
-            acked = results.pop()
+            fenced, acked = results[len(batch) :]
+            results = results[: len(batch)]
+            acked = None if isinstance(fenced, Exception) or not isinstance(acked, int) else acked
             results = [
                 self._acknowledged(result, wait, acked) if step.ends else result
                 for step, result in zip(batch, results, strict=True)
@@ -208,12 +211,12 @@ class Publisher:
         self._failing = failed is not None
         return results
 
-    def _acknowledged(self, result: Any, wait: Wait, acked: Any) -> Any:
+    def _acknowledged(self, result: Any, wait: Wait, acked: int | None) -> Any:
         """An end's answer, or `BackendUnavailable` when fewer replicas than `wait` asks for hold it."""
         if isinstance(result, Exception):
             return result
         try:
-            self.store.acks.check(wait, acked if isinstance(acked, int) else None, "a job's end")
+            self.store.acks.check(wait, acked, "a job's end")
         except BackendUnavailable as exc:
             return exc
         return result

@@ -70,17 +70,17 @@ class LuaScript:
         return ("EVAL", self.source, len(keys), *keys, *args)
 
     async def then_wait(
-        self, redis: aioredis.Redis, keys: list[str], args: list[Any], wait: tuple[Any, ...]
+        self, redis: aioredis.Redis, keys: list[str], args: list[Any], wait: tuple[tuple[Any, ...], ...]
     ) -> tuple[Any, int]:
-        """Run the script, then `wait` (a WAIT command) in the same round trip: the script's answer,
-        and how many replicas hold what it wrote."""
-        answer, acked = await _pipelined(redis, self.command(keys, args), wait)
+        """Run the script, then `wait` (commands ending with a WAIT: `Wait.commands`) in the same round
+        trip: the script's answer, and how many replicas hold what it wrote."""
+        answer, *waited = await _pipelined(redis, self.command(keys, args), *wait)
         if isinstance(answer, NoScriptError):
-            answer, acked = await _pipelined(redis, self.eval_command(keys, args), wait)
-        for result in (answer, acked):
+            answer, *waited = await _pipelined(redis, self.eval_command(keys, args), *wait)
+        for result in (answer, *waited):
             if isinstance(result, Exception):
                 raise result
-        return answer, int(acked)
+        return answer, int(waited[-1])
 
     async def __call__(self, redis: aioredis.Redis, keys: list[str], args: list[Any]) -> Any:
         """Run the script; a Redis that lost its scripts (restarted, flushed) gets it again by EVAL."""

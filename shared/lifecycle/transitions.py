@@ -183,7 +183,7 @@ class Transitions:
         """The script's answer, and with `wait` how many replicas hold its writes (same round trip)."""
         if wait is None:
             return await script(self.redis, keys, args), None
-        return await script.then_wait(self.redis, keys, args, wait.command)
+        return await script.then_wait(self.redis, keys, args, wait.commands)
 
     async def submit(
         self,
