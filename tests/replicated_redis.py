@@ -4,6 +4,7 @@ the test's own on a free loopback port, as a Sentinel-managed Redis runs in prod
 from __future__ import annotations
 
 import signal
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -67,6 +68,23 @@ class ReplicatedRedis:
         self.processes.signal(name, signal.SIGKILL)
         self.processes.children[name].wait(30)
 
+    def kill_after_writing_alone(self, name: str, seconds: float) -> None:
+        """SIGKILL the master `name` after `seconds` of writes its replica never receives: the replica
+        is given a wrong master password, so that it cannot connect again, and its link is cut (CLIENT
+        KILL TYPE replica). Once the master is dead the replica's password is put right, for when it
+        is a replica again."""
+        replica_name = self.other_than(name)
+        with self.client(replica_name) as replica, self.client(name) as master:
+            replica.config_set("masterauth", "not-the-masters")
+            master.execute_command("CLIENT", "KILL", "TYPE", "replica")
+            time.sleep(seconds)
+            assert replica.info("replication")["master_link_status"] == "down"
+            self.kill(name)
+            replica.config_set("masterauth", "")
+
+    def other_than(self, name: str) -> str:
+        return "replica" if name == "master" else "master"
+
     def master_port(self) -> int:
         """The port of the master the Sentinels name now."""
         sentinel = redis.Redis.from_url(f"redis://{self.sentinels[0]}", decode_responses=True)
@@ -97,7 +115,7 @@ class ReplicatedRedis:
     def wait_failover_from(self, dead: str) -> None:
         """Until the Sentinels have promoted the other server (the one `dead` is not) and it answers
         as master."""
-        survivor = "replica" if dead == "master" else "master"
+        survivor = self.other_than(dead)
 
         def promoted() -> bool:
             if self.master_port() != self.ports[survivor]:

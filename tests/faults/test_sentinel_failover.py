@@ -32,6 +32,10 @@ from tests.replicated_redis import ReplicatedRedis
 
 SHORT = {"prompt": "The capital of France is", "max_tokens": 4, "temperature": 0}
 PROBE_SECONDS = 0.05
+# Longer than a failover takes here (about 2 s): a running job's steps are sent again until the new
+# master takes them, rather than the job being handed back.
+LEASE_SECONDS = 10.0
+ALONE_SECONDS = 0.3  # the master writes steps its replica never receives, then dies
 SUBMITTERS = 4
 
 
@@ -60,7 +64,7 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]
             metrics_port=free_port(),
             worker_max_jobs=2,  # so that jobs wait in the queue across the failover
             sse_ping_seconds=1.0,
-            **RECOVERY,
+            **RECOVERY | {"lease_seconds": LEASE_SECONDS},
         )
         gateway, base_url = start_gateway_and_worker(processes, settings)
         yield Deployment(settings, base_url, processes, redis, gateway)
@@ -97,11 +101,16 @@ async def press(gateway: httpx.AsyncClient, answers: Answers, stop: asyncio.Even
         await asyncio.sleep(PROBE_SECONDS)
 
 
-async def fail_over(deployment: Deployment, answers: Answers, stop: asyncio.Event) -> None:
-    """SIGKILL the master; once the Sentinels have promoted its replica and the gateway takes jobs
-    again, stop pressing."""
+async def fail_over(
+    deployment: Deployment, answers: Answers, stop: asyncio.Event, alone_seconds: float = 0.0
+) -> None:
+    """SIGKILL the master, after `alone_seconds` of writes its replica does not receive; once the
+    Sentinels have promoted its replica and the gateway takes jobs again, stop pressing."""
     master = "master" if deployment.redis.master_port() == deployment.redis.ports["master"] else "replica"
-    await asyncio.to_thread(deployment.redis.kill, master)
+    if alone_seconds:
+        await asyncio.to_thread(deployment.redis.kill_after_writing_alone, master, alone_seconds)
+    else:
+        await asyncio.to_thread(deployment.redis.kill, master)
     await asyncio.to_thread(deployment.redis.wait_failover_from, master)
     accepted = len(answers.accepted)
 
@@ -133,17 +142,19 @@ async def test_jobs_running_and_queued_through_a_failover_complete_once_and_foll
 
     answers, stop = Answers(), asyncio.Event()
     pressing = asyncio.create_task(press(gateway, answers, stop, running[0]))
-    await fail_over(deployment, answers, stop)
+    await fail_over(deployment, answers, stop, ALONE_SECONDS)
     await pressing
     answers.assert_only_success_or_503()
 
-    # One connection each, from the first event to `done`: the streams went on by themselves.
+    # One connection each, from the first event to `done`: the streams went on by themselves, and
+    # went on seamless though the new master lacked steps the followers had read from the old one.
     for followed in following:
         events = [event for _, event in await asyncio.wait_for(followed, WAIT_TIMEOUT)]
         assert_one_seamless_stream(events)
         assert events[-1]["type"] == "done"
     for job_id in [*running, *queued, *answers.accepted]:
         await assert_completed_once(gateway, job_id)
+    assert "a failover lost events" in deployment.log("worker")  # ... and its worker wrote them again
     assert deployment.gateway.poll() is None
     assert "Traceback" not in deployment.log("gateway")
 
