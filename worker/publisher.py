@@ -58,8 +58,9 @@ class _Step:
     """One job's share of a round trip: one script call, a step or the EVAL that ends the job."""
 
     command: tuple[Any, ...]
-    """Sent again as it is: the step script skips events the stream holds, and finish leaves a job
-    that ended alone."""
+    resend: tuple[Any, ...]
+    """The command when sent again: a step that reads its stream first, and skips events the stream
+    holds (finish reads it always, and leaves a job that ended alone)."""
     ends: bool = False  # the job's end: acknowledged once replicas hold it
     answer: asyncio.Future[Any] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
     failing_since: float | None = None  # monotonic time of the first failed sending
@@ -106,13 +107,18 @@ class Publisher:
         """When the cancel a job's step saw was asked for (epoch seconds), until the job takes it."""
         self._sent: dict[str, deque[Event]] = {}
         """Each running job's last `KEPT_EVENTS` events sent, until `forget`."""
+        self._unchecked: set[str] = set()
+        """Jobs whose next step reads its stream first: a round trip failed since their last step (a
+        failover may have lost the steps before it). Any other step's stream is not read."""
 
     async def step(self, job_id: str, events: list[Event]) -> Verdict:
         """Append `events` to the job's stream if this worker still holds the job; may it go on?"""
         transitions, worker_id, maxlen = self.store.transitions, self.worker_id, self.maxlen
 
-        def command(events: list[Event]) -> tuple[Any, ...]:
-            return transitions.step_command(job_id=job_id, worker_id=worker_id, events=events, maxlen=maxlen)
+        def command(events: list[Event], check: bool) -> tuple[Any, ...]:
+            return transitions.step_command(
+                job_id=job_id, worker_id=worker_id, events=events, maxlen=maxlen, check=check
+            )
 
         answer = StepAnswer.of(await self._write(job_id, events, command, ends=False))
         if answer.cancel_asked_at is not None:
@@ -124,7 +130,7 @@ class Publisher:
     async def finish(self, job_id: str, events: list[Event], outcome: Outcome) -> Finished:
         """Append the last events, the terminal one last, and end the job, if this worker still holds it."""
 
-        def command(events: list[Event]) -> tuple[Any, ...]:
+        def command(events: list[Event], check: bool) -> tuple[Any, ...]:
             return self.store.finish_command(job_id, self.worker_id, events, outcome)
 
         return Finished.of(await self._write(job_id, events, command, ends=True))
@@ -132,18 +138,27 @@ class Publisher:
     def forget(self, job_id: str) -> None:
         """The job's run here is over: its events need not be kept any more."""
         self._sent.pop(job_id, None)
+        self._unchecked.discard(job_id)
 
     async def _write(
-        self, job_id: str, events: list[Event], command: Callable[[list[Event]], tuple[Any, ...]], ends: bool
+        self,
+        job_id: str,
+        events: list[Event],
+        command: Callable[[list[Event], bool], tuple[Any, ...]],
+        ends: bool,
     ) -> Any:
-        """The script's answer to `command(events)`; when it finds the stream `behind`, the lost events
-        this publisher keeps are sent again before `events`, once."""
-        answer = await self._submit(_Step(command(events), ends))
+        """The script's answer to `command(events, check)`; when it finds the stream `behind`, the lost
+        events this publisher keeps are sent again before `events`, once."""
+        answer = await self._submit(
+            _Step(command(events, job_id in self._unchecked), command(events, True), ends)
+        )
+        self._unchecked.discard(job_id)
         last_seq = _behind(answer)
         lost = [] if last_seq is None or not events else self._lost(job_id, last_seq, events[0].seq)
         if lost:
             log.warning("a failover lost events %d to %d; writing them again", lost[0].seq, lost[-1].seq)
-            answer = await self._submit(_Step(command([*lost, *events]), ends))
+            again = command([*lost, *events], True)
+            answer = await self._submit(_Step(again, again, ends))
         return answer
 
     def _lost(self, job_id: str, last_seq: int, next_seq: int) -> list[Event]:
@@ -183,7 +198,7 @@ class Publisher:
         """One pipeline of the batch's commands: each one's answer, or the error it met."""
         pipe = self.redis.pipeline(transaction=False)
         for step in batch:
-            pipe.execute_command(*step.command)
+            pipe.execute_command(*(step.command if step.failing_since is None else step.resend))
         wait: Wait | None = None
         try:
             if any(step.ends for step in batch):
@@ -209,6 +224,8 @@ class Publisher:
         elif failed is None and self._failing:
             log.info("steps are written again")
         self._failing = failed is not None
+        if failed is not None:
+            self._unchecked.update(self._sent)
         return results
 
     def _acknowledged(self, result: Any, wait: Wait, acked: int | None) -> Any:

@@ -10,7 +10,7 @@ if not status then return {'missing'} end
 if status == 'queued' then
   redis.call('HSET', record, 'status', 'cancelled', 'finished_at', now, 'token_count', 0,
              'usage', '{"prompt_tokens":0,"completion_tokens":0}')
-  append_event(stream, maxlen, last_seq(stream), 'cancelled', cancelled_event)
+  append_event(stream, maxlen, nil, 'cancelled', cancelled_event)
   redis.call('ZREM', queue, id)
   share_leave(share_prefix, id)
   redis.call('DEL', arq_job)

@@ -55,7 +55,7 @@ end
 local last = redis.call('XREVRANGE', stream, '+', '-', 'COUNT', 1)[1]
 if failure_event == '' or stream_tip ~= (last and last[1] or '') then return {'exhausted'} end
 redis.call('SREM', running, id)
-append_event(stream, maxlen, last_seq(stream), 'error', failure_event)
+append_event(stream, maxlen, nil, 'error', failure_event)
 redis.call('HSET', record, 'status', 'failed', 'finished_at', now, 'error', message, 'text', text,
            'token_count', token_count)
 redis.call('ZREM', queue, id)

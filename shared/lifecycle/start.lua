@@ -35,7 +35,7 @@ if string.find(request, '"deadline":', 1, true) then
   if type(deadline) == 'number' and deadline <= tonumber(now) then
     redis.call('HSET', record, 'status', 'failed', 'finished_at', now, 'error', expired_message,
                'token_count', 0, 'usage', '{"prompt_tokens":0,"completion_tokens":0}')
-    append_event(stream, maxlen, last_seq(stream), 'error', expired_event)
+    append_event(stream, maxlen, nil, 'error', expired_event)
     redis.call('ZREM', queue, id)
     share_leave(share_prefix, id)
     redis.call('DEL', arq_job)
@@ -46,7 +46,7 @@ if string.find(request, '"deadline":', 1, true) then
   end
 end
 redis.call('HSET', record, 'status', 'running', 'started_at', now)
-append_event(stream, maxlen, last_seq(stream), 'status', running_event)
+append_event(stream, maxlen, nil, 'status', running_event)
 take(1)
 tenant_move(id, 'queued', 'running')
 return {'running', request, created}

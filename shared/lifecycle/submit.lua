@@ -45,7 +45,7 @@ redis.call('HSET', record, 'id', id, 'status', 'queued', 'created_at', created_a
            'owner', owner, 'model', model, 'share', share, 'priority', priority)
 if idempotency ~= '' then redis.call('HSET', record, 'idempotency_key', idempotency) end
 if #ARGV >= FIRST_FIELD then redis.call('HSET', record, unpack(ARGV, FIRST_FIELD)) end
-append_event(stream, maxlen, last_seq(stream), 'status', queued_event)
+append_event(stream, maxlen, nil, 'status', queued_event)
 redis.call('EXPIRE', record, lifetime)
 redis.call('EXPIRE', stream, lifetime)
 redis.call('SET', arq_job, arq_payload, 'EX', lifetime)

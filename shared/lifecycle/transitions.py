@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import time
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
@@ -301,10 +302,11 @@ class Transitions:
         return StartAnswer(StartOutcome(outcome))
 
     def step_command(
-        self, *, job_id: str, worker_id: str, events: list[Event], maxlen: int
+        self, *, job_id: str, worker_id: str, events: list[Event], maxlen: int, check: bool = False
     ) -> tuple[Any, ...]:
-        """The step script as a pipeline command; its answer reads with `StepAnswer.of`. Sent again,
-        it adds none of the events the stream holds already."""
+        """The step script as a pipeline command; its answer reads with `StepAnswer.of`. `check`: the
+        stream is read first, for a step that may have reached it already (sent again) or may follow
+        events a failover lost (the first of its job since a round trip failed)."""
         keys = [
             self.keys.stream(job_id),
             self.keys.cancel(job_id),
@@ -312,7 +314,8 @@ class Transitions:
             self.keys.job(job_id),
         ]
         pairs = (part for event in events for part in (event.type, event.model_dump_json()))
-        return scripts.STEP.command(keys, [worker_id, maxlen, *pairs])
+        sent_at = time.time_ns() // 1_000_000
+        return scripts.STEP.command(keys, [worker_id, maxlen, "1" if check else "", sent_at, *pairs])
 
     def finish_command(
         self,

@@ -157,11 +157,14 @@ async def test_claim_passes_over_jobs_marked_in_progress(store: JobStore) -> Non
         await store.redis.delete(in_progress_key(first), in_progress_key(second))
 
 
-async def step(store: JobStore, job_id: str, events: list[DeltaEvent]) -> Any:
+async def step(store: JobStore, job_id: str, events: list[DeltaEvent], *, check: bool = False) -> Any:
     """The step script by EVALSHA, as the worker's pipeline sends it: loaded first, as the worker's
-    publisher loads it (a fresh Redis has no scripts)."""
+    publisher loads it (a fresh Redis has no scripts). `check`: as a step sent again, or the first of
+    its job since a round trip failed."""
     await store.redis.script_load(scripts.STEP.source)
-    command = store.transitions.step_command(job_id=job_id, worker_id="worker-1", events=events, maxlen=1000)
+    command = store.transitions.step_command(
+        job_id=job_id, worker_id="worker-1", events=events, maxlen=1000, check=check
+    )
     return await store.redis.execute_command(*command)
 
 
@@ -174,11 +177,13 @@ async def test_a_step_sent_again_appends_only_what_the_stream_does_not_hold(stor
     job_id = await started(store)
     first = [DeltaEvent(seq=2, text="a", token_ids=[1]), DeltaEvent(seq=3, text="b", token_ids=[2])]
     assert await step(store, job_id, first) == "go"
-    # Its answer was lost on the way back: the worker sends it again, and nothing is added twice.
+    # Its answer was lost on the way back: the worker sends it again, and nothing is added twice,
+    # whether it reads the stream first or finds the ids taken.
+    assert await step(store, job_id, first, check=True) == "go"
     assert await step(store, job_id, first) == "go"
     assert await seqs(store, job_id) == [0, 1, 2, 3]
     # The next step's first sending never reached Redis: sent again, it is appended.
-    assert await step(store, job_id, [DeltaEvent(seq=4, text="c", token_ids=[3])]) == "go"
+    assert await step(store, job_id, [DeltaEvent(seq=4, text="c", token_ids=[3])], check=True) == "go"
     assert await seqs(store, job_id) == [0, 1, 2, 3, 4]
 
 
@@ -189,7 +194,8 @@ async def test_a_step_after_events_the_stream_lost_writes_nothing_and_says_what_
     assert await step(store, job_id, [DeltaEvent(seq=2, text="a", token_ids=[1])]) == "go"
     assert await step(store, job_id, [DeltaEvent(seq=3, text="b", token_ids=[2])]) == "go"
     await lose_last_entries(store, job_id, 1)  # a failover's new master had not received the last step
-    assert await step(store, job_id, [DeltaEvent(seq=4, text="c", token_ids=[3])]) == ["behind", 2]
+    next_step = [DeltaEvent(seq=4, text="c", token_ids=[3])]
+    assert await step(store, job_id, next_step, check=True) == ["behind", 2]
     assert await seqs(store, job_id) == [0, 1, 2]
     # Written again with the lost event first, the step goes on with the ids the readers saw.
     lost_then_next = [DeltaEvent(seq=3, text="b", token_ids=[2]), DeltaEvent(seq=4, text="c", token_ids=[3])]

@@ -135,40 +135,6 @@ async def test_a_step_after_redis_lost_its_scripts_loads_the_script_and_goes_thr
     assert [event.seq for event in await stream_events(private_store, job_id)] == [0, 1, 2, 3]
 
 
-async def test_events_a_failover_lost_are_written_again_with_their_ids_before_the_next_step(
-    store: JobStore, publisher: Publisher
-) -> None:
-    job_id = await started_job(store)
-    sent = [delta(2, "a", 1), delta(3, "b", 2), delta(4, "c", 3)]
-    for event in sent:
-        assert await publisher.step(job_id, [event]) is Verdict.go
-    await lose_last_entries(store, job_id, 2)  # a failover's new master had not received the last two steps
-    assert await publisher.step(job_id, [delta(5, "d", 4)]) is Verdict.go
-    assert await stream_events(store, job_id) == [
-        *(await stream_events(store, job_id))[:2],
-        *sent,
-        delta(5, "d", 4),
-    ]
-    done = DoneEvent(seq=7, finish_reason="stop", usage=USAGE)
-    assert await publisher.step(job_id, [delta(6)]) is Verdict.go
-    await lose_last_entries(store, job_id, 1)  # ... and the end finds one lost too
-    assert (await publisher.finish(job_id, [done], COMPLETED)).outcome is FinishOutcome.ended
-    assert [event.seq for event in await stream_events(store, job_id)] == list(range(8))
-
-
-async def test_a_step_after_lost_events_no_longer_kept_learns_the_stream_is_behind(
-    store: JobStore, publisher: Publisher
-) -> None:
-    job_id = await started_job(store)
-    assert await publisher.step(job_id, [delta(2)]) is Verdict.go
-    publisher.forget(job_id)
-    await lose_last_entries(store, job_id, 1)
-    assert await publisher.step(job_id, [delta(3)]) is Verdict.behind
-    assert [event.seq for event in await stream_events(store, job_id)] == [0, 1]
-    assert (await publisher.finish(job_id, [delta(3)], COMPLETED)).outcome is FinishOutcome.behind
-    assert (await store.record(job_id)).status is JobState.running
-
-
 async def test_finish_writes_terminal_event_last_and_ends_the_record(
     store: JobStore, publisher: Publisher
 ) -> None:
@@ -251,10 +217,12 @@ async def restartable(tmp_path: Path) -> AsyncIterator[Restartable]:
     processes.stop_all()
 
 
-async def step_meets_a_failure(publisher: Publisher, job_id: str, seq: int) -> asyncio.Task[Verdict]:
+async def step_meets_a_failure(
+    publisher: Publisher, job_id: str, seq: int, text: str = "a", token_id: int = 1
+) -> asyncio.Task[Verdict]:
     """A step under way that has met a failed round trip at least once."""
     sent = publisher.round_trips
-    task = asyncio.create_task(publisher.step(job_id, [delta(seq)]))
+    task = asyncio.create_task(publisher.step(job_id, [delta(seq, text, token_id)]))
     await eventually(lambda: asyncio.sleep(0, publisher.round_trips > sent + 1), "the step is sent again")
     assert not task.done()
     return task
@@ -284,6 +252,51 @@ async def test_a_step_through_a_full_redis_is_written_once_redis_has_room(restar
     await store.redis.config_set("maxmemory", 0)
     assert await step is Verdict.go
     assert [event.seq for event in await stream_events(store, job_id)] == [0, 1, 2]
+
+
+async def test_events_a_failover_lost_are_written_again_with_their_ids_before_the_next_step(
+    restartable: Restartable,
+) -> None:
+    store = restartable.store
+    publisher = Publisher(store.redis, store, WORKER, resend_seconds=LEASE_SECONDS)
+    job_id = await started_job(store)
+    sent = [delta(2, "a", 1), delta(3, "b", 2), delta(4, "c", 3)]
+    for event in sent:
+        assert await publisher.step(job_id, [event]) is Verdict.go
+    # A stand-in for a failover: the server that answers next lacks the last two steps, as a replica
+    # promoted before it received them does, and the publisher's round trips fail meanwhile.
+    await lose_last_entries(store, job_id, 2)
+    await asyncio.to_thread(restartable.server.stop)
+    step = await step_meets_a_failure(publisher, job_id, 5, "d", 4)
+    await asyncio.to_thread(restartable.server.start)
+    assert await step is Verdict.go
+    events = await stream_events(store, job_id)  # ids checked there: each its event's seq
+    assert [event.seq for event in events] == [0, 1, 2, 3, 4, 5]
+    assert events[2:] == [*sent, delta(5, "d", 4)]  # the lost ones as they were first written
+    # A job's end reads its stream always, and finds a lost step too.
+    assert await publisher.step(job_id, [delta(6)]) is Verdict.go
+    await lose_last_entries(store, job_id, 1)
+    done = DoneEvent(seq=7, finish_reason="stop", usage=USAGE)
+    assert (await publisher.finish(job_id, [done], COMPLETED)).outcome is FinishOutcome.ended
+    assert [event.seq for event in await stream_events(store, job_id)] == list(range(8))
+
+
+async def test_a_step_after_lost_events_no_longer_kept_learns_the_stream_is_behind(
+    restartable: Restartable,
+) -> None:
+    store = restartable.store
+    publisher = Publisher(store.redis, store, WORKER, resend_seconds=LEASE_SECONDS)
+    job_id = await started_job(store)
+    assert await publisher.step(job_id, [delta(2)]) is Verdict.go
+    publisher.forget(job_id)
+    await lose_last_entries(store, job_id, 1)
+    await asyncio.to_thread(restartable.server.stop)
+    step = await step_meets_a_failure(publisher, job_id, 3)
+    await asyncio.to_thread(restartable.server.start)
+    assert await step is Verdict.behind
+    assert [event.seq for event in await stream_events(store, job_id)] == [0, 1]
+    assert (await publisher.finish(job_id, [delta(3)], COMPLETED)).outcome is FinishOutcome.behind
+    assert (await store.record(job_id)).status is JobState.running
 
 
 async def test_a_step_that_cannot_be_written_for_a_whole_lease_fails(restartable: Restartable) -> None:
