@@ -1,6 +1,7 @@
 """A stand-in for workers, used only by the benchmark: real job records (JobStore submit + start, so the
-gateway sees running jobs) whose streams get delta events at a set rate, appended with XADD exactly as
-the worker's publisher does (fields type/data, data a DeltaEvent JSON), one write of them per tick.
+gateway sees running jobs) whose streams get delta events at a set rate, appended with XADD as the
+worker's step script appends them (id `<seq>-1`, fields type/data/at, data a DeltaEvent JSON), one
+write of them per tick.
 Each delta's `text` is its send time (time.time()), from which a client computes the relay lag."""
 
 from __future__ import annotations
@@ -86,12 +87,14 @@ class SyntheticProducer:
                 worst_late = max(worst_late, late)
                 sent = time.time()
                 due_now = job_ids[tick % groups :: groups]
+                at = str(int(sent * 1000))
+                deltas = [(job_id, self.delta(job_id, sent)) for job_id in due_now]
                 commands = [
                     hiredis.pack_command(  # its stub types the command as a 1-tuple
-                        ("XADD", streams[job_id], "MAXLEN", "~", self.maxlen, "*")  # type: ignore[arg-type]
-                        + ("type", "delta", "data", self.delta(job_id, sent).model_dump_json())
+                        ("XADD", streams[job_id], "MAXLEN", "~", self.maxlen, f"{delta.seq}-1")  # type: ignore[arg-type]
+                        + ("type", "delta", "data", delta.model_dump_json(), "at", at)
                     )
-                    for job_id in due_now
+                    for job_id, delta in deltas
                 ]
                 await connection.send_packed_command(b"".join(commands))
                 for _ in commands:

@@ -96,8 +96,9 @@ class RelayLag(Collector):
 
     name = "streampool_relay_lag_seconds"
     documentation = (
-        "From a worker's XADD (the entry's `at`, by Redis's clock) to this gateway writing the entry to its "
-        "SSE client, once per write, for the oldest entry written; replays of a backlog included"
+        "From a worker's sending of a step (the entry's `at`, by the worker's clock) to this gateway "
+        "writing the entry to its SSE client, once per write, for the oldest entry written; replays of "
+        "a backlog included"
     )
 
     def __init__(self) -> None:
@@ -105,7 +106,7 @@ class RelayLag(Collector):
         self.sum = 0.0
 
     def observe(self, seconds: float) -> None:
-        seconds = max(0.0, seconds)  # clocks of Redis and the gateway may disagree a little
+        seconds = max(0.0, seconds)  # clocks of the worker and the gateway may disagree a little
         self.counts[bisect_left(RELAY_LAG_BUCKETS, seconds)] += 1
         self.sum += seconds
 
