@@ -248,6 +248,15 @@ class WorkerSettings(RedisSettings):
     drain_seconds: float = Field(
         30.0, ge=0, description="how long a stopping worker lets running jobs finish before handing them over"
     )
+    # For ever by default, as a pod or container waits for what it depends on: how long a worker may
+    # take to start is its supervisor's to bound (a startup probe), and a worker that gave up would
+    # only be started again, to load its engine once more.
+    redis_startup_timeout_seconds: float = Field(
+        0,
+        ge=0,
+        description="how long a starting worker whose engine has loaded waits for Redis to take its first "
+        "heartbeat before it exits non-zero (0: for ever)",
+    )
 
     @field_validator("lora")
     @classmethod

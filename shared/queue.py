@@ -6,7 +6,10 @@ The job store writes arq's job (its payload and queue entry) itself, inside its 
 release scripts, so that enqueueing costs no extra round trip; hence arq's key names and
 serialization are needed outside arq's own `enqueue_job`.
 
-`QueueWorker` replaces five of arq's worker behaviours:
+`QueueWorker` replaces six of arq's worker behaviours:
+- start-up is left to `on_startup` alone, which waits for Redis (the worker's does, once its engine
+  has loaded), where arq reads Redis's INFO first and a worker started before Redis answers ends
+  there; and a worker stopped while Redis is down still runs `on_shutdown` and ends cleanly;
 - an idle worker waits for a wake-up message (published with every enqueue) instead of polling
   the queue every few milliseconds; the poll interval is only a backstop;
 - a poll reads the queue and claims the jobs it finds in one script (arq's `_poll_iteration`
@@ -27,7 +30,7 @@ import contextlib
 import logging
 import math
 from collections.abc import Awaitable, Callable
-from signal import SIGTERM, Signals
+from signal import SIGTERM, SIGUSR1, Signals
 from typing import Any, Protocol
 
 import redis.asyncio as aioredis
@@ -98,8 +101,7 @@ class QueueWorker(Worker):
         poll_delay: float,
         **kwargs: Any,
     ) -> None:
-        # arq's own loop then sleeps no more between polls: `_wait_for_work` paces it.
-        super().__init__(*args, poll_delay=0, **kwargs)
+        super().__init__(*args, **kwargs)
         self.claim = claim
         self.idle_poll_seconds = poll_delay
         self.wakeup_channel = wakeup_channel
@@ -137,11 +139,32 @@ class QueueWorker(Worker):
         return self._redis_down
 
     async def main(self) -> None:
+        """arq's `main` without its Redis INFO before `on_startup`, nor what streampool does not use
+        (a pool of arq's own: one is always given; burst mode). `_wait_for_work` paces the loop."""
         try:
-            await super().main()
+            if self.on_startup is not None:
+                await self.on_startup(self.ctx)
+            while True:
+                await self._poll_iteration()
         finally:
             if self._listener is not None:
                 self._listener.cancel()
+
+    async def close(self) -> None:
+        """arq's `close`, but a Redis that does not answer (a stop during start-up's wait for it, or
+        during an outage) keeps neither `on_shutdown` from running nor the process from ending
+        cleanly: arq's health-check key expires by itself."""
+        if not self._handle_signals:
+            self.handle_sig(SIGUSR1)
+        if self._pool is None:
+            return
+        await asyncio.gather(*self.tasks.values())
+        with contextlib.suppress(RedisError, OSError):
+            await self.pool.delete(self.health_check_key)
+        if self.on_shutdown is not None:
+            await self.on_shutdown(self.ctx)
+        await self.pool.aclose(close_connection_pool=True)
+        self._pool = None
 
     async def _poll_iteration(self) -> None:
         if self._listener is None:  # arq's pool exists from here on

@@ -40,10 +40,12 @@ if TYPE_CHECKING:
 SYSTEM_START_TIMEOUT = 240
 WORKERS = 2
 
-ENGINE_FIXTURES = frozenset({"system", "pool", "deployment", "outage", "cluster", "models_pool"})
+ENGINE_FIXTURES = frozenset(
+    {"system", "pool", "deployment", "outage", "waiting_worker", "impatient_worker", "cluster", "models_pool"}
+)
 """Every fixture that starts workers on the real engine: `system` here, `pool` in tests/faults/conftest.py,
-`deployment` and `outage` in tests/faults, `cluster` in tests/scale, `models_pool` in
-tests/e2e/test_models.py."""
+`deployment`, `outage`, `waiting_worker` and `impatient_worker` in tests/faults, `cluster` in
+tests/scale, `models_pool` in tests/e2e/test_models.py."""
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

@@ -109,6 +109,10 @@ class Processes:
         self.children[name] = process
         return process
 
+    def log(self, name: str) -> str:
+        """What the child named `name` has written so far."""
+        return (self.log_dir / f"{name}.log").read_text(errors="replace")
+
     def signal(self, name: str, signum: signal.Signals) -> None:
         """`signum` to the child alone, as an orchestrator signals a container's main process."""
         self.children[name].send_signal(signum)

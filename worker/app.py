@@ -1,5 +1,5 @@
-"""The worker process: start-up (engine, publisher, heartbeat, reaper, /health and /metrics), its queue
-loop and shutdown."""
+"""The worker process: start-up (engine, then Redis, waited for; publisher, heartbeat, reaper, /health
+and /metrics), its queue loop and shutdown."""
 
 from __future__ import annotations
 
@@ -20,17 +20,19 @@ from shared.errors import BackendUnavailable
 from shared.jobstore import JobStore
 from shared.keys import Keys
 from shared.lifecycle.transitions import claim
+from shared.model_card import ModelCard
 from shared.queue import QueueWorker, queue_worker
 from shared.redis_client import connect, connection_pool
 from shared.workers import WorkerInfo
+from worker import model_card
 from worker.engine import Engine
 from worker.heartbeat import Heartbeat, new_worker_id
 from worker.jobs import Ending, JobRunner
 from worker.leases import Leases
 from worker.metrics import MetricsServer, Readiness, WorkerMetrics
-from worker.model_card import publish as publish_model_card
 from worker.periodic import Periodic
 from worker.publisher import Publisher
+from worker.redis_wait import RedisWait
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +66,7 @@ class WorkerApp:
             self.metrics.registry, self.readiness, settings.metrics_port, settings.metrics_host
         )
         self.services: WorkerServices | None = None
+        self.redis_wait = RedisWait(settings.redis_startup_timeout_seconds)
         self.queue = queue_worker(
             run=self.run_job,
             claim=partial(claim, model=model),
@@ -132,8 +135,22 @@ class WorkerApp:
             )
 
         heartbeat = Heartbeat(redis, keys, describe, leases, runner.held, settings.heartbeat_ttl_seconds)
-        await publish_model_card(redis, keys, settings.model, engine.model_name, engine.max_model_len)
-        await heartbeat.beat()
+
+        async def register(card: ModelCard | None) -> None:
+            """Start-up's writes to Redis: the model card, then the first heartbeat."""
+            if card is not None:
+                await model_card.publish(redis, keys, card)
+            await heartbeat.beat()
+
+        try:
+            card = await model_card.build(settings.model, engine.model_name, engine.max_model_len)
+            # Redis is first needed here, once the engine has loaded: a worker started before Redis
+            # answers waits for it now, with its engine up, rather than exit and load it again.
+            await self.redis_wait.run(partial(register, card))
+        except BaseException:  # stopped (or given up) while waiting: no services yet for shutdown()
+            await redis.aclose()
+            engine.shutdown()
+            raise
 
         # Every worker reaps: a job whose worker died is released within half a lease of its lapse.
         async def watch_engine() -> None:  # an idle worker's engine may die too
@@ -188,7 +205,7 @@ class WorkerApp:
         if self.queue.stopping:
             return Readiness.draining
         if self.services is None:
-            return Readiness.starting
+            return Readiness.redis_unreachable if self.redis_wait.waiting else Readiness.starting
         return Readiness.redis_unreachable if self.queue.redis_down else Readiness.ready
 
 
@@ -198,11 +215,15 @@ def build_worker(settings: WorkerSettings) -> QueueWorker:
 
 
 def run(settings: WorkerSettings) -> None:
-    """Run a worker until a stop signal, or until its engine dies: then exit with status 1."""
+    """Run a worker until a stop signal, or until its engine dies or it gave up waiting for Redis at
+    start-up (`redis_startup_timeout_seconds`): then exit with status 1."""
     # uvloop, as the gateway runs under uvicorn: each hop of a job's intake and of every engine
     # step's pipeline costs less. arq's worker takes the loop it finds set here.
     asyncio.set_event_loop(uvloop.new_event_loop())
     worker = build_worker(settings)
-    worker.run()
+    try:
+        worker.run()
+    except BackendUnavailable as exc:
+        raise SystemExit(f"streampool worker: {exc.message}") from None
     if worker.failed:
         raise SystemExit("streampool worker: its engine died; start a new worker")

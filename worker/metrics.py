@@ -272,12 +272,15 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _respond(self, with_body: bool) -> None:
         status, content_type, body = self._answer()
-        self.send_response(status)
-        self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        if with_body:
-            self.wfile.write(body)
+        try:
+            self.send_response(status)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            if with_body:
+                self.wfile.write(body)
+        except ConnectionError:  # no traceback in the log: a probe may give up while vLLM loads
+            log.debug("metrics server: %s left before its answer", self.address_string())
 
     def do_GET(self) -> None:  # noqa: N802 - http.server's name
         self._respond(with_body=True)

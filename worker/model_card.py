@@ -37,15 +37,18 @@ def build_model_card(folder: Path, model: str, max_model_len: int) -> ModelCard 
     )
 
 
-async def publish(redis: aioredis.Redis, keys: Keys, folder: Path, model: str, max_model_len: int) -> None:
-    """Build the card off the event loop and publish it; a failure is logged, never fatal."""
+async def build(folder: Path, model: str, max_model_len: int) -> ModelCard | None:
+    """The card, built off the event loop; None when there is none, which is logged, never fatal."""
     try:
         card = await asyncio.to_thread(build_model_card, folder, model, max_model_len)
     except Exception:
         log.exception("no model card: gateways will not check prompt lengths")
-        return
+        return None
     if card is None:
         log.warning("no model card (no tokenizer.json form): gateways will not check prompt lengths")
-        return
+    return card
+
+
+async def publish(redis: aioredis.Redis, keys: Keys, card: ModelCard) -> None:
     await publish_model_card(redis, keys, card)
-    log.info("model card published: %s, context %d", model, max_model_len)
+    log.info("model card published: %s, context %d", card.model, card.max_model_len)

@@ -1,9 +1,10 @@
 """The worker's /health and /metrics server, on a real socket: what it answers before and after the
-worker is ready, on other paths, and to a request that is no HTTP."""
+worker is ready, on other paths, to a request that is no HTTP, and to a client that does not wait."""
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Callable
 
 import httpx
@@ -95,6 +96,30 @@ async def test_a_request_that_is_no_http_gets_an_error_and_the_server_serves_on(
     await writer.wait_closed()
     async with client(server) as http:
         assert (await http.get("/health")).status_code == 503
+
+
+async def test_a_client_that_leaves_before_its_answer_costs_no_traceback(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    def slow() -> Readiness:  # as /health answers while vLLM's loading holds the GIL
+        time.sleep(0.5)
+        return Readiness.starting
+
+    server = MetricsServer(WorkerMetrics("smol").registry, slow, free_port(), "127.0.0.1")
+    server.start()
+    try:
+        for _ in range(3):  # a probe that gave up: it asked, then closed its end
+            _, writer = await asyncio.open_connection("127.0.0.1", server.port)
+            writer.write(b"GET /health HTTP/1.1\r\nHost: worker\r\n\r\n")
+            await writer.drain()
+            writer.close()
+            await writer.wait_closed()
+        await asyncio.sleep(1.5)  # every answer written to a closed connection by now
+        async with client(server) as http:
+            assert (await http.get("/health")).status_code == 503
+    finally:
+        await server.close()
+    assert "Traceback" not in capsys.readouterr().err
 
 
 async def test_redis_round_trips_are_read_from_their_counter_at_each_scrape(serve: Serve) -> None:
