@@ -49,6 +49,7 @@ from worker.publisher import Publisher
 OUT = Path(__file__).resolve().parent
 IDLE_SECONDS = 2.0
 RANDOM_JOB = "capacity-__rand_int__"  # redis-benchmark draws a number for it at each command
+RANDOM_JOBS = 10**9  # ... among so many that each script appends to a stream of its own
 BENCHMARK_CLIENTS = 4  # pipelines in flight at once: enough to keep Redis's one thread busy
 
 
@@ -221,9 +222,12 @@ def saturate(
 ) -> Saturation:
     """redis-benchmark sending step scripts, `jobs` to a pipeline, from a few connections.
 
-    Each script appends to one of `jobs` streams drawn at random (redis-benchmark's `__rand_int__`),
-    as a worker's pipeline writes its jobs' streams, under the lease and record of `job_id`, which
-    has ended: its lease is set again, so that every script appends as a worker's does.
+    Each script appends to a stream of its own (redis-benchmark's `__rand_int__` drawn among
+    `RANDOM_JOBS`), under the lease and record of `job_id`, which has ended: its lease is set again,
+    so that every script appends as a worker's does. A stream of its own, because redis-benchmark
+    sends one event, of one seq, again and again: to a stream that holds its seq already, the script
+    would find its id refused and read the stream, which a worker's next step never does. The
+    streams are deleted after.
     """
     keys = store.keys
     probe.client.set(keys.lease(job_id), WORKER_ID)
@@ -237,10 +241,13 @@ def saturate(
     probe.client.script_load(scripts.STEP.source)
     before = redis_probe.snapshot(probe.client)
     ceiling = redis_probe.benchmark(
-        url, tuple(map(str, command)), jobs, scripts_sent, BENCHMARK_CLIENTS, ("-r", str(jobs))
+        url, tuple(map(str, command)), jobs, scripts_sent, BENCHMARK_CLIENTS, ("-r", str(RANDOM_JOBS))
     )
     after = redis_probe.snapshot(probe.client)
     probe.client.delete(keys.lease(job_id))
+    streams = list(probe.client.scan_iter(match=keys.stream("capacity-*"), count=1000))
+    for start in range(0, len(streams), 1000):
+        probe.client.delete(*streams[start : start + 1000])
     return Saturation(
         jobs, scripts_sent, ceiling.requests_per_second, probe.busy(before, after), after.taken - before.taken
     )
