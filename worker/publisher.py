@@ -49,6 +49,9 @@ log = logging.getLogger(__name__)
 
 RESEND_SECONDS = 0.1  # between sendings of steps that failed: a Redis restart takes about this long
 KEPT_EVENTS = 64
+CHECK_AFTER_SECONDS = 1.0
+"""A round trip this long after the last one reads every job's stream first: a failover takes longer
+than this, and a worker whose steps paused through one may have reconnected without an error."""
 """A job's last events kept to write again after a failover lost them: a replica trails its master
 by what the master wrote in the last few milliseconds, a step or two of each job."""
 
@@ -108,8 +111,10 @@ class Publisher:
         self._sent: dict[str, deque[Event]] = {}
         """Each running job's last `KEPT_EVENTS` events sent, until `forget`."""
         self._unchecked: set[str] = set()
-        """Jobs whose next step reads its stream first: a round trip failed since their last step (a
-        failover may have lost the steps before it). Any other step's stream is not read."""
+        """Jobs whose next step reads its stream first: a round trip failed since their last step, or
+        none was made for `CHECK_AFTER_SECONDS` (a failover may have lost the steps before it). Any
+        other step's stream is not read."""
+        self._last_round_trip = time.monotonic()
 
     async def step(self, job_id: str, events: list[Event]) -> Verdict:
         """Append `events` to the job's stream if this worker still holds the job; may it go on?"""
@@ -149,6 +154,8 @@ class Publisher:
     ) -> Any:
         """The script's answer to `command(events, check)`; when it finds the stream `behind`, the lost
         events this publisher keeps are sent again before `events`, once."""
+        if time.monotonic() - self._last_round_trip > CHECK_AFTER_SECONDS:
+            self._unchecked.update(self._sent)
         answer = await self._submit(
             _Step(command(events, job_id in self._unchecked), command(events, True), ends)
         )
@@ -218,6 +225,7 @@ class Publisher:
                 for step, result in zip(batch, results, strict=True)
             ]
         self.round_trips += 1
+        self._last_round_trip = time.monotonic()
         failed = next((result for result in results if isinstance(result, BackendUnavailable)), None)
         if failed is not None and not self._failing:
             log.warning("steps could not be written (%s); sending them again", failed.message)

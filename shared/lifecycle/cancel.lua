@@ -2,21 +2,14 @@
 -- cancel was asked for, for the cancel latency): its worker's next step ends it cancelled.
 -- `queue` is the queue of the job's model (its record's `model`), `share_prefix` that model's.
 -- Answers {'cancelled' | 'asked' | 'ended', the state the job is in now} or {'missing'}.
-local record, stream, cancel, queue, arq_job, webhooks, webhook = unpack(KEYS)
+local record, _, cancel, queue, arq_job, webhooks, webhook = unpack(KEYS)
 local id, now, cancelled_event, maxlen, retention, lifetime, share_prefix = unpack(ARGV)
 
 local status = redis.call('HGET', record, 'status')
 if not status then return {'missing'} end
 if status == 'queued' then
-  redis.call('HSET', record, 'status', 'cancelled', 'finished_at', now, 'token_count', 0,
-             'usage', '{"prompt_tokens":0,"completion_tokens":0}')
-  append_event(stream, maxlen, nil, 'cancelled', cancelled_event)
-  redis.call('ZREM', queue, id)
-  share_leave(share_prefix, id)
-  redis.call('DEL', arq_job)
-  expire_job(retention)
-  announce_end(webhooks, webhook, retention)
-  tenant_move(id, 'queued', 'ended')
+  end_unrun(id, now, 'cancelled', nil, 'cancelled', cancelled_event, queue, share_prefix, arq_job,
+            webhooks, webhook, maxlen, retention)
   return {'cancelled', 'cancelled'}
 end
 if status == 'running' then

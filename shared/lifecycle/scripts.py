@@ -21,6 +21,7 @@ HELPERS = {
     "last_seq": "append_event.lua",
     "append_event": "append_event.lua",
     "is_behind": "append_event.lua",
+    "end_unrun": "end_unrun.lua",
 }
 """Lua functions a script may call, by the file that defines them; the loader prepends each file the
 script uses, and the files those use, each once and before its callers."""

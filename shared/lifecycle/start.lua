@@ -33,15 +33,8 @@ if status ~= 'queued' then return {'refused', status or 'missing'} end
 if string.find(request, '"deadline":', 1, true) then
   local deadline = cjson.decode(request)['deadline']
   if type(deadline) == 'number' and deadline <= tonumber(now) then
-    redis.call('HSET', record, 'status', 'failed', 'finished_at', now, 'error', expired_message,
-               'token_count', 0, 'usage', '{"prompt_tokens":0,"completion_tokens":0}')
-    append_event(stream, maxlen, nil, 'error', expired_event)
-    redis.call('ZREM', queue, id)
-    share_leave(share_prefix, id)
-    redis.call('DEL', arq_job)
-    expire_job(retention)
-    announce_end(webhooks, webhook, retention)
-    tenant_move(id, 'queued', 'ended')
+    end_unrun(id, now, 'failed', expired_message, 'error', expired_event, queue, share_prefix, arq_job,
+              webhooks, webhook, maxlen, retention)
     return {'expired'}
   end
 end

@@ -49,6 +49,7 @@ def test_every_script_ships_as_a_lua_file_and_gets_the_helpers_it_calls() -> Non
         "share_enqueue",
         "share_leave",
         "append_event",
+        "end_unrun",
     }
     assert {path.stem for path in folder.glob("*.lua")} == names | helpers
 
@@ -63,6 +64,7 @@ def test_every_script_ships_as_a_lua_file_and_gets_the_helpers_it_calls() -> Non
     # the scripts that put a job on its model's queue put it in its tenant's share of it too
     assert calling("share_enqueue") == {"submit", "release"}
     assert calling("share_leave") == {"start", "cancel"}  # ... and out of it, the scripts that end its wait
+    assert calling("end_unrun") == {"start", "cancel"}  # the two that end a job that never ran
     # every script that writes a job's stream writes it through the one helper that makes its ids
     assert calling("append_event") == {"submit", "start", "step", "release", "finish", "cancel"}
     # a helper a helper calls comes with it, once, before it

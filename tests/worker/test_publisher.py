@@ -22,7 +22,7 @@ from tests.faults.conftest import RedisServer
 from tests.helpers import eventually
 from tests.processes import Processes, free_port
 from tests.shared.transitions import lose_last_entries
-from worker.publisher import Publisher
+from worker.publisher import CHECK_AFTER_SECONDS, Publisher
 
 USAGE = Usage(prompt_tokens=5, completion_tokens=2)
 COMPLETED = Outcome(JobState.completed, "ab", 2, USAGE, finish_reason="stop")
@@ -279,6 +279,18 @@ async def test_events_a_failover_lost_are_written_again_with_their_ids_before_th
     done = DoneEvent(seq=7, finish_reason="stop", usage=USAGE)
     assert (await publisher.finish(job_id, [done], COMPLETED)).outcome is FinishOutcome.ended
     assert [event.seq for event in await stream_events(store, job_id)] == list(range(8))
+
+
+async def test_a_step_after_a_pause_longer_than_a_failover_reads_its_stream_first(
+    store: JobStore, publisher: Publisher
+) -> None:
+    job_id = await started_job(store)
+    assert await publisher.step(job_id, [delta(2, "a", 1)]) is Verdict.go
+    await lose_last_entries(store, job_id, 1)  # a failover during the pause, met by no round trip
+    await asyncio.sleep(CHECK_AFTER_SECONDS + 0.1)
+    assert await publisher.step(job_id, [delta(3, "b", 2)]) is Verdict.go
+    events = await stream_events(store, job_id)
+    assert events[2:] == [delta(2, "a", 1), delta(3, "b", 2)]
 
 
 async def test_a_step_after_lost_events_no_longer_kept_learns_the_stream_is_behind(
