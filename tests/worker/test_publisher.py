@@ -204,6 +204,17 @@ class Restartable:
     server: RedisServer
     store: JobStore
 
+    def publisher(self) -> Publisher:
+        """A publisher that sends a failed step again for a whole lease, as a worker's does."""
+        return Publisher(self.store.redis, self.store, WORKER, resend_seconds=LEASE_SECONDS)
+
+    async def step_through_a_restart(self, publisher: Publisher, job_id: str, event: DeltaEvent) -> Verdict:
+        """The step `event`, sent while the server is down, as answered once it is back."""
+        await asyncio.to_thread(self.server.stop)
+        step = await step_meets_a_failure(publisher, job_id, event)
+        await asyncio.to_thread(self.server.start)
+        return await step
+
 
 @pytest.fixture
 async def restartable(tmp_path: Path) -> AsyncIterator[Restartable]:
@@ -217,12 +228,10 @@ async def restartable(tmp_path: Path) -> AsyncIterator[Restartable]:
     processes.stop_all()
 
 
-async def step_meets_a_failure(
-    publisher: Publisher, job_id: str, seq: int, text: str = "a", token_id: int = 1
-) -> asyncio.Task[Verdict]:
+async def step_meets_a_failure(publisher: Publisher, job_id: str, event: DeltaEvent) -> asyncio.Task[Verdict]:
     """A step under way that has met a failed round trip at least once."""
     sent = publisher.round_trips
-    task = asyncio.create_task(publisher.step(job_id, [delta(seq, text, token_id)]))
+    task = asyncio.create_task(publisher.step(job_id, [event]))
     await eventually(lambda: asyncio.sleep(0, publisher.round_trips > sent + 1), "the step is sent again")
     assert not task.done()
     return task
@@ -231,24 +240,19 @@ async def step_meets_a_failure(
 async def test_a_step_through_a_redis_restart_is_written_once_when_redis_is_back(
     restartable: Restartable,
 ) -> None:
-    store = restartable.store
-    publisher = Publisher(store.redis, store, WORKER, resend_seconds=LEASE_SECONDS)
+    store, publisher = restartable.store, restartable.publisher()
     job_id = await started_job(store)
     assert await publisher.step(job_id, [delta(2)]) is Verdict.go
-    await asyncio.to_thread(restartable.server.stop)
-    step = await step_meets_a_failure(publisher, job_id, 3)
-    await asyncio.to_thread(restartable.server.start)
-    assert await step is Verdict.go
+    assert await restartable.step_through_a_restart(publisher, job_id, delta(3)) is Verdict.go
     assert [event.seq for event in await stream_events(store, job_id)] == [0, 1, 2, 3]
 
 
 async def test_a_step_through_a_full_redis_is_written_once_redis_has_room(restartable: Restartable) -> None:
-    store = restartable.store
-    publisher = Publisher(store.redis, store, WORKER, resend_seconds=LEASE_SECONDS)
+    store, publisher = restartable.store, restartable.publisher()
     job_id = await started_job(store)
     await store.redis.config_set("maxmemory-policy", "noeviction")
     await store.redis.config_set("maxmemory", 1)  # every write is refused: OOM command not allowed
-    step = await step_meets_a_failure(publisher, job_id, 2)
+    step = await step_meets_a_failure(publisher, job_id, delta(2))
     await store.redis.config_set("maxmemory", 0)
     assert await step is Verdict.go
     assert [event.seq for event in await stream_events(store, job_id)] == [0, 1, 2]
@@ -257,8 +261,7 @@ async def test_a_step_through_a_full_redis_is_written_once_redis_has_room(restar
 async def test_events_a_failover_lost_are_written_again_with_their_ids_before_the_next_step(
     restartable: Restartable,
 ) -> None:
-    store = restartable.store
-    publisher = Publisher(store.redis, store, WORKER, resend_seconds=LEASE_SECONDS)
+    store, publisher = restartable.store, restartable.publisher()
     job_id = await started_job(store)
     sent = [delta(2, "a", 1), delta(3, "b", 2), delta(4, "c", 3)]
     for event in sent:
@@ -266,10 +269,7 @@ async def test_events_a_failover_lost_are_written_again_with_their_ids_before_th
     # A stand-in for a failover: the server that answers next lacks the last two steps, as a replica
     # promoted before it received them does, and the publisher's round trips fail meanwhile.
     await lose_last_entries(store, job_id, 2)
-    await asyncio.to_thread(restartable.server.stop)
-    step = await step_meets_a_failure(publisher, job_id, 5, "d", 4)
-    await asyncio.to_thread(restartable.server.start)
-    assert await step is Verdict.go
+    assert await restartable.step_through_a_restart(publisher, job_id, delta(5, "d", 4)) is Verdict.go
     events = await stream_events(store, job_id)  # ids checked there: each its event's seq
     assert [event.seq for event in events] == [0, 1, 2, 3, 4, 5]
     assert events[2:] == [*sent, delta(5, "d", 4)]  # the lost ones as they were first written
@@ -296,16 +296,12 @@ async def test_a_step_after_a_pause_longer_than_a_failover_reads_its_stream_firs
 async def test_a_step_after_lost_events_no_longer_kept_learns_the_stream_is_behind(
     restartable: Restartable,
 ) -> None:
-    store = restartable.store
-    publisher = Publisher(store.redis, store, WORKER, resend_seconds=LEASE_SECONDS)
+    store, publisher = restartable.store, restartable.publisher()
     job_id = await started_job(store)
     assert await publisher.step(job_id, [delta(2)]) is Verdict.go
     publisher.forget(job_id)
     await lose_last_entries(store, job_id, 1)
-    await asyncio.to_thread(restartable.server.stop)
-    step = await step_meets_a_failure(publisher, job_id, 3)
-    await asyncio.to_thread(restartable.server.start)
-    assert await step is Verdict.behind
+    assert await restartable.step_through_a_restart(publisher, job_id, delta(3)) is Verdict.behind
     assert [event.seq for event in await stream_events(store, job_id)] == [0, 1]
     assert (await publisher.finish(job_id, [delta(3)], COMPLETED)).outcome is FinishOutcome.behind
     assert (await store.record(job_id)).status is JobState.running
