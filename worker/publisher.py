@@ -32,6 +32,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -60,10 +61,11 @@ by what the master wrote in the last few milliseconds, a step or two of each job
 class _Step:
     """One job's share of a round trip: one script call, a step or the EVAL that ends the job."""
 
-    command: tuple[Any, ...]
-    resend: tuple[Any, ...]
-    """The command when sent again: a step that reads its stream first, and skips events the stream
-    holds (finish reads it always, and leaves a job that ended alone)."""
+    command: Callable[[bool], tuple[Any, ...]]
+    """The script call as a pipeline command, made when sent (a step's events serialized once a
+    sending); `True`: a step that reads its stream first and skips events the stream holds, as when
+    sent again (finish reads it always, and leaves a job that ended alone)."""
+    check: bool = False  # read the stream at the first sending too
     ends: bool = False  # the job's end: acknowledged once replicas hold it
     answer: asyncio.Future[Any] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
     failing_since: float | None = None  # monotonic time of the first failed sending
@@ -156,16 +158,13 @@ class Publisher:
         events this publisher keeps are sent again before `events`, once."""
         if time.monotonic() - self._last_round_trip > CHECK_AFTER_SECONDS:
             self._unchecked.update(self._sent)
-        answer = await self._submit(
-            _Step(command(events, job_id in self._unchecked), command(events, True), ends)
-        )
+        answer = await self._submit(_Step(partial(command, events), job_id in self._unchecked, ends))
         self._unchecked.discard(job_id)
         last_seq = _behind(answer)
         lost = [] if last_seq is None or not events else self._lost(job_id, last_seq, events[0].seq)
         if lost:
             log.warning("a failover lost events %d to %d; writing them again", lost[0].seq, lost[-1].seq)
-            again = command([*lost, *events], True)
-            answer = await self._submit(_Step(again, again, ends))
+            answer = await self._submit(_Step(partial(command, [*lost, *events]), True, ends))
         return answer
 
     def _lost(self, job_id: str, last_seq: int, next_seq: int) -> list[Event]:
@@ -205,7 +204,7 @@ class Publisher:
         """One pipeline of the batch's commands: each one's answer, or the error it met."""
         pipe = self.redis.pipeline(transaction=False)
         for step in batch:
-            pipe.execute_command(*(step.command if step.failing_since is None else step.resend))
+            pipe.execute_command(*step.command(step.check or step.failing_since is not None))
         wait: Wait | None = None
         try:
             if any(step.ends for step in batch):
