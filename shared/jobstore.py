@@ -40,7 +40,7 @@ from shared.models import Target
 from shared.redis_client import redis_errors
 from shared.replication import ReplicaAcks
 from shared.requests import CancelAnswer, JobOutput, JobRecord, JobRequest
-from shared.tenants import Tenant
+from shared.tenants import Tenant, TenantUsage
 
 FIRST_WORKER_SEQ = 2  # seq 0 is `queued` (submit), 1 is `running` (start)
 # Parsing an entry takes pydantic about 2 µs: past this many, a record's output is assembled in a
@@ -259,37 +259,62 @@ class JobStore:
         )
 
     async def cancel(self, job_id: str) -> tuple[CancelAnswer, bool]:
-        """Cancel a queued job at once, or ask the worker of a running one to stop; idempotent.
+        """Cancel a queued job at once, and so a running one no worker holds (handed back to wait for
+        another, or its worker gone): no step of it is to come. Ask the worker of a running one to
+        stop. Idempotent.
 
         Also answers whether the cancel took effect (False: the job had already ended), once the
         replicas `acks` asks for hold it.
         """
         model = await self.model_of(job_id)
-        with redis_errors():
-            wait = await self.acks.wait()
-            result = await self.transitions.cancel(
-                job_id=job_id,
-                model=model,
-                now=time.time(),
-                cancelled=CancelledEvent(seq=1, usage=Usage(prompt_tokens=0, completion_tokens=0)),
-                maxlen=self.settings.stream_maxlen,
-                retention_seconds=self.settings.retention_seconds,
-                lifetime_seconds=self.settings.job_lifetime_seconds,
-                wait=wait,
-            )
+        cancelled: Event = CancelledEvent(seq=1, usage=Usage(prompt_tokens=0, completion_tokens=0))
+        fields: dict[str, str]
+        stream_tip, fields = "", {}  # a queued job's: nothing read from its stream
+        while True:
+            with redis_errors():
+                wait = await self.acks.wait()
+                result = await self.transitions.cancel(
+                    job_id=job_id,
+                    model=model,
+                    now=time.time(),
+                    cancelled=cancelled,
+                    maxlen=self.settings.stream_maxlen,
+                    retention_seconds=self.settings.retention_seconds,
+                    lifetime_seconds=self.settings.job_lifetime_seconds,
+                    stream_tip=stream_tip,
+                    record_fields=fields,
+                    wait=wait,
+                )
+            if result.outcome is not CancelOutcome.unheld:
+                break
+            cancelled, stream_tip, fields = await self._unheld_end(job_id)
         if result.outcome in (CancelOutcome.cancelled, CancelOutcome.asked):
             self.acks.check(wait, result.acked, f"the cancel of job {job_id}")
         state = result.state
         if state is None:
             raise JobNotFound(f"no job {job_id}")
         if result.outcome is CancelOutcome.cancelled:
-            return CancelAnswer(id=job_id, status=state, message="cancelled before it ran"), True
+            message = "cancelled while no worker held it" if stream_tip else "cancelled before it ran"
+            return CancelAnswer(id=job_id, status=state, message=message), True
         if result.outcome is CancelOutcome.asked:
             message = "cancel requested; the stream ends with 'cancelled'"
             return CancelAnswer(id=job_id, status=state, message=message), True
         return CancelAnswer(
             id=job_id, status=state, message=f"job already {state.value}; nothing changed"
         ), False
+
+    async def _unheld_end(self, job_id: str) -> tuple[Event, str, dict[str, str]]:
+        """How a running job no worker holds ends cancelled, from its stream as it stands: the
+        `cancelled` event after its last entry, that entry's id ('0-0' for none) and the record's
+        fields. Its prompt's tokens are the worker's to count (it renders the prompt): 0 here."""
+        with redis_errors():
+            entries = await self.redis.xrange(self.keys.stream(job_id))
+        output = await _output_of(entries)
+        next_seq = _events([entries[-1][1]])[0].seq + 1 if entries else 0
+        usage = Usage(prompt_tokens=0, completion_tokens=output.token_count)
+        outcome = Outcome(JobState.cancelled, output.text, output.token_count, usage)
+        tip = entries[-1][0] if entries else "0-0"
+        return CancelledEvent(seq=next_seq, usage=usage), tip, outcome.record_fields(time.time())
 
     async def delete(self, job_id: str) -> JobState:
         """Delete a finished job's keys now, before its retention ends; answers the state it had.
@@ -303,6 +328,11 @@ class JobStore:
         if result.outcome is DeleteOutcome.unfinished:
             raise InvalidRequest(f"job {job_id} is still {result.state.value}: cancel it first")
         return result.state
+
+    async def tenant_usage(self, tenant: str) -> TenantUsage:
+        """The tenant's counters, as its next submission's admission counts them."""
+        with redis_errors():
+            return await self.transitions.tenant_usage(tenant)
 
     async def model_of(self, job_id: str) -> str:
         """The canonical name of the job's model, which names its queue; '' for no such job (whose
@@ -378,9 +408,14 @@ class JobStore:
         job runs: that would cost the worker a write per step for a read that is rare."""
         with redis_errors():
             entries = await self.redis.xrange(self.keys.stream(job_id))
-        if len(entries) > LONG_STREAM:
-            return await asyncio.to_thread(_output, entries)
-        return _output(entries)
+        return await _output_of(entries)
+
+
+async def _output_of(entries: list[tuple[str, dict[str, str]]]) -> JobOutput:
+    """The output stream entries hold, assembled in a thread past LONG_STREAM of them."""
+    if len(entries) > LONG_STREAM:
+        return await asyncio.to_thread(_output, entries)
+    return _output(entries)
 
 
 def _output(entries: list[tuple[str, dict[str, str]]]) -> JobOutput:

@@ -125,7 +125,8 @@ class Keys:
         return f"{self.prefix}:tenant:{tenant}:queued"
 
     def tenant_running(self, tenant: str) -> str:
-        """Set: ids of the tenant's running jobs (a handed-back job's record says running: it counts)."""
+        """Set: ids of the tenant's running jobs (a handed-back job waits among its queued ones); an id
+        whose record is gone or no longer running is dropped where the set is counted."""
         return f"{self.prefix}:tenant:{tenant}:running"
 
     def tenant_requests(self, tenant: str) -> str:

@@ -4,19 +4,14 @@ A tenant's counters are kept by the lifecycle scripts, never by a gateway's memo
 and worker sees the same figures: the tenant's queued jobs (a sorted set scored by when each one's
 record would expire, so that a job that expires unstarted stops counting), its running jobs (a set),
 its admitted requests and its ended jobs' tokens of the last minute (sorted sets scored by time, a
-sliding window: `tenant.lua`).
+sliding window: `tenant_admit.lua`), pruned where they are counted.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
-import redis.asyncio as aioredis
 from pydantic import BaseModel
-
-from shared.keys import Keys
-from shared.redis_client import redis_errors
 
 DEFAULT_TENANT = "default"
 """The tenant of a key that names none (every key of a plain list, or of STREAMPOOL_API_KEYS)."""
@@ -65,34 +60,6 @@ class TenantUsage(BaseModel):
     tokens_last_minute: int
     tokens_total: int
     jobs_ended_total: int
-
-
-def window_tokens(members: list[str]) -> int:
-    """The tokens of a tenant's token window, whose members read `<job id>:<tokens>`."""
-    return sum(int(member.rpartition(":")[2]) for member in members)
-
-
-async def read_usage(redis: aioredis.Redis, keys: Keys, tenant: str) -> TenantUsage:
-    """The tenant's counters, read in one round trip (without pruning: windows are read from now)."""
-    with redis_errors():
-        seconds, micros = await redis.time()
-        now_ms = seconds * 1000 + micros // 1000
-        since = now_ms - WINDOW_SECONDS * 1000
-        async with redis.pipeline(transaction=False) as pipe:
-            pipe.zcount(keys.tenant_queued(tenant), now_ms, math.inf)
-            pipe.scard(keys.tenant_running(tenant))
-            pipe.zcount(keys.tenant_requests(tenant), f"({since}", math.inf)
-            pipe.zrangebyscore(keys.tenant_tokens(tenant), f"({since}", math.inf)
-            pipe.hmget(keys.tenant_totals, [f"{tenant}:tokens", f"{tenant}:jobs"])
-            queued, running, requests, tokens, (tokens_total, jobs_total) = await pipe.execute()
-    return TenantUsage(
-        queued_jobs=queued,
-        running_jobs=running,
-        requests_last_minute=requests,
-        tokens_last_minute=window_tokens(tokens),
-        tokens_total=tokens_total or 0,
-        jobs_ended_total=jobs_total or 0,
-    )
 
 
 class UsageAnswer(BaseModel):

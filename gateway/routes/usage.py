@@ -7,7 +7,7 @@ from fastapi import APIRouter, Request
 from gateway.auth import Owner
 from gateway.deps import ServicesDep
 from gateway.errors import documented
-from shared.tenants import LIMITS, UsageAnswer, read_usage
+from shared.tenants import LIMITS, UsageAnswer
 
 router = APIRouter(tags=["usage"], responses=documented(401, 503))
 
@@ -31,5 +31,5 @@ async def usage(request: Request, owner: Owner, services: ServicesDep) -> UsageA
         weight=tenant.weight,
         default_priority=tenant.default_priority,
         min_priority=tenant.min_priority,
-        usage=await read_usage(services.redis, services.keys, tenant.name),
+        usage=await services.store.tenant_usage(tenant.name),
     )

@@ -18,6 +18,7 @@ terminal event together, so a reader never sees one without the other::
     finish    running                 completed | cancelled |   worker's publisher
                                       failed
     cancel    queued                  cancelled                 gateway (JobStore.cancel)
+              running, held by none   cancelled                 (handed back, or its lease lapsed)
               running                 running, cancel asked     (its next step ends it cancelled)
     delete    completed | cancelled   (none: its keys go)       gateway (JobStore.delete)
               | failed
@@ -26,7 +27,8 @@ terminal event together, so a reader never sees one without the other::
 job: every end lets the job's keys expire, and announces the end of a job with a webhook (an entry
 on the webhooks stream that the gateways' senders deliver, and the job's delivery record).
 `tenant_admit.lua` checks a job's tenant's limits in submit; `tenant_move.lua` moves the job between
-its tenant's counters in the scripts that start or end it (`shared.tenants`). `share_enqueue.lua`
+its tenant's counters in the scripts that start, hand back or end it (`shared.tenants`);
+`tenant_usage.lua` reads the counters as submit counts them. `share_enqueue.lua`
 puts a job in its tenant's share of its model's queue in the scripts that queue it (submit, and
 release's requeue), and `share_leave.lua` takes it out in those that end its wait (start, cancel);
 claim picks among the shares fairly (start-time fair queuing, by weight).

@@ -31,10 +31,7 @@ end
 
 -- XADD through `call` (redis.call, or redis.pcall to have a refusal answered rather than raised).
 local function xadd(call, stream, maxlen, id, kind, data, at)
-  if not at then
-    local now = redis.call('TIME')
-    at = string.format('%d', now[1] * 1000 + math.floor(now[2] / 1000))
-  end
+  if not at then at = string.format('%d', clock_ms()) end
   return call('XADD', stream, 'MAXLEN', '~', maxlen, id, 'type', kind, 'data', data, 'at', at)
 end
 

@@ -9,7 +9,8 @@
 -- seconds from now, for the wait.
 --
 -- `queue` and `wakeup_channel` are those of the job's model (its record's `model`), and so are
--- `share_tenants`, `share_state` and `share_prefix`: a requeued job goes back into its share too.
+-- `share_tenants`, `share_state` and `share_prefix`: a requeued job goes back into its share too,
+-- and counts as its tenant's queued job, not a running one, until a worker resumes it.
 --
 -- Failing a job needs its output, which the caller computes from the stream: the first call of a
 -- job out of attempts answers {'exhausted'} and drops the lease (so that nothing writes to the
@@ -49,6 +50,7 @@ if tonumber(redis.call('HGET', record, 'attempts') or '1') < tonumber(max_attemp
   if share then
     share_enqueue(share_tenants, share_state, share_prefix .. share, share, priority, tonumber(score), id, lifetime)
   end
+  tenant_move(id, 'running', 'queued', lifetime)
   redis.call('PUBLISH', wakeup_channel, id)
   return {'requeued'}
 end

@@ -12,9 +12,11 @@ import redis.asyncio as aioredis
 from redis.exceptions import NoScriptError
 
 HELPERS = {
+    "clock_ms": "clock_ms.lua",
     "expire_job": "expire_job.lua",
     "announce_end": "announce_end.lua",
     "tenant_admit": "tenant_admit.lua",
+    "tenant_running_jobs": "tenant_admit.lua",
     "tenant_move": "tenant_move.lua",
     "share_enqueue": "share_enqueue.lua",
     "share_leave": "share_leave.lua",
@@ -109,3 +111,4 @@ RELEASE = LuaScript.load("release")
 FINISH = LuaScript.load("finish")
 CANCEL = LuaScript.load("cancel")
 DELETE = LuaScript.load("delete")
+TENANT_USAGE = LuaScript.load("tenant_usage")

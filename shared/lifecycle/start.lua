@@ -27,6 +27,7 @@ if status == 'running' and redis.call('HGET', record, 'requeued') then
   redis.call('HDEL', record, 'requeued')
   local attempt = tonumber(redis.call('HGET', record, 'attempts')) + 1
   take(attempt)
+  tenant_move(id, 'queued', 'running')
   return {'resumed', request, created, attempt, redis.call('XRANGE', stream, '-', '+')}
 end
 if status ~= 'queued' then return {'refused', status or 'missing'} end

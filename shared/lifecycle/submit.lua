@@ -9,18 +9,19 @@
 -- before digests were kept) matches any request.
 -- ARGV after the model: name/value pairs the record keeps beside the job (what an API layer
 -- above the job needs of it: a response's own fields, a webhook), written in the same step.
--- The tenant (ARGV 14 to 18: its name, '' for none, and its limits; KEYS 6 to 9: its counters) and
--- the job's share of the queue (ARGV 19 to 22: the share's name, the prefix of the share queues, the
+-- The tenant (ARGV 14 to 18: its name, '' for none, and its limits; KEYS 6 to 9: its counters), the
+-- job's share of the queue (ARGV 19 to 22: the share's name, the prefix of the share queues, the
 -- share's stride and the job's priority; KEYS 10 and 11: the model's `share_tenants` and
--- `share_state`) come before them: they begin at FIRST_FIELD.
+-- `share_state`) and the prefix of job records' keys (ARGV 23: the tenant's running jobs are counted
+-- from their records) come before them: they begin at FIRST_FIELD.
 local record, stream, idempotency, queue, arq_job = unpack(KEYS)
 local id, created_at, request, queued_event, arq_payload, lifetime, max_queued, maxlen, score, owner,
       wakeup_channel, digest, model = unpack(ARGV, 1, 13)
 local tenant_queued, tenant_running, tenant_requests, tenant_tokens, share_tenants, share_state =
   unpack(KEYS, 6, 11)
 local tenant = ARGV[14]
-local share, share_prefix, stride, priority = unpack(ARGV, 19, 22)
-local FIRST_FIELD = 23
+local share, share_prefix, stride, priority, job_prefix = unpack(ARGV, 19, 23)
+local FIRST_FIELD = 24
 
 if idempotency ~= '' then
   local existing = redis.call('GET', idempotency)
@@ -33,7 +34,8 @@ end
 if tenant ~= '' then
   local limits = {queued = tonumber(ARGV[15]), running = tonumber(ARGV[16]), requests = tonumber(ARGV[17]),
                   tokens = tonumber(ARGV[18])}
-  local refused = tenant_admit(tenant_queued, tenant_running, tenant_requests, tenant_tokens, limits)
+  local refused = tenant_admit(tenant_queued, tenant_running, tenant_requests, tenant_tokens, job_prefix,
+                               limits)
   if refused then return {'rate_limited', unpack(refused)} end
 end
 local limit = tonumber(max_queued)

@@ -8,26 +8,34 @@
 local TENANT_WINDOW_MS = 60000
 local TENANT_COUNT_RETRY_SECONDS = 1  -- a count limit frees when some job ends: no time is known
 
-local function tenant_clock_ms()
-  local now = redis.call('TIME')
-  return tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
-end
-
 local function tenant_retry(counted_ms, now)
   return math.max(1, math.ceil((counted_ms + TENANT_WINDOW_MS - now) / 1000))
 end
 
-local function tenant_admit(queued, running, requests, tokens, limits)
-  local now = tenant_clock_ms()
+-- The tenant's running jobs (`running`, the set `tenant_move.lua` keeps), counted from their records
+-- (`job_prefix` followed by an id names one): an id whose record is gone or no longer running (its
+-- job's keys expired while no worker held it, or it ended without leaving the set) is dropped, so
+-- that no such id holds one of the tenant's slots for good.
+local function tenant_running_jobs(running, job_prefix)
+  for _, id in ipairs(redis.call('SMEMBERS', running)) do
+    if redis.call('HGET', job_prefix .. id, 'status') ~= 'running' then redis.call('SREM', running, id) end
+  end
+  return redis.call('SCARD', running)
+end
+
+local function tenant_admit(queued, running, requests, tokens, job_prefix, limits)
+  local now = clock_ms()
   local since = now - TENANT_WINDOW_MS
   redis.call('ZREMRANGEBYSCORE', queued, '-inf', now)  -- unstarted jobs whose records expired
   local waiting = redis.call('ZCARD', queued)
   if limits.queued > 0 and waiting >= limits.queued then
     return {'max_queued_jobs', TENANT_COUNT_RETRY_SECONDS, waiting, limits.queued}
   end
-  local in_flight = waiting + redis.call('SCARD', running)
-  if limits.running > 0 and in_flight >= limits.running then
-    return {'max_running_jobs', TENANT_COUNT_RETRY_SECONDS, in_flight, limits.running}
+  if limits.running > 0 then
+    local in_flight = waiting + tenant_running_jobs(running, job_prefix)
+    if in_flight >= limits.running then
+      return {'max_running_jobs', TENANT_COUNT_RETRY_SECONDS, in_flight, limits.running}
+    end
   end
   if limits.requests > 0 then
     redis.call('ZREMRANGEBYSCORE', requests, '-inf', since)
@@ -56,7 +64,7 @@ local function tenant_admit(queued, running, requests, tokens, limits)
 end
 
 local function tenant_admitted(queued, requests, id, lifetime)
-  local now = tenant_clock_ms()
+  local now = clock_ms()
   redis.call('ZADD', queued, now + 1000 * tonumber(lifetime), id)
   redis.call('ZADD', requests, now, id)
   redis.call('PEXPIRE', requests, TENANT_WINDOW_MS)

@@ -14,7 +14,7 @@ from shared.events import ErrorEvent, Event, JobState, StatusEvent
 from shared.keys import Keys, ModelKeys
 from shared.lifecycle import scripts
 from shared.replication import Wait
-from shared.tenants import DEFAULT_SHARE, Tenant
+from shared.tenants import DEFAULT_SHARE, Tenant, TenantUsage
 
 
 class SubmitOutcome(Enum):
@@ -112,8 +112,9 @@ class Finished:
 
 
 class CancelOutcome(Enum):
-    cancelled = "cancelled"  # queued -> cancelled
+    cancelled = "cancelled"  # queued (or running, held by no worker) -> cancelled
     asked = "asked"  # running: its worker ends it cancelled at its next step
+    unheld = "unheld"  # running, held by no worker: ending it needs its output from the stream
     ended = "ended"  # already in a terminal state: nothing changed
     missing = "missing"
 
@@ -244,6 +245,7 @@ class Transitions:
             queue.share_queue_prefix,
             repr(1 / share.weight),
             priority,
+            self.keys.job(""),
             *(part for pair in fields.items() for part in pair),
         ]
         (outcome, value, *rest), acked = await self._run(scripts.SUBMIT, keys, args, wait)
@@ -358,14 +360,21 @@ class Transitions:
         maxlen: int,
         retention_seconds: int,
         lifetime_seconds: int,
+        stream_tip: str = "",
+        record_fields: dict[str, str] | None = None,
         wait: Wait | None = None,
     ) -> CancelResult:
-        """`model`: the job's model (its record's), whose queue a queued job leaves."""
+        """`model`: the job's model (its record's), whose queue a queued job leaves. A running job no
+        worker holds ends only given `stream_tip`, the id of the stream's last entry ('0-0' for none),
+        and the record's fields computed from the stream up to it (`cancel.lua`); `cancelled` is
+        then numbered after that entry."""
         keys = [
             *self.keys.job_keys(job_id),
             self.keys.model(model).queue,
             self.keys.arq_job(job_id),
             *self._announce_keys(job_id),
+            self.keys.lease(job_id),
+            self.keys.running,
         ]
         args: list[Any] = [
             job_id,
@@ -375,9 +384,33 @@ class Transitions:
             retention_seconds,
             lifetime_seconds,
             self.keys.model(model).share_queue_prefix,
+            stream_tip,
+            *(item for pair in (record_fields or {}).items() for item in pair),
         ]
         (outcome, *state), acked = await self._run(scripts.CANCEL, keys, args, wait)
         return CancelResult(CancelOutcome(outcome), JobState(state[0]) if state else None, acked)
+
+    async def tenant_usage(self, tenant: str) -> TenantUsage:
+        """The tenant's counters, as its next submission's admission counts them (`tenant_usage.lua`)."""
+        keys = self.keys
+        counters = [
+            keys.tenant_queued(tenant),
+            keys.tenant_running(tenant),
+            keys.tenant_requests(tenant),
+            keys.tenant_tokens(tenant),
+            keys.tenant_totals,
+        ]
+        queued, running, requests, tokens, tokens_total, jobs_total = await scripts.TENANT_USAGE(
+            self.redis, counters, [tenant, keys.job("")]
+        )
+        return TenantUsage(
+            queued_jobs=queued,
+            running_jobs=running,
+            requests_last_minute=requests,
+            tokens_last_minute=tokens,
+            tokens_total=tokens_total,
+            jobs_ended_total=jobs_total,
+        )
 
     async def delete(self, *, job_id: str) -> DeleteResult:
         keys = [*self.keys.job_keys(job_id), self.keys.arq_job(job_id)]

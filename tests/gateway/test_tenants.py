@@ -20,13 +20,15 @@ from shared.config import DEFAULT_MODEL_DIR
 from shared.events import DoneEvent, JobState, Usage
 from shared.jobstore import JobStore, Outcome
 from shared.keys import Keys
+from shared.lifecycle.transitions import ReleaseOutcome
 from tests.conftest import make_settings
 from tests.gateway.keyed_gateway import KeyedGateway, bearer, run_gateway
 from tests.gateway.stand_ins import heartbeat
 from tests.helpers import in_process_gateway, scrape
+from tests.shared.transitions import WORKER, release
 
 MODEL = DEFAULT_MODEL_DIR.name  # the gateway's default model (tests.conftest.make_settings)
-TENANT_NAMES = ("queued", "running", "requests", "tokens", "burst", "urgent")
+TENANT_NAMES = ("queued", "running", "requests", "tokens", "burst", "urgent", "handed-back", "expired")
 KEYS = {name: f"sk-{name}-{uuid.uuid4().hex}" for name in TENANT_NAMES}
 TENANTS = """
 [[tenants]]
@@ -55,6 +57,14 @@ max_queued_jobs = 10
 name = "urgent"
 default_priority = 3
 min_priority = -5
+
+[[tenants]]
+name = "handed-back"
+max_running_jobs = 1
+
+[[tenants]]
+name = "expired"
+max_running_jobs = 1
 """ + "".join(f'\n[[keys]]\nkey = "{key}"\ntenant = "{name}"\n' for name, key in KEYS.items())
 JOB = {"prompt": "hi", "max_tokens": 8}
 
@@ -116,6 +126,42 @@ async def test_max_running_jobs_counts_jobs_until_they_end(http: httpx.AsyncClie
     await run(store, first)
     await submitted(http, "running")
     await refused(http, "running", "max_running_jobs")
+
+
+async def usage_counts(http: httpx.AsyncClient, tenant: str) -> dict[str, int]:
+    usage = (await http.get("/v1/usage", headers=bearer(KEYS[tenant]))).json()["usage"]
+    return {name: usage[name] for name in ("queued_jobs", "running_jobs")}
+
+
+async def test_a_job_handed_back_and_cancelled_ends_at_once_and_frees_its_slot(
+    http: httpx.AsyncClient, store: JobStore
+) -> None:
+    job_id = await submitted(http, "handed-back")
+    assert await store.start(job_id, WORKER, MODEL, lease_seconds=30) is not None
+    # Its worker drains and hands it back; no worker of its model comes again.
+    assert await release(store, job_id, attempt=1, model=MODEL) is ReleaseOutcome.requeued
+    assert await usage_counts(http, "handed-back") == {"queued_jobs": 1, "running_jobs": 0}
+    await refused(http, "handed-back", "max_running_jobs")
+
+    cancelled = await http.post(f"/v1/jobs/{job_id}/cancel", headers=bearer(KEYS["handed-back"]))
+    assert cancelled.status_code == 202 and cancelled.json()["status"] == "cancelled", cancelled.text
+    job = (await http.get(f"/v1/jobs/{job_id}", headers=bearer(KEYS["handed-back"]))).json()
+    assert job["status"] == "cancelled"
+    assert await usage_counts(http, "handed-back") == {"queued_jobs": 0, "running_jobs": 0}
+    await submitted(http, "handed-back")
+
+
+async def test_a_running_job_whose_record_expired_no_longer_holds_a_slot(
+    http: httpx.AsyncClient, store: JobStore
+) -> None:
+    job_id = await submitted(http, "expired")
+    assert await store.start(job_id, WORKER, MODEL, lease_seconds=30) is not None
+    await refused(http, "expired", "max_running_jobs")
+    # No worker held it for the job's lifetime: its keys expired, its id still among the running.
+    await store.redis.pexpire(store.keys.job(job_id), 1)
+    await asyncio.sleep(0.05)
+    await submitted(http, "expired")  # admitted: the gone job is not counted
+    assert await usage_counts(http, "expired") == {"queued_jobs": 1, "running_jobs": 0}
 
 
 async def test_requests_per_minute_answers_429_until_the_window_frees(http: httpx.AsyncClient) -> None:

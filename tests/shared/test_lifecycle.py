@@ -40,8 +40,20 @@ async def started(store: JobStore, worker_id: str = "worker-1") -> str:
 
 def test_every_script_ships_as_a_lua_file_and_gets_the_helpers_it_calls() -> None:
     folder = Path(scripts.__file__).parent
-    names = {"submit", "claim", "start", "step", "renew", "release", "finish", "cancel", "delete"}
+    names = {
+        "submit",
+        "claim",
+        "start",
+        "step",
+        "renew",
+        "release",
+        "finish",
+        "cancel",
+        "delete",
+        "tenant_usage",
+    }
     helpers = {
+        "clock_ms",
         "expire_job",
         "announce_end",
         "tenant_admit",
@@ -60,7 +72,8 @@ def test_every_script_ships_as_a_lua_file_and_gets_the_helpers_it_calls() -> Non
     assert calling("expire_job") == calling("announce_end") == {"start", "release", "finish", "cancel"}
     # ... and moves the job out of its tenant's counters; submit alone checks the tenant's limits
     assert calling("tenant_move") == {"start", "release", "finish", "cancel"}
-    assert calling("tenant_admit") == {"submit"}
+    # submit alone checks the tenant's limits; the usage read counts running jobs as submit does
+    assert calling("tenant_admit") == calling("tenant_running_jobs") == {"submit", "tenant_usage"}
     # the scripts that put a job on its model's queue put it in its tenant's share of it too
     assert calling("share_enqueue") == {"submit", "release"}
     assert calling("share_leave") == {"start", "cancel"}  # ... and out of it, the scripts that end its wait
@@ -110,6 +123,8 @@ async def test_cancel_answers_what_it_did_as_an_enum_with_the_state(store: JobSt
     assert await cancel(queued) == (CancelOutcome.cancelled, JobState.cancelled)
     assert await cancel(queued) == (CancelOutcome.ended, JobState.cancelled)
     assert await cancel(running) == (CancelOutcome.asked, JobState.running)
+    assert await release(store, running, attempt=1) is ReleaseOutcome.requeued
+    assert await cancel(running) == (CancelOutcome.unheld, JobState.running)  # its output is to be read
     assert await cancel("no-such-job") == (CancelOutcome.missing, None)
 
 

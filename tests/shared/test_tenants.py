@@ -10,32 +10,33 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from shared.errors import RateLimited
-from shared.events import DoneEvent, ErrorEvent, JobState, Usage
+from shared.events import CancelledEvent, DeltaEvent, DoneEvent, ErrorEvent, JobState, Usage, event_adapter
 from shared.jobstore import JobStore, Outcome
-from shared.lifecycle.transitions import Failure, ReleaseOutcome
+from shared.lifecycle.transitions import Failure, ReleaseOutcome, claim
+from shared.queue import in_progress_key
 from shared.requests import JobRequest
-from shared.tenants import Tenant, TenantUsage, read_usage
-from tests.shared.transitions import WORKER, release
+from shared.tenants import Tenant, TenantUsage
+from tests.shared.transitions import MODEL, WORKER, release
 
 REQUEST = JobRequest(prompt="The capital of France is", max_tokens=8)
 LEASE_SECONDS = 6.0
 
 
 async def submit(store: JobStore, tenant: Tenant, request: JobRequest = REQUEST) -> str:
-    return (await store.submit(request, owner="owner-1", model="smol", max_queued=0, tenant=tenant)).job_id
+    return (await store.submit(request, owner="owner-1", model=MODEL, max_queued=0, tenant=tenant)).job_id
 
 
 async def refusal(store: JobStore, tenant: Tenant) -> RateLimited:
     """The refusal of one more job, once nothing of it was written."""
-    before = await store.redis.zcard(store.keys.model("smol").queue)
+    before = await store.redis.zcard(store.keys.model(MODEL).queue)
     with pytest.raises(RateLimited) as caught:
         await submit(store, tenant)
-    assert await store.redis.zcard(store.keys.model("smol").queue) == before
+    assert await store.redis.zcard(store.keys.model(MODEL).queue) == before
     return caught.value
 
 
 async def start(store: JobStore, job_id: str) -> None:
-    assert await store.start(job_id, WORKER, "smol", lease_seconds=LEASE_SECONDS) is not None
+    assert await store.start(job_id, WORKER, MODEL, lease_seconds=LEASE_SECONDS) is not None
 
 
 async def finish(store: JobStore, job_id: str, prompt_tokens: int, completion_tokens: int) -> None:
@@ -46,7 +47,7 @@ async def finish(store: JobStore, job_id: str, prompt_tokens: int, completion_to
 
 
 async def usage(store: JobStore, tenant: Tenant) -> TenantUsage:
-    return await read_usage(store.redis, store.keys, tenant.name)
+    return await store.tenant_usage(tenant.name)
 
 
 async def test_max_queued_jobs_refuses_at_the_limit_and_frees_as_jobs_start(store: JobStore) -> None:
@@ -71,7 +72,7 @@ async def test_another_tenant_and_a_job_without_one_are_not_held_by_a_tenants_li
     await submit(store, full)
     await refusal(store, full)
     await submit(store, Tenant("team-b", max_queued_jobs=1))
-    await store.submit(REQUEST, model="smol", max_queued=0)
+    await store.submit(REQUEST, model=MODEL, max_queued=0)
 
 
 async def test_max_running_jobs_counts_queued_and_running_and_frees_as_they_end(store: JobStore) -> None:
@@ -103,18 +104,101 @@ async def fail_out_of_attempts(store: JobStore, job_id: str, failure: Failure) -
     )
 
 
-async def test_a_job_handed_back_stays_running_for_its_tenant_until_it_runs_again(store: JobStore) -> None:
+async def counts(store: JobStore, tenant: Tenant) -> dict[str, int]:
+    return (await usage(store, tenant)).model_dump(include={"queued_jobs", "running_jobs"})
+
+
+async def claimed(store: JobStore) -> list[str]:
+    """The jobs a worker of MODEL claims, as its queue loop does before it starts them."""
+    taken = await claim(
+        store.redis,
+        model=store.keys.model(MODEL),
+        in_progress_ms=60_000,
+        in_progress_prefix=in_progress_key(""),
+        read_limit=10,
+        wanted=1,
+    )
+    return [job_id for job_id, _ in taken]
+
+
+async def test_a_job_handed_back_counts_as_queued_until_it_runs_again(store: JobStore) -> None:
     tenant = Tenant("team-a", max_running_jobs=5)
     job_id = await submit(store, tenant)
     await start(store, job_id)
     assert await release(store, job_id, attempt=1) is ReleaseOutcome.requeued
-    assert (await usage(store, tenant)).model_dump(include={"queued_jobs", "running_jobs"}) == {
-        "queued_jobs": 0,
-        "running_jobs": 1,  # its record says running, as the queue's reapers see it
-    }
+    assert await counts(store, tenant) == {"queued_jobs": 1, "running_jobs": 0}  # it waits for a worker
     await start(store, job_id)  # resumed by another run
+    assert await counts(store, tenant) == {"queued_jobs": 0, "running_jobs": 1}
     await finish(store, job_id, 1, 1)
-    assert (await usage(store, tenant)).running_jobs == 0
+    assert await counts(store, tenant) == {"queued_jobs": 0, "running_jobs": 0}
+
+
+async def test_cancelling_a_job_handed_back_ends_it_at_once_and_frees_its_slot(store: JobStore) -> None:
+    tenant = Tenant("team-a", max_running_jobs=1)
+    job_id = await submit(store, tenant)
+    assert await claimed(store) == [job_id]
+    await start(store, job_id)
+    step = [DeltaEvent(seq=2, text=" Paris", token_ids=[7, 8])]
+    await store.redis.execute_command(
+        *store.transitions.step_command(job_id=job_id, worker_id=WORKER, events=step, maxlen=1000)
+    )
+    assert await release(store, job_id, attempt=1) is ReleaseOutcome.requeued  # the worker is stopping
+    await refusal(store, tenant)
+
+    answer, took_effect = await store.cancel(job_id)
+    assert (answer.status, took_effect) == (JobState.cancelled, True)  # no worker to wait for
+    record = await store.record(job_id)
+    assert (record.status, record.output.text, record.output.token_count) == (JobState.cancelled, " Paris", 2)
+    entries = await store.redis.xrange(store.keys.stream(job_id))
+    last = event_adapter.validate_json(entries[-1][1]["data"])
+    assert last == CancelledEvent(seq=3, usage=Usage(prompt_tokens=0, completion_tokens=2))
+    assert await counts(store, tenant) == {"queued_jobs": 0, "running_jobs": 0}
+    assert await store.redis.zcard(store.keys.model(MODEL).queue) == 0  # no worker will take it up
+    assert await store.start(job_id, WORKER, MODEL, lease_seconds=LEASE_SECONDS) is None
+    await submit(store, tenant)  # its slot is free
+
+
+async def test_cancelling_a_running_job_whose_worker_is_gone_ends_it_at_once(store: JobStore) -> None:
+    tenant = Tenant("team-a", max_running_jobs=1)
+    job_id = await submit(store, tenant)
+    await start(store, job_id)
+    await store.redis.delete(store.keys.lease(job_id))  # its lease lapsed, and no reaper came yet
+    answer, _ = await store.cancel(job_id)
+    assert answer.status is JobState.cancelled
+    assert not await store.redis.sismember(store.keys.running, job_id)  # nothing left for the reapers
+    await submit(store, tenant)
+
+
+async def test_a_held_running_job_is_only_asked_to_stop(store: JobStore) -> None:
+    tenant = Tenant("team-a", max_running_jobs=1)
+    job_id = await submit(store, tenant)
+    await start(store, job_id)
+    answer, _ = await store.cancel(job_id)
+    assert answer.status is JobState.running  # its worker's next step ends it
+    assert await store.redis.exists(store.keys.cancel(job_id))
+    await refusal(store, tenant)
+
+
+async def test_a_running_job_whose_record_expired_stops_counting(store: JobStore) -> None:
+    tenant = Tenant("team-a", max_running_jobs=1)
+    job_id = await submit(store, tenant)
+    await start(store, job_id)
+    await refusal(store, tenant)
+    # No worker held it for the job's lifetime: its keys expired with its id still in the running set.
+    await store.redis.pexpire(store.keys.job(job_id), 1)
+    await asyncio.sleep(0.05)
+    assert await store.redis.sismember(store.keys.tenant_running(tenant.name), job_id)
+    assert await counts(store, tenant) == {"queued_jobs": 0, "running_jobs": 0}
+    await submit(store, tenant)
+
+
+async def test_admission_drops_a_running_id_whose_record_expired(store: JobStore) -> None:
+    tenant = Tenant("team-a", max_running_jobs=1)
+    job_id = await submit(store, tenant)
+    await start(store, job_id)
+    await store.redis.delete(store.keys.job(job_id))  # expired
+    await submit(store, tenant)  # counted from the records: not one a usage read pruned first
+    assert not await store.redis.sismember(store.keys.tenant_running(tenant.name), job_id)
 
 
 async def test_a_job_past_its_deadline_leaves_its_tenants_queue_without_running(store: JobStore) -> None:
@@ -125,7 +209,7 @@ async def test_a_job_past_its_deadline_leaves_its_tenants_queue_without_running(
         REQUEST.model_copy(update={"deadline": datetime.now(timezone.utc) + timedelta(seconds=0.05)}),
     )
     await asyncio.sleep(0.1)
-    assert await store.start(job_id, WORKER, "smol", lease_seconds=LEASE_SECONDS) is None
+    assert await store.start(job_id, WORKER, MODEL, lease_seconds=LEASE_SECONDS) is None
     assert (await usage(store, tenant)).model_dump(include={"queued_jobs", "running_jobs"}) == {
         "queued_jobs": 0,
         "running_jobs": 0,
@@ -174,7 +258,7 @@ async def test_50_concurrent_submissions_admit_exactly_the_limit(store: JobStore
     admitted = [outcome for outcome in outcomes if isinstance(outcome, str)]
     refused = [outcome for outcome in outcomes if isinstance(outcome, RateLimited)]
     assert (len(admitted), len(refused)) == (7, 43)
-    assert await store.redis.zcard(store.keys.model("smol").queue) == 7
+    assert await store.redis.zcard(store.keys.model(MODEL).queue) == 7
     assert (await usage(store, tenant)).model_dump(include={"queued_jobs", "requests_last_minute"}) == {
         "queued_jobs": 7,
         "requests_last_minute": 7,  # refused requests are not counted
@@ -187,7 +271,7 @@ async def test_an_idempotent_replay_is_not_counted_again(store: JobStore) -> Non
     async def again() -> str:
         return (
             await store.submit(
-                REQUEST, owner="owner-1", model="smol", max_queued=0, tenant=tenant, idempotency_key="once"
+                REQUEST, owner="owner-1", model=MODEL, max_queued=0, tenant=tenant, idempotency_key="once"
             )
         ).job_id
 

@@ -13,14 +13,20 @@ WORKER = "worker-1"
 
 
 async def release(
-    store: JobStore, job_id: str, *, attempt: int, failure: Failure | None = None, now: float | None = None
+    store: JobStore,
+    job_id: str,
+    *,
+    attempt: int,
+    failure: Failure | None = None,
+    now: float | None = None,
+    model: str = MODEL,
 ) -> ReleaseOutcome:
-    """WORKER hands back its run `attempt` (of 3) of a job of MODEL at `now` (by default, now), as a
+    """WORKER hands back its run `attempt` (of 3) of a job of `model` at `now` (by default, now), as a
     worker does whose engine died; `failure`: what the job fails with if it is out of attempts."""
     at = time.time() if now is None else now
     return await store.transitions.release(
         job_id=job_id,
-        model=MODEL,
+        model=model,
         worker_id=WORKER,
         attempt=attempt,
         max_attempts=3,

@@ -187,18 +187,20 @@ async def test_a_resumed_job_goes_on_from_the_tokens_its_stream_holds(store: Job
     )
 
 
-async def test_a_handed_back_job_cancelled_meanwhile_ends_cancelled_without_generating(
+async def test_a_handed_back_job_cancelled_meanwhile_ends_at_once_and_is_not_run_again(
     store: JobStore,
 ) -> None:
     job_id = await handed_back_after(store, [("a", 7)])
-    await store.cancel(job_id)
+    await store.cancel(job_id)  # no worker holds it: it ends now, with the output its stream holds
+    record = await store.record(job_id)
+    assert (record.status, record.output.text) == (JobState.cancelled, "a")
     engine = ScriptedEngine([EngineDelta(text="never", token_ids=[99], finished=True, finish_reason="stop")])
     assert await runner(store, engine).run(job_id) is Ending.ended
     assert engine.prompts == []
     events = await stream(store, job_id)
-    assert [event["type"] for event in events] == ["status", "status", "delta", "status", "cancelled"]
-    assert events[-1]["usage"] == {"prompt_tokens": 3, "completion_tokens": 1}
-    assert (await store.record(job_id)).status is JobState.cancelled
+    assert [event["type"] for event in events] == ["status", "status", "delta", "cancelled"]
+    # the prompt's tokens are counted by a worker that renders it: none did since
+    assert events[-1]["usage"] == {"prompt_tokens": 0, "completion_tokens": 1}
 
 
 async def test_a_run_whose_lease_was_taken_stops_writing_and_leaves_the_job_to_the_queue(
