@@ -94,7 +94,7 @@ class WorkerApp:
     async def startup(self) -> None:
         settings, keys, worker_id = self.settings, self.keys, self.worker_id
         self.server.start()  # first: /health answers `starting` while the engine loads
-        log.info("worker %s: starting the %s engine for %s", worker_id, settings.engine, settings.model)
+        log.info("worker %s: starting the engine for %s (%s)", worker_id, settings.model, settings.engine)
         engine = start_engine(settings)
         redis = connect(
             settings.redis_url,
