@@ -12,10 +12,10 @@ import time
 
 import redis.asyncio as aioredis
 
-from gateway.prompt_tokens import PromptCounter
 from shared.errors import PromptTooLong
 from shared.keys import Keys
 from shared.model_card import model_card_digest, read_model_card
+from shared.prompt_tokens import PromptCounter
 from shared.requests import JobRequest
 
 CARD_REFRESH_SECONDS = 5.0

@@ -196,6 +196,14 @@ class WorkerSettings(RedisSettings):
     """A worker's knobs (its engine, its queue intake, its recovery), with Redis's."""
 
     model: Path = Field(DEFAULT_MODEL_DIR, description="model folder the worker serves")
+    engine: Literal["vllm", "synthetic"] = Field(
+        "vllm",
+        description="what generates: vllm runs the model; synthetic draws tokens from the model's "
+        "vocabulary at synthetic_step_seconds a step, with no torch and no weights (load tests)",
+    )
+    synthetic_step_seconds: float = Field(
+        0.03, gt=0, le=10, description="the synthetic engine's time between steps (0.03: a GPU's pace)"
+    )
     served_model_name: str | None = Field(
         None,
         description="the model's names, comma-separated: the first names its queue, the others are aliases "

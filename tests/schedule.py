@@ -26,6 +26,8 @@ GROUPS = {
     "tests/gateway/test_openai_stream_timing.py": "stream-timing",  # a gateway process of its own
     "tests/gateway/test_reader_bounds.py": "stream-limits",  # a gateway process of its own
     "tests/gateway/test_tenants.py": "tenants",  # a gateway process of its own
+    "tests/scale/test_many_processes.py": "scale",  # gateways and synthetic workers of its own
+    "tests/e2e/test_synthetic_worker.py": "synthetic-worker",  # a gateway and a synthetic worker
 }
 """Each module's group: what the comment names is set up once per group, not once per process."""
 

@@ -33,6 +33,7 @@ from worker.metrics import MetricsServer, Readiness, WorkerMetrics
 from worker.periodic import Periodic
 from worker.publisher import Publisher
 from worker.redis_wait import RedisWait
+from worker.synthetic_engine import SyntheticEngine, read_model_card
 
 log = logging.getLogger(__name__)
 
@@ -93,10 +94,8 @@ class WorkerApp:
     async def startup(self) -> None:
         settings, keys, worker_id = self.settings, self.keys, self.worker_id
         self.server.start()  # first: /health answers `starting` while the engine loads
-        from worker.vllm_engine import VllmEngine  # heavy: only a worker pays for importing vLLM
-
-        log.info("worker %s: starting the engine for %s", worker_id, settings.model)
-        engine = VllmEngine(settings)
+        log.info("worker %s: starting the engine for %s (%s)", worker_id, settings.model, settings.engine)
+        engine = start_engine(settings)
         redis = connect(
             settings.redis_url,
             keys.client_name(f"worker:{worker_id}"),
@@ -143,7 +142,7 @@ class WorkerApp:
             await heartbeat.beat()
 
         try:
-            card = await model_card.build(settings.model, engine.model_name, engine.max_model_len)
+            card = await engine_card(settings, engine)
             # Redis is first needed here, once the engine has loaded: a worker started before Redis
             # answers waits for it now, with its engine up, rather than exit and load it again.
             await self.redis_wait.run(partial(register, card))
@@ -207,6 +206,23 @@ class WorkerApp:
         if self.services is None:
             return Readiness.redis_unreachable if self.redis_wait.waiting else Readiness.starting
         return Readiness.redis_unreachable if self.queue.redis_down else Readiness.ready
+
+
+def start_engine(settings: WorkerSettings) -> Engine:
+    """The engine `settings.engine` names; vLLM is imported only by a worker that runs it."""
+    if settings.engine == "synthetic":
+        card = read_model_card(settings.model, settings.model_name, settings.max_model_len)
+        return SyntheticEngine(settings, card)
+    from worker.vllm_engine import VllmEngine  # heavy: only a worker of the real engine pays for it
+
+    return VllmEngine(settings)
+
+
+async def engine_card(settings: WorkerSettings, engine: Engine) -> ModelCard | None:
+    """The card to publish: the synthetic engine's own, or one built as vLLM loads the tokenizer."""
+    if isinstance(engine, SyntheticEngine):
+        return engine.card
+    return await model_card.build(settings.model, engine.model_name, engine.max_model_len)
 
 
 def build_worker(settings: WorkerSettings) -> QueueWorker:

@@ -12,8 +12,8 @@ from typing import Annotated
 from pydantic import BaseModel, ConfigDict, Field
 
 from gateway.compat.openai_bodies import Message, Name, PromptText
-from gateway.prompt_tokens import PromptCounter
 from shared.errors import InvalidRequest
+from shared.prompt_tokens import PromptCounter
 from shared.requests import MAX_MESSAGES
 
 TOKENIZE_PATH = "/tokenize"

@@ -27,10 +27,10 @@ from gateway.compat.vllm import (
     tokenize,
 )
 from gateway.deps import Services, ServicesDep
-from gateway.prompt_tokens import PromptCounter
 from gateway.routes.health import model_listing
 from gateway.routes.openai import ERRORS, OpenAIRoute
 from shared.errors import BackendUnavailable, ModelNotFound
+from shared.prompt_tokens import PromptCounter
 
 router = APIRouter(tags=["vllm"], responses=ERRORS, route_class=OpenAIRoute)
 

@@ -15,9 +15,9 @@ import openai
 import pytest
 import redis.asyncio as aioredis
 
-from gateway.prompt_tokens import PromptCounter
 from shared.jobstore import JobStore
 from shared.model_card import read_model_card
+from shared.prompt_tokens import PromptCounter
 from shared.requests import JobRequest
 from tests.conftest import System
 from tests.helpers import submit, wait_for_status

@@ -69,7 +69,10 @@ async def outage(tmp_path: Path) -> AsyncIterator[Outage]:
     url = await asyncio.to_thread(redis.start)
     # A lease of 4 s, not 2: once Redis is back the resumed run must not lose its lease to a
     # machine so busy that its heartbeats (every 0.5 s) stall for 2 s; the outages last a lease.
-    settings = make_settings(url, metrics_port=free_port(), **{**RECOVERY, "lease_seconds": 4.0})
+    # The synthetic engine: the subject is Redis under a worker (test_redis_outage.py: the real engine).
+    settings = make_settings(
+        url, metrics_port=free_port(), engine="synthetic", **{**RECOVERY, "lease_seconds": 4.0}
+    )
     worker = processes.start("worker", "worker", settings)
     client = aioredis.Redis.from_url(url, decode_responses=True)
     store = JobStore(client, Keys(settings.key_prefix), settings)

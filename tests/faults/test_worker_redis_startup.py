@@ -60,7 +60,10 @@ def started_before_redis(tmp_path: Path, **overrides: object) -> Iterator[Waitin
     processes = Processes(tmp_path)
     redis = RedisServer(processes, free_port(), tmp_path / "redis-data", options=())
     settings = make_settings(
-        f"redis://127.0.0.1:{redis.port}/0", metrics_port=free_port(), **{**RECOVERY, **overrides}
+        f"redis://127.0.0.1:{redis.port}/0",
+        metrics_port=free_port(),
+        engine="synthetic",  # the subject is Redis at start-up; test_redis_outage.py has the real engine
+        **{**RECOVERY, **overrides},
     )
     worker = processes.start("worker", "worker", settings)
     waiting = WaitingWorker(processes, worker, redis, settings)

@@ -17,11 +17,11 @@ import openai
 import pytest
 import redis.asyncio as aioredis
 
-from gateway.prompt_tokens import PromptCounter
 from shared.config import Settings
 from shared.events import DeltaEvent, DoneEvent, Event, JobState, StatusEvent, Usage
 from shared.keys import Keys
 from shared.model_card import ModelCard, publish_model_card
+from shared.prompt_tokens import PromptCounter
 from shared.requests import ChatMessage, JobRequest
 from tests.conftest import make_settings
 from tests.gateway.stand_ins import CARD_MODEL as MODEL

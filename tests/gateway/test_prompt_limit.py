@@ -16,10 +16,10 @@ import httpx
 import pytest
 import redis.asyncio as aioredis
 
-from gateway.prompt_tokens import PromptCounter
 from shared.config import Settings
 from shared.keys import Keys
 from shared.model_card import ModelCard, publish_model_card
+from shared.prompt_tokens import PromptCounter
 from shared.requests import JobRequest
 from tests.conftest import make_settings
 from tests.gateway.stand_ins import CARD_CONTEXT as CONTEXT

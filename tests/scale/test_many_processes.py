@@ -1,4 +1,4 @@
-"""Many gateways, many workers, one machine: two gateways and three workers share one Redis.
+"""Many gateways, many workers, one machine: two gateways and three synthetic workers share one Redis.
 
 Jobs go in through one gateway and are read through the other, so every stream crosses
 processes twice (worker -> Redis -> the gateway that did not take the job). The system runs
@@ -53,7 +53,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     logs = tmp_path_factory.mktemp("scale-logs")
     servers = Processes(logs)
     redis_url = servers.start_redis("redis", free_port(), logs / "redis", "--appendonly", "no")
-    settings = make_settings(redis_url, host="127.0.0.1", allow_unauthenticated=True)
+    # Synthetic workers: the subject is the queue and the relay across processes, not generation.
+    settings = make_settings(redis_url, host="127.0.0.1", allow_unauthenticated=True, engine="synthetic")
     processes = Processes(logs)
     gateway_ports = [free_port() for _ in range(GATEWAYS)]
     try:

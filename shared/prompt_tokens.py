@@ -9,6 +9,7 @@ prompt is encoded with them, as the worker does.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any, NoReturn
 
@@ -16,6 +17,7 @@ import jinja2
 from jinja2.ext import Extension, loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer
+from tokenizers.decoders import DecodeStream
 
 from shared.errors import InvalidRequest
 from shared.model_card import ModelCard
@@ -93,6 +95,21 @@ class PromptCounter:
 
     def encode(self, text: str, add_special_tokens: bool) -> list[int]:
         return list(self._tokenizer.encode(text, add_special_tokens=add_special_tokens).ids)
+
+    @property
+    def vocabulary_size(self) -> int:
+        return int(self._tokenizer.get_vocab_size(with_added_tokens=True))
+
+    def token_id(self, token: str) -> int | None:
+        """The id of one token string (a special token, say); None when the vocabulary lacks it."""
+        token_id: int | None = self._tokenizer.token_to_id(token)
+        return token_id
+
+    def text_stream(self, skip_special_tokens: bool) -> Callable[[int], str]:
+        """A decoder of one sequence, token by token: each call gives the text its token adds ("" while
+        a character's bytes are incomplete), as vLLM's incremental detokenizer does."""
+        stream = DecodeStream(skip_special_tokens=skip_special_tokens)
+        return lambda token_id: stream.step(self._tokenizer, token_id) or ""
 
     def token_strings(self, token_ids: list[int]) -> list[str]:
         """Each token's own string, as transformers' `convert_ids_to_tokens`; "" for an unknown id."""

@@ -1,0 +1,114 @@
+"""The synthetic engine on the default model's tokenizer: what it honours of a request, and abort."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from shared.config import DEFAULT_MODEL_DIR, WorkerSettings
+from shared.errors import EngineError
+from shared.requests import ChatMessage, JobRequest
+from worker.engine import EngineDelta
+from worker.synthetic_engine import SyntheticEngine, read_model_card
+
+STEP_SECONDS = 0.001
+
+
+@pytest.fixture(scope="module")
+def engine() -> SyntheticEngine:
+    if not DEFAULT_MODEL_DIR.is_dir():
+        pytest.skip("the default model is not prepared (make setup)")
+    settings = WorkerSettings(engine="synthetic", synthetic_step_seconds=STEP_SECONDS, max_model_len=64)
+    return SyntheticEngine(settings, read_model_card(settings.model, settings.model_name, 64))
+
+
+async def run(engine: SyntheticEngine, request: JobRequest, request_id: str = "r") -> list[EngineDelta]:
+    return [delta async for delta in engine.generate(request_id, engine.render(request))]
+
+
+def choice(deltas: list[EngineDelta], index: int = 0) -> tuple[list[int], str, str | None]:
+    mine = [delta for delta in deltas if delta.index == index]
+    ids = [token for delta in mine for token in delta.token_ids]
+    return ids, "".join(delta.text for delta in mine), mine[-1].finish_reason
+
+
+async def test_the_same_seed_gives_the_same_tokens_and_max_tokens_ends_with_length(
+    engine: SyntheticEngine,
+) -> None:
+    request = JobRequest(prompt="Hello", max_tokens=12, seed=7, ignore_eos=True)
+    first, second = await run(engine, request), await run(engine, request)
+    ids, text, reason = choice(first)
+    assert ids == choice(second)[0]
+    assert len(ids) == 12 and reason == "length" and text
+    assert ids != choice(await run(engine, request.model_copy(update={"seed": 8})))[0]
+
+
+async def test_every_choice_of_n_streams_apart(engine: SyntheticEngine) -> None:
+    deltas = await run(engine, JobRequest(prompt="Hello", max_tokens=5, n=3, seed=1, ignore_eos=True))
+    choices = [choice(deltas, index) for index in range(3)]
+    assert all(len(ids) == 5 and reason == "length" for ids, _, reason in choices)
+    assert len({tuple(ids) for ids, _, _ in choices}) == 3
+    assert sum(delta.finished for delta in deltas) == 3
+
+
+async def test_a_stop_string_cuts_the_text_and_ends_the_choice(engine: SyntheticEngine) -> None:
+    request = JobRequest(prompt="Hello", max_tokens=40, seed=3, ignore_eos=True)
+    _, text, _ = choice(await run(engine, request))
+    stop = text[10:13]  # three characters from the middle of what this seed writes
+    ids, cut, reason = choice(await run(engine, request.model_copy(update={"stop": stop})))
+    assert reason == "stop" and stop not in cut and text.startswith(cut) and len(ids) < 40
+    kept = request.model_copy(update={"stop": stop, "include_stop_str_in_output": True})
+    assert choice(await run(engine, kept))[1].endswith(stop)
+
+
+async def test_a_stop_token_id_ends_the_choice(engine: SyntheticEngine) -> None:
+    request = JobRequest(prompt="Hello", max_tokens=30, seed=5, ignore_eos=True)
+    ids, _, _ = choice(await run(engine, request))
+    stopped = await run(engine, request.model_copy(update={"stop_token_ids": [ids[4]]}))
+    assert choice(stopped)[0] == ids[: ids.index(ids[4]) + 1] and choice(stopped)[2] == "stop"
+
+
+async def test_without_ignore_eos_a_choice_may_end_with_the_end_of_sequence(engine: SyntheticEngine) -> None:
+    # 64 requests of up to 60 tokens each end early with about 1 - (255/256)^60 = 21 % each.
+    requests = [JobRequest(prompt="Hi", max_tokens=60, seed=seed) for seed in range(64)]
+    ends = [choice(await run(engine, request)) for request in requests]
+    eos = engine.card.special_tokens["eos_token"]
+    stopped = [ids for ids, _, reason in ends if reason == "stop"]
+    assert stopped and all(ids[-1] == engine._counter.token_id(str(eos)) for ids in stopped)
+    assert not any(str(eos) in text for _, text, _ in ends)  # skipped in the text, as vLLM does
+    ignored = [choice(await run(engine, r.model_copy(update={"ignore_eos": True}))) for r in requests]
+    assert all(reason == "length" and len(ids) == 60 for ids, _, reason in ignored)
+
+
+async def test_abort_ends_a_running_request_with_abort(engine: SyntheticEngine) -> None:
+    request = JobRequest(prompt="Hello", max_tokens=10_000, ignore_eos=True)
+    seen: list[EngineDelta] = []
+
+    async def consume() -> None:
+        async for delta in engine.generate("long", engine.render(request)):
+            seen.append(delta)
+
+    task = asyncio.create_task(consume())
+    while len(seen) < 3:
+        await asyncio.sleep(STEP_SECONDS)
+    assert engine.running_requests() == 1
+    await engine.abort("long")
+    await asyncio.wait_for(task, 5)
+    assert seen[-1].finished and seen[-1].finish_reason == "abort"
+    assert engine.running_requests() == 0
+
+
+async def test_generation_stops_at_the_context_and_a_prompt_that_fills_it_is_refused(
+    engine: SyntheticEngine,
+) -> None:
+    prompt = engine.render(JobRequest(prompt="Hello there", max_tokens=1000, ignore_eos=True))
+    ids, _, reason = choice(await run(engine, prompt.request))
+    assert reason == "length" and len(prompt.token_ids) + len(ids) == engine.max_model_len
+    with pytest.raises(EngineError):
+        await run(engine, JobRequest(prompt="word " * 200, max_tokens=1))
+
+
+def test_chats_render_through_the_model_s_template(engine: SyntheticEngine) -> None:
+    prompt = engine.render(JobRequest(messages=[ChatMessage(role="user", content="Hi")], max_tokens=1))
+    assert "<|im_start|>user" in engine._counter.decode(prompt.token_ids)

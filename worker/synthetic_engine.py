@@ -1,0 +1,236 @@
+"""An Engine without a model: tokens drawn from the model card's vocabulary at a GPU's pace.
+
+For load tests of a deployment that has no GPU, and for the tests whose subject is Redis, the
+queue, leases or the relay rather than generation. It needs no torch and no weights, only the
+model folder's tokenizer files: prompts are rendered and counted exactly as the gateway counts
+them, so usage and prompt limits behave as on the real engine. Every running request gets one
+token a step, and all of them step together on one clock, as a batch on a GPU does, so the
+worker's publisher sees the same per-step bursts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import random
+from collections.abc import AsyncGenerator, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from shared.config import WorkerSettings
+from shared.errors import EngineError
+from shared.events import TokenLogprob, TopLogprob
+from shared.model_card import ModelCard
+from shared.prompt_tokens import PromptCounter
+from shared.requests import JobRequest
+from worker.engine import EngineDelta, Prompt
+
+EOS_CHANCE = 1 / 256
+"""How likely each drawn token is the end of sequence (where `ignore_eos` is off and `min_tokens`
+reached): answers of about 256 tokens on average, as a chat model's are."""
+
+SPECIAL_TOKEN_FIELDS = ("bos_token", "eos_token", "unk_token", "pad_token", "sep_token", "cls_token")
+
+
+def read_model_card(folder: Path, model: str, max_model_len: int) -> ModelCard:
+    """The card of the model in `folder`, read from its tokenizer files alone (no transformers)."""
+    try:
+        tokenizer_json = (folder / "tokenizer.json").read_text()
+        config = json.loads((folder / "tokenizer_config.json").read_text())
+    except (OSError, ValueError) as exc:
+        needs = "tokenizer.json and tokenizer_config.json"
+        raise EngineError(f"{folder}: the synthetic engine reads {needs}") from exc
+    template_file = folder / "chat_template.jinja"
+    template = template_file.read_text() if template_file.is_file() else config.get("chat_template")
+    special: dict[str, str | list[str]] = {}
+    for name in SPECIAL_TOKEN_FIELDS:
+        value = config.get(name)
+        content = value.get("content") if isinstance(value, dict) else value
+        if isinstance(content, str):
+            special[name] = content
+    return ModelCard(
+        model=model,
+        max_model_len=max_model_len,
+        tokenizer_json=tokenizer_json,
+        chat_template=template if isinstance(template, str) else None,
+        special_tokens=special,
+    )
+
+
+class StepClock:
+    """One clock for every running request: a step fires `seconds` after the first request waits for
+    it, and every request waiting then moves on together. Idle, it keeps no timer."""
+
+    def __init__(self, seconds: float) -> None:
+        self._seconds = seconds
+        self._next: asyncio.Future[None] | None = None
+
+    async def step(self) -> None:
+        if self._next is None:
+            loop = asyncio.get_running_loop()
+            self._next = loop.create_future()
+            loop.call_later(self._seconds, self._fire)
+        # One waiter cancelled (its request aborted) must not cancel the step of the others.
+        await asyncio.shield(self._next)
+
+    def _fire(self) -> None:
+        fired, self._next = self._next, None
+        if fired is not None and not fired.done():
+            fired.set_result(None)
+
+
+@dataclass
+class _Choice:
+    """One choice's state: its tokens, its text so far (`sent` of it handed out), how it ended."""
+
+    index: int
+    draw: random.Random
+    decode: Callable[[int], str]
+    token_ids: list[int] = field(default_factory=list)
+    text: str = ""
+    sent: int = 0
+    finish_reason: str | None = None
+
+
+class SyntheticEngine:
+    """The Engine protocol on drawn tokens: honours `n`, `max_tokens`, `min_tokens`, `stop`,
+    `stop_token_ids`, `ignore_eos`, `seed`, `logprobs` and abort; ends at the context length."""
+
+    dtype = "synthetic"
+
+    def __init__(self, settings: WorkerSettings, card: ModelCard) -> None:
+        self.model_name = settings.model_name
+        self.max_model_len = settings.max_model_len
+        self.card = card
+        self._counter = PromptCounter(card)
+        self._clock = StepClock(settings.synthetic_step_seconds)
+        self._aborted: dict[str, asyncio.Event] = {}
+        eos = card.special_tokens.get("eos_token")
+        self._eos_id = self._counter.token_id(eos) if isinstance(eos, str) else None
+        special = {self._counter.token_id(token) for token in self._special_strings()}
+        self._vocabulary = [
+            token_id for token_id in range(self._counter.vocabulary_size) if token_id not in special
+        ]
+
+    def _special_strings(self) -> list[str]:
+        values = self.card.special_tokens.values()
+        return [token for value in values for token in ([value] if isinstance(value, str) else value)]
+
+    def render(self, request: JobRequest) -> Prompt:
+        if request.messages is not None:
+            text = self._counter.render_chat(request)
+            if text is None:
+                raise EngineError(f"{self.model_name} has no chat template: send a prompt, not messages")
+            ids = self._counter.encode(text, add_special_tokens=False)
+        else:
+            ids = self._counter.encode(request.prompt or "", add_special_tokens=True)
+        kept = request.kept_prompt_tokens(len(ids), self.max_model_len)
+        return Prompt(token_ids=ids[len(ids) - kept :], request=request)
+
+    async def generate(self, request_id: str, prompt: Prompt) -> AsyncGenerator[EngineDelta, None]:
+        if len(prompt.token_ids) >= self.max_model_len:
+            raise EngineError(
+                f"the prompt ({len(prompt.token_ids)} tokens) does not fit the context ({self.max_model_len})"
+            )
+        request = prompt.request
+        room = min(request.max_tokens, self.max_model_len - len(prompt.token_ids))
+        seed = request.seed if request.seed is not None else random.randrange(2**63)
+        skip = request.skip_special_tokens
+        choices = [
+            _Choice(index, random.Random(f"{seed}:{index}"), self._counter.text_stream(skip))
+            for index in range(request.n)
+        ]
+        aborted = self._aborted.setdefault(request_id, asyncio.Event())
+        try:
+            while any(choice.finish_reason is None for choice in choices):
+                await self._clock.step()
+                for choice in choices:
+                    if choice.finish_reason is not None:
+                        continue
+                    if aborted.is_set():
+                        choice.finish_reason = "abort"
+                        yield self._delta(choice, [], request)
+                        continue
+                    yield self._delta(choice, [self._next_token(choice, request, room)], request)
+        finally:
+            self._aborted.pop(request_id, None)
+
+    def _next_token(self, choice: _Choice, request: JobRequest, room: int) -> int:
+        """Draw the choice's next token, and decide whether it ends the choice."""
+        may_end = len(choice.token_ids) >= request.min_tokens and not request.ignore_eos
+        if may_end and self._eos_id is not None and choice.draw.random() < EOS_CHANCE:
+            token = self._eos_id
+            choice.finish_reason = "stop"
+        else:
+            token = choice.draw.choice(self._vocabulary)
+            if len(choice.token_ids) + 1 >= request.min_tokens and token in request.stop_token_ids:
+                choice.finish_reason = "stop"
+        choice.token_ids.append(token)
+        if choice.finish_reason is None and len(choice.token_ids) >= room:
+            choice.finish_reason = "length"
+        return token
+
+    def _delta(self, choice: _Choice, new_ids: list[int], request: JobRequest) -> EngineDelta:
+        """The text the new tokens add; a stop string cuts the text (and ends the choice) as vLLM's does."""
+        for token_id in new_ids:
+            choice.text += choice.decode(token_id)
+        end = len(choice.text)
+        cut = _stop_cut(choice.text, choice.sent, request)
+        if cut is not None:
+            end, choice.finish_reason = max(cut, choice.sent), "stop"
+        added, choice.sent = choice.text[choice.sent : end], end
+        return EngineDelta(
+            text=added,
+            token_ids=new_ids,
+            logprobs=None if request.logprobs is None else self._logprobs(choice, new_ids, request.logprobs),
+            finished=choice.finish_reason is not None,
+            finish_reason=choice.finish_reason,
+            index=choice.index,
+        )
+
+    def _logprobs(self, choice: _Choice, new_ids: list[int], wanted: int) -> list[TokenLogprob]:
+        """Every token as likely as any other of the vocabulary: the alternatives are other draws."""
+        logprob = -math.log(len(self._vocabulary))
+        result = []
+        for token_id in new_ids:
+            others = [choice.draw.choice(self._vocabulary) for _ in range(wanted)]
+            top = [token_id, *others][:wanted]
+            result.append(
+                TokenLogprob(
+                    token_id=token_id,
+                    token=self._counter.token_strings([token_id])[0],
+                    logprob=logprob,
+                    top_logprobs=[
+                        TopLogprob(token_id=tid, token=self._counter.token_strings([tid])[0], logprob=logprob)
+                        for tid in top
+                    ],
+                )
+            )
+        return result
+
+    async def abort(self, request_id: str) -> None:
+        aborted = self._aborted.get(request_id)
+        if aborted is not None:
+            aborted.set()
+
+    def running_requests(self) -> int:
+        return len(self._aborted)
+
+    @property
+    def dead(self) -> bool:
+        return False
+
+    def shutdown(self) -> None:
+        for aborted in self._aborted.values():
+            aborted.set()
+
+
+def _stop_cut(text: str, sent: int, request: JobRequest) -> int | None:
+    """Where a stop string that appears in `text` (and not wholly in what was sent) cuts it."""
+    cuts = []
+    for stop in request.stop_strings:
+        found = text.find(stop, max(sent - len(stop) + 1, 0))
+        if found != -1:
+            cuts.append(found + len(stop) if request.include_stop_str_in_output else found)
+    return min(cuts) if cuts else None
