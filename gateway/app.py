@@ -50,7 +50,7 @@ def create_app(settings: GatewaySettings) -> FastAPI:
     `WebhooksMisconfigured` for webhook settings that cannot be.
     """
     api_keys = ApiKeys.from_settings(settings)
-    webhook_targets = WebhookTargets(settings.webhook_allowed_prefixes, api_keys.webhooks)
+    webhook_targets = WebhookTargets(settings.webhook_allowed_prefixes, api_keys.webhooks, api_keys.tenants)
     metrics = GatewayMetrics()
 
     @asynccontextmanager
