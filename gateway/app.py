@@ -84,6 +84,7 @@ def create_app(settings: GatewaySettings) -> FastAPI:
         sender = WebhookSender(
             deliveries,
             lambda owner: webhook.secret if (webhook := api_keys.webhooks.get(owner)) else None,
+            lambda owner: tenant.name if (tenant := api_keys.tenants.get(owner)) else owner,
             settings,
             webhook_http,
             consumer=f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}",
