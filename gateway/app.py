@@ -50,7 +50,7 @@ def create_app(settings: GatewaySettings) -> FastAPI:
     `WebhooksMisconfigured` for webhook settings that cannot be.
     """
     api_keys = ApiKeys.from_settings(settings)
-    webhook_targets = WebhookTargets(settings.webhook_allowed_prefixes, api_keys.webhooks)
+    webhook_targets = WebhookTargets(settings.webhook_allowed_prefixes, api_keys.webhooks, api_keys.tenants)
     metrics = GatewayMetrics()
 
     @asynccontextmanager
@@ -84,6 +84,7 @@ def create_app(settings: GatewaySettings) -> FastAPI:
         sender = WebhookSender(
             deliveries,
             lambda owner: webhook.secret if (webhook := api_keys.webhooks.get(owner)) else None,
+            lambda owner: tenant.name if (tenant := api_keys.tenants.get(owner)) else owner,
             settings,
             webhook_http,
             consumer=f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}",

@@ -13,6 +13,7 @@ one, and a key that names none is the `default` tenant's)::
     weight = 2.0                 # its share of each model's queue, against the others' weights
     default_priority = 0         # a job's priority when it names none (lower runs first, as in vLLM)
     min_priority = -10           # the most urgent priority its jobs may ask for
+    webhook_allowed_prefixes = ["https://hooks.example.com/team-a/"]  # instead of the gateway's
 
     [[keys]]
     key = "sk-team-a"
@@ -73,6 +74,7 @@ class _TenantTable(BaseModel):
     weight: float = Field(1.0, gt=0, allow_inf_nan=False)
     default_priority: int = Field(0, ge=-MAX_PRIORITY, le=MAX_PRIORITY)
     min_priority: int = Field(0, ge=-MAX_PRIORITY, le=MAX_PRIORITY)
+    webhook_allowed_prefixes: tuple[str, ...] | None = Field(None, strict=False)  # a TOML array
 
     @model_validator(mode="after")
     def _default_within_bound(self) -> _TenantTable:

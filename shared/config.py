@@ -180,7 +180,22 @@ class GatewaySettings(RedisSettings):
         "another gateway",
     )
     webhook_max_in_flight: int = Field(
-        256, ge=1, description="webhooks one gateway holds at once (sending, or waiting to retry)"
+        256,
+        ge=1,
+        description="webhook POSTs one gateway has under way at once (a delivery waiting for its retry "
+        "holds none)",
+    )
+    webhook_max_in_flight_per_tenant: int = Field(
+        8,
+        ge=1,
+        description="webhook POSTs one gateway has under way at once for one tenant's jobs: a tenant's slow "
+        "or failing receiver delays only that tenant's deliveries",
+    )
+    webhook_max_pending: int = Field(
+        10_000,
+        ge=1,
+        description="deliveries under way (to send, or waiting to retry) across all gateways, the webhooks "
+        "stream's length: beyond it the oldest are given up (`failed`)",
     )
 
     @field_validator("webhook_allowed_prefixes", mode="before")

@@ -27,7 +27,8 @@ LIMITS = ("max_queued_jobs", "max_running_jobs", "requests_per_minute", "tokens_
 class Tenant:
     """A tenant's name and limits; a limit of None is no limit. `weight` is its share of each model's
     queue against the other tenants' (`claim.lua`); its jobs take `default_priority` unless they
-    name one, and may name none more urgent (lower) than `min_priority`."""
+    name one, and may name none more urgent (lower) than `min_priority`; their webhooks may go only
+    under its own `webhook_allowed_prefixes` where it has them."""
 
     name: str
     max_queued_jobs: int | None = None
@@ -37,6 +38,7 @@ class Tenant:
     weight: float = 1.0
     default_priority: int = 0
     min_priority: int = 0
+    webhook_allowed_prefixes: tuple[str, ...] | None = None  # None: the gateway's setting
 
     def limit_args(self) -> list[int]:
         """The limits as the submit script reads them: 0 is none."""

@@ -33,7 +33,9 @@ from shared.webhooks import (
 
 GROUP = "senders"
 KEEP = LuaScript("keep", files(__package__).joinpath("keep.lua").read_text())
+GIVE_UP = LuaScript("give_up", files(__package__).joinpath("give_up.lua").read_text())
 MAX_ERROR_CHARS = 500
+BATCH = 1000  # the most entries one script call keeps or gives up: Redis serves no one else meanwhile
 
 
 @dataclass(frozen=True)
@@ -137,12 +139,27 @@ class Deliveries:
         return answer[0], self._announcements([entry for entry in answer[1] if entry[1] is not None])
 
     async def keep(self, consumer: str, entry_ids: list[str]) -> list[str]:
-        """Reset the idle time of the entries `consumer` holds; answers those another sender took."""
-        if not entry_ids:
-            return []
+        """Reset the idle time of the entries `consumer` holds; answers those it no longer holds (another
+        sender took them, or they were finished or given up meanwhile)."""
+        lost: list[str] = []
         with redis_errors():
-            lost: list[str] = await KEEP(self.redis, [self.keys.webhooks], [GROUP, consumer, *entry_ids])
+            for start in range(0, len(entry_ids), BATCH):
+                batch = entry_ids[start : start + BATCH]
+                lost += await KEEP(self.redis, [self.keys.webhooks], [GROUP, consumer, *batch])
         return lost
+
+    async def bound(self, max_pending: int, reason: str) -> int:
+        """Give up the oldest deliveries beyond `max_pending` (at most `BATCH` a call); answers how many."""
+        with redis_errors():
+            excess = await self.redis.xlen(self.keys.webhooks) - max_pending
+            if excess <= 0:
+                return 0
+            entries = await self.redis.xrange(self.keys.webhooks, count=min(excess, BATCH))
+            oldest = [entry for entry in self._announcements(entries) if isinstance(entry, Announcement)]
+            records = [self.keys.webhook(announcement.job_id) for announcement in oldest]
+            ids = [announcement.entry_id for announcement in oldest]
+            given_up: int = await GIVE_UP(self.redis, [self.keys.webhooks, *records], [GROUP, reason, *ids])
+        return given_up
 
     async def leave(self, consumer: str) -> None:
         """Remove `consumer` from the group if it holds nothing (what it holds would be lost with it)."""
@@ -153,13 +170,18 @@ class Deliveries:
             if not pending:
                 await self.redis.xgroup_delconsumer(self.keys.webhooks, GROUP, consumer)
 
-    async def progress(self, job_id: str) -> Progress:
+    async def progress(self, job_ids: list[str]) -> list[Progress]:
+        """Each job's delivery so far, read in one round trip."""
         with redis_errors():
-            status, attempts, next_at = await self.redis.hmget(  # type: ignore[misc]
-                self.keys.webhook(job_id), ["status", "attempts", "next_attempt_at"]
-            )
-        done = status in (DeliveryStatus.delivered.value, DeliveryStatus.failed.value)
-        return Progress(int(attempts or 0), float(next_at or 0), done)
+            async with self.redis.pipeline(transaction=False) as pipe:
+                for job_id in job_ids:
+                    pipe.hmget(self.keys.webhook(job_id), ["status", "attempts", "next_attempt_at"])
+                answers = await pipe.execute()
+        done = (DeliveryStatus.delivered.value, DeliveryStatus.failed.value)
+        return [
+            Progress(int(attempts or 0), float(next_at or 0), status in done)
+            for status, attempts, next_at in answers
+        ]
 
     async def attempted(self, announcement: Announcement, fields: dict[str, Any]) -> None:
         """Record an attempt that failed; the entry stays pending, for the next."""

@@ -1,9 +1,15 @@
 """The webhook sender: one per gateway process, a background task of the app's lifespan.
 
 It takes ended jobs' webhooks from the webhooks stream (new ones, and those of a gateway that went
-away), POSTs each signed event, and retries one that gets no 2xx with exponential backoff until
-`webhook_retry_for_seconds` after its job's end. Workers play no part: a job's end is announced by
-the lifecycle script that ends it, and any gateway delivers it.
+away) and POSTs each signed event. Workers play no part: a job's end is announced by the lifecycle
+script that ends it, and any gateway delivers it.
+
+Sending is bounded twice: `webhook_max_in_flight` POSTs at once in all, and
+`webhook_max_in_flight_per_tenant` for one tenant's jobs, taken in turn across the tenants that have
+deliveries ready; so a tenant whose receiver is slow or failing delays only its own deliveries. A
+delivery waiting for its retry holds no slot and no task: it is a timer of the event loop, due when
+its wait ends. What is retried, and how often, is `retried` and `retry_gap` below; the webhooks
+stream holds at most `webhook_max_pending` deliveries under way, beyond which the oldest are given up.
 
 A receiver that answered 2xx is never sent the event again: the delivery record says so and the
 entry leaves the stream in one step. Should a gateway vanish between a receiver's 2xx and that step,
@@ -13,11 +19,16 @@ another gateway sends the event again with the same `webhook-id`, by which recei
 from __future__ import annotations
 
 import asyncio
+import email.utils
 import functools
 import logging
 import random
 import time
+from collections import Counter, deque
 from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import timezone
+from typing import Any
 
 import httpx
 
@@ -30,9 +41,22 @@ from shared.webhooks import DeliveryStatus
 log = logging.getLogger(__name__)
 
 READ_BLOCK_SECONDS = 1.0  # the longest a sender waits on the stream before it sees to its held entries
+READ_BATCH = 256  # the most entries one read (or takeover) takes from the stream
 REDIS_RETRY_SECONDS = 1.0
 USER_AGENT = "streampool-webhooks"
 NO_SECRET = "no webhook_secret for the job's API key in this gateway's keys file"
+TOO_MANY = "given up: more than webhook_max_pending deliveries were under way"
+RETRIED_STATUSES = frozenset({408, 409, 425, 429})
+"""Answers that say "later" (timeout, conflict, too early, too many requests); with 5xx and no answer
+at all, the only ones retried."""
+RETRY_AFTER_STATUSES = frozenset({429, 503})
+
+
+def retried(status: int | None) -> bool:
+    """Whether an attempt without a 2xx is tried again, as Standard Webhooks advises: no answer, a 5xx,
+    or one of `RETRIED_STATUSES`. Any other answer (a redirect, which is not followed; a 4xx such as
+    404 or 410) is the receiver's refusal, and fails the delivery at once."""
+    return status is None or status >= 500 or status in RETRIED_STATUSES
 
 
 def retry_gap(attempts: int, first: float, longest: float) -> float:
@@ -42,25 +66,72 @@ def retry_gap(attempts: int, first: float, longest: float) -> float:
     return gap / 2 + random.uniform(0, gap / 2)
 
 
+def asked_wait(status: int | None, retry_after: str | None, now: float) -> float | None:
+    """The wait a 429 or 503 asks for by its `Retry-After` (seconds, or an HTTP date); None else."""
+    if status not in RETRY_AFTER_STATUSES or not retry_after:
+        return None
+    if retry_after.strip().isdigit():
+        return float(retry_after)
+    try:
+        when = email.utils.parsedate_to_datetime(retry_after)
+    except (TypeError, ValueError):
+        return None
+    if when.tzinfo is None:  # an HTTP date is GMT
+        when = when.replace(tzinfo=timezone.utc)
+    return max(0.0, when.timestamp() - now)
+
+
+@dataclass(frozen=True)
+class Answer:
+    """What one attempt got: the receiver's status (None: no answer), what went wrong, its Retry-After."""
+
+    status: int | None
+    error: str | None = None
+    retry_after: str | None = None
+
+    @property
+    def delivered(self) -> bool:
+        return self.status is not None and 200 <= self.status < 300
+
+
+@dataclass(eq=False)
+class Held:
+    """A delivery this sender holds: to send, sending, or waiting for its retry."""
+
+    announcement: Announcement
+    tenant: str
+    attempts: int
+    timer: asyncio.TimerHandle | None = field(default=None, repr=False)
+
+
 class WebhookSender:
-    """Delivers the webhooks this gateway takes from the stream, `webhook_max_in_flight` at a time."""
+    """Delivers the webhooks this gateway takes from the stream, within its sending slots."""
 
     def __init__(
         self,
         deliveries: Deliveries,
         secrets: Callable[[str], WebhookSecret | None],
+        tenant_of: Callable[[str], str],
         settings: GatewaySettings,
         http: httpx.AsyncClient,
         consumer: str,
     ) -> None:
         self.deliveries = deliveries
         self.secrets = secrets
+        self.tenant_of = tenant_of
         self.settings = settings
         self.http = http
         self.consumer = consumer
-        self._held: dict[str, asyncio.Task[None]] = {}
+        self._held: dict[str, Held] = {}
+        self._ready: dict[str, deque[Held]] = {}  # by tenant, in the order they take turns
+        self._sending: dict[str, asyncio.Task[None]] = {}
+        self._sending_of: Counter[str] = Counter()  # by tenant
         self._sweep_every = min(settings.webhook_takeover_seconds / 3, READ_BLOCK_SECONDS)
         self._cursor = "0-0"
+
+    def _room(self) -> int:
+        """How many more entries this sender may take from the stream."""
+        return min(self.settings.webhook_max_pending - len(self._held), READ_BATCH)
 
     async def run(self) -> None:
         """Until cancelled; Redis failures pause it, never end it."""
@@ -75,12 +146,11 @@ class WebhookSender:
                 if time.monotonic() >= next_sweep:
                     await self._sweep()
                     next_sweep = time.monotonic() + self._sweep_every
-                free = self.settings.webhook_max_in_flight - len(self._held)
-                if free <= 0:
+                if self._room() <= 0:
                     await asyncio.sleep(self._sweep_every)
                     continue
                 block_ms = int(self._sweep_every * 1000)
-                self._hold(await self.deliveries.read_new(self.consumer, free, block_ms))
+                await self._hold(await self.deliveries.read_new(self.consumer, self._room(), block_ms))
             except BackendUnavailable as exc:
                 log.warning("webhooks: %s", exc.message)
                 joined = False  # a Redis that restarted empty lost the group too
@@ -90,129 +160,187 @@ class WebhookSender:
                 await asyncio.sleep(REDIS_RETRY_SECONDS)
 
     async def _sweep(self) -> None:
-        """Keep what this sender holds from being taken over, and take over what a gone sender held."""
+        """Bound the stream, keep what this sender holds from being taken over, and take over what a gone
+        sender held."""
+        if given_up := await self.deliveries.bound(self.settings.webhook_max_pending, TOO_MANY):
+            log.warning("webhooks: %d deliveries given up: webhook_max_pending reached", given_up)
         for entry_id in await self.deliveries.keep(self.consumer, list(self._held)):
-            # Taken over by another gateway, or finished (acknowledged) meanwhile by its own task.
-            task = self._held.pop(entry_id, None)
-            if task is not None and not task.done():
-                log.warning("webhooks: another gateway took over entry %s", entry_id)
-                task.cancel()
-        free = self.settings.webhook_max_in_flight - len(self._held)
-        if free > 0:
+            # Taken over by another gateway, given up, or finished meanwhile by its own attempt.
+            if self._forget(entry_id):
+                log.warning("webhooks: entry %s is no longer this gateway's", entry_id)
+        if self._room() > 0:
             idle_ms = int(self.settings.webhook_takeover_seconds * 1000)
-            self._cursor, taken = await self.deliveries.take_over(self.consumer, idle_ms, free, self._cursor)
-            self._hold(taken)
+            self._cursor, taken = await self.deliveries.take_over(
+                self.consumer, idle_ms, self._room(), self._cursor
+            )
+            await self._hold(taken)
 
-    def _hold(self, entries: list[Announcement | str]) -> None:
+    async def _hold(self, entries: list[Announcement | str]) -> None:
+        """Hold the entries read: each due at once, or when the wait its record names ends."""
+        new: list[Announcement] = []
         for entry in entries:
-            entry_id = entry if isinstance(entry, str) else entry.entry_id
-            if entry_id in self._held:
+            if isinstance(entry, str):
+                log.error("webhooks: entry %s is no announcement; dropped", entry)
+                await self.deliveries.drop(entry)
+            elif entry.entry_id not in self._held:
+                new.append(entry)
+        progress = await self.deliveries.progress([announcement.job_id for announcement in new])
+        for announcement, so_far in zip(new, progress, strict=True):
+            if so_far.done:  # finished, and its gateway went before it dropped the entry
+                await self.deliveries.drop(announcement.entry_id)
                 continue
-            task = asyncio.create_task(self._deliver(entry), name=f"webhook {entry_id}")
-            self._held[entry_id] = task
-            task.add_done_callback(functools.partial(self._let_go, entry_id))
+            held = Held(announcement, self.tenant_of(announcement.owner), so_far.attempts)
+            self._held[announcement.entry_id] = held
+            self._due_at(held, so_far.next_attempt_at)
 
-    def _let_go(self, entry_id: str, task: asyncio.Task[None]) -> None:
-        if self._held.get(entry_id) is task:  # not one another gateway took over (cancelled, dropped)
-            del self._held[entry_id]
+    def _due_at(self, held: Held, at: float) -> None:
+        delay = at - time.time()
+        if delay <= 0:
+            self._ready_now(held)
+        else:
+            held.timer = asyncio.get_running_loop().call_later(delay, self._ready_now, held)
+
+    def _ready_now(self, held: Held) -> None:
+        held.timer = None
+        if self._held.get(held.announcement.entry_id) is held:
+            self._ready.setdefault(held.tenant, deque()).append(held)
+            self._dispatch()
+
+    def _dispatch(self) -> None:
+        """Start what is ready while slots are free: one delivery per tenant in turn, none for a tenant
+        at its own bound."""
+        most, most_each = self.settings.webhook_max_in_flight, self.settings.webhook_max_in_flight_per_tenant
+        started = True
+        while started and self._ready and len(self._sending) < most:
+            started = False
+            for tenant in list(self._ready):
+                if len(self._sending) >= most:
+                    return
+                if self._sending_of[tenant] >= most_each:
+                    continue
+                queue = self._ready.pop(tenant)
+                held = queue.popleft()
+                if queue:
+                    self._ready[tenant] = queue  # to the end of the turn
+                if self._held.get(held.announcement.entry_id) is held:
+                    self._start(held)
+                started = True
+
+    def _start(self, held: Held) -> None:
+        entry_id = held.announcement.entry_id
+        task = asyncio.create_task(self._attempt(held), name=f"webhook {entry_id}")
+        self._sending[entry_id] = task
+        self._sending_of[held.tenant] += 1
+        task.add_done_callback(functools.partial(self._sent, held))
+
+    def _sent(self, held: Held, task: asyncio.Task[None]) -> None:
+        entry_id = held.announcement.entry_id
+        if self._sending.get(entry_id) is task:
+            del self._sending[entry_id]
+        self._sending_of[held.tenant] -= 1
+        if not self._sending_of[held.tenant]:
+            del self._sending_of[held.tenant]
+        if not task.cancelled() and task.exception() is not None:
+            # Let go (any takeover sweep tries it again once it idles), so no fault leaves it held.
+            log.error("webhooks: entry %s failed", entry_id, exc_info=task.exception())
+            self._forget(entry_id)
+        self._dispatch()
+
+    def _forget(self, entry_id: str) -> bool:
+        """Stop holding the entry (it stays pending in the group unless finished); False if not held."""
+        held = self._held.pop(entry_id, None)
+        if held is None:
+            return False
+        if held.timer is not None:
+            held.timer.cancel()
+        if (task := self._sending.get(entry_id)) is not None and task is not asyncio.current_task():
+            task.cancel()
+        return True
 
     async def close(self) -> None:
         """Stop every delivery this sender holds (they stay pending, for another gateway to take over)."""
-        held = list(self._held.values())
-        for task in held:
-            task.cancel()
-        await asyncio.gather(*held, return_exceptions=True)
+        for entry_id in list(self._held):
+            self._forget(entry_id)
+        await asyncio.gather(*self._sending.values(), return_exceptions=True)
         try:
             await self.deliveries.leave(self.consumer)
         except BackendUnavailable as exc:
             log.warning("webhooks: could not leave the consumer group: %s", exc.message)
 
-    async def _deliver(self, entry: Announcement | str) -> None:
+    async def _attempt(self, held: Held) -> None:
+        """One attempt; then the delivery is finished, let go, or due again later."""
+        entry_id = held.announcement.entry_id
         try:
-            if isinstance(entry, str):
-                log.error("webhooks: entry %s is no announcement; dropped", entry)
-                await self.deliveries.drop(entry)
-                return
-            await self._attempts(entry)
+            next_at = await self._try(held)
         except BackendUnavailable as exc:
-            # Left pending: this gateway's own takeover sweep tries it again once it idles.
-            log.warning(
-                "webhooks: job %s: %s", entry if isinstance(entry, str) else entry.job_id, exc.message
-            )
+            # Let go, left pending: this gateway's own takeover sweep tries it again once it idles.
+            log.warning("webhooks: job %s: %s", held.announcement.job_id, exc.message)
+            next_at = None
+        if next_at is None:
+            self._forget(entry_id)
+        elif self._held.get(entry_id) is held:
+            self._due_at(held, next_at)
 
-    async def _attempts(self, announcement: Announcement) -> None:
-        """Attempt until a 2xx, or until the retry period ends; the record says how each went."""
-        progress = await self.deliveries.progress(announcement.job_id)
-        if progress.done:
-            await self.deliveries.drop(announcement.entry_id)
-            return
-        event = announcement.event()
-        body = event.model_dump_json().encode()
+    async def _try(self, held: Held) -> float | None:
+        """Send once and record how it went: when to try again, or None when not (finished, or let go)."""
+        announcement = held.announcement
         give_up_at = announcement.ended_at + self.settings.webhook_retry_for_seconds
-        attempts, wait = progress.attempts, progress.next_attempt_at - time.time()
-        while True:
-            if wait > 0:
-                await asyncio.sleep(wait)
-            secret = self.secrets(announcement.owner)
-            if secret is None:
-                if time.time() > give_up_at:
-                    await self.deliveries.finished(
-                        announcement, {"status": DeliveryStatus.failed.value, "last_error": NO_SECRET}
-                    )
-                    return
-                # Another gateway's keys file may know the key (a new one being rolled out): the entry
-                # is let go, not acknowledged, and any gateway's takeover sweep takes it once it idles.
-                await self.deliveries.attempted(announcement, {"last_error": NO_SECRET})
-                return
-            attempts += 1
-            status, error = await self._post(announcement.url, secret, event.id, body)
-            now = time.time()
-            outcome = {
-                "attempts": attempts,
-                "last_status": status,
-                "last_error": error,
-                "last_attempt_at": now,
-            }
-            if status is not None and 200 <= status < 300:
-                outcome |= {
-                    "status": DeliveryStatus.delivered.value,
-                    "delivered_at": now,
-                    "next_attempt_at": None,
-                }
-                await self.deliveries.finished(announcement, outcome)
-                log.info("webhook %s delivered", event.type, extra={"job_id": announcement.job_id})
-                return
-            wait = retry_gap(
-                attempts,
-                self.settings.webhook_first_retry_seconds,
-                self.settings.webhook_max_retry_gap_seconds,
-            )
-            if now + wait > give_up_at:
-                outcome |= {"status": DeliveryStatus.failed.value, "next_attempt_at": None}
-                await self.deliveries.finished(announcement, outcome)
-                log.warning(
-                    "webhook %s given up after %d attempts",
-                    event.type,
-                    attempts,
-                    extra={"job_id": announcement.job_id},
+        secret = self.secrets(announcement.owner)
+        if secret is None:
+            if time.time() > give_up_at:
+                await self.deliveries.finished(
+                    announcement, {"status": DeliveryStatus.failed.value, "last_error": NO_SECRET}
                 )
-                return
-            await self.deliveries.attempted(announcement, outcome | {"next_attempt_at": now + wait})
+                return None
+            # Another gateway's keys file may know the key (a new one being rolled out): the entry is
+            # let go, not acknowledged, and any gateway's takeover sweep takes it once it idles.
+            await self.deliveries.attempted(announcement, {"last_error": NO_SECRET})
+            return None
+        event = announcement.event()
+        held.attempts += 1
+        answer = await self._post(announcement.url, secret, event.id, event.model_dump_json().encode())
+        now = time.time()
+        outcome: dict[str, Any] = {
+            "attempts": held.attempts,
+            "last_status": answer.status,
+            "last_error": answer.error,
+            "last_attempt_at": now,
+        }
+        extra = {"job_id": announcement.job_id}
+        if answer.delivered:
+            outcome |= {
+                "status": DeliveryStatus.delivered.value,
+                "delivered_at": now,
+                "next_attempt_at": None,
+            }
+            await self.deliveries.finished(announcement, outcome)
+            log.info("webhook %s delivered", event.type, extra=extra)
+            return None
+        longest = self.settings.webhook_max_retry_gap_seconds
+        wait = retry_gap(held.attempts, self.settings.webhook_first_retry_seconds, longest)
+        if (asked := asked_wait(answer.status, answer.retry_after, now)) is not None:
+            wait = min(max(wait, asked), longest)
+        if not retried(answer.status) or now + wait > give_up_at:
+            outcome |= {"status": DeliveryStatus.failed.value, "next_attempt_at": None}
+            await self.deliveries.finished(announcement, outcome)
+            log.warning("webhook %s given up after %d attempts", event.type, held.attempts, extra=extra)
+            return None
+        await self.deliveries.attempted(announcement, outcome | {"next_attempt_at": now + wait})
+        return now + wait
 
-    async def _post(
-        self, url: str, secret: WebhookSecret, message_id: str, body: bytes
-    ) -> tuple[int | None, str | None]:
-        """One attempt: the receiver's status (None when there was no answer) and what went wrong."""
+    async def _post(self, url: str, secret: WebhookSecret, message_id: str, body: bytes) -> Answer:
+        """One attempt: the receiver's answer, or what kept it from answering."""
         headers = signed_headers(secret, message_id, int(time.time()), body) | {"user-agent": USER_AGENT}
 
-        async def send() -> int:
-            # The answer's body is never read: its status is all a delivery needs.
+        async def send() -> Answer:
+            # The answer's body is never read: its status (and Retry-After) is all a delivery needs.
             async with self.http.stream("POST", url, content=body, headers=headers) as response:
-                return response.status_code
+                status = response.status_code
+                error = None if 200 <= status < 300 else f"answered {status}"
+                return Answer(status, error, response.headers.get("retry-after"))
 
         try:
             # httpx bounds each phase; this bounds the whole, a receiver that answers drop by drop included
-            status = await asyncio.wait_for(send(), self.settings.webhook_timeout_seconds)
+            return await asyncio.wait_for(send(), self.settings.webhook_timeout_seconds)
         except (httpx.HTTPError, asyncio.TimeoutError) as exc:
-            return None, f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-        return status, None if 200 <= status < 300 else f"answered {status}"
+            return Answer(None, f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)

@@ -1,5 +1,6 @@
 """A webhook receiver the tests start on loopback: a real HTTP server in a thread of its own, which
-checks every delivery's signature with the Standard Webhooks library and can fail the first ones."""
+checks every delivery's signature with the Standard Webhooks library and can fail the first ones, or
+every one."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import base64
 import json
 import secrets
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -33,6 +35,8 @@ class Delivery:
     body: bytes
     verified: bool
     status: int
+    path: str
+    at: float  # when it came, monotonic seconds
 
     @property
     def event(self) -> dict[str, Any]:
@@ -43,24 +47,26 @@ class Delivery:
 @dataclass
 class Receiver:
     """What the receiver got, and how it answers: 401 to a signature that does not hold, else 503 to
-    the first `failures`, then 204."""
+    the first `failures` (with `retry_after`, if given), then 204; or `status` to every one, if given."""
 
     secret: str
     url: str = ""
     failures: int = 0
+    status: int | None = None
+    retry_after: str | None = None
     deliveries: list[Delivery] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def received(self, headers: dict[str, str], body: bytes) -> int:
+    def received(self, path: str, headers: dict[str, str], body: bytes) -> int:
         try:
             Webhook(self.secret).verify(body, headers)
             verified = True
         except WebhookVerificationError:
             verified = False
         with self.lock:
-            status = 401 if not verified else 503 if self.failures > 0 else 204
-            self.failures -= verified and status == 503
-            self.deliveries.append(Delivery(headers, body, verified, status))
+            status = 401 if not verified else self.status or (503 if self.failures > 0 else 204)
+            self.failures -= verified and self.status is None and status == 503
+            self.deliveries.append(Delivery(headers, body, verified, status, path, time.monotonic()))
             return status
 
     def got(self) -> list[Delivery]:
@@ -80,8 +86,10 @@ def receiving(secret: str, failures: int = 0) -> Iterator[Receiver]:
     class Handler(BaseHTTPRequestHandler):
         def do_POST(self) -> None:  # noqa: N802 (http.server's name)
             body = self.rfile.read(int(self.headers.get("content-length", 0)))
-            status = receiver.received(dict(self.headers.items()), body)
+            status = receiver.received(self.path, dict(self.headers.items()), body)
             self.send_response(status)
+            if status == 503 and receiver.retry_after is not None:
+                self.send_header("retry-after", receiver.retry_after)
             self.send_header("content-length", "0")
             self.end_headers()
 

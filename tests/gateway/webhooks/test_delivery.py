@@ -17,6 +17,7 @@ from openai.types.webhooks import ResponseIncompleteWebhookEvent
 
 from gateway.auth import owner_id
 from gateway.webhooks.deliveries import GROUP
+from gateway.webhooks.sender import TOO_MANY
 from shared.config import Settings
 from shared.events import DoneEvent, JobState, Usage
 from shared.jobstore import JobStore, Outcome
@@ -239,3 +240,32 @@ async def test_a_response_cut_by_its_token_limit_is_announced_as_openai_names_it
     event = client.webhooks.unwrap(delivery.body, delivery.headers)
     assert isinstance(event, ResponseIncompleteWebhookEvent)
     assert event.data.id == f"resp_{job_id}" and event.id == f"evt_{job_id}"
+
+
+async def test_past_max_pending_the_oldest_deliveries_are_given_up_and_say_so(
+    settings: Settings, store: JobStore, receiver: Receiver
+) -> None:
+    """A receiver that never answers 2xx, and more ended jobs than `webhook_max_pending`: the stream keeps
+    that many, and the oldest deliveries are `failed` with the reason, their records still expiring."""
+    receiver.failures = 10**6
+    bounded = settings.model_copy(update={"webhook_max_pending": 3})
+    async with in_process_gateway(bounded) as gateway:
+        job_ids = [(await submit(gateway, KEY_A, webhook=receiver.url)).json()["id"] for _ in range(8)]
+        for job_id in job_ids:
+            assert (await gateway.post(f"/v1/jobs/{job_id}/cancel", headers=bearer(KEY_A))).status_code == 202
+
+        async def records() -> list[dict[str, Any]]:
+            answers = [
+                await gateway.get(f"/v1/jobs/{job_id}/webhook", headers=bearer(KEY_A)) for job_id in job_ids
+            ]
+            return [answer.json() for answer in answers]
+
+        given_up = await eventually(
+            records,
+            "the oldest deliveries given up",
+            until=lambda bodies: [body["status"] for body in bodies] == ["failed"] * 5 + ["pending"] * 3,
+        )
+        assert await store.redis.xlen(store.keys.webhooks) == 3
+    assert {body["last_error"] for body in given_up[:5]} == {TOO_MANY}
+    for job_id in job_ids:
+        assert await store.redis.ttl(store.keys.webhook(job_id)) > 0
