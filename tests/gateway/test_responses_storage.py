@@ -37,7 +37,7 @@ FILLER = "x" * 32 * 2**10
 
 
 @dataclass
-class Deployment:
+class Served:
     gateway: KeyedGateway
     redis: aioredis.Redis
     store: JobStore
@@ -70,18 +70,18 @@ def _gateway(redis_url: str, folder: Path, **overrides: object) -> Iterator[Keye
     yield from run_gateway(redis_url, folder, allow_unauthenticated=True, **overrides)
 
 
-async def _deploy(url: str, folder: Path, **overrides: object) -> AsyncIterator[Deployment]:
+async def _deploy(url: str, folder: Path, **overrides: object) -> AsyncIterator[Served]:
     client = aioredis.Redis.from_url(url, decode_responses=True)
     try:
         with _gateway(url, folder / "gateway", **overrides) as gateway:
             async with httpx.AsyncClient(base_url=gateway.base_url, timeout=30) as http:
-                yield Deployment(gateway, client, JobStore(client, gateway.keys, gateway.settings), http)
+                yield Served(gateway, client, JobStore(client, gateway.keys, gateway.settings), http)
     finally:
         await client.aclose()
 
 
 @pytest.fixture
-async def deployment(tmp_path: Path) -> AsyncIterator[Deployment]:
+async def served(tmp_path: Path) -> AsyncIterator[Served]:
     with private_redis(tmp_path / "redis") as url:
         async for deployed in _deploy(url, tmp_path):
             yield deployed
@@ -91,16 +91,16 @@ def _turn(n: int) -> str:
     return f"turn {n}: " + "w" * TURN_CHARS
 
 
-async def test_a_conversation_is_stored_once_each_turn_writing_its_own_input(deployment: Deployment) -> None:
+async def test_a_conversation_is_stored_once_each_turn_writing_its_own_input(served: Served) -> None:
     previous: str | None = None
     sizes, renders = [], []
     for n in range(TURNS):
         body = {"model": MODEL, "input": _turn(n), "background": True, "previous_response_id": previous}
-        created = await deployment.http.post("/v1/responses", json=body)
+        created = await served.http.post("/v1/responses", json=body)
         assert created.status_code == 200, created.text
         previous = created.json()["id"]
-        renders.append(await deployment.finish(previous.removeprefix("resp_"), f"answer {n}"))
-        sizes.append(await deployment.record_bytes(previous))
+        renders.append(await served.finish(previous.removeprefix("resp_"), f"answer {n}"))
+        sizes.append(await served.record_bytes(previous))
 
     # Turn k holds its own input, not the k turns before it: about the same bytes each turn.
     assert max(sizes) < 1.2 * min(sizes), sizes
@@ -110,35 +110,35 @@ async def test_a_conversation_is_stored_once_each_turn_writing_its_own_input(dep
     expected = [part for n in range(TURNS - 1) for part in (_turn(n), f"answer {n}")] + [_turn(TURNS - 1)]
     assert [message.content for message in last] == expected
     assert [message.role for message in last] == ["user", "assistant"] * (TURNS - 1) + ["user"]
-    items = (await deployment.http.get(f"/v1/responses/{previous}/input_items")).json()["data"]
+    items = (await served.http.get(f"/v1/responses/{previous}/input_items")).json()["data"]
     assert [item["content"][0]["text"] for item in items] == [_turn(TURNS - 1)]
 
     # A conversation whose first turn is gone cannot go on: a 404 naming that turn, nothing made.
     chain = [previous]
-    while earlier := (await deployment.http.get(f"/v1/responses/{chain[-1]}")).json()["previous_response_id"]:
+    while earlier := (await served.http.get(f"/v1/responses/{chain[-1]}")).json()["previous_response_id"]:
         chain.append(earlier)
-    assert (await deployment.http.delete(f"/v1/responses/{chain[-1]}")).status_code == 200
-    keys_before = await deployment.key_count()
-    refused = await deployment.http.post(
+    assert (await served.http.delete(f"/v1/responses/{chain[-1]}")).status_code == 200
+    keys_before = await served.key_count()
+    refused = await served.http.post(
         "/v1/responses", json={"model": MODEL, "input": "more", "previous_response_id": previous}
     )
     assert refused.status_code == 404, refused.text
     assert refused.json()["error"]["param"] == "previous_response_id"
     assert chain[-1] in refused.json()["error"]["message"]
-    assert await deployment.key_count() == keys_before
+    assert await served.key_count() == keys_before
 
 
 async def test_a_submission_past_the_write_bound_is_refused_before_anything_is_written(
     tmp_path: Path,
 ) -> None:
     with private_redis(tmp_path / "redis") as url:
-        async for deployment in _deploy(url, tmp_path, max_request_write_bytes=64 * 1024):
-            keys_before = await deployment.key_count()
+        async for served in _deploy(url, tmp_path, max_request_write_bytes=64 * 1024):
+            keys_before = await served.key_count()
             large = "w" * 100_000
-            responses = await deployment.http.post("/v1/responses", json={"model": MODEL, "input": large})
-            native = await deployment.http.post("/v1/jobs", json={"model": MODEL, "prompt": large})
-            assert await deployment.key_count() == keys_before
-            small = await deployment.http.post("/v1/jobs", json={"model": MODEL, "prompt": "w" * 1000})
+            responses = await served.http.post("/v1/responses", json={"model": MODEL, "input": large})
+            native = await served.http.post("/v1/jobs", json={"model": MODEL, "prompt": large})
+            assert await served.key_count() == keys_before
+            small = await served.http.post("/v1/jobs", json={"model": MODEL, "prompt": "w" * 1000})
     assert responses.status_code == native.status_code == 413, responses.text
     assert "max_request_write_bytes" in responses.json()["error"]["message"]
     assert "max_request_write_bytes" in native.json()["error"]
@@ -148,16 +148,16 @@ async def test_a_submission_past_the_write_bound_is_refused_before_anything_is_w
 async def test_admission_by_memory_counts_the_bytes_the_submission_is_about_to_write(tmp_path: Path) -> None:
     options = ("--maxmemory", str(MAXMEMORY), "--maxmemory-policy", "noeviction")
     with private_redis(tmp_path / "redis", *options) as url:
-        async for deployment in _deploy(url, tmp_path):
+        async for served in _deploy(url, tmp_path):
             n = 0
-            while await _share_used(deployment.redis) < 0.8:
-                await deployment.redis.set(f"another-app:{n}", FILLER)
+            while await _share_used(served.redis) < 0.8:
+                await served.redis.set(f"another-app:{n}", FILLER)
                 n += 1
             time.sleep(1.1)  # the gateway reads Redis's memory at most once a second
-            assert await _share_used(deployment.redis) < 0.85  # below the mark (0.9): room for small jobs
-            large = await deployment.http.post("/v1/jobs", json={"model": MODEL, "prompt": "w" * 900_000})
-            small = await deployment.http.post("/v1/jobs", json={"model": MODEL, "prompt": "w" * 1000})
-            share = await _share_used(deployment.redis)
+            assert await _share_used(served.redis) < 0.85  # below the mark (0.9): room for small jobs
+            large = await served.http.post("/v1/jobs", json={"model": MODEL, "prompt": "w" * 900_000})
+            small = await served.http.post("/v1/jobs", json={"model": MODEL, "prompt": "w" * 1000})
+            share = await _share_used(served.redis)
     # Written, the large one would take Redis past the mark: refused before it writes.
     assert large.status_code == 429, large.text
     assert "maxmemory" in large.json()["error"]
@@ -172,11 +172,11 @@ async def _share_used(client: aioredis.Redis) -> float:
 
 async def test_a_deletion_is_acknowledged_only_once_its_replicas_hold_it(tmp_path: Path) -> None:
     with private_redis(tmp_path / "redis") as url:
-        async for deployment in _deploy(url, tmp_path, min_replicas_to_ack=1, replica_ack_timeout_ms=100):
+        async for served in _deploy(url, tmp_path, min_replicas_to_ack=1, replica_ack_timeout_ms=100):
             # Made and ended through a store that asks no replica: the gateway answers a submission
             # with 503, this Redis having none.
-            settings = deployment.gateway.settings.model_copy(update={"min_replicas_to_ack": None})
-            store = JobStore(deployment.redis, deployment.gateway.keys, settings)
+            settings = served.gateway.settings.model_copy(update={"min_replicas_to_ack": None})
+            store = JobStore(served.redis, served.gateway.keys, settings)
             body = ResponsesBody.model_validate({"model": MODEL, "input": "hi", "background": True})
             submitted = await store.submit(
                 body.job_request(2048),
@@ -185,8 +185,8 @@ async def test_a_deletion_is_acknowledged_only_once_its_replicas_hold_it(tmp_pat
                 max_queued=0,
                 annotations=body.stored().annotations(),
             )
-            await deployment.finish(submitted.job_id, "hello")
-            deleted = await deployment.http.delete(f"/v1/responses/resp_{submitted.job_id}")
-            submit = await deployment.http.post("/v1/responses", json={"model": MODEL, "input": "hi"})
+            await served.finish(submitted.job_id, "hello")
+            deleted = await served.http.delete(f"/v1/responses/resp_{submitted.job_id}")
+            submit = await served.http.post("/v1/responses", json={"model": MODEL, "input": "hi"})
     assert deleted.status_code == submit.status_code == 503, deleted.text
     assert "replicas" in deleted.json()["error"]["message"]
