@@ -32,8 +32,8 @@ import redis.asyncio as aioredis
 from gateway.metrics import GatewayMetrics
 from gateway.prompt_limit import PromptLimit
 from shared.config import GatewaySettings
-from shared.errors import InvalidRequest, Overloaded, PromptTooLong, RateLimited
-from shared.jobstore import JobStore, Submission
+from shared.errors import BodyTooLarge, InvalidRequest, Overloaded, PromptTooLong, RateLimited
+from shared.jobstore import JobStore, Submission, Turn, written_bytes
 from shared.keys import Keys
 from shared.models import Catalog, Target, read_registry
 from shared.redis_client import redis_errors
@@ -80,9 +80,9 @@ class Memory:
     used: int
     limit: int
 
-    def share(self) -> float:
-        """The share of `maxmemory` in use; 0 when Redis has no limit."""
-        return self.used / self.limit if self.limit else 0.0
+    def share(self, adding: int = 0) -> float:
+        """The share of `maxmemory` in use, with `adding` bytes more; 0 when Redis has no limit."""
+        return (self.used + adding) / self.limit if self.limit else 0.0
 
 
 def waiting_for(catalog: Catalog, model: str) -> str | None:
@@ -112,6 +112,7 @@ class Admission:
         self.max_choices = settings.max_choices
         self.max_queued_jobs = settings.max_queued_jobs
         self.memory_high_water = settings.redis_memory_high_water
+        self.max_write_bytes = settings.max_request_write_bytes
         self.default_model = settings.default_model
         self.declared = [*settings.models, *([settings.default_model] if settings.default_model else [])]
         self.redis = redis
@@ -149,19 +150,31 @@ class Admission:
             info = await self.redis.info("memory")
         return Memory(int(info["used_memory"]), int(info["maxmemory"]))
 
-    async def check_memory(self) -> None:
-        """`Overloaded` once Redis holds more than `redis_memory_high_water` of its `maxmemory`.
+    async def check_memory(self, writing: int = 0) -> None:
+        """`Overloaded` once Redis holds, with the `writing` bytes a submission is about to write, more
+        than `redis_memory_high_water` of its `maxmemory`.
 
         The rest is kept for the jobs already running: with `noeviction` a full Redis refuses
         every write, and a job whose next step cannot be written stops streaming. New jobs wait
-        until running ones end and retention frees their keys.
+        until running ones end and retention frees their keys. Counting the write itself keeps one
+        large submission admitted just below the mark from taking the rest.
         """
         memory = await self._memory.get()
-        if memory.share() >= self.memory_high_water:
+        if memory.share(writing) >= self.memory_high_water:
             self.metrics.jobs_rejected.labels(reason="redis_memory").inc()
             raise Overloaded(
                 f"Redis holds {memory.used} bytes, {memory.share():.0%} of its maxmemory "
-                f"({memory.limit}); new jobs are refused above {self.memory_high_water:.0%}"
+                f"({memory.limit}); with the {writing} bytes this request writes it would hold "
+                f"{memory.share(writing):.0%}, and new jobs are refused above {self.memory_high_water:.0%}"
+            )
+
+    def check_write(self, writing: int) -> None:
+        """`BodyTooLarge` when a submission would write more than `max_request_write_bytes`."""
+        if writing > self.max_write_bytes:
+            self.metrics.jobs_rejected.labels(reason="body_too_large").inc()
+            raise BodyTooLarge(
+                f"this request would write {writing} bytes to Redis; one request may write at most "
+                f"{self.max_write_bytes} (max_request_write_bytes)"
             )
 
     @staticmethod
@@ -186,6 +199,7 @@ class Admission:
         idempotency_key: str | None = None,
         annotations: Mapping[str, str] | None = None,
         fill_context: bool = False,
+        turn: Turn | None = None,
     ) -> Submission:
         """Queue `job` for `owner` on its model's queue, or raise why not (before anything is written).
 
@@ -194,6 +208,9 @@ class Admission:
         `annotations`: what the route's API keeps beside the job (`JobStore.annotations`).
         `fill_context`: the caller named no maximum, and its API's default is vLLM's (chat, Responses):
         the job may generate as many tokens as the model's context leaves, within `max_tokens_limit`.
+        `turn`: the job is a turn of a conversation (`Turn`), `job` its own messages alone: the prompt
+        checked is the whole conversation, what is written (and bounded by `max_request_write_bytes`,
+        and counted against Redis's memory) is the turn's own.
         """
         if job.max_tokens > self.max_tokens_limit:
             raise InvalidRequest.of_field(
@@ -211,13 +228,18 @@ class Admission:
         target = catalog.resolve(model if model is not None else job.model, self.default_model)
         job = job.model_copy(update={"model": target.qualified})
         try:
-            job = await self.prompt_limit.check(
-                job, target.model, fill=self.max_tokens_limit if fill_context else None
+            whole = await self.prompt_limit.check(
+                turn.whole(job) if turn else job,
+                target.model,
+                fill=self.max_tokens_limit if fill_context else None,
             )
         except PromptTooLong:
             self.metrics.jobs_rejected.labels(reason="prompt_too_long").inc()
             raise
-        await self.check_memory()
+        job = turn.own(whole) if turn else whole
+        writing = written_bytes(job, annotations)
+        self.check_write(writing)
+        await self.check_memory(writing)
         tenant = self.tenants.get(owner)
         job = job.model_copy(update={"priority": self.priority(job, tenant or DEFAULT_SHARE)})
         try:
@@ -230,6 +252,7 @@ class Admission:
                 max_queued=self.max_queued_jobs,
                 annotations=annotations,
                 tenant=tenant,
+                turn=turn,
             )
         except RateLimited as exc:
             self.metrics.rejected_by_tenant(tenant.name if tenant else "", exc.detail["limit"])

@@ -105,6 +105,14 @@ class GatewaySettings(RedisSettings):
         description="share of Redis's maxmemory past which submissions get 429 (running jobs keep "
         "streaming into the rest); no effect on a Redis without maxmemory",
     )
+    # A submission writes its request (a conversation's turn: its own input alone) and what its API
+    # keeps beside it: the largest body's, with room for those fields.
+    max_request_write_bytes: int = Field(
+        4 * 1_048_576,
+        ge=4096,
+        description="most bytes one submission may write to Redis (its request and the fields kept "
+        "beside it), checked before it writes anything; past it 413",
+    )
     poll_wait_max: float = Field(30.0, ge=0, description="longest a long-poll request may wait, seconds")
     sse_ping_seconds: float = Field(15.0, gt=0, description="keep-alive comment interval on idle SSE streams")
     max_body_bytes: int = Field(1_048_576, ge=1024, description="largest request body accepted, bytes")

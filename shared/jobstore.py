@@ -39,7 +39,15 @@ from shared.lifecycle.transitions import (
 from shared.models import Target
 from shared.redis_client import redis_errors
 from shared.replication import ReplicaAcks
-from shared.requests import CancelAnswer, JobOutput, JobRecord, JobRequest
+from shared.requests import (
+    MAX_MESSAGES,
+    MAX_PROMPT_CHARS,
+    CancelAnswer,
+    ChatMessage,
+    JobOutput,
+    JobRecord,
+    JobRequest,
+)
 from shared.tenants import Tenant, TenantUsage
 
 FIRST_WORKER_SEQ = 2  # seq 0 is `queued` (submit), 1 is `running` (start)
@@ -49,6 +57,10 @@ LONG_STREAM = 1024
 DEADLINE_EXCEEDED = "deadline_exceeded"
 DEADLINE_PASSED = "the job's deadline passed before a worker could start it"
 ANNOTATION = "annotation:"  # the record's fields an API layer above the job keeps there
+CONVERSATION = "conversation"  # the record's field of a job that is a turn of a conversation
+SUBMISSION_OVERHEAD_BYTES = 1024
+"""What a submission writes besides its request and annotations, about: the record's other fields, the
+`queued` event, arq's job and the queue entries."""
 
 
 def _timestamp(value: str) -> datetime:
@@ -83,6 +95,54 @@ class Submission:
     created_at: datetime
 
 
+def written_bytes(request: JobRequest, annotations: Mapping[str, str] | None) -> int:
+    """About how many bytes submitting `request` with `annotations` writes to Redis."""
+    fields = (annotations or {}).items()
+    kept = sum(len(ANNOTATION) + len(name.encode()) + len(value.encode()) for name, value in fields)
+    return len(request.model_dump_json(exclude_none=True).encode()) + kept + SUBMISSION_OVERHEAD_BYTES
+
+
+@dataclass(frozen=True)
+class Turn:
+    """A job that is a turn of a conversation: the conversation job `previous` ended (none: this turn
+    begins it) goes before the job's own message `at` (after its instructions, which no later turn
+    carries over). `earlier`: that conversation, as read when the job was made; never written.
+
+    A conversation is stored once: each turn's record holds only its own messages, its output, and
+    the id of the turn before it (its `conversation` field), so the bytes a turn writes are those of
+    its own input, however long the conversation. Whoever needs the whole conversation (the gateway
+    to check the prompt against the context, the worker to render it) reads it back turn by turn
+    (`JobStore.conversation`).
+    """
+
+    at: int
+    previous: str | None = None
+    earlier: tuple[ChatMessage, ...] = ()
+
+    @property
+    def field(self) -> str:
+        """The record's `conversation` field: `<at>` or `<at> <previous job id>`."""
+        return f"{self.at} {self.previous}" if self.previous else str(self.at)
+
+    @classmethod
+    def of_field(cls, value: str | None) -> Turn | None:
+        if not value:
+            return None
+        at, _, previous = value.partition(" ")
+        return cls(int(at), previous or None)
+
+    def whole(self, request: JobRequest) -> JobRequest:
+        """`request` (the turn's own messages) with the earlier conversation in its place."""
+        own = request.messages or []
+        return request.model_copy(update={"messages": [*own[: self.at], *self.earlier, *own[self.at :]]})
+
+    def own(self, request: JobRequest) -> JobRequest:
+        """`request` (the whole conversation, as `whole` made it) with the turn's own messages alone."""
+        messages = request.messages or []
+        kept = [*messages[: self.at], *messages[self.at + len(self.earlier) :]]
+        return request.model_copy(update={"messages": kept})
+
+
 @dataclass(frozen=True)
 class Started:
     """A job a worker has taken: what to generate, which run of the job this is, and where it stands."""
@@ -91,6 +151,7 @@ class Started:
     attempt: int
     progress: Progress
     submitted_at: float  # epoch seconds, the record's `created_at`
+    turn: Turn | None = None  # where its messages join a conversation stored before it (`whole_request`)
 
     @property
     def resumed(self) -> bool:
@@ -146,6 +207,7 @@ class JobStore:
         annotations: Mapping[str, str] | None = None,
         waiting: str | None = None,
         tenant: Tenant | None = None,
+        turn: Turn | None = None,
     ) -> Submission:
         """Write record (with its owner and model), `queued` event and arq job in one atomic round trip.
 
@@ -153,7 +215,8 @@ class JobStore:
         an adapter of it too). `waiting`: why the job may wait, said in its `queued` event.
 
         `annotations`: what the API layer that made the job keeps beside it (read back with
-        `annotations`), written in the same step, so that no job exists without them.
+        `annotations`), written in the same step, so that no job exists without them. `turn`: the job
+        is a turn of a conversation, and `request` holds its own messages alone (`Turn`).
 
         An idempotency key is the owner's own: another owner's same key makes another job. The
         same key with another request is refused (`IdempotencyMismatch`), as payment APIs do: a
@@ -181,7 +244,10 @@ class JobStore:
                 lifetime_seconds=self.settings.job_lifetime_seconds,
                 max_queued=max_queued,
                 maxlen=self.settings.stream_maxlen,
-                annotations={ANNOTATION + name: value for name, value in (annotations or {}).items()},
+                annotations={
+                    **{ANNOTATION + name: value for name, value in (annotations or {}).items()},
+                    **({CONVERSATION: turn.field} if turn else {}),
+                },
                 wait=wait,
                 tenant=tenant,
                 priority=request.priority or 0,
@@ -234,13 +300,69 @@ class JobStore:
                 retention_seconds=self.settings.retention_seconds,
                 lifetime_seconds=self.settings.job_lifetime_seconds,
             )
+        turn = Turn.of_field(answer.conversation)
         if answer.outcome is StartOutcome.running:
             request = JobRequest.model_validate_json(answer.request)
-            return Started(request, 1, Progress(FIRST_WORKER_SEQ), answer.created_at)
+            return Started(request, 1, Progress(FIRST_WORKER_SEQ), answer.created_at, turn)
         if answer.outcome is StartOutcome.resumed:
             request = JobRequest.model_validate_json(answer.request)
-            return Started(request, answer.attempt, Progress.of(_events(answer.entries)), answer.created_at)
+            progress = Progress.of(_events(answer.entries))
+            return Started(request, answer.attempt, progress, answer.created_at, turn)
         return None
+
+    async def whole_request(self, started: Started) -> JobRequest:
+        """What a started job generates from: a turn of a conversation with the conversation before it
+        read back (`conversation`), any other job as it was submitted."""
+        turn = started.turn
+        if turn is None or turn.previous is None:
+            return started.request
+        earlier = await self.conversation(turn.previous)
+        return Turn(turn.at, turn.previous, earlier).whole(started.request)
+
+    async def own_messages(self, job_id: str) -> list[ChatMessage]:
+        """The messages a turn of a conversation added (its request's past its instructions); a job
+        that is no turn of one: its request's messages (`JobNotFound` if there is no such job)."""
+        with redis_errors():
+            request, field = await self.redis.hmget(self.keys.job(job_id), ["request", CONVERSATION])  # type: ignore[misc]
+        if request is None:
+            raise JobNotFound(f"no job {job_id}")
+        turn = Turn.of_field(field) or Turn(0)
+        return (JobRequest.model_validate_json(request).messages or [])[turn.at :]
+
+    async def conversation(self, job_id: str) -> tuple[ChatMessage, ...]:
+        """The conversation job `job_id` ended: each turn's own messages then its output (as the
+        assistant's), oldest turn first, read one turn at a time from its record back to the turn that
+        began the conversation.
+
+        Each record read is kept at least a job lifetime from now, so that a conversation outlives the
+        jobs that go on from it. `JobNotFound` (naming the turn's job in `job_id`) when a turn is gone,
+        deleted or past its retention; `InvalidRequest` when the conversation holds more messages or
+        characters than one request may (`MAX_MESSAGES`, `MAX_PROMPT_CHARS`).
+        """
+        turns: list[list[ChatMessage]] = []
+        messages = chars = 0
+        turn_id: str | None = job_id
+        while turn_id is not None:
+            record = self.keys.job(turn_id)
+            with redis_errors():
+                async with self.redis.pipeline(transaction=False) as pipe:
+                    pipe.hmget(record, ["request", "text", CONVERSATION])
+                    pipe.expire(record, self.settings.job_lifetime_seconds, gt=True)
+                    (request, text, field), _ = await pipe.execute()
+            if request is None:
+                raise JobNotFound(f"no job {turn_id}: a turn of the conversation is gone", job_id=turn_id)
+            turn = Turn.of_field(field) or Turn(0)
+            own = (JobRequest.model_validate_json(request).messages or [])[turn.at :]
+            turns.append([*own, ChatMessage(role="assistant", content=text or "")])
+            messages += len(turns[-1])
+            chars += sum(len(message.content) for message in turns[-1])
+            if messages > MAX_MESSAGES or chars > MAX_PROMPT_CHARS:
+                raise InvalidRequest(
+                    f"the conversation holds more than one request may: {MAX_MESSAGES} messages, "
+                    f"{MAX_PROMPT_CHARS} characters"
+                )
+            turn_id = turn.previous
+        return tuple(message for turn_messages in reversed(turns) for message in turn_messages)
 
     def finish_command(
         self, job_id: str, worker_id: str, events: list[Event], outcome: Outcome
@@ -317,12 +439,16 @@ class JobStore:
         return CancelledEvent(seq=next_seq, usage=usage), tip, outcome.record_fields(time.time())
 
     async def delete(self, job_id: str) -> JobState:
-        """Delete a finished job's keys now, before its retention ends; answers the state it had.
+        """Delete a finished job's keys now, before its retention ends; answers the state it had, once
+        the replicas `acks` asks for hold the deletion (else a failover could bring the job back).
 
         `JobNotFound` if there is none; `InvalidRequest` if it is queued or running: a worker may
         still write to it (cancel it first)."""
         with redis_errors():
-            result = await self.transitions.delete(job_id=job_id)
+            wait = await self.acks.wait()
+            result = await self.transitions.delete(job_id=job_id, wait=wait)
+        if result.outcome is DeleteOutcome.deleted:
+            self.acks.check(wait, result.acked, f"the deletion of job {job_id}", "; delete it again")
         if result.outcome is DeleteOutcome.missing or result.state is None:
             raise JobNotFound(f"no job {job_id}")
         if result.outcome is DeleteOutcome.unfinished:

@@ -149,7 +149,7 @@ class JobRunner:
                 f"a job of {started.request.n} choices cannot resume: its choices cannot go on "
                 "token-exactly from its stream; submit it again"
             )
-        prompt = await render(self.engine, started.request)
+        prompt = await render(self.engine, await self.store.whole_request(started))
         chunker.prompt_tokens = len(prompt.token_ids)
         self._check_fits(prompt)
         if started.resumed:

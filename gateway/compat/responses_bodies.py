@@ -2,8 +2,11 @@
 
 A response is one job: its chat messages are the `instructions` (as a system message), the
 conversation of `previous_response_id` (that response's input and output, as OpenAI carries them
-over; its instructions are not) and this `input`. What the job does not carry (metadata,
-instructions, the input items...) is kept beside it in the record's annotations (`Stored`).
+over; its instructions are not) and this `input`. The job is a turn of that conversation
+(`shared.jobstore.Turn`): it keeps `instructions` and this `input` alone, and names the previous
+response's job, from which the conversation is read back, so that a conversation is stored once.
+What the job does not carry (metadata, instructions, the input items' ids...) is kept beside it in
+the record's annotations (`Stored`).
 What a job cannot do (tools, reasoning, files, images) is refused with the parameter named.
 """
 
@@ -24,6 +27,7 @@ from gateway.compat.openai_bodies import (
     job_request_of,
 )
 from shared.errors import InvalidRequest
+from shared.jobstore import Turn
 from shared.requests import MAX_MESSAGES, MAX_URL_CHARS, ChatMessage, JobRequest, Text
 from shared.webhooks import API, RESPONSE_API
 
@@ -114,10 +118,8 @@ class Stored(BaseModel):
     top_p: float | None = None
     max_output_tokens: int | None = None
     input: list[dict[str, str]] = []
-    """This response's input messages: role, text, and the id the client gave, if any."""
-    context: list[ChatMessage] = []
-    """The conversation before this response's output (its input included, its instructions not): what
-    a response that names this one as `previous_response_id` goes on from."""
+    """This response's input messages: role, and the id the client gave, if any (their text is the
+    job's own messages')."""
 
     def annotations(self) -> dict[str, str]:
         return {
@@ -125,21 +127,27 @@ class Stored(BaseModel):
             **{name: json.dumps(value) for name, value in self.model_dump(mode="json").items()},
         }
 
-    def input_items(self, job_id: str) -> list[dict[str, Any]]:
-        """The input items as `input_items` lists them, each with the id the client gave, or one."""
-        return [
-            {
-                "id": item.get("id") or f"msg_{job_id}_{n}",
-                "type": "message",
-                "role": item["role"],
-                "status": "completed",
-                "content": [
-                    {"type": TEXT_PART[item["role"]], "text": item["text"]}
-                    | ({"annotations": []} if item["role"] == "assistant" else {})
-                ],
-            }
-            for n, item in enumerate(self.input)
-        ]
+    def input_items(self, job_id: str, messages: list[ChatMessage]) -> list[dict[str, Any]]:
+        """The input items as `input_items` lists them, their text the job's own `messages`: each with
+        the id the client gave, or one of its own where it gave none or one an earlier item has, so
+        that an item's id names it alone (`after` pages from it)."""
+        items = []
+        seen: set[str] = set()
+        for n, (item, message) in enumerate(zip(self.input, messages, strict=True)):
+            given = item.get("id")
+            item_id = given if given and given not in seen else f"msg_{job_id}_{n}"
+            seen.add(item_id)
+            text = {"type": TEXT_PART[item["role"]], "text": message.content}
+            items.append(
+                {
+                    "id": item_id,
+                    "type": "message",
+                    "role": item["role"],
+                    "status": "completed",
+                    "content": [text | ({"annotations": []} if item["role"] == "assistant" else {})],
+                }
+            )
+        return items
 
     @classmethod
     def of_annotations(cls, annotations: dict[str, str]) -> Stored | None:
@@ -242,11 +250,10 @@ class ResponsesBody(SamplingOptions):
         param = "max_output_tokens" if exc.field == "max_tokens" else exc.field
         return InvalidRequest(f"{param}: {exc.reason}", param=param, code="invalid_value")
 
-    def stored(self, previous: list[ChatMessage]) -> Stored:
-        """The fields kept beside the job; `previous`: the conversation `previous_response_id` names."""
+    def stored(self) -> Stored:
+        """The fields kept beside the job."""
         items = [
-            message.model_dump(include={"id", "role"}, exclude_none=True) | {"text": message.text}
-            for message in self.input_messages
+            message.model_dump(include={"id", "role"}, exclude_none=True) for message in self.input_messages
         ]
         return Stored(
             model=self.model,
@@ -260,26 +267,31 @@ class ResponsesBody(SamplingOptions):
             top_p=self.top_p,
             max_output_tokens=self.max_output_tokens,
             input=items,
-            context=[*previous, *(message.job_message() for message in self.input_messages)],
         )
 
-    def job_request(self, context: list[ChatMessage], max_tokens_limit: int) -> JobRequest:
-        """The job: `instructions`, then `context` (the conversation up to and with this input).
+    @property
+    def _instructions(self) -> list[ChatMessage]:
+        return [] if self.instructions is None else [ChatMessage(role="system", content=self.instructions)]
+
+    def turn(self, previous: str | None, earlier: tuple[ChatMessage, ...]) -> Turn:
+        """Where the job's messages join the conversation: past its instructions, after the conversation
+        `earlier` that the job `previous` (`previous_response_id`'s) ended."""
+        return Turn(len(self._instructions), previous, earlier)
+
+    def job_request(self, max_tokens_limit: int) -> JobRequest:
+        """The job: `instructions`, then this input (the conversation before it joins at `turn`).
 
         Without `max_output_tokens` the job gets the chat route's default, within the gateway's limit,
         which admission raises to what the context leaves; a value over the limit is admission's to
         refuse. Call it after `refuse_unsupported`.
         """
-        instructions = (
-            [] if self.instructions is None else [ChatMessage(role="system", content=self.instructions)]
-        )
         fields = {
             "max_tokens": min(DEFAULT_MAX_TOKENS, max_tokens_limit)
             if self.max_output_tokens is None
             else self.max_output_tokens,
             **self.sampling_fields(),
             "structured_outputs": self._structured_outputs(),
-            "messages": [*instructions, *context],
+            "messages": [*self._instructions, *(message.job_message() for message in self.input_messages)],
         }
         fields = {name: value for name, value in fields.items() if value is not None}
         return job_request_of(fields, {"max_tokens": "max_output_tokens", "messages": "input"})

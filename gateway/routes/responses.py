@@ -86,17 +86,32 @@ async def owned_response(
 OwnedResponse = Annotated[tuple[str, Stored], Depends(owned_response)]
 
 
-async def _previous(response_id: str | None, owner: str, services: Services) -> list[ChatMessage]:
-    """The conversation `previous_response_id` names: its context, then its output."""
+async def _previous(
+    response_id: str | None, owner: str, services: Services
+) -> tuple[str | None, tuple[ChatMessage, ...]]:
+    """The job of the response `previous_response_id` names, and the conversation it ended (read back
+    turn by turn: each turn's record holds its own input and output alone)."""
     if response_id is None:
-        return []
-    job_id, stored = await owned_response(response_id, owner, services)
+        return None, ()
+    job_id, _ = await owned_response(response_id, owner, services)
     record = await services.store.record(job_id)
     if not record.status.terminal:
         raise InvalidRequest(
             f"previous_response_id: response {response_id} has not finished", param="previous_response_id"
         )
-    return [*stored.context, ChatMessage(role="assistant", content=record.output.text)]
+    try:
+        return job_id, await services.store.conversation(job_id)
+    except JobNotFound as exc:
+        gone = RESPONSE_PREFIX + exc.detail["job_id"]
+        raise JobNotFound(
+            f"Previous response with id '{gone}' not found: the conversation of {response_id} goes "
+            "back to it, and it was deleted or its retention ended.",
+            param="previous_response_id",
+        ) from exc
+    except InvalidRequest as exc:
+        raise InvalidRequest(
+            f"previous_response_id: {exc.message}", param="previous_response_id", code="invalid_value"
+        ) from exc
 
 
 def _written_at(entry: Entry) -> float:
@@ -157,8 +172,9 @@ async def create_response(
 ) -> Response:
     """Create a response: queued and answered at once with `background`, else waited for (or streamed)."""
     body.refuse_unsupported()
-    stored = body.stored(await _previous(body.previous_response_id, owner, services))
-    job = body.job_request(stored.context, services.settings.max_tokens_limit)
+    previous, earlier = await _previous(body.previous_response_id, owner, services)
+    stored = body.stored()
+    job = body.job_request(services.settings.max_tokens_limit)
     background = stored.background
     try:
         webhook = services.webhook_targets.annotations(owner, body.webhook, RESPONSE_API)
@@ -168,6 +184,7 @@ async def create_response(
             model=body.model,
             annotations={**stored.annotations(), **webhook},
             fill_context=body.max_output_tokens is None,  # as OpenAI: bounded by the context alone
+            turn=body.turn(previous, earlier),
         )
     except InvalidRequest as exc:
         raise body.in_own_terms(exc) from exc
@@ -249,10 +266,12 @@ async def delete_response(owned: OwnedResponse, services: ServicesDep) -> JSONRe
 @router.get("/{response_id}/input_items")
 async def list_input_items(
     owned: OwnedResponse,
+    services: ServicesDep,
     limit: Annotated[int, Query(ge=1, le=100)] = 20,
     order: Literal["asc", "desc"] = "desc",
     after: Annotated[str | None, Query(max_length=256)] = None,
 ) -> JSONResponse:
     """The response's input items, OpenAI's list page."""
     job_id, stored = owned
-    return JSONResponse(item_list(stored.input_items(job_id), limit, order == "asc", after))
+    items = stored.input_items(job_id, await services.store.own_messages(job_id))
+    return JSONResponse(item_list(items, limit, order == "asc", after))

@@ -6,8 +6,9 @@
 -- `queue` is the queue of the job's model, the one the starting worker serves and claimed it from,
 -- and `share_prefix` that model's (`ModelKeys.share_queue_prefix`).
 -- The request's JSON is decoded only when it has one.
--- Answers {'running', request, created_at}, {'resumed', request, created_at, attempt, entries},
--- {'expired'} or {'refused', status or 'missing'}.
+-- Answers {'running', request, created_at, conversation}, {'resumed', request, created_at, attempt,
+-- entries, conversation}, {'expired'} or {'refused', status or 'missing'}; `conversation` is the
+-- record's field of that name ('' for a job that is no turn of a conversation).
 local record, stream, _, queue, lease, running, arq_job, webhooks, webhook = unpack(KEYS)
 local id, worker, now, running_event, expired_event, expired_message, maxlen, lease_ms,
       retention, lifetime, share_prefix = unpack(ARGV)
@@ -22,13 +23,15 @@ local function take(attempt)
   redis.call('EXPIRE', stream, lifetime)
 end
 
-local status, request, created = unpack(redis.call('HMGET', record, 'status', 'request', 'created_at'))
+local status, request, created, conversation =
+  unpack(redis.call('HMGET', record, 'status', 'request', 'created_at', 'conversation'))
+conversation = conversation or ''
 if status == 'running' and redis.call('HGET', record, 'requeued') then
   redis.call('HDEL', record, 'requeued')
   local attempt = tonumber(redis.call('HGET', record, 'attempts')) + 1
   take(attempt)
   tenant_move(id, 'queued', 'running')
-  return {'resumed', request, created, attempt, redis.call('XRANGE', stream, '-', '+')}
+  return {'resumed', request, created, attempt, redis.call('XRANGE', stream, '-', '+'), conversation}
 end
 if status ~= 'queued' then return {'refused', status or 'missing'} end
 if string.find(request, '"deadline":', 1, true) then
@@ -43,4 +46,4 @@ redis.call('HSET', record, 'status', 'running', 'started_at', now)
 append_event(stream, maxlen, nil, 'status', running_event)
 take(1)
 tenant_move(id, 'queued', 'running')
-return {'running', request, created}
+return {'running', request, created, conversation}

@@ -59,6 +59,7 @@ class StartAnswer:
     created_at: float = 0.0
     attempt: int = 0
     entries: list[dict[str, str]] = field(default_factory=list)  # a resumed job's stream
+    conversation: str = ""  # the record's `conversation` field: '' for a job that is no turn of one
 
 
 class Verdict(Enum):
@@ -136,6 +137,7 @@ class DeleteOutcome(Enum):
 class DeleteResult:
     outcome: DeleteOutcome
     state: JobState | None = None  # the state the job had; None: no such job
+    acked: int | None = None  # replicas holding the deletion, when a WAIT followed it
 
 
 class ReleaseOutcome(Enum):
@@ -295,12 +297,14 @@ class Transitions:
         ]
         outcome, *values = await scripts.START(self.redis, keys, args)
         if outcome == StartOutcome.running.value:
-            request, created_at = values
-            return StartAnswer(StartOutcome.running, request, float(created_at), 1)
+            request, created_at, conversation = values
+            return StartAnswer(StartOutcome.running, request, float(created_at), 1, conversation=conversation)
         if outcome == StartOutcome.resumed.value:
-            request, created_at, attempt, entries = values
+            request, created_at, attempt, entries, conversation = values
             fields = [dict(zip(pairs[::2], pairs[1::2], strict=True)) for _, pairs in entries]
-            return StartAnswer(StartOutcome.resumed, request, float(created_at), int(attempt), fields)
+            return StartAnswer(
+                StartOutcome.resumed, request, float(created_at), int(attempt), fields, conversation
+            )
         return StartAnswer(StartOutcome(outcome))
 
     def step_command(
@@ -412,10 +416,10 @@ class Transitions:
             jobs_ended_total=jobs_total,
         )
 
-    async def delete(self, *, job_id: str) -> DeleteResult:
+    async def delete(self, *, job_id: str, wait: Wait | None = None) -> DeleteResult:
         keys = [*self.keys.job_keys(job_id), self.keys.arq_job(job_id)]
-        outcome, *state = await scripts.DELETE(self.redis, keys, [])
-        return DeleteResult(DeleteOutcome(outcome), JobState(state[0]) if state else None)
+        (outcome, *state), acked = await self._run(scripts.DELETE, keys, [], wait)
+        return DeleteResult(DeleteOutcome(outcome), JobState(state[0]) if state else None, acked)
 
     async def renew(
         self, *, worker_id: str, job_ids: list[str], lease_seconds: float, lifetime_seconds: int

@@ -166,9 +166,16 @@ def test_a_body_becomes_chat_messages_instructions_first_then_the_previous_conve
         top_k=-1,
         text={"format": {"type": "json_schema", "name": "x", "schema": {"type": "object"}}},
     )
-    stored = request.stored(previous)
-    job = request.job_request(stored.context, 2048)
+    stored = request.stored()
+    job = request.job_request(2048)
+    turn = request.turn("0" * 32, tuple(previous))
     assert [(m.role, m.content) for m in job.messages or []] == [
+        ("system", "Be brief."),
+        ("system", "No lists."),
+        ("user", "More?"),
+    ]
+    assert turn.own(turn.whole(job)) == job
+    assert [(m.role, m.content) for m in turn.whole(job).messages or []] == [
         ("system", "Be brief."),
         ("user", "Hi"),
         ("assistant", "Hello"),
@@ -177,10 +184,6 @@ def test_a_body_becomes_chat_messages_instructions_first_then_the_previous_conve
     ]
     assert (job.max_tokens, job.temperature, job.top_k) == (12, 0.0, None)
     assert job.structured_outputs is not None and job.structured_outputs.json_ == {"type": "object"}
-    assert stored.context[-2:] == [
-        ChatMessage(role="system", content="No lists."),
-        ChatMessage(role="user", content="More?"),
-    ]
     assert Stored.of_annotations(stored.annotations()) == stored
     assert Stored.of_annotations({"api": "job"}) is None
 
@@ -204,13 +207,13 @@ def test_what_a_job_cannot_do_is_refused_naming_the_parameter(fields: dict[str, 
 
 def test_a_job_field_refused_is_named_as_the_responses_parameter() -> None:
     with pytest.raises(InvalidRequest) as refused:
-        body(max_output_tokens=0).job_request([ChatMessage(role="user", content="x")], 2048)
+        body(max_output_tokens=0).job_request(2048)
     assert refused.value.detail["param"] == "max_output_tokens"
 
 
 def test_input_items_page_in_either_order_after_an_item() -> None:
-    stored = body(input=[{"role": "user", "content": str(n)} for n in range(5)]).stored([])
-    items = stored.input_items(JOB_ID)
+    request = body(input=[{"role": "user", "content": str(n)} for n in range(5)])
+    items = request.stored().input_items(JOB_ID, request.job_request(2048).messages or [])
     page = ResponseItemList.model_validate(item_list(items, 2, False, None), strict=True)
     assert [item.content[0].text for item in page.data] == ["4", "3"] and page.has_more
     rest = item_list(items, 10, False, page.last_id)

@@ -104,3 +104,26 @@ async def test_unsupported_features_are_refused_with_400_naming_the_parameter_an
     with pytest.raises(openai.BadRequestError) as refused:
         await owner.responses.create(**body)  # type: ignore[call-overload]
     assert refused.value.param == param
+
+
+async def test_input_items_with_ids_the_client_repeated_page_to_the_end_each_item_once(
+    owner: openai.AsyncOpenAI,
+) -> None:
+    texts = [str(n) for n in range(5)]
+    created = await owner.responses.create(
+        model=MODEL,
+        input=[{"id": "msg_same", "type": "message", "role": "user", "content": text} for text in texts],
+        background=True,
+    )
+    seen: list[str] = []
+    after: str | None = None
+    for _ in range(len(texts)):  # more pages than this: the pages go round
+        page = await owner.responses.input_items.list(
+            created.id, limit=2, order="asc", **({"after": after} if after else {})
+        )
+        seen += [item.content[0].text for item in page.data]  # type: ignore[union-attr]
+        if not page.has_more:
+            break
+        after = page.last_id
+    assert seen == texts
+    await owner.responses.cancel(created.id)
