@@ -1,10 +1,11 @@
 """API keys: who a request comes from, as the owner id its jobs are recorded under, and what each key
 comes with (its tenant, and its webhook's secret and default URL, from a TOML keys file:
-`gateway.keyfile`).
+`gateway.keyfile`); and the operator's metrics token.
 
 Keys are held only as SHA-256 digests, and a presented key is compared with every one of
 them in constant time, so neither the keys nor which of them matched leak through timing.
-An owner id is a short hash of the key's digest: it names the key without revealing it.
+An owner id is a short hash of the key's digest: it names the key without revealing it, and so
+does the name of the tenant of its own that a key naming none is.
 """
 
 from __future__ import annotations
@@ -13,11 +14,12 @@ import hashlib
 import hmac
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Annotated
 
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from fastapi.security.utils import get_authorization_scheme_param
 
 from gateway.keyfile import KeyEntry, read_keys_file
 from gateway.webhooks.signing import KeyWebhook
@@ -29,6 +31,8 @@ from shared.tenants import DEFAULT_TENANT, Tenant
 log = logging.getLogger(__name__)
 
 OWNER_ID_LENGTH = 16
+KEY_TENANT_PREFIX = "key-"
+KEY_TENANT_DIGITS = 12  # 48 bits: two keys of one deployment sharing a tenant by chance is out of reach
 
 
 class AuthNotConfigured(Exception):
@@ -44,15 +48,24 @@ def owner_id(key: str) -> str:
     return hashlib.sha256(b"streampool-owner:" + _digest(key)).hexdigest()[:OWNER_ID_LENGTH]
 
 
+def key_tenant(key: str) -> str:
+    """The name of a key's own tenant, where the key names none: a hash of its digest (under another
+    label than its owner id), so that the name shown in `/v1/usage` and in metrics reveals neither
+    the key nor its owner id."""
+    digits = hashlib.sha256(b"streampool-tenant:" + _digest(key)).hexdigest()[:KEY_TENANT_DIGITS]
+    return KEY_TENANT_PREFIX + digits
+
+
 @dataclass(frozen=True)
 class ApiKeys:
     """The configured keys as digests; `digests` empty means every caller is anonymous. `webhooks`:
     by owner id, the keys that have a webhook secret; `tenants`: by owner id, every key's tenant
-    (an anonymous caller has none)."""
+    (an anonymous caller has none); `metrics_token`: the digest of the operator's metrics token."""
 
     digests: tuple[bytes, ...]
     webhooks: Mapping[str, KeyWebhook] = field(default_factory=dict)
     tenants: Mapping[str, Tenant] = field(default_factory=dict)
+    metrics_token: bytes | None = None
 
     @classmethod
     def from_settings(cls, settings: GatewaySettings) -> ApiKeys:
@@ -72,7 +85,15 @@ class ApiKeys:
             for entry in entries
             if entry.webhook_secret is not None
         }
-        tenants = {owner_id(entry.key): declared[entry.tenant] for entry in entries if entry.key}
+        # A key naming no tenant is one of its own, with the `default` table's limits: its usage and
+        # its share of a queue are no other key's.
+        tenants = {
+            owner_id(entry.key): declared[entry.tenant]
+            if entry.tenant is not None
+            else replace(declared[DEFAULT_TENANT], name=key_tenant(entry.key))
+            for entry in entries
+            if entry.key
+        }
         if digests:
             log.info("API keys required: %d configured", len(digests))
         elif settings.allow_unauthenticated:
@@ -83,7 +104,8 @@ class ApiKeys:
                 "STREAMPOOL_API_KEYS_FILE (one key per line), or set STREAMPOOL_ALLOW_UNAUTHENTICATED=true "
                 "to run without authentication."
             )
-        return cls(digests, webhooks, tenants)
+        metrics_token = _digest(settings.metrics_token) if settings.metrics_token else None
+        return cls(digests, webhooks, tenants, metrics_token)
 
     @property
     def required(self) -> bool:
@@ -102,6 +124,15 @@ class ApiKeys:
             raise Unauthorized("the API key is not valid")
         return owner_id(presented)
 
+    def operator(self, presented: str | None) -> bool:
+        """Whether the caller presented the metrics token: no when it presented none or none is set;
+        `Unauthorized` for a wrong one, so that a scraper given a stale token is told, not served less."""
+        if self.metrics_token is None or not presented:
+            return False
+        if not hmac.compare_digest(_digest(presented), self.metrics_token):
+            raise Unauthorized("the metrics token is not valid")
+        return True
+
 
 _bearer = HTTPBearer(auto_error=False, description="an API key of the gateway")
 
@@ -118,8 +149,19 @@ async def _caller(
         raise
 
 
+async def _operator(request: Request) -> bool:
+    # Read here rather than through `HTTPBearer`, which would document the route as refusing a
+    # request without a token: it serves its other series to anyone.
+    scheme, token = get_authorization_scheme_param(request.headers.get("Authorization"))
+    api_keys: ApiKeys = request.app.state.api_keys
+    return api_keys.operator(token if scheme.lower() == "bearer" else None)
+
+
 Owner = Annotated[str, Depends(_caller)]
 """The owner id of the calling key (`anonymous` where no key is required)."""
 
 REQUIRE_KEY = Depends(_caller)
 """For routes and routers that need a key but not who holds it."""
+
+Operator = Annotated[bool, Depends(_operator)]
+"""Whether the caller is the operator (it sent the metrics token)."""

@@ -2,7 +2,8 @@
 
 A file whose name ends in `.toml` holds one `[[keys]]` table per key, and one `[[tenants]]` table
 per tenant that has limits (every limit optional; a key names its tenant, several keys may share
-one, and a key that names none is the `default` tenant's)::
+one, and a key that names none is a tenant of its own, with the limits of the table named `default`
+if there is one)::
 
     [[tenants]]
     name = "team-a"
@@ -21,7 +22,7 @@ one, and a key that names none is the `default` tenant's)::
     webhook_secret = "whsec_..."                           # signs the webhooks of this key's jobs
     webhook_url = "https://hooks.example.com/streampool"  # optional: the webhook of its jobs by default
 
-Any other file is the plain list, as before: every key the `default` tenant's, without limits.
+Any other file is the plain list, as before: every key a tenant of its own, without limits.
 """
 
 from __future__ import annotations
@@ -47,12 +48,13 @@ TENANT_NAME = r"^[A-Za-z0-9_.-]{1,64}$"  # it names Redis keys and labels metric
 
 @dataclass(frozen=True)
 class KeyEntry:
-    """One API key, its tenant's name, and its webhook's secret and default URL where the file gives them."""
+    """One API key, its tenant's name (None: a tenant of its own), and its webhook's secret and default
+    URL where the file gives them."""
 
     key: str
     webhook_secret: WebhookSecret | None = None
     webhook_url: str | None = None
-    tenant: str = DEFAULT_TENANT
+    tenant: str | None = None
 
 
 @dataclass(frozen=True)
@@ -87,7 +89,7 @@ class _KeyTable(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
     key: str = Field(min_length=1)
-    tenant: str = Field(DEFAULT_TENANT, pattern=TENANT_NAME)
+    tenant: str | None = Field(None, pattern=TENANT_NAME)
     webhook_secret: str | None = None
     webhook_url: str | None = Field(None, min_length=1)
 
@@ -118,7 +120,7 @@ class _KeysFile(BaseModel):
             raise ValueError("a tenant is declared twice")
         known = {*names, DEFAULT_TENANT}
         for position, table in enumerate(self.keys):
-            if table.tenant not in known:
+            if table.tenant is not None and table.tenant not in known:
                 raise ValueError(f"keys.{position}.tenant: no [[tenants]] table is named {table.tenant!r}")
         return self
 

@@ -1,4 +1,9 @@
-"""The gateway's Prometheus metrics, and the queue's figures read from Redis at scrape time."""
+"""The gateway's Prometheus metrics, and the queue's figures read from Redis at scrape time.
+
+The series that name a tenant live in a registry of their own, served only to the operator (the
+metrics token): /metrics answers on the public port, and a tenant's name, jobs and tokens are no
+other tenant's to read.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +14,7 @@ from bisect import bisect_left
 from collections.abc import Awaitable, Callable, Iterator
 from itertools import accumulate
 
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
@@ -33,8 +38,9 @@ RELAY_LAG_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0
 QUEUE_READ_TIMEOUT_SECONDS = 2.0
 
 
-QueueRead = Callable[[], Awaitable[tuple[dict[str, tuple[int, int]], dict[str, str]]]]
-"""Reads each model's (queued, running) job counts, and the tenants' totals (`Keys.tenant_totals`)."""
+QueueRead = Callable[[], Awaitable[tuple[dict[str, tuple[int, int]], dict[str, str] | None]]]
+"""Reads each model's (queued, running) job counts, and the tenants' totals (`Keys.tenant_totals`;
+None where the scrape will not show them)."""
 
 
 class QueueFigures(Collector):
@@ -118,8 +124,11 @@ class RelayLag(Collector):
 
 
 class GatewayMetrics:
+    """`registry`: the series any caller of /metrics gets; `tenant_registry`: those labelled by tenant."""
+
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
+        self.tenant_registry = CollectorRegistry()
         self.jobs_submitted = Counter(
             "streampool_jobs_submitted_total", "Jobs accepted by this gateway", registry=self.registry
         )
@@ -135,16 +144,16 @@ class GatewayMetrics:
             "streampool_tenant_jobs_submitted_total",
             "Jobs accepted by this gateway, per tenant (keys never label a metric)",
             ["tenant"],
-            registry=self.registry,
+            registry=self.tenant_registry,
         )
         self.tenant_jobs_rejected = Counter(
             "streampool_tenant_jobs_rejected_total",
             "Submissions refused by this gateway for a tenant's limit, per tenant and limit",
             ["tenant", "limit"],
-            registry=self.registry,
+            registry=self.tenant_registry,
         )
         self.tenant_totals = TenantTotals()
-        self.registry.register(self.tenant_totals)
+        self.tenant_registry.register(self.tenant_totals)
         self.streams_open = Gauge(
             "streampool_sse_streams_open", "SSE streams this gateway is relaying", registry=self.registry
         )
@@ -158,6 +167,11 @@ class GatewayMetrics:
         )
         self.queue = QueueFigures()
         self.registry.register(self.queue)
+
+    def latest(self, tenants: bool) -> bytes:
+        """The text exposition of every series, those labelled by tenant only when `tenants`."""
+        public = generate_latest(self.registry)
+        return public + generate_latest(self.tenant_registry) if tenants else public
 
     def rejected_by_tenant(self, tenant: str, limit: str) -> None:
         """A submission refused for its tenant's `limit`."""

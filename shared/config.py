@@ -162,6 +162,13 @@ class GatewaySettings(RedisSettings):
     allow_unauthenticated: bool = Field(
         False, description="run the gateway without API keys (every client may use every job)"
     )
+    # A secret of the operator's, not a client's: /metrics answers on the public port, and what it
+    # says of a tenant (its name, its jobs, its tokens) is no other tenant's to read.
+    metrics_token: str = Field(
+        "",
+        description="token Prometheus sends as `Authorization: Bearer` to /metrics to get the series that "
+        "name a tenant (`streampool_tenant_*`); without it, or unset, /metrics serves only the others",
+    )
 
     # Webhooks
     webhook_allowed_prefixes: Annotated[list[str], NoDecode] = Field(

@@ -141,7 +141,7 @@ class Keys:
     @property
     def tenant_totals(self) -> str:
         """Hash: `<tenant>:tokens` and `<tenant>:jobs` ended since it began, for the metrics (one
-        field pair per tenant: bounded by the tenants file)."""
+        field pair per tenant: bounded by the keys and the tenants file)."""
         return f"{self.prefix}:tenants:totals"
 
     def tenant_record_fields(self, tenant: str) -> dict[str, str]:

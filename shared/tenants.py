@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from pydantic import BaseModel
 
 DEFAULT_TENANT = "default"
-"""The tenant of a key that names none (every key of a plain list, or of STREAMPOOL_API_KEYS)."""
+"""The tenant whose table gives its limits to every key that names no tenant (each such key is a tenant
+of its own, with those limits), and whose share of a queue the jobs of no tenant take."""
 
 WINDOW_SECONDS = 60
 """The span of `requests_per_minute` and `tokens_per_minute`: a sliding minute, as Redis's clock reads it."""

@@ -210,7 +210,8 @@ class Scrape:
         return {name for name, _ in self.samples}
 
 
-async def scrape(client: httpx.AsyncClient, url: str = "/metrics") -> Scrape:
-    answer = await client.get(url)
+async def scrape(client: httpx.AsyncClient, url: str = "/metrics", token: str | None = None) -> Scrape:
+    """One read of `url`, with `token` (the metrics token) as the bearer where given."""
+    answer = await client.get(url, headers={"Authorization": f"Bearer {token}"} if token else None)
     assert answer.status_code == 200, answer.text
     return Scrape(answer.text)

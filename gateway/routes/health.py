@@ -7,9 +7,9 @@ from typing import Any
 
 from fastapi import APIRouter, Response
 from fastapi.responses import PlainTextResponse
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 
-from gateway.auth import REQUIRE_KEY
+from gateway.auth import REQUIRE_KEY, Operator
 from gateway.deps import Services, ServicesDep
 from gateway.errors import documented
 from shared.errors import BackendUnavailable
@@ -72,21 +72,26 @@ async def model_listing(services: Services) -> dict[str, dict[str, Any]]:
     return listing
 
 
-@router.get("/metrics", response_class=PlainTextResponse)
-async def metrics(services: ServicesDep) -> Response:
-    """Prometheus metrics; the queue's figures are read from Redis for each scrape."""
-    await services.metrics.read_queue(lambda: _queue_figures(services))
-    return Response(generate_latest(services.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+@router.get("/metrics", response_class=PlainTextResponse, responses=documented(401))
+async def metrics(services: ServicesDep, operator: Operator) -> Response:
+    """Prometheus metrics; the queue's figures are read from Redis for each scrape. The series that
+    name a tenant only for the metrics token (401 for a wrong one): this port is the clients'."""
+    await services.metrics.read_queue(lambda: _queue_figures(services, operator))
+    return Response(services.metrics.latest(tenants=operator), media_type=CONTENT_TYPE_LATEST)
 
 
-async def _queue_figures(services: Services) -> tuple[dict[str, tuple[int, int]], dict[str, str]]:
+async def _queue_figures(
+    services: Services, tenants: bool
+) -> tuple[dict[str, tuple[int, int]], dict[str, str] | None]:
     """Each known model's queued jobs (its queue's length) and running ones (its workers' heartbeats),
-    and the tenants' totals of jobs and tokens."""
+    and where `tenants`, the tenants' totals of jobs and tokens."""
     catalog = await services.admission.catalog()
     running: Counter[str] = Counter()
     for worker in await services.admission.live_workers():
         running[worker.model] += worker.running_jobs
     depths = await queue_depths(services.redis, services.keys, catalog.entries)
-    with redis_errors():
-        totals: dict[str, str] = await services.redis.hgetall(services.keys.tenant_totals)  # type: ignore[misc]
+    totals: dict[str, str] | None = None
+    if tenants:
+        with redis_errors():
+            totals = await services.redis.hgetall(services.keys.tenant_totals)  # type: ignore[misc]
     return {model: (depths[model], running[model]) for model in catalog.entries}, totals

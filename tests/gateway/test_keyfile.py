@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.auth import ApiKeys, AuthNotConfigured, owner_id
+from gateway.auth import ApiKeys, AuthNotConfigured, key_tenant, owner_id
 from shared.config import GatewaySettings
 from shared.tenants import Tenant
 from tests.gateway.webhooks.receiver import new_secret
@@ -67,7 +67,7 @@ def test_a_wrong_toml_file_stops_the_gateway_saying_where(tmp_path: Path, text: 
         keys_of(path)
 
 
-def test_keys_share_a_tenant_and_its_limits_and_a_key_without_one_is_the_defaults(tmp_path: Path) -> None:
+def test_keys_share_a_tenant_and_its_limits_and_a_key_without_one_is_its_own(tmp_path: Path) -> None:
     path = tmp_path / "tenants.toml"
     path.write_text(
         '[[tenants]]\nname = "team-a"\nmax_queued_jobs = 10\nmax_running_jobs = 4\nrequests_per_minute = 60\n'
@@ -75,25 +75,30 @@ def test_keys_share_a_tenant_and_its_limits_and_a_key_without_one_is_the_default
         '[[keys]]\nkey = "key-1"\ntenant = "team-a"\n'
         '[[keys]]\nkey = "key-2"\ntenant = "team-a"\n'
         '[[keys]]\nkey = "key-3"\n'
+        '[[keys]]\nkey = "key-4"\ntenant = "default"\n'
     )
     api_keys = keys_of(path)
     team_a = Tenant("team-a", 10, 4, 60, 9000, weight=2.0, default_priority=1, min_priority=-5)
     assert api_keys.tenants == {
-        owner_id("key-0"): Tenant("default"),
+        owner_id("key-0"): Tenant(key_tenant("key-0")),
         owner_id("key-1"): team_a,
         owner_id("key-2"): team_a,
-        owner_id("key-3"): Tenant("default"),
+        owner_id("key-3"): Tenant(key_tenant("key-3")),
+        owner_id("key-4"): Tenant("default"),
     }
+    assert key_tenant("key-0") != key_tenant("key-3") and key_tenant("key-0").startswith("key-")
     assert team_a.limit_args() == [10, 4, 60, 9000] and Tenant("default").limit_args() == [0, 0, 0, 0]
 
 
-def test_the_default_tenant_may_be_given_limits(tmp_path: Path) -> None:
+def test_the_default_tables_limits_are_each_tenantless_keys(tmp_path: Path) -> None:
     path = tmp_path / "tenants.toml"
     path.write_text('[[tenants]]\nname = "default"\nmax_queued_jobs = 2\n[[keys]]\nkey = "key-1"\n')
-    assert keys_of(path).tenants[owner_id("key-1")] == Tenant("default", max_queued_jobs=2)
+    tenants = keys_of(path).tenants
+    assert tenants[owner_id("key-1")] == Tenant(key_tenant("key-1"), max_queued_jobs=2)
+    assert tenants[owner_id("key-0")] == Tenant(key_tenant("key-0"), max_queued_jobs=2)
 
 
-def test_a_plain_files_keys_are_the_default_tenants_without_limits(tmp_path: Path) -> None:
+def test_a_plain_files_keys_are_each_a_tenant_without_limits(tmp_path: Path) -> None:
     path = tmp_path / "keys"
     path.write_text("key-1\n")
-    assert set(keys_of(path).tenants.values()) == {Tenant("default")}
+    assert set(keys_of(path).tenants.values()) == {Tenant(key_tenant("key-0")), Tenant(key_tenant("key-1"))}

@@ -1,22 +1,30 @@
-"""The gateway's /metrics, in-process with no worker: the queue's figures read from Redis at each
-scrape (and left out while Redis is down), requests counted by route template, refusals by reason."""
+"""The gateway's /metrics: in-process with no worker, the queue's figures read from Redis at each
+scrape (and left out while Redis is down), requests counted by route template, refusals by reason;
+on real gateway processes with a tenant, its series only for the metrics token."""
 
 from __future__ import annotations
 
 import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
+import httpx
 import pytest
 import redis.asyncio as aioredis
 from prometheus_client import CollectorRegistry
 
-from gateway.metrics import RelayLag
+from gateway.metrics import GatewayMetrics, RelayLag
 from shared.keys import Keys
 from tests.conftest import delete_test_keys, make_settings
+from tests.gateway.keyed_gateway import KeyedGateway, bearer, run_gateway
 from tests.gateway.stand_ins import heartbeat
 from tests.helpers import Scrape, eventually, in_process_gateway, scrape, submit
 from tests.processes import free_port
 
 MAX_BODY_BYTES = 4096
+TENANT = f"team-{uuid.uuid4().hex[:8]}"
+TENANT_KEY = f"sk-{uuid.uuid4().hex}"
+METRICS_TOKEN = f"metrics-{uuid.uuid4().hex}"
 
 
 def _jobs_by_state(scraped: Scrape, model: str) -> dict[str, float]:
@@ -100,3 +108,98 @@ def test_relay_lag_counts_each_write_in_every_bucket_at_or_above_its_lag() -> No
     assert [bucket(le) for le in ("0.001", "0.005", "0.02", "10.0", "+Inf")] == [3, 4, 5, 5, 6]
     assert registry.get_sample_value("streampool_relay_lag_seconds_count") == 6
     assert registry.get_sample_value("streampool_relay_lag_seconds_sum") == pytest.approx(30.0255)
+
+
+def _tenant_gateway(redis_url: str, folder: Path, **overrides: object) -> Iterator[KeyedGateway]:
+    """A gateway process whose one key is `TENANT`'s."""
+    keys_file = folder / "keys.toml"
+    keys_file.write_text(
+        f'[[tenants]]\nname = "{TENANT}"\n\n[[keys]]\nkey = "{TENANT_KEY}"\ntenant = "{TENANT}"\n'
+    )
+    yield from run_gateway(redis_url, folder, api_keys_file=keys_file, **overrides)
+
+
+@pytest.fixture(scope="module")
+def tokened(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[KeyedGateway]:
+    yield from _tenant_gateway(redis_url, tmp_path_factory.mktemp("tokened"), metrics_token=METRICS_TOKEN)
+
+
+@pytest.fixture(scope="module")
+def tokenless(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[KeyedGateway]:
+    yield from _tenant_gateway(redis_url, tmp_path_factory.mktemp("tokenless"))
+
+
+async def _with_tenant_figures(
+    gateway: KeyedGateway, redis_client: aioredis.Redis
+) -> AsyncIterator[httpx.AsyncClient]:
+    """A client of `gateway` once `TENANT` has a job submitted and ended tokens counted in Redis."""
+    async with httpx.AsyncClient(base_url=gateway.base_url, timeout=30) as http:
+        answer = await http.post("/v1/jobs", json={"prompt": "hi"}, headers=bearer(TENANT_KEY))
+        assert answer.status_code == 202, answer.text
+        totals = {f"{TENANT}:tokens": 42, f"{TENANT}:jobs": 1}
+        await redis_client.hset(gateway.keys.tenant_totals, mapping=totals)  # type: ignore[misc]
+        yield http
+
+
+@pytest.fixture
+async def tokened_http(
+    tokened: KeyedGateway, redis_client: aioredis.Redis
+) -> AsyncIterator[httpx.AsyncClient]:
+    async for http in _with_tenant_figures(tokened, redis_client):
+        yield http
+
+
+@pytest.fixture
+async def tokenless_http(
+    tokenless: KeyedGateway, redis_client: aioredis.Redis
+) -> AsyncIterator[httpx.AsyncClient]:
+    async for http in _with_tenant_figures(tokenless, redis_client):
+        yield http
+
+
+def _names_no_tenant(answer: httpx.Response) -> None:
+    assert answer.status_code == 200, answer.text
+    assert TENANT not in answer.text and "streampool_tenant" not in answer.text
+    assert not [name for name, labels in Scrape(answer.text).samples if "tenant" in dict(labels)]
+    assert Scrape(answer.text).value("streampool_jobs_submitted_total") >= 1  # the others are served
+
+
+async def test_without_the_metrics_token_metrics_name_no_tenant(tokened_http: httpx.AsyncClient) -> None:
+    _names_no_tenant(await tokened_http.get("/metrics"))
+
+
+@pytest.mark.parametrize("token", [f"{METRICS_TOKEN}x", TENANT_KEY])
+async def test_another_token_than_the_metrics_token_answers_401(
+    tokened_http: httpx.AsyncClient, token: str
+) -> None:
+    answer = await tokened_http.get("/metrics", headers=bearer(token))
+    assert answer.status_code == 401
+    assert answer.json()["error_type"] == "unauthorized"
+    assert TENANT not in answer.text
+
+
+async def test_the_metrics_token_is_shown_the_tenants_series(tokened_http: httpx.AsyncClient) -> None:
+    scraped = await scrape(tokened_http, token=METRICS_TOKEN)
+    assert scraped.value("streampool_tenant_jobs_submitted_total", tenant=TENANT) >= 1
+    assert scraped.value("streampool_tenant_tokens_total", tenant=TENANT) == 42
+    assert scraped.value("streampool_tenant_jobs_ended_total", tenant=TENANT) == 1
+    assert scraped.value("streampool_jobs_submitted_total") >= 1
+
+
+@pytest.mark.parametrize("headers", [{}, bearer(TENANT_KEY), bearer(METRICS_TOKEN)])
+async def test_without_a_metrics_token_set_no_caller_is_shown_a_tenant(
+    tokenless_http: httpx.AsyncClient, headers: dict[str, str]
+) -> None:
+    _names_no_tenant(await tokenless_http.get("/metrics", headers=headers))
+
+
+def test_no_series_of_the_public_registry_is_labelled_by_tenant() -> None:
+    """The rule the route relies on: whatever is added to the public registry, a tenant label is not."""
+    metrics = GatewayMetrics()
+    metrics.tenant_jobs_submitted.labels(tenant="t").inc()
+    metrics.rejected_by_tenant("t", "max_queued_jobs")
+    metrics.tenant_totals.totals = {"t:tokens": "1", "t:jobs": "1"}
+    public = [sample for family in metrics.registry.collect() for sample in family.samples]
+    tenanted = [sample for family in metrics.tenant_registry.collect() for sample in family.samples]
+    assert public and not [sample for sample in public if "tenant" in sample.labels]
+    assert {sample.labels["tenant"] for sample in tenanted} == {"t"}

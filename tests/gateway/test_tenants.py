@@ -8,21 +8,24 @@ answer need one before they admit a job; it never runs one).
 from __future__ import annotations
 
 import asyncio
+import re
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
 import httpx
 import openai
 import pytest
 import redis.asyncio as aioredis
 
+from gateway.auth import owner_id
 from shared.config import DEFAULT_MODEL_DIR
 from shared.events import DoneEvent, JobState, Usage
 from shared.jobstore import JobStore, Outcome
 from shared.keys import Keys
 from shared.lifecycle.transitions import ReleaseOutcome
 from tests.conftest import make_settings
-from tests.gateway.keyed_gateway import KeyedGateway, bearer, run_gateway
+from tests.gateway.keyed_gateway import KEY_A, KEY_B, KeyedGateway, bearer, run_gateway
 from tests.gateway.stand_ins import heartbeat
 from tests.helpers import in_process_gateway, scrape
 from tests.shared.transitions import WORKER, release
@@ -30,7 +33,13 @@ from tests.shared.transitions import WORKER, release
 MODEL = DEFAULT_MODEL_DIR.name  # the gateway's default model (tests.conftest.make_settings)
 TENANT_NAMES = ("queued", "running", "requests", "tokens", "burst", "urgent", "handed-back", "expired")
 KEYS = {name: f"sk-{name}-{uuid.uuid4().hex}" for name in TENANT_NAMES}
+OWN_KEYS = [f"sk-own-{uuid.uuid4().hex}" for _ in range(2)]  # naming no tenant
+METRICS_TOKEN = f"metrics-{uuid.uuid4().hex}"
 TENANTS = """
+[[tenants]]
+name = "default"
+max_queued_jobs = 2
+
 [[tenants]]
 name = "queued"
 max_queued_jobs = 3
@@ -66,6 +75,8 @@ max_running_jobs = 1
 name = "expired"
 max_running_jobs = 1
 """ + "".join(f'\n[[keys]]\nkey = "{key}"\ntenant = "{name}"\n' for name, key in KEYS.items())
+TENANTS += "".join(f'\n[[keys]]\nkey = "{key}"\n' for key in OWN_KEYS)
+KEY_TENANT = re.compile(r"key-[0-9a-f]{12}")
 JOB = {"prompt": "hi", "max_tokens": 8}
 
 
@@ -73,7 +84,9 @@ JOB = {"prompt": "hi", "max_tokens": 8}
 def gateway(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[KeyedGateway]:
     folder = tmp_path_factory.mktemp("tenants")
     (folder / "tenants.toml").write_text(TENANTS)
-    yield from run_gateway(redis_url, folder, api_keys_file=folder / "tenants.toml")
+    yield from run_gateway(
+        redis_url, folder, api_keys_file=folder / "tenants.toml", metrics_token=METRICS_TOKEN
+    )
 
 
 @pytest.fixture
@@ -89,10 +102,21 @@ async def store(gateway: KeyedGateway, redis_client: aioredis.Redis) -> JobStore
 
 
 async def submitted(http: httpx.AsyncClient, tenant: str) -> str:
-    answer = await http.post("/v1/jobs", json=JOB, headers=bearer(KEYS[tenant]))
+    return await submitted_by(http, KEYS[tenant])
+
+
+async def submitted_by(http: httpx.AsyncClient, key: str) -> str:
+    answer = await http.post("/v1/jobs", json=JOB, headers=bearer(key))
     assert answer.status_code == 202, answer.text
     job_id: str = answer.json()["id"]
     return job_id
+
+
+async def usage_of(http: httpx.AsyncClient, key: str) -> dict[str, Any]:
+    answer = await http.get("/v1/usage", headers=bearer(key))
+    assert answer.status_code == 200, answer.text
+    usage: dict[str, Any] = answer.json()
+    return usage
 
 
 async def refused(http: httpx.AsyncClient, tenant: str, limit: str) -> httpx.Response:
@@ -199,7 +223,7 @@ async def test_tokens_per_minute_counts_ended_jobs_usage(http: httpx.AsyncClient
             "jobs_ended_total": 2,
         },
     }
-    scraped = await scrape(http)
+    scraped = await scrape(http, token=METRICS_TOKEN)
     assert scraped.value("streampool_tenant_tokens_total", tenant="tokens") == 50
     assert scraped.value("streampool_tenant_jobs_ended_total", tenant="tokens") == 2
     assert scraped.value("streampool_tenant_jobs_submitted_total", tenant="tokens") == 2
@@ -275,3 +299,49 @@ async def test_without_keys_there_is_no_tenant_and_no_limit(redis_url: str) -> N
     assert too_urgent.status_code == 422  # the default tenant's bound: nothing more urgent than 0
     assert usage["tenant"] is None and usage["usage"] is None and set(usage["limits"].values()) == {None}
     assert [answer.status_code for answer in answers] == [202] * 3
+
+
+async def test_keys_naming_no_tenant_are_each_a_tenant_with_the_default_tables_limits(
+    http: httpx.AsyncClient,
+) -> None:
+    for key in OWN_KEYS:
+        for _ in range(2):
+            await submitted_by(http, key)
+        over = await http.post("/v1/jobs", json=JOB, headers=bearer(key))
+        assert over.status_code == 429 and over.json()["limit"] == "max_queued_jobs"
+    usages = [await usage_of(http, key) for key in OWN_KEYS]
+    assert [(usage["usage"]["queued_jobs"], usage["limits"]["max_queued_jobs"]) for usage in usages] == [
+        (2, 2)
+    ] * 2
+    names = {usage["tenant"] for usage in usages}
+    assert len(names) == 2 and all(KEY_TENANT.fullmatch(name) for name in names)
+
+
+async def test_plain_keys_are_each_a_tenant_in_usage_and_in_the_queues_fair_share(
+    keyed: KeyedGateway, redis_client: aioredis.Redis
+) -> None:
+    """Keys of STREAMPOOL_API_KEYS (`KEY_A`) and of a plain list (`KEY_B`), without a tenants file."""
+
+    def counted(usage: dict[str, Any]) -> tuple[int, int]:
+        return usage["usage"]["queued_jobs"], usage["usage"]["requests_last_minute"]
+
+    async with httpx.AsyncClient(base_url=keyed.base_url, timeout=30) as http:
+        before = {key: counted(await usage_of(http, key)) for key in (KEY_A, KEY_B)}
+        jobs = {
+            KEY_A: {await submitted_by(http, KEY_A) for _ in range(2)},
+            KEY_B: {await submitted_by(http, KEY_B)},
+        }
+        after = {key: await usage_of(http, key) for key in (KEY_A, KEY_B)}
+    tenants = {key: after[key]["tenant"] for key in (KEY_A, KEY_B)}
+    assert len(set(tenants.values())) == 2 and all(KEY_TENANT.fullmatch(name) for name in tenants.values())
+    assert set(tenants.values()).isdisjoint({KEY_A, KEY_B, owner_id(KEY_A), owner_id(KEY_B)})
+    assert counted(after[KEY_A]) == (before[KEY_A][0] + 2, before[KEY_A][1] + 2)
+    assert counted(after[KEY_B]) == (before[KEY_B][0] + 1, before[KEY_B][1] + 1)
+    # Each key's jobs wait in its own tenant's share of the model's queue, which claims take turns among.
+    shares = keyed.keys.model(MODEL).share_queue_prefix
+    in_share = {
+        key: {member.rpartition(":")[2] for member in await redis_client.zrange(shares + tenant, 0, -1)}
+        for key, tenant in tenants.items()
+    }
+    assert jobs[KEY_A] <= in_share[KEY_A] and not jobs[KEY_A] & in_share[KEY_B]
+    assert jobs[KEY_B] <= in_share[KEY_B] and not jobs[KEY_B] & in_share[KEY_A]
