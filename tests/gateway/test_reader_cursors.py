@@ -15,20 +15,17 @@ import httpx
 import pytest
 import redis.asyncio as aioredis
 
-from gateway.relay import AHEAD_POLL_SECONDS
-from shared.events import DeltaEvent, DoneEvent, JobState, Usage
-from shared.jobstore import JobStore, Outcome
+from shared.jobstore import JobStore
 from shared.keys import Keys
-from shared.lifecycle import scripts
 from tests.gateway.conftest import POLL_WAIT
 from tests.gateway.keyed_gateway import KeyedGateway
 from tests.gateway.raw_http import raw_request
+from tests.gateway.stand_ins import DELTAS, StandInWorker
 from tests.helpers import eventually, read_sse, submit
 
 DEADLINE = 5.0  # every answer below comes in milliseconds; a stalled reader waits a minute
 PAST_END = "99999999999999-0"  # far after any id Redis gives today
-DELTAS = 5
-WORKER = "stand-in-worker"
+SETTLE_SECONDS = 0.5  # for a reader to be waiting in the gateway
 
 
 @pytest.fixture
@@ -40,30 +37,6 @@ async def http(gateway_process: KeyedGateway) -> AsyncIterator[httpx.AsyncClient
 @pytest.fixture
 def store(gateway_process: KeyedGateway, redis_client: aioredis.Redis) -> JobStore:
     return JobStore(redis_client, Keys(gateway_process.settings.key_prefix), gateway_process.settings)
-
-
-class StandInWorker:
-    """Runs one job as the worker would, event by event, through the job store's transitions."""
-
-    def __init__(self, store: JobStore, job_id: str) -> None:
-        self.store, self.job_id = store, job_id
-
-    async def start(self) -> None:
-        assert await self.store.start(self.job_id, WORKER, "model", lease_seconds=60) is not None
-
-    async def run_to_done(self) -> None:
-        transitions, redis = self.store.transitions, self.store.redis
-        await redis.script_load(scripts.STEP.source)  # a fresh Redis has none; the worker loads it so
-        for seq in range(2, 2 + DELTAS):
-            delta = DeltaEvent(seq=seq, text=f"t{seq}", token_ids=[seq])
-            command = transitions.step_command(
-                job_id=self.job_id, worker_id=WORKER, events=[delta], maxlen=1000
-            )
-            await redis.execute_command(*command)
-        usage = Usage(prompt_tokens=1, completion_tokens=DELTAS)
-        outcome = Outcome(JobState.completed, "", DELTAS, usage, finish_reason="length")
-        done = DoneEvent(seq=2 + DELTAS, finish_reason="length", usage=usage)
-        await redis.execute_command(*self.store.finish_command(self.job_id, WORKER, [done], outcome))
 
 
 async def _reader_blocked(redis_client: aioredis.Redis, gateway: KeyedGateway) -> bool:
@@ -105,7 +78,7 @@ async def test_a_cursor_past_the_end_of_a_running_job_waits_is_refused_once_the_
     worker = StandInWorker(store, await submit(http, prompt="past the end", max_tokens=DELTAS))
     await worker.start()
     async with _reader(gateway_process.settings.port, worker.job_id, PAST_END, transport) as head:
-        await asyncio.sleep(5 * AHEAD_POLL_SECONDS)
+        await asyncio.sleep(SETTLE_SECONDS)
         assert not head.done()  # waiting for the stream to reach the cursor, as after a failover
         await _a_second_reader_gets_every_event(http, worker)
         assert (await asyncio.wait_for(head, DEADLINE)).startswith(b"HTTP/1.1 422")
@@ -129,7 +102,7 @@ async def test_a_cursor_just_past_the_end_gets_what_follows_it_once_the_stream_r
         return [event["seq"] for event in answer.json()["events"]]
 
     reading = asyncio.create_task(seqs_read())
-    await asyncio.sleep(5 * AHEAD_POLL_SECONDS)
+    await asyncio.sleep(SETTLE_SECONDS)
     await worker.run_to_done()
     seqs = await asyncio.wait_for(reading, DEADLINE)
     if transport == "sse":
