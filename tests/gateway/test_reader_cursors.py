@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from contextlib import AbstractContextManager, contextmanager
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -18,14 +20,15 @@ import redis.asyncio as aioredis
 from shared.jobstore import JobStore
 from shared.keys import Keys
 from tests.gateway.conftest import POLL_WAIT
-from tests.gateway.keyed_gateway import KeyedGateway
+from tests.gateway.keyed_gateway import KeyedGateway, run_gateway
 from tests.gateway.raw_http import raw_request
-from tests.gateway.stand_ins import DELTAS, StandInWorker
+from tests.gateway.stand_ins import DELTAS, StandInWorker, private_redis
 from tests.helpers import eventually, read_sse, submit
 
 DEADLINE = 5.0  # every answer below comes in milliseconds; a stalled reader waits a minute
 PAST_END = "99999999999999-0"  # far after any id Redis gives today
 SETTLE_SECONDS = 0.5  # for a reader to be waiting in the gateway
+IDLE_SECONDS = 2.0  # a reader's wait watched for the reads it costs Redis
 
 
 @pytest.fixture
@@ -151,3 +154,38 @@ async def test_a_cursor_past_the_end_of_a_running_job_says_why_it_is_refused(
     body = answer.json()
     assert body["error_type"] == "validation"
     assert "past the job's last event" in body["error"]
+
+
+async def test_a_cursor_past_the_end_waits_without_polling_and_is_woken_by_the_entry_that_reaches_it(
+    tmp_path: Path,
+) -> None:
+    """On a private redis-server, because INFO commandstats counts the whole server's commands."""
+    with private_redis(tmp_path / "redis") as url, _gateway_on(url, tmp_path / "gateway") as gateway:
+        redis = aioredis.Redis.from_url(url, decode_responses=True)
+        store = JobStore(redis, gateway.keys, gateway.settings)
+        async with httpx.AsyncClient(base_url=gateway.base_url, timeout=60) as http:
+            worker = StandInWorker(store, await submit(http, prompt="woken", max_tokens=DELTAS))
+            await worker.start(await store.model_of(worker.job_id))
+            params = {"after": "3-1", "wait": str(POLL_WAIT)}  # the stream holds seqs 0 and 1
+            reading = asyncio.create_task(http.get(f"/v1/jobs/{worker.job_id}/events", params=params))
+            await asyncio.sleep(SETTLE_SECONDS)
+            await redis.config_resetstat()
+            await asyncio.sleep(IDLE_SECONDS)
+            stats = await redis.info("commandstats")
+            assert not reading.done()
+            # Polling read the stream's end (XINFO) and the job's status (HGET) ten times a second.
+            reads = {
+                name: fields["calls"] for name, fields in stats.items() if "xinfo" in name or "hget" in name
+            }
+            assert sum(reads.values()) <= 2, reads
+            await worker.run_to_done()
+            answer = await asyncio.wait_for(reading, DEADLINE)
+        await redis.aclose()
+    assert answer.status_code == 200, answer.text
+    assert [event["seq"] for event in answer.json()["events"]][:1] == [4]
+
+
+def _gateway_on(redis_url: str, folder: Path) -> AbstractContextManager[KeyedGateway]:
+    """A gateway process like `gateway_process`, on the Redis at `redis_url`."""
+    folder.mkdir()
+    return contextmanager(run_gateway)(redis_url, folder, allow_unauthenticated=True, poll_wait_max=POLL_WAIT)
