@@ -12,7 +12,7 @@ from fastapi import Depends, Path, Request
 from gateway.admission import Admission
 from gateway.auth import Owner
 from gateway.metrics import GatewayMetrics
-from gateway.relay import Relay
+from gateway.relay import Hold, Relay, StreamLimits
 from gateway.webhooks.deliveries import Deliveries
 from gateway.webhooks.targets import WebhookTargets
 from shared.config import GatewaySettings
@@ -34,6 +34,11 @@ class Services:
     admission: Admission
     webhook_targets: WebhookTargets
     deliveries: Deliveries
+
+    def hold_reader(self, owner: str) -> Hold:
+        """A place among this gateway's open readers for a request that holds its connection open on
+        a job (a stream, a wait, a whole answer): 429 at the limits, before any job is made for it."""
+        return self.relay.open_streams.hold(owner, StreamLimits.of(self.settings))
 
 
 async def _services(request: Request) -> Services:

@@ -13,13 +13,15 @@ import math
 from collections.abc import AsyncGenerator, AsyncIterator, Iterator
 from contextlib import aclosing, contextmanager
 from dataclasses import dataclass, field
+from typing import Any
 
 from fastapi import Request
 from sse_starlette import EventSourceResponse, ServerSentEvent
+from starlette.types import Receive, Scope, Send
 
 from gateway.deps import Services
 from gateway.entries import Entry
-from gateway.relay import START
+from gateway.relay import START, Hold
 from shared.errors import EngineError, JobCancelled, PromptTooLong, StreampoolError
 from shared.events import (
     CancelledEvent,
@@ -172,16 +174,31 @@ class JobRun:
         return result
 
 
+class HeldEventSource(EventSourceResponse):
+    """sse-starlette's response, holding its place among the gateway's open readers until it ends,
+    however it ends (a client gone before its first event included)."""
+
+    def __init__(self, content: AsyncIterator[ServerSentEvent], hold: Hold, **options: Any) -> None:
+        super().__init__(content, **options)
+        self.hold = hold
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        with self.hold:
+            await super().__call__(scope, receive, send)
+
+
 def event_source(
-    run: JobRun, content: AsyncIterator[ServerSentEvent], sep: str | None = None
+    run: JobRun, content: AsyncIterator[ServerSentEvent], hold: Hold, sep: str | None = None
 ) -> EventSourceResponse:
-    """A run's answer as Server-Sent Events, naming its job; `sep` ends the keep-alive comments' lines.
+    """A run's answer as Server-Sent Events, naming its job, holding its reader's place (`hold`) until
+    it ends; `sep` ends the keep-alive comments' lines.
 
     sse-starlette ends its streams as soon as the server starts to stop; these go on until they end
     or the gateway's grace period ends (`OpenRuns.cancel_after`), so its own grace is unbounded.
     """
-    return EventSourceResponse(
+    return HeldEventSource(
         content,
+        hold,
         headers={JOB_ID_HEADER: run.job_id},
         ping=run.services.settings.sse_ping_seconds,
         sep=sep,

@@ -4,14 +4,14 @@ A follower first catches up with its own reads, then takes new entries from the
 process's one `StreamHub` reader, as many at a time as have arrived; if it falls
 behind, it catches up again from Redis, so a slow client costs Redis reads, never
 unbounded gateway memory. A long-poll page that has to wait for its first entry waits
-the same way.
+the same way, and so does a cursor past the end of a running job's stream, for the stream
+to reach it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import re
-import time
 from collections import Counter
 from collections.abc import AsyncGenerator, AsyncIterator, Iterator
 from contextlib import aclosing, contextmanager
@@ -36,7 +36,6 @@ FIRST_READ = 16  # a follow's first catch-up read, before the size of its stream
 DEFAULT_BATCH_BYTES: int = GatewaySettings.model_fields["reader_batch_bytes"].default
 IDLE_SECONDS = 5.0  # how long a silent follow waits before checking its job still exists
 AHEAD_WAIT_SECONDS = 10.0  # for a running job's stream to reach a cursor past its end (a failover)
-AHEAD_POLL_SECONDS = 0.1
 
 
 def _id_tuple(stream_id: str) -> tuple[int, int]:
@@ -52,6 +51,11 @@ def _oldest_readable(info: dict[str, Any]) -> tuple[int, int]:
     if int(info["entries-added"]) <= int(info["length"]) or not info.get("first-entry"):
         return (0, 0)
     return _id_tuple(info["first-entry"][0])
+
+
+def _past(cursor: str, info: dict[str, Any]) -> bool:
+    """Whether `cursor` is past the last entry the stream has had."""
+    return _id_tuple(cursor) > _id_tuple(info["last-generated-id"])
 
 
 def parse_cursor(cursor: str | None) -> str:
@@ -90,9 +94,40 @@ class StreamLimits:
         return cls(settings.max_open_streams, settings.max_open_streams_per_key, settings.reader_batch_bytes)
 
 
+class Hold:
+    """One place among a gateway's open readers (`OpenStreams.hold`), given back once: at the end of
+    its `with` block, unless `hand_over` passed it on to what outlives the block (a streamed answer)."""
+
+    def __init__(self, streams: OpenStreams | None, owner: str) -> None:
+        self._streams = streams
+        self.owner = owner
+
+    def hand_over(self) -> Hold:
+        """This place, now given back by whoever takes the returned hold, not by this one."""
+        handed, self._streams = Hold(self._streams, self.owner), None
+        return handed
+
+    def release(self) -> None:
+        streams, self._streams = self._streams, None
+        if streams is not None:
+            streams.let_go(self.owner)
+
+    def __enter__(self) -> Hold:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.release()
+
+
+NOT_HELD = Hold(None, ANONYMOUS_OWNER)
+"""The hold of a request that holds no connection open (it is answered at once)."""
+
+
 class OpenStreams:
-    """The follows a gateway process is serving (event streams, and polls waiting), so that shutting
-    down can end them all, and how many each owner holds, so that none holds more than its share."""
+    """Every request that holds a connection open on a job (event streams, waiting polls, a cursor
+    waiting for its stream, streamed or whole OpenAI, TGI and Responses answers, a cancel waiting for
+    its job's end) holds a place here, so that none holds more than its share; and the native follows,
+    so that shutting down can end them all."""
 
     def __init__(self) -> None:
         self._followings: set[Following] = set()
@@ -102,10 +137,10 @@ class OpenStreams:
     def __len__(self) -> int:
         return len(self._followings)
 
-    def hold(self, owner: str, limits: StreamLimits) -> None:
-        """Count one more stream of `owner` from now until its follow is closed (`open`), or
-        `let_go`; `Overloaded` (429) when the gateway, or the owner's API key, is at its limit.
-        Where no key is required every client is the one anonymous owner: the total bounds them."""
+    def hold(self, owner: str, limits: StreamLimits) -> Hold:
+        """A place for one more reader of `owner`'s, until the hold is given back; `Overloaded` (429)
+        when the gateway, or the owner's API key, is at its limit. Where no key is required every
+        client is the one anonymous owner: the total bounds them."""
         if self._held >= limits.most:
             raise Overloaded(
                 f"this gateway serves {limits.most} streams, its limit; retry, or through another"
@@ -116,6 +151,7 @@ class OpenStreams:
             )
         self._held += 1
         self._held_by[owner] += 1
+        return Hold(self, owner)
 
     def let_go(self, owner: str) -> None:
         self._held -= 1
@@ -125,14 +161,12 @@ class OpenStreams:
 
     @contextmanager
     def open(self, following: Following) -> Iterator[None]:
-        """While a follow runs; its hold (if it has one) ends with it."""
+        """While a follow runs that a stopping gateway ends at once."""
         self._followings.add(following)
         try:
             yield
         finally:
             self._followings.discard(following)
-            if following.held_by is not None:
-                self.let_go(following.held_by)
 
     def close(self) -> None:
         """End every stream now (without a terminal event: its clients reconnect from their cursor)."""
@@ -149,11 +183,14 @@ class Relay:
         self.hub = hub
         self.open_streams = OpenStreams()
 
-    async def check(self, job_id: str, cursor: str) -> tuple[JobState, bool]:
+    async def check(
+        self, job_id: str, cursor: str, owner: str, limits: StreamLimits
+    ) -> tuple[JobState, bool]:
         """The job's state, and whether `cursor` is at or past the stream's last entry (nothing
         left to read now); 404 for an unknown job, 410 for a cursor older than what is kept, 422
         for a cursor past the end of a running job's stream that the stream does not reach within
-        `AHEAD_WAIT_SECONDS`, or before the job ends.
+        `AHEAD_WAIT_SECONDS`, or before the job ends. Such a wait holds a place of `owner`'s among
+        the open readers (429 past the limits).
 
         A cursor past the end names no event the stream holds: relayed to the hub, whose one read
         of a stream starts after its first follower's cursor, it would hide every new entry from
@@ -163,25 +200,44 @@ class Relay:
         refused. A finished job has nothing after its terminal event, so there such a cursor is
         simply at the end.
         """
-        deadline, waited = time.monotonic() + AHEAD_WAIT_SECONDS, False
-        while True:
-            state, info = await self._state_and_stream(job_id)
-            if _id_tuple(cursor) < _oldest_readable(info):
-                oldest = info["first-entry"][0]
-                raise CursorExpired(
-                    f"events after {cursor} are no longer all kept; the oldest kept is {oldest}",
-                    oldest=oldest,
-                )
-            last = _id_tuple(info["last-generated-id"])
-            if _id_tuple(cursor) <= last or (state.terminal and not waited):
-                return state, _id_tuple(cursor) >= last
-            if state.terminal or time.monotonic() >= deadline:
+        state, info = await self._state_and_stream(job_id)
+        if not state.terminal and _past(cursor, info):
+            with self.open_streams.hold(owner, limits):
+                state, info = await self._until_reached(job_id, cursor, info)
+            if _past(cursor, info):
                 raise InvalidRequest(
                     f"cursor {cursor} is past the job's last event {info['last-generated-id']}: "
                     "resume from the id of an event this job sent"
                 )
-            waited = True
-            await asyncio.sleep(AHEAD_POLL_SECONDS)
+        if _id_tuple(cursor) < _oldest_readable(info):
+            oldest = info["first-entry"][0]
+            raise CursorExpired(
+                f"events after {cursor} are no longer all kept; the oldest kept is {oldest}", oldest=oldest
+            )
+        return state, _id_tuple(cursor) >= _id_tuple(info["last-generated-id"])
+
+    async def _until_reached(
+        self, job_id: str, cursor: str, info: dict[str, Any]
+    ) -> tuple[JobState, dict[str, Any]]:
+        """The job's state and stream once the stream has reached `cursor`, the job has ended, or
+        `AHEAD_WAIT_SECONDS` have passed.
+
+        Woken by the hub's one reader as entries are appended, the wait reads the stream's end once
+        per batch of them and never polls: one that no entry comes to reads it three times in all
+        (polling every 0.1 s, 50 such waits cost Redis about 10,000 reads). The hub watches the stream
+        from its last id, a point it has reached.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + AHEAD_WAIT_SECONDS
+        stream = self.keys.stream(job_id)
+        while True:
+            async with self.hub.subscribe(stream, info["last-generated-id"], DEFAULT_BATCH_BYTES) as woken:
+                while not woken.lagged:  # a dropped subscription is made again
+                    state, info = await self._state_and_stream(job_id)
+                    if state.terminal or not _past(cursor, info) or loop.time() >= deadline:
+                        return state, info
+                    await woken.wait(deadline - loop.time())
+                    woken.take()
 
     async def _state_and_stream(self, job_id: str) -> tuple[JobState, dict[str, Any]]:
         """The job's state and XINFO of its stream; 404 for an unknown job.
@@ -198,16 +254,18 @@ class Relay:
             raise JobNotFound(f"no job {job_id}")
         return JobState(status), info
 
-    async def open(self, job_id: str, cursor: str, owner: str, limits: StreamLimits) -> Following:
-        """A follow of the job from a client's cursor, checked first (see `check`) and counted among
-        the owner's streams (see `OpenStreams.hold`); one already at the end of a finished job ends
-        at once."""
-        state, at_end = await self.check(job_id, cursor)
-        self.open_streams.hold(owner, limits)
-        following = self.follow(job_id, cursor, limits.batch_bytes, held_by=owner)
+    async def open(
+        self, job_id: str, cursor: str, owner: str, limits: StreamLimits
+    ) -> tuple[Following, Hold]:
+        """A follow of the job from a client's cursor, checked first (see `check`), and its place among
+        the owner's open readers (see `OpenStreams.hold`), for the answer that streams it to give back;
+        one already at the end of a finished job ends at once."""
+        state, at_end = await self.check(job_id, cursor, owner, limits)
+        hold = self.open_streams.hold(owner, limits)
+        following = self.follow(job_id, cursor, limits.batch_bytes)
         if state.terminal and at_end:
             following.stop()
-        return following
+        return following, hold
 
     async def read(self, job_id: str, cursor: str, count: int) -> list[Entry]:
         """Up to `count` entries after `cursor`, without waiting."""
@@ -226,7 +284,7 @@ class Relay:
         in the stream, so an empty read past it means the client has seen everything. A cursor
         at the stream's end skips the read: a poll at the tip waits at once.
         """
-        state, at_end = await self.check(job_id, cursor)
+        state, at_end = await self.check(job_id, cursor, owner, limits)
         entries = [] if at_end else await self.read(job_id, cursor, limit)
         if not entries and wait > 0 and not state.terminal:
             entries = (await self._first_batch(job_id, cursor, wait, owner, limits))[:limit]
@@ -245,9 +303,8 @@ class Relay:
         answers it at once (the client polls again, elsewhere, from the same cursor). A waiting
         poll counts as an open stream.
         """
-        self.open_streams.hold(owner, limits)
-        following = self.follow(job_id, cursor, limits.batch_bytes, held_by=owner)
-        with self.open_streams.open(following):
+        following = self.follow(job_id, cursor, limits.batch_bytes)
+        with self.open_streams.hold(owner, limits), self.open_streams.open(following):
             async with aclosing(following.batches(wait)) as batches:
                 async for batch in batches:
                     return batch
@@ -265,15 +322,14 @@ class Relay:
             raise JobNotFound(f"no job {job_id}")
         return JobState(status).terminal and not await self.read(job_id, cursor, 1)
 
-    def follow(
-        self, job_id: str, cursor: str, batch_bytes: int = DEFAULT_BATCH_BYTES, held_by: str | None = None
-    ) -> Following:
+    def follow(self, job_id: str, cursor: str, batch_bytes: int = DEFAULT_BATCH_BYTES) -> Following:
         """Every entry after `cursor`, as it is appended, up to and including the terminal event,
-        about `batch_bytes` at most at a time; `held_by` is the owner whose stream it counts as.
+        about `batch_bytes` at most at a time; whoever answers with it holds its place among the open
+        readers (`OpenStreams.hold`).
 
         `cursor` is the start, or one `check` has let through (`open` does both): the hub must
         never be asked to watch a stream from past its end."""
-        return Following(self, job_id, cursor, batch_bytes, held_by)
+        return Following(self, job_id, cursor, batch_bytes)
 
 
 class Following:
@@ -281,12 +337,11 @@ class Following:
     gives as many as have arrived together. A cursor already at or past the terminal event
     ends the follow at once; `stop` ends it early (the client left, or the gateway stops)."""
 
-    def __init__(self, relay: Relay, job_id: str, cursor: str, batch_bytes: int, held_by: str | None) -> None:
+    def __init__(self, relay: Relay, job_id: str, cursor: str, batch_bytes: int) -> None:
         self.relay = relay
         self.job_id = job_id
         self.cursor = cursor
         self.batch_bytes = batch_bytes
-        self.held_by = held_by
         self.stopped = False
         self._subscription: Subscription | None = None
 

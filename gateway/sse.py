@@ -26,7 +26,7 @@ from starlette.types import Receive, Scope, Send
 
 from gateway.entries import Entry
 from gateway.metrics import GatewayMetrics
-from gateway.relay import Following
+from gateway.relay import Following, Hold
 from gateway.server_send import server_send
 from shared.errors import StreampoolError
 
@@ -84,11 +84,13 @@ class EventStream(Response):
     def __init__(
         self,
         following: Following,
+        hold: Hold,
         metrics: GatewayMetrics,
         ping_seconds: float,
         headers: dict[str, str] | None = None,
     ) -> None:
         self.following = following
+        self.hold = hold
         self.metrics = metrics
         self.ping_seconds = ping_seconds
         self.status_code = 200
@@ -98,7 +100,7 @@ class EventStream(Response):
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         # Open from the first byte: the follow's place among the open streams is given back
         # however the response ends, a client gone before its head included.
-        with self.following.relay.open_streams.open(self.following):
+        with self.hold, self.following.relay.open_streams.open(self.following):
             await send(
                 {"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers}
             )

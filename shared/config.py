@@ -120,7 +120,10 @@ class GatewaySettings(RedisSettings):
     # a process's usual 65,536 file descriptors and is five times the most one process relays live
     # (2,000 streams at 10 events/s, bench/RESULTS.md); a tenth of that per key lets no one key fill it.
     max_open_streams: int = Field(
-        10_000, ge=1, description="SSE streams and waiting long-polls one gateway serves at once; past it 429"
+        10_000,
+        ge=1,
+        description="readers one gateway serves at once (every request holding its connection open on a job: "
+        "streams, waiting polls and cursors, OpenAI, TGI and Responses answers); past it 429",
     )
     max_open_streams_per_key: int = Field(
         1_000, ge=1, description="of those, most for one API key (where keys are required); past it 429"

@@ -12,7 +12,7 @@ from gateway.auth import REQUIRE_KEY, Owner
 from gateway.deps import OwnedJobId, ServicesDep
 from gateway.errors import documented
 from gateway.generation import JOB_ID_HEADER
-from gateway.relay import START, StreamLimits, parse_cursor
+from gateway.relay import NOT_HELD, START, StreamLimits, parse_cursor
 from gateway.sse import EventStream
 from shared.events import JobState
 from shared.requests import (
@@ -82,25 +82,22 @@ async def submit_job(
     so is a `webhook` the gateway may not POST to (400).
     """
     annotations = services.webhook_targets.annotations(owner, body.webhook, JOB_API)
-    streaming, limits = _wants_events(request), StreamLimits.of(services.settings)
-    if streaming:  # a stream over the limits is refused before any job is made
-        services.relay.open_streams.hold(owner, limits)
-    try:
+    streaming = _wants_events(request)
+    # A stream over the limits is refused before any job is made.
+    with services.hold_reader(owner) if streaming else NOT_HELD as hold:
         submission = await services.admission.admit(
             body, owner, idempotency_key=idempotency_key, annotations=annotations
         )
-    except BaseException:
+        job_id = submission.job_id
+        headers = {"Location": _urls(job_id).self, JOB_ID_HEADER: job_id}
+        if not submission.created:
+            headers["Idempotent-Replayed"] = "true"
         if streaming:
-            services.relay.open_streams.let_go(owner)
-        raise
-    job_id = submission.job_id
-    headers = {"Location": _urls(job_id).self, JOB_ID_HEADER: job_id}
-    if not submission.created:
-        headers["Idempotent-Replayed"] = "true"
-    if streaming:
-        # Leaving this stream leaves the job running: it can be followed again from any event id.
-        following = services.relay.follow(job_id, START, limits.batch_bytes, held_by=owner)
-        return EventStream(following, services.metrics, services.settings.sse_ping_seconds, headers)
+            # Leaving this stream leaves the job running: it can be followed again from any event id.
+            following = services.relay.follow(job_id, START, services.settings.reader_batch_bytes)
+            return EventStream(
+                following, hold.hand_over(), services.metrics, services.settings.sse_ping_seconds, headers
+            )
     response.headers.update(headers)
     return JobAccepted(
         id=job_id, status=submission.status, created_at=submission.created_at, urls=_urls(job_id)
@@ -161,8 +158,8 @@ async def job_events(
     cursor, limits = parse_cursor(last_event_id or after), StreamLimits.of(services.settings)
     if _wants_events(request):
         # 404 / 410 / 422 / 429 before the stream starts
-        followed = await services.relay.open(job_id, cursor, owner, limits)
-        return EventStream(followed, services.metrics, services.settings.sse_ping_seconds)
+        followed, hold = await services.relay.open(job_id, cursor, owner, limits)
+        return EventStream(followed, hold, services.metrics, services.settings.sse_ping_seconds)
     wait = min(wait, services.settings.poll_wait_max)
     entries, state, done = await services.relay.page(job_id, cursor, limit, wait, owner, limits)
     page = EventsPage(

@@ -31,6 +31,7 @@ from gateway.deps import Services, ServicesDep
 from gateway.errors import STATUS_CODES, ErrorShape, ShapedRoute, documented, status_of
 from gateway.generation import JOB_ID_HEADER, JobRun, event_source, raise_for_failure
 from gateway.metrics import GatewayMetrics
+from gateway.relay import Hold
 from shared.errors import (
     InvalidRequest,
     JobCancelled,
@@ -119,8 +120,15 @@ async def chat_completions(body: ChatBody, request: Request, owner: Owner, servi
 async def _answer(
     body: CompletionBody | ChatBody, request: Request, owner: str, services: Services
 ) -> Response:
-    """Refusals, a prompt too long, an unknown model, a full queue and a lost Redis are all answered
-    before the job runs."""
+    """Refusals, a prompt too long, an unknown model, a full queue, a full gateway and a lost Redis are
+    all answered before the job runs."""
+    with services.hold_reader(owner) as hold:
+        return await _answer_held(body, request, owner, services, hold)
+
+
+async def _answer_held(
+    body: CompletionBody | ChatBody, request: Request, owner: str, services: Services, hold: Hold
+) -> Response:
     job = body.job_request(services.settings.max_tokens_limit)
     try:
         submission = await services.admission.admit(
@@ -137,7 +145,7 @@ async def _answer(
             target = await services.admission.resolve(body.model)
             prompt_tokens = await services.admission.prompt_limit.count(job, target.model)
         chunks = ChunkStream(answer, body.include_usage, continuous, prompt_tokens, body.echoed)
-        return event_source(run, _frames(run, chunks, services.metrics), sep=SEPARATOR)
+        return event_source(run, _frames(run, chunks, services.metrics), hold.hand_over(), sep=SEPARATOR)
     result = await run.result()
     choices = [
         (

@@ -35,14 +35,15 @@ from gateway.compat.responses_answers import (
 from gateway.compat.responses_bodies import RESPONSES_PATH, ResponsesBody, Stored
 from gateway.deps import JOB_ID, Services, ServicesDep
 from gateway.entries import Entry
-from gateway.generation import JOB_ID_HEADER, JobRun
-from gateway.relay import IDLE_SECONDS, START
+from gateway.generation import JOB_ID_HEADER, HeldEventSource, JobRun
+from gateway.relay import IDLE_SECONDS, NOT_HELD, START, Following, Hold, StreamLimits
 from gateway.routes.openai import ERRORS, OPENAI_ERRORS, SEPARATOR, STREAM, OpenAIRoute
 from shared.errors import (
     EngineError,
     InvalidRequest,
     JobCancelled,
     JobNotFound,
+    Overloaded,
     PromptTooLong,
     StreampoolError,
 )
@@ -144,10 +145,9 @@ async def _frames(
         services.metrics.streams_open.dec()
 
 
-async def _followed(services: Services, job_id: str) -> AsyncGenerator[Entry, None]:
+async def _followed(services: Services, following: Following) -> AsyncGenerator[Entry, None]:
     """The job's entries from its first, to its end or until the gateway stops (then the client
     resumes elsewhere with `starting_after`); leaving leaves the job running."""
-    following = services.relay.follow(job_id, START)
     with services.relay.open_streams.open(following):
         async with aclosing(following.batches(IDLE_SECONDS)) as batches:
             async for batch in batches:
@@ -155,11 +155,39 @@ async def _followed(services: Services, job_id: str) -> AsyncGenerator[Entry, No
                     yield entry
 
 
+async def _forgetting(
+    services: Services, job_id: str, entries: AsyncGenerator[Entry, None]
+) -> AsyncGenerator[Entry, None]:
+    """The entries of a response made with `store: false`, whose job is deleted once they end."""
+    try:
+        async with aclosing(entries):
+            async for entry in entries:
+                yield entry
+    finally:
+        await asyncio.shield(_forget(services, job_id))
+
+
+async def _forget(services: Services, job_id: str) -> None:
+    """Delete a `store: false` response's job (its input and output) once its answer is given, as
+    OpenAI keeps no such response. One cancelled as its client left ends within two decoding steps:
+    waited for, a bounded time, under its answer's hold (past it, the job goes when its retention ends)."""
+    with contextlib.suppress(JobNotFound):
+        try:
+            await services.store.delete(job_id)
+        except InvalidRequest:  # still running: its end is on the way
+            await _until_ended(services, job_id)
+            with contextlib.suppress(InvalidRequest):
+                await services.store.delete(job_id)
+
+
 def _stream(
-    head: Head, entries: AsyncGenerator[Entry, None], after: int, services: Services
+    head: Head, entries: AsyncGenerator[Entry, None], after: int, services: Services, hold: Hold
 ) -> EventSourceResponse:
-    return EventSourceResponse(
+    if not head.stored.store:
+        entries = _forgetting(services, head.job_id, entries)
+    return HeldEventSource(
         _frames(entries, ResponseEvents(head), after, services),
+        hold,
         headers={JOB_ID_HEADER: head.job_id},
         ping=services.settings.sse_ping_seconds,
         sep=SEPARATOR,
@@ -171,6 +199,14 @@ async def create_response(
     body: ResponsesBody, request: Request, owner: Owner, services: ServicesDep
 ) -> Response:
     """Create a response: queued and answered at once with `background`, else waited for (or streamed)."""
+    with services.hold_reader(owner) if body.stream or not body.background else NOT_HELD as hold:
+        return await _created(body, request, owner, services, hold)
+
+
+async def _created(
+    body: ResponsesBody, request: Request, owner: str, services: Services, hold: Hold
+) -> Response:
+    """`create_response` once its reader's place (if it holds its connection open) is held."""
     body.refuse_unsupported()
     previous, earlier = await _previous(body.previous_response_id, owner, services)
     stored = body.stored()
@@ -192,20 +228,26 @@ async def create_response(
     headers = {JOB_ID_HEADER: head.job_id}
     if body.stream:
         if background:
-            return _stream(head, _followed(services, head.job_id), -1, services)
+            following = services.relay.follow(head.job_id, START)
+            return _stream(head, _followed(services, following), -1, services, hold.hand_over())
         run = JobRun(services, head.job_id, request)
-        return _stream(head, run.entries(), -1, services)
+        return _stream(head, run.entries(), -1, services, hold.hand_over())
     if background:
         return JSONResponse(response_object(head, Standing("queued")), headers=headers)
-    with contextlib.suppress(JobCancelled, EngineError, PromptTooLong):  # the record says how it ended
-        await JobRun(services, head.job_id, request).result()
-    record = await services.store.record(head.job_id)
+    try:
+        with contextlib.suppress(JobCancelled, EngineError, PromptTooLong):  # the record says how it ended
+            await JobRun(services, head.job_id, request).result()
+        record = await services.store.record(head.job_id)
+    finally:
+        if not stored.store:
+            await asyncio.shield(_forget(services, head.job_id))
     return JSONResponse(response_object(head, Standing.of_record(record)), headers=headers)
 
 
 @router.get("/{response_id}", response_model=None, responses={200: {"content": STREAM}})
 async def get_response(
     owned: OwnedResponse,
+    owner: Owner,
     services: ServicesDep,
     stream: bool = False,
     starting_after: Annotated[int | None, Query(ge=0, le=2**53)] = None,
@@ -222,9 +264,10 @@ async def get_response(
             "This response cannot be streamed because it was not created with background=true.",
             param="stream",
         )
-    await services.relay.check(job_id, START)  # 410 once the stream's start is trimmed away
+    # 410 once the stream's start is trimmed away; 429 past the reader limits
+    following, hold = await services.relay.open(job_id, START, owner, StreamLimits.of(services.settings))
     after = -1 if starting_after is None else starting_after
-    return _stream(head, _followed(services, job_id), after, services)
+    return _stream(head, _followed(services, following), after, services, hold)
 
 
 async def _until_ended(services: Services, job_id: str) -> None:
@@ -237,15 +280,26 @@ async def _until_ended(services: Services, job_id: str) -> None:
                         return
 
 
+async def _until_cancelled(services: Services, job_id: str, owner: str) -> None:
+    """Wait for a cancelled job's end, holding a reader's place; at the reader limits the cancel is
+    answered at once instead, with the response as it stands (its end on the way)."""
+    try:
+        hold = services.hold_reader(owner)
+    except Overloaded:
+        return
+    with hold:
+        await _until_ended(services, job_id)
+
+
 @router.post("/{response_id}/cancel")
-async def cancel_response(owned: OwnedResponse, services: ServicesDep) -> JSONResponse:
+async def cancel_response(owned: OwnedResponse, owner: Owner, services: ServicesDep) -> JSONResponse:
     """Cancel a background response; idempotent, and a finished one is answered as it is."""
     job_id, stored = owned
     if not stored.background:
         raise InvalidRequest("Only responses created with background=true can be cancelled.", param=None)
     answer, took_effect = await services.store.cancel(job_id)
     if took_effect and answer.status is JobState.running:
-        await _until_ended(services, job_id)
+        await _until_cancelled(services, job_id, owner)
     record = await services.store.record(job_id)
     head = Head(job_id, record.created_at.timestamp(), stored)
     return JSONResponse(response_object(head, Standing.of_record(record)))

@@ -83,13 +83,14 @@ async def _generate(
     services: Services, body: tgi.GenerateRequest, request: Request, owner: str, *, listed: bool
 ) -> Response:
     """The whole answer; TGI's `POST /` lists it, as the Inference API did."""
-    run = await _submit(services, body, request, owner, stream=False)
-    try:
-        result = await run.result()
-    except StreampoolError as exc:
-        # The job failed after it was accepted: answered with TGI's status for the failure.
-        answer, status = tgi.error(exc.message, exc.error_type)
-        return _json(answer, status, run.job_id)
+    with services.hold_reader(owner):
+        run = await _submit(services, body, request, owner, stream=False)
+        try:
+            result = await run.result()
+        except StreampoolError as exc:
+            # The job failed after it was accepted: answered with TGI's status for the failure.
+            answer, status = tgi.error(exc.message, exc.error_type)
+            return _json(answer, status, run.job_id)
     first = result.first  # TGI's routes ask for one choice
     generation = tgi.generated(
         body, first.text, first.logprobs, first.finish_reason, result.usage.completion_tokens
@@ -122,8 +123,9 @@ async def _token_events(
 async def _stream(
     services: Services, body: tgi.GenerateRequest, request: Request, owner: str
 ) -> EventSourceResponse:
-    run = await _submit(services, body, request, owner, stream=True)
-    return event_source(run, _token_events(services, run, body))
+    with services.hold_reader(owner) as hold:
+        run = await _submit(services, body, request, owner, stream=True)
+        return event_source(run, _token_events(services, run, body), hold.hand_over())
 
 
 @router.post(

@@ -1,5 +1,6 @@
 """What the engine-free gateway tests stand in for: a private redis-server (for figures that are
-server-wide, such as INFO commandstats and memory), and a worker's heartbeat."""
+server-wide, such as INFO commandstats and memory), a worker's heartbeat, and a worker running a job
+through the job store's own transitions."""
 
 from __future__ import annotations
 
@@ -10,12 +11,17 @@ from pathlib import Path
 
 import redis.asyncio as aioredis
 
+from shared.events import CancelledEvent, DeltaEvent, DoneEvent, Event, JobState, Usage
+from shared.jobstore import JobStore, Outcome
 from shared.keys import Keys
+from shared.lifecycle import scripts
 from shared.workers import WorkerInfo, announce
 from tests.processes import Processes, free_port
 
 CARD_MODEL = "SmolLM2-135M-Instruct"  # the model card of the `model_card` fixture: the default model
 CARD_CONTEXT = 2048
+DELTAS = 5
+WORKER = "stand-in-worker"
 
 
 @contextmanager
@@ -58,3 +64,38 @@ async def heartbeat(
         pid=0,
     )
     await announce(redis, keys, info, ttl_ms)
+
+
+class StandInWorker:
+    """Runs one job as the worker would, event by event, through the job store's transitions (start,
+    the step script, finish), as the worker's publisher sends them: a test decides when each event is
+    written."""
+
+    def __init__(self, store: JobStore, job_id: str) -> None:
+        self.store, self.job_id = store, job_id
+
+    async def start(self, model: str = "model") -> None:
+        assert await self.store.start(self.job_id, WORKER, model, lease_seconds=60) is not None
+
+    async def run_to_done(self) -> None:
+        """DELTAS deltas (seqs 2 on), then `done`."""
+        transitions, redis = self.store.transitions, self.store.redis
+        await redis.script_load(scripts.STEP.source)  # a fresh Redis has none; the worker loads it so
+        for seq in range(2, 2 + DELTAS):
+            delta = DeltaEvent(seq=seq, text=f"t{seq}", token_ids=[seq])
+            command = transitions.step_command(
+                job_id=self.job_id, worker_id=WORKER, events=[delta], maxlen=1000
+            )
+            await redis.execute_command(*command)
+        usage = Usage(prompt_tokens=1, completion_tokens=DELTAS)
+        outcome = Outcome(JobState.completed, "", DELTAS, usage, finish_reason="length")
+        await self._end(DoneEvent(seq=2 + DELTAS, finish_reason="length", usage=usage), outcome)
+
+    async def end_cancelled(self) -> None:
+        """`cancelled` right after `running`, as a worker that saw the cancel key ends the job."""
+        usage = Usage(prompt_tokens=1, completion_tokens=0)
+        await self._end(CancelledEvent(seq=2, usage=usage), Outcome(JobState.cancelled, "", 0, usage))
+
+    async def _end(self, terminal: Event, outcome: Outcome) -> None:
+        command = self.store.finish_command(self.job_id, WORKER, [terminal], outcome)
+        await self.store.redis.execute_command(*command)

@@ -12,19 +12,23 @@ import threading
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import AsyncExitStack
+from typing import Any
 
 import httpx
 import pytest
+import redis.asyncio as aioredis
 
 from gateway.entries import Entry, entries_bytes
 from gateway.fanout import Subscription
 from gateway.relay import FIRST_READ, START, Relay
 from shared import jobstore
+from shared.config import DEFAULT_MODEL_DIR
 from shared.events import DeltaEvent, Progress
 from shared.jobstore import JobStore
 from shared.requests import JobRequest
 from tests.gateway.keyed_gateway import KEY_A, KEY_B, KeyedGateway, bearer, run_keyed_gateway
 from tests.gateway.raw_http import raw_request
+from tests.gateway.stand_ins import StandInWorker
 from tests.helpers import eventually
 
 MOST_STREAMS = 3
@@ -32,6 +36,8 @@ MOST_PER_KEY = 2
 POLL_WAIT = 3  # long enough to be seen waiting, short enough to give its place back soon after
 BATCH_BYTES = 64 * 1024
 BIG_DATA = "x" * 10_000  # an entry as large as a delta of a few tokens with 20 logprobs each
+MODEL = DEFAULT_MODEL_DIR.name  # the gateway's default model (tests.conftest.make_settings)
+PAST_END = "99999999999999-0"  # far after any id Redis gives today
 
 
 @pytest.fixture(scope="module")
@@ -148,3 +154,61 @@ async def test_a_long_running_jobs_output_is_assembled_off_the_event_loop(
 
 def _delta(seq: int) -> str:
     return DeltaEvent(seq=seq, text="a", token_ids=[seq]).model_dump_json()
+
+
+async def _response_of(keyed: KeyedGateway, key: str) -> str:
+    """A new background response of `key`'s (queued: no worker runs it); its job id."""
+    async with httpx.AsyncClient(base_url=keyed.base_url, headers=bearer(key)) as http:
+        body = {"model": MODEL, "input": "held open", "background": True, "max_output_tokens": 1}
+        answer = await http.post("/v1/responses", json=body)
+        assert answer.status_code == 200, answer.text
+        response_id: str = answer.json()["id"]
+        return response_id.removeprefix("resp_")
+
+
+async def _open_response_stream(keyed: KeyedGateway, streams: AsyncExitStack, key: str) -> bytes:
+    job_id = await _response_of(keyed, key)
+    target = f"/v1/responses/resp_{job_id}?stream=true"
+    head = await streams.enter_async_context(raw_request(keyed.settings.port, target, bearer(key)))
+    return await asyncio.wait_for(head, 10)
+
+
+async def test_responses_openai_and_tgi_streams_count_against_the_reader_limits(keyed: KeyedGateway) -> None:
+    async with AsyncExitStack() as streams:
+        for _ in range(MOST_PER_KEY):
+            assert (await _open_response_stream(keyed, streams, KEY_A)).startswith(b"HTTP/1.1 200")
+        assert _refused(await _open_response_stream(keyed, streams, KEY_A))
+        assert _refused(await _open(keyed, streams, KEY_A))  # the same places as the job API's
+        async with httpx.AsyncClient(base_url=keyed.base_url, headers=bearer(KEY_A), timeout=10) as http:
+            chat = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "stream": True}
+            for path, body in (("/v1/chat/completions", chat), ("/generate_stream", {"inputs": "hi"})):
+                assert (await http.post(path, json=body)).status_code == 429, path
+
+
+async def test_a_cursor_waiting_for_its_stream_and_a_responses_cancel_waiting_for_its_end_hold_places(
+    keyed: KeyedGateway, redis_client: aioredis.Redis
+) -> None:
+    store = JobStore(redis_client, keyed.keys, keyed.settings)
+    waiting = StandInWorker(store, (await _job_of(keyed, KEY_A))[0])
+    await waiting.start(await store.model_of(waiting.job_id))
+    cancelled = StandInWorker(store, await _response_of(keyed, KEY_A))
+    await cancelled.start(await store.model_of(cancelled.job_id))
+    async with AsyncExitStack() as streams, httpx.AsyncClient(base_url=keyed.base_url) as http:
+        target = f"/v1/jobs/{waiting.job_id}/events?after={PAST_END}&wait={POLL_WAIT}"
+        ahead = await streams.enter_async_context(raw_request(keyed.settings.port, target, bearer(KEY_A)))
+        cancel = asyncio.create_task(
+            http.post(f"/v1/responses/resp_{cancelled.job_id}/cancel", headers=bearer(KEY_A), timeout=30)
+        )
+        assert not await _answered_soon(ahead) and not await _answered_soon(cancel)
+        assert _refused(await _open(keyed, streams, KEY_A))  # both places of the key are held
+        await cancelled.end_cancelled()
+        assert (await asyncio.wait_for(cancel, 10)).json()["status"] == "cancelled"
+        assert (await _open(keyed, streams, KEY_A)).startswith(b"HTTP/1.1 200")  # one given back
+        await waiting.run_to_done()  # the job ends short of the cursor
+        assert (await asyncio.wait_for(ahead, 10)).startswith(b"HTTP/1.1 422")
+
+
+async def _answered_soon(answer: asyncio.Task[Any]) -> bool:
+    """Whether a request is answered within a second (one waiting in the gateway is not)."""
+    done, _ = await asyncio.wait([answer], timeout=1)
+    return bool(done)

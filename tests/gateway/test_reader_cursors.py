@@ -9,26 +9,26 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from contextlib import AbstractContextManager, contextmanager
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 import redis.asyncio as aioredis
 
-from gateway.relay import AHEAD_POLL_SECONDS
-from shared.events import DeltaEvent, DoneEvent, JobState, Usage
-from shared.jobstore import JobStore, Outcome
+from shared.jobstore import JobStore
 from shared.keys import Keys
-from shared.lifecycle import scripts
 from tests.gateway.conftest import POLL_WAIT
-from tests.gateway.keyed_gateway import KeyedGateway
+from tests.gateway.keyed_gateway import KeyedGateway, run_gateway
 from tests.gateway.raw_http import raw_request
+from tests.gateway.stand_ins import DELTAS, StandInWorker, private_redis
 from tests.helpers import eventually, read_sse, submit
 
 DEADLINE = 5.0  # every answer below comes in milliseconds; a stalled reader waits a minute
 PAST_END = "99999999999999-0"  # far after any id Redis gives today
-DELTAS = 5
-WORKER = "stand-in-worker"
+SETTLE_SECONDS = 0.5  # for a reader to be waiting in the gateway
+IDLE_SECONDS = 2.0  # a reader's wait watched for the reads it costs Redis
 
 
 @pytest.fixture
@@ -40,30 +40,6 @@ async def http(gateway_process: KeyedGateway) -> AsyncIterator[httpx.AsyncClient
 @pytest.fixture
 def store(gateway_process: KeyedGateway, redis_client: aioredis.Redis) -> JobStore:
     return JobStore(redis_client, Keys(gateway_process.settings.key_prefix), gateway_process.settings)
-
-
-class StandInWorker:
-    """Runs one job as the worker would, event by event, through the job store's transitions."""
-
-    def __init__(self, store: JobStore, job_id: str) -> None:
-        self.store, self.job_id = store, job_id
-
-    async def start(self) -> None:
-        assert await self.store.start(self.job_id, WORKER, "model", lease_seconds=60) is not None
-
-    async def run_to_done(self) -> None:
-        transitions, redis = self.store.transitions, self.store.redis
-        await redis.script_load(scripts.STEP.source)  # a fresh Redis has none; the worker loads it so
-        for seq in range(2, 2 + DELTAS):
-            delta = DeltaEvent(seq=seq, text=f"t{seq}", token_ids=[seq])
-            command = transitions.step_command(
-                job_id=self.job_id, worker_id=WORKER, events=[delta], maxlen=1000
-            )
-            await redis.execute_command(*command)
-        usage = Usage(prompt_tokens=1, completion_tokens=DELTAS)
-        outcome = Outcome(JobState.completed, "", DELTAS, usage, finish_reason="length")
-        done = DoneEvent(seq=2 + DELTAS, finish_reason="length", usage=usage)
-        await redis.execute_command(*self.store.finish_command(self.job_id, WORKER, [done], outcome))
 
 
 async def _reader_blocked(redis_client: aioredis.Redis, gateway: KeyedGateway) -> bool:
@@ -105,7 +81,7 @@ async def test_a_cursor_past_the_end_of_a_running_job_waits_is_refused_once_the_
     worker = StandInWorker(store, await submit(http, prompt="past the end", max_tokens=DELTAS))
     await worker.start()
     async with _reader(gateway_process.settings.port, worker.job_id, PAST_END, transport) as head:
-        await asyncio.sleep(5 * AHEAD_POLL_SECONDS)
+        await asyncio.sleep(SETTLE_SECONDS)
         assert not head.done()  # waiting for the stream to reach the cursor, as after a failover
         await _a_second_reader_gets_every_event(http, worker)
         assert (await asyncio.wait_for(head, DEADLINE)).startswith(b"HTTP/1.1 422")
@@ -129,7 +105,7 @@ async def test_a_cursor_just_past_the_end_gets_what_follows_it_once_the_stream_r
         return [event["seq"] for event in answer.json()["events"]]
 
     reading = asyncio.create_task(seqs_read())
-    await asyncio.sleep(5 * AHEAD_POLL_SECONDS)
+    await asyncio.sleep(SETTLE_SECONDS)
     await worker.run_to_done()
     seqs = await asyncio.wait_for(reading, DEADLINE)
     if transport == "sse":
@@ -178,3 +154,38 @@ async def test_a_cursor_past_the_end_of_a_running_job_says_why_it_is_refused(
     body = answer.json()
     assert body["error_type"] == "validation"
     assert "past the job's last event" in body["error"]
+
+
+async def test_a_cursor_past_the_end_waits_without_polling_and_is_woken_by_the_entry_that_reaches_it(
+    tmp_path: Path,
+) -> None:
+    """On a private redis-server, because INFO commandstats counts the whole server's commands."""
+    with private_redis(tmp_path / "redis") as url, _gateway_on(url, tmp_path / "gateway") as gateway:
+        redis = aioredis.Redis.from_url(url, decode_responses=True)
+        store = JobStore(redis, gateway.keys, gateway.settings)
+        async with httpx.AsyncClient(base_url=gateway.base_url, timeout=60) as http:
+            worker = StandInWorker(store, await submit(http, prompt="woken", max_tokens=DELTAS))
+            await worker.start(await store.model_of(worker.job_id))
+            params = {"after": "3-1", "wait": str(POLL_WAIT)}  # the stream holds seqs 0 and 1
+            reading = asyncio.create_task(http.get(f"/v1/jobs/{worker.job_id}/events", params=params))
+            await asyncio.sleep(SETTLE_SECONDS)
+            await redis.config_resetstat()
+            await asyncio.sleep(IDLE_SECONDS)
+            stats = await redis.info("commandstats")
+            assert not reading.done()
+            # Polling read the stream's end (XINFO) and the job's status (HGET) ten times a second.
+            reads = {
+                name: fields["calls"] for name, fields in stats.items() if "xinfo" in name or "hget" in name
+            }
+            assert sum(reads.values()) <= 2, reads
+            await worker.run_to_done()
+            answer = await asyncio.wait_for(reading, DEADLINE)
+        await redis.aclose()
+    assert answer.status_code == 200, answer.text
+    assert [event["seq"] for event in answer.json()["events"]][:1] == [4]
+
+
+def _gateway_on(redis_url: str, folder: Path) -> AbstractContextManager[KeyedGateway]:
+    """A gateway process like `gateway_process`, on the Redis at `redis_url`."""
+    folder.mkdir()
+    return contextmanager(run_gateway)(redis_url, folder, allow_unauthenticated=True, poll_wait_max=POLL_WAIT)

@@ -1,16 +1,24 @@
 """The Responses routes' answers that need no worker, through the real `openai` package against a real
 gateway process with API keys: ownership (404 for another key), refusals naming the parameter, and
-what a queued background response answers. No worker runs: background responses stay queued."""
+what a queued background response answers. No worker runs: background responses stay queued, unless
+a test runs one with a stand-in worker."""
 
 from __future__ import annotations
 
+import asyncio
+import uuid
 from collections.abc import AsyncIterator
 
+import httpx
 import openai
 import pytest
+import redis.asyncio as aioredis
 
 from shared.config import DEFAULT_MODEL_DIR
-from tests.gateway.keyed_gateway import KEY_A, KEY_B, KeyedGateway
+from shared.jobstore import JobStore
+from tests.gateway.keyed_gateway import KEY_A, KEY_B, KeyedGateway, bearer
+from tests.gateway.stand_ins import StandInWorker
+from tests.helpers import eventually
 
 MODEL = DEFAULT_MODEL_DIR.name  # the gateway's default model (tests.conftest.make_settings)
 
@@ -127,3 +135,45 @@ async def test_input_items_with_ids_the_client_repeated_page_to_the_end_each_ite
         after = page.last_id
     assert seen == texts
     await owner.responses.cancel(created.id)
+
+
+@pytest.mark.parametrize("streamed", [True, False])
+async def test_a_response_not_stored_is_readable_by_no_route_and_leaves_redis_once_answered(
+    keyed: KeyedGateway, redis_client: aioredis.Redis, streamed: bool
+) -> None:
+    """A stand-in worker runs the job through the job store's transitions while its client waits."""
+    store = JobStore(redis_client, keyed.keys, keyed.settings)
+    marker = f"forget me {uuid.uuid4().hex}"
+    body = {"model": MODEL, "input": marker, "store": False, "stream": streamed, "max_output_tokens": 5}
+    async with httpx.AsyncClient(base_url=keyed.base_url, headers=bearer(KEY_A), timeout=30) as http:
+        asking = asyncio.create_task(http.post("/v1/responses", json=body))
+        job_id = await eventually(lambda: _job_asking(redis_client, keyed, marker), "the job is queued")
+        worker = StandInWorker(store, job_id)
+        await worker.start(await store.model_of(job_id))
+        await worker.run_to_done()
+        answer = await asyncio.wait_for(asking, 10)
+        assert answer.status_code == 200, answer.text
+        assert ("event: response.incomplete" in answer.text) if streamed else answer.json()["output"]
+        for path in (f"/v1/jobs/{job_id}", f"/v1/jobs/{job_id}/events", f"/v1/responses/resp_{job_id}"):
+            assert (await http.get(path)).status_code == 404, path
+    keys = keyed.keys
+    assert not await redis_client.exists(keys.job(job_id), keys.stream(job_id), keys.cancel(job_id))
+
+
+async def test_a_background_response_not_stored_is_refused_and_makes_no_job(
+    owner: openai.AsyncOpenAI, keyed: KeyedGateway, redis_client: aioredis.Redis
+) -> None:
+    records = keyed.keys.job("*")
+    before = {key async for key in redis_client.scan_iter(records)}
+    with pytest.raises(openai.BadRequestError) as refused:
+        await owner.responses.create(model=MODEL, input="hi", background=True, store=False)
+    assert refused.value.param == "background"
+    assert {key async for key in redis_client.scan_iter(records)} == before
+
+
+async def _job_asking(redis_client: aioredis.Redis, keyed: KeyedGateway, text: str) -> str | None:
+    """The id of the job whose request holds `text`, once there is one."""
+    async for key in redis_client.scan_iter(keyed.keys.job("*"), _type="hash"):
+        if text in (await redis_client.hget(key, "request") or ""):
+            return str(key).rpartition(":")[2]
+    return None
