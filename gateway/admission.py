@@ -212,7 +212,10 @@ class Admission:
         job = job.model_copy(update={"model": target.qualified})
         try:
             job = await self.prompt_limit.check(
-                job, target.model, fill=self.max_tokens_limit if fill_context else None
+                job,
+                target.model,
+                catalog.entries[target.model],
+                fill=self.max_tokens_limit if fill_context else None,
             )
         except PromptTooLong:
             self.metrics.jobs_rejected.labels(reason="prompt_too_long").inc()
