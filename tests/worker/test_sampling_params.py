@@ -83,7 +83,9 @@ def test_structured_outputs_reach_sampling_params_under_vllms_names(
 @pytest.mark.parametrize(
     ("truncate", "max_tokens", "kept"), [(None, 12, 10), (4, 12, 4), (20, 12, 10), (-1, 12, 8), (-1, 20, 1)]
 )
-def test_truncate_prompt_tokens_keeps_the_last_tokens(truncate: int | None, max_tokens: int, kept: int) -> None:
+def test_truncate_prompt_tokens_keeps_the_last_tokens(
+    truncate: int | None, max_tokens: int, kept: int
+) -> None:
     request = JobRequest(prompt="Once", max_tokens=max_tokens, truncate_prompt_tokens=truncate)
     assert request.kept_prompt_tokens(10, max_model_len=20) == kept
 
