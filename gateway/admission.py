@@ -231,6 +231,7 @@ class Admission:
             whole = await self.prompt_limit.check(
                 turn.whole(job) if turn else job,
                 target.model,
+                catalog.entries.get(target.model),
                 fill=self.max_tokens_limit if fill_context else None,
             )
         except PromptTooLong:

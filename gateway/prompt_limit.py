@@ -2,7 +2,13 @@
 
 The count comes from the card each model's workers publish; a card is looked at again every
 few seconds (its digest only), so a gateway picks up a changed model without a restart.
-Without a card the check is left to the worker, which always makes it too.
+Without a card (a tokenizer with no `tokenizers` form, or a worker not started yet) the context
+comes from the workers' heartbeats (the model registry keeps it once they are gone): the prompt
+is then bounded by its characters, as vLLM bounds it before it tokenizes (no token is longer than
+the vocabulary's longest), so a prompt far too long is refused here and the worker, which always
+checks too, refuses the rest. Only a model no worker has ever announced has no context known:
+its jobs are queued unchecked, for the worker an autoscaler starts to check, since refusing
+them would keep its queue, and so its workers, at zero.
 """
 
 from __future__ import annotations
@@ -15,17 +21,22 @@ import redis.asyncio as aioredis
 from shared.errors import PromptTooLong
 from shared.keys import Keys
 from shared.model_card import model_card_digest, read_model_card
-from shared.prompt_tokens import PromptCounter
+from shared.models import ModelEntry
+from shared.prompt_tokens import Measure, PromptCounter, least_tokens
 from shared.requests import JobRequest
 
 CARD_REFRESH_SECONDS = 5.0
 
 
-def prompt_too_long(prompt_tokens: int, max_tokens: int, context_length: int) -> PromptTooLong:
+def prompt_too_long(
+    prompt_tokens: int, max_tokens: int, context_length: int, *, at_least: bool = False
+) -> PromptTooLong:
+    """`at_least`: `prompt_tokens` is the fewest the prompt can be, not its count."""
+    least = "at least " if at_least else ""
     return PromptTooLong(
         f"This model's maximum context length is {context_length} tokens. However, you requested "
-        f"{prompt_tokens + max_tokens} tokens ({prompt_tokens} in the prompt, {max_tokens} for the "
-        "completion). Please reduce the length of the prompt or max_tokens.",
+        f"{least}{prompt_tokens + max_tokens} tokens ({least}{prompt_tokens} in the prompt, {max_tokens} for "
+        "the completion). Please reduce the length of the prompt or max_tokens.",
         prompt_tokens=prompt_tokens,
         max_tokens=max_tokens,
         context_length=context_length,
@@ -72,32 +83,54 @@ class PromptLimit:
         return card.counter
 
     async def count(self, request: JobRequest, model: str) -> int | None:
-        """The prompt's tokens as the model's workers will count them; None without a card to count with."""
-        counter = await self.counter(model)
-        return None if counter is None else await count_prompt(counter, request)
-
-    async def check(self, request: JobRequest, model: str, *, fill: int | None = None) -> JobRequest:
-        """The request, or `PromptTooLong` with the numbers when prompt plus `max_tokens` exceed the
-        model's context. `fill`: the request named no `max_tokens`; as vLLM, it gets as many as the
-        context leaves after the prompt, at most `fill` (it keeps its own where the prompt cannot be
-        counted)."""
+        """The prompt's tokens as the model's workers will count them (after truncation); None without
+        a card to count with."""
         counter = await self.counter(model)
         if counter is None:
-            return request
-        prompt_tokens = await count_prompt(counter, request)
-        if prompt_tokens is None:
-            return request
+            return None
         context = counter.card.max_model_len
-        prompt_tokens = request.kept_prompt_tokens(prompt_tokens, context)
+        measured = await measure_prompt(counter, request, context)
+        return None if measured is None else request.kept_prompt_tokens(measured.tokens, context)
+
+    async def check(
+        self, request: JobRequest, model: str, announced: ModelEntry | None = None, *, fill: int | None = None
+    ) -> JobRequest:
+        """The request, or `PromptTooLong` with the numbers when prompt plus `max_tokens` exceed the
+        model's context (`InvalidRequest` for a `truncate_prompt_tokens` over it). `announced`: what the
+        model's workers' heartbeats said of it, for a model without a card. `fill`: the request named no
+        `max_tokens`; as vLLM, it gets as many as the context leaves after the prompt, at most `fill` (it
+        keeps its own where the prompt cannot be counted)."""
+        counter = await self.counter(model)
+        if counter is None:
+            if announced is None or announced.max_model_len is None:
+                return request
+            least = least_tokens(request.prompt_chars, announced.max_chars_per_token)
+            return _fitted(request, announced.max_model_len, Measure(least, exact=False))
+        context = counter.card.max_model_len
+        measured = await measure_prompt(counter, request, context)
+        if measured is None:
+            return request
         if fill is not None:
-            request = request.model_copy(update={"max_tokens": max(1, min(fill, context - prompt_tokens))})
-        if prompt_tokens + request.max_tokens > context:
-            raise prompt_too_long(prompt_tokens, request.max_tokens, context)
-        return request
+            room = context - request.kept_prompt_tokens(measured.tokens, context)
+            request = request.model_copy(update={"max_tokens": max(1, min(fill, room))})
+        return _fitted(request, context, measured)
 
 
-async def count_prompt(counter: PromptCounter, request: JobRequest) -> int | None:
-    """`counter.count`, off the event loop unless the prompt is quick to tokenize."""
+def _fitted(request: JobRequest, context: int, measured: Measure) -> JobRequest:
+    """The request, or `PromptTooLong` when its prompt (as much of it as truncation keeps) leaves no
+    room for `max_tokens` in the context."""
+    prompt_tokens = request.kept_prompt_tokens(measured.tokens, context)
+    if prompt_tokens + request.max_tokens > context:
+        at_least = not measured.exact and prompt_tokens == measured.tokens
+        raise prompt_too_long(prompt_tokens, request.max_tokens, context, at_least=at_least)
+    return request
+
+
+async def measure_prompt(counter: PromptCounter, request: JobRequest, context: int) -> Measure | None:
+    """`counter.measure` up to what can matter (the context, or what truncation keeps of the prompt),
+    off the event loop unless the prompt is quick to tokenize."""
+    keep = request.truncation(context)
+    at_most = context if keep is None else keep
     if request.quick_to_tokenize:
-        return counter.count(request)
-    return await asyncio.to_thread(counter.count, request)
+        return counter.measure(request, at_most)
+    return await asyncio.to_thread(counter.measure, request, at_most)

@@ -34,6 +34,7 @@ class ModelEntry(BaseModel):
     aliases: list[str] = []
     adapters: list[str] = []
     max_model_len: int | None = None
+    max_chars_per_token: int | None = None  # its tokenizer's longest token, in characters
     last_seen: float | None = None  # epoch seconds of the last heartbeat of a worker of it
 
     def merged(self, other: ModelEntry) -> ModelEntry:
@@ -44,6 +45,9 @@ class ModelEntry(BaseModel):
             aliases=list(dict.fromkeys([*self.aliases, *other.aliases])),
             adapters=list(dict.fromkeys([*self.adapters, *other.adapters])),
             max_model_len=newer.max_model_len or self.max_model_len or other.max_model_len,
+            max_chars_per_token=newer.max_chars_per_token
+            or self.max_chars_per_token
+            or other.max_chars_per_token,
             last_seen=newer.last_seen,
         )
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from datetime import datetime
-from typing import Any, NoReturn
+from typing import Any, NamedTuple, NoReturn
 
 import jinja2
 from jinja2.ext import Extension, loopcontrols
@@ -72,6 +72,8 @@ class PromptCounter:
         self.card = card
         self.digest = card.digest
         self._tokenizer = Tokenizer.from_str(card.tokenizer_json)
+        # vLLM's own figure (`max_chars_per_token`): the longest entry of the vocabulary, added tokens too.
+        self.max_chars_per_token = max(map(len, self._tokenizer.get_vocab(with_added_tokens=True)), default=1)
         self._template = compile_chat_template(card.chat_template) if card.chat_template else None
 
     def render_chat(self, request: JobRequest) -> str | None:
@@ -127,7 +129,35 @@ class PromptCounter:
 
     def count(self, request: JobRequest) -> int | None:
         """How many tokens the prompt is; None when it cannot be known here."""
+        measured = self.measure(request)
+        return None if measured is None else measured.tokens
+
+    def measure(self, request: JobRequest, at_most: int | None = None) -> Measure | None:
+        """`count`, where it only matters up to `at_most` tokens: a text too long to be that few is not
+        tokenized (as vLLM checks before it tokenizes: a 1 MB prompt takes a second of CPU), and is
+        measured by the fewest tokens it can be, which are more than `at_most`."""
         if request.prompt is not None:
-            return len(self._tokenizer.encode(request.prompt, add_special_tokens=True))
-        text = self.render_chat(request)
-        return None if text is None else len(self._tokenizer.encode(text, add_special_tokens=False))
+            text, special = request.prompt, True
+        else:
+            rendered = self.render_chat(request)
+            if rendered is None:
+                return None
+            text, special = rendered, False
+        if at_most is not None and len(text) > at_most * self.max_chars_per_token:
+            return Measure(least_tokens(len(text), self.max_chars_per_token), exact=False)
+        return Measure(len(self._tokenizer.encode(text, add_special_tokens=special)), exact=True)
+
+
+class Measure(NamedTuple):
+    """A prompt's tokens: counted (`exact`), or the fewest its text can be."""
+
+    tokens: int
+    exact: bool
+
+
+def least_tokens(chars: int, max_chars_per_token: int | None) -> int:
+    """The fewest tokens a text of `chars` characters can be (at least one): no token is longer than
+    the longest one of the vocabulary; 1 when that is not known."""
+    if not max_chars_per_token:
+        return 1
+    return max(1, -(-chars // max_chars_per_token))

@@ -18,6 +18,7 @@ from pydantic import (
     model_validator,
 )
 
+from shared.errors import InvalidRequest
 from shared.events import JobState, Usage
 
 MAX_PROMPT_CHARS = 1_000_000
@@ -189,20 +190,38 @@ class JobRequest(BaseModel):
         return self
 
     @property
+    def prompt_chars(self) -> int:
+        """The characters of the prompt, or of the messages' contents."""
+        return len(self.prompt or "") + sum(len(message.content) for message in self.messages or [])
+
+    @property
     def quick_to_tokenize(self) -> bool:
         """Short enough to tokenize on the event loop; a longer prompt goes to a thread."""
-        chars = len(self.prompt or "") + sum(len(message.content) for message in self.messages or [])
-        return chars <= QUICK_TO_TOKENIZE_CHARS
+        return self.prompt_chars <= QUICK_TO_TOKENIZE_CHARS
+
+    def truncation(self, max_model_len: int) -> int | None:
+        """How many of the prompt's last tokens the engine keeps at most; None: all of them.
+
+        `truncate_prompt_tokens` is bounded by the context as vLLM's server bounds it: over the context
+        it is refused (`InvalidRequest`). -1 keeps as many as the context holds beside `max_tokens`, and
+        at least one: vLLM 0.32 keeps one less than the context and then lowers `max_tokens` to what is
+        left, where streampool keeps the `max_tokens` asked for, as it never lowers it elsewhere.
+        """
+        keep = self.truncate_prompt_tokens
+        if keep is None:
+            return None
+        if keep > max_model_len:
+            raise InvalidRequest.of_field(
+                "truncate_prompt_tokens",
+                f"{keep} cannot be greater than max_model_len = {max_model_len}. Please request a smaller "
+                "truncation size.",
+            )
+        return max(max_model_len - self.max_tokens, 1) if keep == -1 else keep
 
     def kept_prompt_tokens(self, prompt_tokens: int, max_model_len: int) -> int:
-        """How many of the prompt's tokens the engine sees: `truncate_prompt_tokens` keeps the last
-        ones, as vLLM does (-1: as many as the context holds with `max_tokens`)."""
-        if self.truncate_prompt_tokens is None:
-            return prompt_tokens
-        keep = self.truncate_prompt_tokens
-        if keep == -1:
-            keep = max(max_model_len - self.max_tokens, 0)
-        return min(prompt_tokens, keep)
+        """How many of the prompt's tokens the engine sees: the last `truncation` ones, as vLLM keeps them."""
+        keep = self.truncation(max_model_len)
+        return prompt_tokens if keep is None else min(prompt_tokens, keep)
 
     @property
     def stop_strings(self) -> list[str]:

@@ -27,6 +27,10 @@ class WorkerInfo(BaseModel):
     aliases: list[str] = []  # its other served names
     adapters: list[str] = []  # the LoRA adapters of it this worker serves
     max_model_len: int
+    # The longest token's characters: with the context, the longest text a prompt can be, by which a
+    # gateway without the model's card bounds a prompt (as vLLM does before it tokenizes); None from a
+    # worker that predates it.
+    max_chars_per_token: int | None = None
     dtype: str | None = None  # the dtype the engine runs in; None from a worker that predates it
     running_jobs: int
     engine_requests: int
@@ -42,6 +46,7 @@ class WorkerInfo(BaseModel):
             aliases=self.aliases,
             adapters=self.adapters,
             max_model_len=self.max_model_len,
+            max_chars_per_token=self.max_chars_per_token,
             last_seen=self.heartbeat_at,
         )
 

@@ -124,6 +124,7 @@ class WorkerApp:
                 aliases=settings.model_names[1:],
                 adapters=list(settings.adapters),
                 max_model_len=engine.max_model_len,
+                max_chars_per_token=engine.max_chars_per_token,
                 dtype=engine.dtype,
                 running_jobs=runner.running,
                 engine_requests=engine.running_requests(),

@@ -49,6 +49,7 @@ class Engine(Protocol):
 
     model_name: str
     max_model_len: int
+    max_chars_per_token: int  # the tokenizer's longest token, in characters (vLLM's own figure)
     dtype: str  # what the weights run in, resolved (never `auto`): "bfloat16", "float32", ...
 
     def render(self, request: JobRequest) -> Prompt:

@@ -104,6 +104,7 @@ class SyntheticEngine:
         self.max_model_len = settings.max_model_len
         self.card = card
         self._counter = PromptCounter(card)
+        self.max_chars_per_token = self._counter.max_chars_per_token
         self._clock = StepClock(settings.synthetic_step_seconds)
         self._aborted: dict[str, asyncio.Event] = {}
         eos = card.special_tokens.get("eos_token")

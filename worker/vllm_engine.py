@@ -134,6 +134,7 @@ class VllmEngine:
         if tokenizer is None:
             raise EngineError(f"{settings.model} has no tokenizer; streampool renders prompts with it")
         self._tokenizer = tokenizer
+        self.max_chars_per_token = tokenizer.max_chars_per_token
         self._cores_before = cpu_placement.keep_off_model_cores() if current_platform.is_cpu() else None
         # vLLM loads an adapter at its first request and keeps it (max_loras holds them all).
         self._adapters = {

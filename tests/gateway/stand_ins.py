@@ -45,6 +45,8 @@ async def heartbeat(
     running_jobs: int = 0,
     aliases: list[str] | None = None,
     adapters: list[str] | None = None,
+    max_model_len: int = 512,
+    max_chars_per_token: int | None = None,
 ) -> None:
     """A heartbeat as a live worker writes it (no job is ever run by this worker), saying it runs
     `running_jobs`."""
@@ -54,7 +56,8 @@ async def heartbeat(
         model=model,
         aliases=aliases or [],
         adapters=adapters or [],
-        max_model_len=512,
+        max_model_len=max_model_len,
+        max_chars_per_token=max_chars_per_token,
         dtype=dtype,
         running_jobs=running_jobs,
         engine_requests=0,

@@ -1,7 +1,9 @@
 """Prompts too long for the context are refused by the gateway before any job is made.
 
-The gateway runs in-process against the real Redis with the card of the real default model
-published under the test's prefix, as a worker publishes it; no worker runs.
+Most tests run the gateway in-process against the real Redis with the card of the real default
+model published under the test's prefix, as a worker publishes it; no worker runs. Those of every
+path the limit must hold on (no card, `truncate_prompt_tokens`) run a real gateway process, with a
+worker's heartbeat written as a worker writes it.
 """
 
 from __future__ import annotations
@@ -9,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import httpx
@@ -19,10 +21,12 @@ import redis.asyncio as aioredis
 from shared.config import Settings
 from shared.keys import Keys
 from shared.model_card import ModelCard, publish_model_card
-from shared.prompt_tokens import PromptCounter
+from shared.prompt_tokens import Measure, PromptCounter
 from shared.requests import JobRequest
 from tests.conftest import make_settings
+from tests.gateway.keyed_gateway import KeyedGateway, run_gateway
 from tests.gateway.stand_ins import CARD_CONTEXT as CONTEXT
+from tests.gateway.stand_ins import heartbeat
 from tests.helpers import eventually
 from tests.redis_cleanup import delete_prefix
 
@@ -144,7 +148,7 @@ async def _job_request_of_a_call(
         call.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await call
-    request: dict[str, Any] = json.loads(await redis_client.hget(records[0], "request"))  # type: ignore[misc]
+    request: dict[str, Any] = json.loads(await redis_client.hget(records[0], "request"))
     return request
 
 
@@ -180,3 +184,164 @@ async def test_without_a_maximum_chat_and_responses_may_fill_the_context(
     assert prompt_tokens is not None
     expected = CONTEXT - prompt_tokens if fills else body.get("max_tokens", 16)
     assert request["max_tokens"] == expected
+
+
+HUGE = "a " * 450_000  # 450,000 tokens of the default model, in a body under `max_body_bytes`
+DECLARED = "declared-later"  # declared by the gateway process; no worker of it has announced itself
+HEARTBEAT_CONTEXT = 512
+CHARS_PER_TOKEN = 8  # what the stand-in worker says of its tokenizer's longest token
+
+
+@pytest.fixture(scope="module")
+def process(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[KeyedGateway]:
+    """A real gateway process of this module's own, declaring `DECLARED` beside the default model."""
+    yield from run_gateway(
+        redis_url, tmp_path_factory.mktemp("prompt-limit"), allow_unauthenticated=True, models=[DECLARED]
+    )
+
+
+@pytest.fixture
+async def http(process: KeyedGateway) -> AsyncIterator[httpx.AsyncClient]:
+    async with httpx.AsyncClient(base_url=process.base_url, timeout=10) as client:
+        yield client
+
+
+async def _announced(redis_client: aioredis.Redis, process: KeyedGateway, model: str) -> None:
+    """A worker of `model` without a card (its tokenizer has no `tokenizers` form) says it lives."""
+    await heartbeat(
+        redis_client,
+        process.keys,
+        f"worker-of-{model}",
+        model,
+        max_model_len=HEARTBEAT_CONTEXT,
+        max_chars_per_token=CHARS_PER_TOKEN,
+    )
+
+
+def _call(path: str, model: str, text: str, **options: Any) -> dict[str, Any]:
+    """The body of a call to `path` whose prompt (or one user message) is `text`."""
+    if path == "/v1/chat/completions":
+        return {"model": model, "messages": [{"role": "user", "content": text}], **options}
+    return {"model": model, "prompt": text, **options}
+
+
+def _refused_as_too_long(answer: httpx.Response, path: str, context: int) -> None:
+    if path == "/v1/jobs":
+        assert answer.status_code == 413, answer.text
+        assert (answer.json()["error_type"], answer.json()["context_length"]) == ("prompt_too_long", context)
+    else:
+        assert answer.status_code == 400, answer.text
+        assert answer.json()["error"]["code"] == "context_length_exceeded"
+    assert f"maximum context length is {context} tokens" in answer.text
+
+
+async def _jobs(redis_client: aioredis.Redis, process: KeyedGateway) -> set[str]:
+    return {key async for key in redis_client.scan_iter(match=f"{process.settings.key_prefix}:job:*")}
+
+
+@pytest.mark.parametrize("path", ["/v1/jobs", "/v1/completions", "/v1/chat/completions"])
+async def test_without_a_card_the_context_of_the_workers_heartbeats_bounds_the_prompt(
+    http: httpx.AsyncClient, redis_client: aioredis.Redis, process: KeyedGateway, path: str
+) -> None:
+    model = f"no-card-{path.rsplit('/', 1)[1]}"
+    await _announced(redis_client, process, model)
+    await eventually(
+        lambda: http.post("/v1/jobs", json={"model": model, "prompt": "Hi", "max_tokens": 1}),
+        f"the gateway knows {model}",
+        until=lambda answer: answer.status_code == 202,
+    )
+    before = await _jobs(redis_client, process)
+    for text, max_tokens in [(LONG, 16), (HUGE, 16), ("Hello!", HEARTBEAT_CONTEXT)]:
+        answer = await http.post(path, json=_call(path, model, text, max_tokens=max_tokens))
+        _refused_as_too_long(answer, path, HEARTBEAT_CONTEXT)
+    assert "at least" in (await http.post(path, json=_call(path, model, LONG, max_tokens=16))).text
+    assert await _jobs(redis_client, process) == before
+    if path == "/v1/jobs":
+        fits = await http.post(path, json=_call(path, model, "Hello!", max_tokens=16))
+        assert fits.status_code == 202, fits.text
+
+
+async def test_a_declared_model_queues_its_jobs_until_a_worker_of_it_announces_its_context(
+    http: httpx.AsyncClient, redis_client: aioredis.Redis, process: KeyedGateway
+) -> None:
+    """No worker of it has ever run: nothing bounds its prompts yet, and refusing its jobs would keep
+    an autoscaler from ever starting its first worker, so they are queued for that worker to check."""
+    body = {"model": DECLARED, "prompt": LONG, "max_tokens": 16}
+    queued = await http.post("/v1/jobs", json=body)
+    assert queued.status_code == 202, queued.text
+    await _announced(redis_client, process, DECLARED)
+    refused = await eventually(
+        lambda: http.post("/v1/jobs", json=body),
+        "the declared model's context is known",
+        until=lambda answer: answer.status_code != 202,
+    )
+    _refused_as_too_long(refused, "/v1/jobs", HEARTBEAT_CONTEXT)
+
+
+@pytest.fixture
+async def carded(card: ModelCard, redis_client: aioredis.Redis, process: KeyedGateway) -> ModelCard:
+    """The default model's card, published under the gateway process's prefix."""
+    await publish_model_card(redis_client, process.keys, card)
+    return card
+
+
+@pytest.mark.parametrize("source", ["card", "heartbeat"])
+@pytest.mark.parametrize("path", ["/v1/jobs", "/v1/completions", "/v1/chat/completions"])
+async def test_truncate_prompt_tokens_over_the_context_is_refused_as_vllm_refuses_it(
+    http: httpx.AsyncClient,
+    redis_client: aioredis.Redis,
+    process: KeyedGateway,
+    card: ModelCard,
+    source: str,
+    path: str,
+) -> None:
+    if source == "card":
+        await publish_model_card(redis_client, process.keys, card)
+        model, context = card.model, CONTEXT
+    else:
+        model, context = f"truncated-{path.rsplit('/', 1)[1]}", HEARTBEAT_CONTEXT
+        await _announced(redis_client, process, model)
+    body = _call(path, model, "Hello!", max_tokens=16, truncate_prompt_tokens=context + 1)
+    answer = await eventually(
+        lambda: http.post(path, json=body),
+        "the gateway knows the context",
+        until=lambda answer: answer.status_code != 404,
+    )
+    assert answer.status_code == (422 if path == "/v1/jobs" else 400), answer.text
+    assert (
+        f"truncate_prompt_tokens: {context + 1} cannot be greater than max_model_len = {context}"
+        in answer.text
+    )
+    if path != "/v1/jobs":
+        assert answer.json()["error"]["param"] == "truncate_prompt_tokens"
+
+
+async def test_truncate_prompt_tokens_minus_one_keeps_what_the_context_holds_beside_max_tokens(
+    http: httpx.AsyncClient, redis_client: aioredis.Redis, process: KeyedGateway, carded: ModelCard
+) -> None:
+    """-1 truncates a 450,000-token prompt to what fits; a `max_tokens` that leaves no room for even one
+    prompt token is refused, with the card or with the heartbeat's context."""
+    kept = await http.post("/v1/jobs", json={"prompt": HUGE, "max_tokens": 16, "truncate_prompt_tokens": -1})
+    assert kept.status_code == 202, kept.text
+    await _announced(redis_client, process, "truncated-all")
+    for model, context in [(carded.model, CONTEXT), ("truncated-all", HEARTBEAT_CONTEXT)]:
+        body = {"model": model, "prompt": HUGE, "max_tokens": context, "truncate_prompt_tokens": -1}
+        answer = await eventually(
+            lambda body=body: http.post("/v1/jobs", json=body),
+            f"{model} is known",
+            until=lambda answer: answer.status_code != 404,
+        )
+        _refused_as_too_long(answer, "/v1/jobs", context)
+        assert answer.json()["prompt_tokens"] == 1
+
+
+def test_a_prompt_far_over_the_context_is_measured_without_tokenizing_it(card: ModelCard) -> None:
+    """As vLLM: no token is longer than the vocabulary's longest, so a text longer than the context of
+    such tokens is over it, and is not tokenized (450,000 tokens take a second of CPU)."""
+    counter = PromptCounter(card)
+    assert counter.measure(JobRequest(prompt=HUGE), at_most=CONTEXT) == Measure(
+        -(-len(HUGE) // counter.max_chars_per_token), exact=False
+    )
+    assert counter.measure(JobRequest(prompt=LONG), at_most=CONTEXT) == Measure(
+        counter.count(JobRequest(prompt=LONG)) or 0, exact=True
+    )

@@ -28,6 +28,7 @@ LEASE_SECONDS = 6.0
 class ScriptedEngine:
     model_name = "scripted"
     max_model_len = 512
+    max_chars_per_token = 16
 
     def __init__(
         self,

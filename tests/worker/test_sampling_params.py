@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from shared.config import WorkerSettings
+from shared.errors import InvalidRequest
 from shared.requests import JobRequest
 from worker.engine import Prompt
 
@@ -79,10 +80,21 @@ def test_structured_outputs_reach_sampling_params_under_vllms_names(
     assert getattr(params.structured_outputs, name) == value
 
 
-@pytest.mark.parametrize(("truncate", "kept"), [(None, 10), (4, 4), (50, 10), (-1, 8)])
-def test_truncate_prompt_tokens_keeps_the_last_tokens(truncate: int | None, kept: int) -> None:
-    request = JobRequest(prompt="Once", max_tokens=12, truncate_prompt_tokens=truncate)
+@pytest.mark.parametrize(
+    ("truncate", "max_tokens", "kept"), [(None, 12, 10), (4, 12, 4), (20, 12, 10), (-1, 12, 8), (-1, 20, 1)]
+)
+def test_truncate_prompt_tokens_keeps_the_last_tokens(
+    truncate: int | None, max_tokens: int, kept: int
+) -> None:
+    request = JobRequest(prompt="Once", max_tokens=max_tokens, truncate_prompt_tokens=truncate)
     assert request.kept_prompt_tokens(10, max_model_len=20) == kept
+
+
+def test_truncate_prompt_tokens_over_the_context_is_refused_as_vllm_refuses_it() -> None:
+    request = JobRequest(prompt="Once", max_tokens=12, truncate_prompt_tokens=21)
+    with pytest.raises(InvalidRequest, match="21 cannot be greater than max_model_len = 20") as refused:
+        request.kept_prompt_tokens(10, max_model_len=20)
+    assert refused.value.field == "truncate_prompt_tokens"
 
 
 @pytest.mark.parametrize(("policy", "handed"), [("priority", -3), ("fcfs", 0)])
