@@ -193,7 +193,11 @@ class JobStore:
         self.settings = settings
         self.transitions = Transitions(redis, keys)
         self.acks = ReplicaAcks(
-            redis, settings.min_replicas_to_ack, settings.replica_ack_timeout_ms, keys.replication_fence
+            redis,
+            settings.min_replicas_to_ack,
+            settings.replica_ack_timeout_ms,
+            keys.replication_fence,
+            keys.replicas_seen,
         )
 
     async def submit(

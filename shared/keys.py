@@ -112,6 +112,12 @@ class Keys:
         return f"{self.prefix}:replication-fence"
 
     @property
+    def replicas_seen(self) -> str:
+        """Sorted set, no TTL: its one member `replicas` scored by the most replicas the master has been
+        seen with, the number a write waits for by default (`shared.replication`); it only grows."""
+        return f"{self.prefix}:replicas-seen"
+
+    @property
     def running(self) -> str:
         """Set: ids of jobs a worker has started and not yet ended or handed back, for the reapers."""
         return f"{self.prefix}:running"

@@ -23,9 +23,10 @@ import redis.asyncio as aioredis
 from shared.errors import BackendUnavailable
 from shared.redis_client import redis_errors
 
-# How long the number of replicas a master has is taken as known: a failover's new master starts
-# with none, and the old master comes back as its replica; one INFO per process this often.
+# How long the number of replicas a master has is taken as known: a replica that joins is counted
+# this soon (or at once after a WAIT fell short); one INFO per process this often.
 REPLICAS_CHECK_SECONDS = 5.0
+SEEN_MEMBER = "replicas"  # the one member of `Keys.replicas_seen`
 
 
 @dataclass(frozen=True)
@@ -44,19 +45,29 @@ class Wait:
 
 class ReplicaAcks:
     """How many replicas must hold a write before it is acknowledged: `min_replicas_to_ack`, or, with
-    that unset, 1 while the master has a replica online (`INFO replication`) and 0 while it has none.
+    that unset, the most replicas the deployment has been seen with, whatever their state.
+
+    A replica is counted from the moment the master lists it (`connected_slaves` of `INFO
+    replication`), still syncing or not: until it holds the write, a WAIT for it falls short. The
+    count never goes down by itself: a master that lost its replicas (one cut off from them while a
+    replica was promoted, or a new master whose old one has not come back) is one whose writes a
+    failover can lose, so it acknowledges nothing until as many replicas hold the write again. The
+    most seen is kept in the process and on the master (`Keys.replicas_seen`), so that a process
+    started later knows it too; only `min_replicas_to_ack` asks for fewer.
 
     The count is read at first use, again every `REPLICAS_CHECK_SECONDS`, and at once after a WAIT
-    fell short (a failover, or a replica gone): so a master without replicas (a single Redis, or a
-    new master whose old one has not come back) acknowledges at once rather than refusing everything.
+    fell short. A single Redis that never had a replica acknowledges at once.
     """
 
-    def __init__(self, redis: aioredis.Redis, replicas: int | None, timeout_ms: int, fence: str) -> None:
+    def __init__(
+        self, redis: aioredis.Redis, replicas: int | None, timeout_ms: int, fence: str, seen_key: str
+    ) -> None:
         self.redis = redis
         self.fixed = replicas
         self.timeout_ms = timeout_ms
         self.fence = fence
-        self._needed = 0
+        self.seen_key = seen_key
+        self._seen = 0
         self._known_until = 0.0
 
     async def wait(self) -> Wait | None:
@@ -79,10 +90,13 @@ class ReplicaAcks:
         now = time.monotonic()
         if now >= self._known_until:
             with redis_errors():
-                info = await self.redis.info("replication")
-            replicas = [value for name, value in info.items() if name.startswith("slave")]
-            online = sum(
-                1 for replica in replicas if isinstance(replica, dict) and replica["state"] == "online"
-            )
-            self._online, self._known_until = min(online, 1), now + REPLICAS_CHECK_SECONDS
-        return self._online
+                async with self.redis.pipeline(transaction=False) as pipe:
+                    pipe.info("replication")
+                    pipe.zscore(self.seen_key, SEEN_MEMBER)
+                    info, stored = await pipe.execute()
+                kept = int(stored or 0)
+                self._seen = max(self._seen, kept, int(info.get("connected_slaves", 0)))
+                if self._seen > kept:  # written only when it grows: ZADD GT keeps the highest
+                    await self.redis.zadd(self.seen_key, {SEEN_MEMBER: self._seen}, gt=True)
+            self._known_until = now + REPLICAS_CHECK_SECONDS
+        return self._seen

@@ -15,6 +15,7 @@ from tests.processes import Processes, free_port
 
 MASTER_NAME = "streampool"
 FAILOVER_TIMEOUT = 60
+PARTITION_PASSWORD = "partitioned"  # what a master cut off from the Sentinels requires of new clients
 
 
 @dataclass
@@ -53,15 +54,15 @@ class ReplicatedRedis:
     def client(self, name: str) -> redis.Redis:
         return redis.Redis.from_url(self.url(name), decode_responses=True, socket_timeout=5)
 
-    def wait_replica_online(self) -> None:
-        """Until the master lists its replica as online (its first sync done)."""
+    def wait_replica_online(self, master: str = "master") -> None:
+        """Until the master `master` lists its replica as online (its sync done)."""
 
         def online() -> bool:
-            with self.client("master") as master:
-                replica = master.info("replication").get("slave0")
+            with self.client(master) as server:
+                replica = server.info("replication").get("slave0")
             return isinstance(replica, dict) and replica["state"] == "online"
 
-        eventually_sync(online, "the replica is online", timeout=30, interval=0.1)
+        eventually_sync(online, f"{master}'s replica is online", FAILOVER_TIMEOUT, interval=0.1)
 
     def kill(self, name: str) -> None:
         """SIGKILL: the server dies with whatever it had not sent its replica."""
@@ -81,6 +82,25 @@ class ReplicatedRedis:
             assert replica.info("replication")["master_link_status"] == "down"
             self.kill(name)
             replica.config_set("masterauth", "")
+
+    def cut_off_from_sentinels(self, name: str) -> None:
+        """A partition: the Sentinels lose the master `name` (it requires a password of new clients, and
+        their connections are cut), so they promote its replica, while the clients already connected to
+        it (a gateway's, a worker's) go on with it, as the clients on its side of a partition do."""
+        with self.client(name) as server:
+            server.config_set("requirepass", PARTITION_PASSWORD)
+            for client in server.client_list():
+                if client["name"].startswith("sentinel-"):
+                    server.client_kill_filter(_id=client["id"])
+
+    def rejoin(self, name: str) -> None:
+        """The partition `cut_off_from_sentinels` made ends: `name` becomes a replica of the master the
+        Sentinels name now (as they make it once they reach it), and its sync is done."""
+        url = self.url(name)
+        with redis.Redis.from_url(url, password=PARTITION_PASSWORD, decode_responses=True) as server:
+            server.config_set("requirepass", "")
+            server.replicaof("127.0.0.1", self.master_port())
+        self.wait_replica_online(self.other_than(name))
 
     def other_than(self, name: str) -> str:
         return "replica" if name == "master" else "master"

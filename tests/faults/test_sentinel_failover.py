@@ -1,6 +1,7 @@
 """A Redis failover under load: a master, its replica and three Sentinels (`redis-server` processes of
 the test's own, on loopback), a gateway and a worker that know only the Sentinels. The master is
-SIGKILLed while jobs stream and wait in the queue, and while submissions pour in: every job that got
+SIGKILLed while jobs stream and wait in the queue, and while submissions pour in; or cut off from the
+Sentinels alone (a partition), so that its replica is promoted while it still answers: every job that got
 a 202 completes exactly once, every stream followed across the failover is one stream without gap or
 duplicate, and meanwhile the gateway answers nothing but what it answers when healthy or 503 with
 Retry-After, never a 500.
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from subprocess import Popen
 
@@ -37,6 +38,7 @@ PROBE_SECONDS = 0.05
 LEASE_SECONDS = 10.0
 ALONE_SECONDS = 0.3  # the master writes steps its replica never receives, then dies
 SUBMITTERS = 4
+PARTITION_SECONDS = 2.0  # the old master answers its clients this long after its replica's promotion
 
 
 @dataclass
@@ -105,20 +107,45 @@ async def fail_over(
     deployment: Deployment, answers: Answers, stop: asyncio.Event, alone_seconds: float = 0.0
 ) -> None:
     """SIGKILL the master, after `alone_seconds` of writes its replica does not receive; once the
-    Sentinels have promoted its replica and the gateway takes jobs again, stop pressing."""
-    master = "master" if deployment.redis.master_port() == deployment.redis.ports["master"] else "replica"
+    Sentinels have promoted its replica, the dead master is back as the new one's replica (as an
+    orchestrator restarts it: until then the new master has no replica to hold a write, so it
+    acknowledges none) and the gateway takes jobs again, stop pressing."""
+    master = current_master(deployment)
     if alone_seconds:
         await asyncio.to_thread(deployment.redis.kill_after_writing_alone, master, alone_seconds)
     else:
         await asyncio.to_thread(deployment.redis.kill, master)
     await asyncio.to_thread(deployment.redis.wait_failover_from, master)
+    await asyncio.to_thread(deployment.redis.restore_replica, master)
+    await accepting_again(answers, stop)
+
+
+async def partition(deployment: Deployment, answers: Answers, stop: asyncio.Event) -> None:
+    """Cut the master off from the Sentinels alone: they promote its replica while it goes on
+    answering the gateway and the worker on the connections they hold, for `PARTITION_SECONDS`. Then
+    it rejoins as the new master's replica (dropping what it took meanwhile), and once the gateway
+    takes jobs again, stop pressing."""
+    master = current_master(deployment)
+    await asyncio.to_thread(deployment.redis.cut_off_from_sentinels, master)
+    await asyncio.to_thread(deployment.redis.wait_failover_from, master)
+    await asyncio.sleep(PARTITION_SECONDS)
+    await asyncio.to_thread(deployment.redis.rejoin, master)
+    await accepting_again(answers, stop)
+
+
+def current_master(deployment: Deployment) -> str:
+    return "master" if deployment.redis.master_port() == deployment.redis.ports["master"] else "replica"
+
+
+async def accepting_again(answers: Answers, stop: asyncio.Event) -> None:
+    """Once `SUBMITTERS` more jobs are accepted, stop pressing."""
     accepted = len(answers.accepted)
 
-    async def accepting_again() -> None:
+    async def more() -> None:
         while len(answers.accepted) < accepted + SUBMITTERS:
             await asyncio.sleep(PROBE_SECONDS)
 
-    await asyncio.wait_for(accepting_again(), WAIT_TIMEOUT)
+    await asyncio.wait_for(more(), WAIT_TIMEOUT)
     stop.set()
 
 
@@ -162,15 +189,29 @@ async def test_jobs_running_and_queued_through_a_failover_complete_once_and_foll
 async def test_a_submission_burst_through_a_failover_completes_every_job_it_acknowledged(
     deployment: Deployment, gateway: httpx.AsyncClient
 ) -> None:
-    dead = "master" if deployment.redis.master_port() == deployment.redis.ports["replica"] else "replica"
-    await asyncio.to_thread(deployment.redis.restore_replica, dead)
+    await burst_through(deployment, gateway, fail_over)
+
+
+async def test_a_submission_burst_through_a_partition_completes_every_job_it_acknowledged(
+    deployment: Deployment, gateway: httpx.AsyncClient
+) -> None:
+    """What the old master took while cut off is gone once it rejoins: none of it was acknowledged."""
+    await burst_through(deployment, gateway, partition)
+
+
+async def burst_through(
+    deployment: Deployment,
+    gateway: httpx.AsyncClient,
+    failure: Callable[[Deployment, Answers, asyncio.Event], Awaitable[None]],
+) -> None:
+    """Submitters press on the gateway through `failure`: every job it acknowledged completes once."""
     probe = await submit(gateway, **SHORT)
 
     answers, stop = Answers(), asyncio.Event()
     submitters = [asyncio.create_task(press(gateway, answers, stop, probe)) for _ in range(SUBMITTERS)]
     while len(answers.accepted) < 2 * SUBMITTERS:  # the burst is under way
         await asyncio.sleep(PROBE_SECONDS)
-    await fail_over(deployment, answers, stop)
+    await failure(deployment, answers, stop)
     await asyncio.gather(*submitters)
     answers.assert_only_success_or_503()
 
