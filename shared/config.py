@@ -55,8 +55,8 @@ class RedisSettings(BaseSettings):
         None,
         ge=0,
         description="replicas that must hold a submission, a cancel or a job's end before it is "
-        "acknowledged (WAIT); default: the most replicas the master has been seen with (syncing or "
-        "online), kept in Redis, so 0 for a Redis that never had one; set it to ask for fewer",
+        "acknowledged (WAIT); default: 1 once the master has been seen with a replica (syncing or "
+        "online; remembered in Redis), 0 for a Redis that never had one; set it to ask for more or fewer",
     )
     replica_ack_timeout_ms: int = Field(
         1000,

@@ -114,7 +114,7 @@ class Keys:
     @property
     def replicas_seen(self) -> str:
         """Sorted set, no TTL: its one member `replicas` scored by the most replicas the master has been
-        seen with, the number a write waits for by default (`shared.replication`); it only grows."""
+        seen with: above 0, a write waits for a replica by default (`shared.replication`); it only grows."""
         return f"{self.prefix}:replicas-seen"
 
     @property

@@ -45,14 +45,17 @@ class Wait:
 
 class ReplicaAcks:
     """How many replicas must hold a write before it is acknowledged: `min_replicas_to_ack`, or, with
-    that unset, the most replicas the deployment has been seen with, whatever their state.
+    that unset, one once the deployment has been seen with a replica, whatever its state.
 
-    A replica is counted from the moment the master lists it (`connected_slaves` of `INFO
-    replication`), still syncing or not: until it holds the write, a WAIT for it falls short. The
-    count never goes down by itself: a master that lost its replicas (one cut off from them while a
-    replica was promoted, or a new master whose old one has not come back) is one whose writes a
-    failover can lose, so it acknowledges nothing until as many replicas hold the write again. The
-    most seen is kept in the process and on the master (`Keys.replicas_seen`), so that a process
+    One is enough for a failover to lose nothing acknowledged: Sentinel promotes the replica that
+    holds the most of the master's writes, so a write one replica holds survives the master's loss
+    (asking for more survives more failures at once, but stops writes while any of them is down). A
+    replica is counted from the moment the master lists it (`connected_slaves` of `INFO
+    replication`), still syncing or not: until it holds the write, a WAIT for it falls short. What
+    was seen never goes away by itself: a master that lost its replicas (one cut off from them while
+    a replica was promoted, or a new master whose old one has not come back) is one whose writes a
+    failover can lose, so it acknowledges nothing until a replica holds the write again. The most
+    replicas seen is kept in the process and on the master (`Keys.replicas_seen`), so that a process
     started later knows it too; only `min_replicas_to_ack` asks for fewer.
 
     The count is read at first use, again every `REPLICAS_CHECK_SECONDS`, and at once after a WAIT
@@ -99,4 +102,4 @@ class ReplicaAcks:
                 if self._seen > kept:  # written only when it grows: ZADD GT keeps the highest
                     await self.redis.zadd(self.seen_key, {SEEN_MEMBER: self._seen}, gt=True)
             self._known_until = now + REPLICAS_CHECK_SECONDS
-        return self._seen
+        return min(self._seen, 1)
