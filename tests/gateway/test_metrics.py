@@ -168,7 +168,7 @@ async def test_without_the_metrics_token_metrics_name_no_tenant(tokened_http: ht
     _names_no_tenant(await tokened_http.get("/metrics"))
 
 
-@pytest.mark.parametrize("token", [f"{METRICS_TOKEN}x", TENANT_KEY])
+@pytest.mark.parametrize("token", [f"{METRICS_TOKEN}x", TENANT_KEY], ids=["wrong-token", "api-key"])
 async def test_another_token_than_the_metrics_token_answers_401(
     tokened_http: httpx.AsyncClient, token: str
 ) -> None:
@@ -186,7 +186,9 @@ async def test_the_metrics_token_is_shown_the_tenants_series(tokened_http: httpx
     assert scraped.value("streampool_jobs_submitted_total") >= 1
 
 
-@pytest.mark.parametrize("headers", [{}, bearer(TENANT_KEY), bearer(METRICS_TOKEN)])
+@pytest.mark.parametrize(
+    "headers", [{}, bearer(TENANT_KEY), bearer(METRICS_TOKEN)], ids=["none", "api-key", "would-be-token"]
+)
 async def test_without_a_metrics_token_set_no_caller_is_shown_a_tenant(
     tokenless_http: httpx.AsyncClient, headers: dict[str, str]
 ) -> None:
