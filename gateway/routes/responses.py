@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import time
 from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
 from typing import Annotated, Any, Literal
@@ -116,8 +117,9 @@ async def _previous(
 
 
 def _written_at(entry: Entry) -> float:
-    """When an entry was written, by its stream id (milliseconds of Redis's clock)."""
-    return int(entry.id.partition("-")[0]) / 1000
+    """When an entry's step was sent (its `at`, milliseconds); now for an entry that predates `at`.
+    Not its stream id: that is the event's seq."""
+    return int(entry.at) / 1000 if entry.at else time.time()
 
 
 def _frame(event: dict[str, Any]) -> ServerSentEvent:

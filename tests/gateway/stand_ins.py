@@ -80,8 +80,8 @@ class StandInWorker:
     async def start(self, model: str = "model") -> None:
         assert await self.store.start(self.job_id, WORKER, model, lease_seconds=60) is not None
 
-    async def run_to_done(self) -> None:
-        """DELTAS deltas (seqs 2 on), then `done`."""
+    async def run_to_done(self, finish_reason: str = "length") -> None:
+        """DELTAS deltas (seqs 2 on), then `done` for `finish_reason`."""
         transitions, redis = self.store.transitions, self.store.redis
         await redis.script_load(scripts.STEP.source)  # a fresh Redis has none; the worker loads it so
         for seq in range(2, 2 + DELTAS):
@@ -91,8 +91,8 @@ class StandInWorker:
             )
             await redis.execute_command(*command)
         usage = Usage(prompt_tokens=1, completion_tokens=DELTAS)
-        outcome = Outcome(JobState.completed, "", DELTAS, usage, finish_reason="length")
-        await self._end(DoneEvent(seq=2 + DELTAS, finish_reason="length", usage=usage), outcome)
+        outcome = Outcome(JobState.completed, "", DELTAS, usage, finish_reason=finish_reason)
+        await self._end(DoneEvent(seq=2 + DELTAS, finish_reason=finish_reason, usage=usage), outcome)
 
     async def end_cancelled(self) -> None:
         """`cancelled` right after `running`, as a worker that saw the cancel key ends the job."""

@@ -177,3 +177,27 @@ async def _job_asking(redis_client: aioredis.Redis, keyed: KeyedGateway, text: s
         if text in (await redis_client.hget(key, "request") or ""):
             return str(key).rpartition(":")[2]
     return None
+
+
+async def test_a_streamed_response_completes_at_the_time_its_job_ended(
+    owner: openai.AsyncOpenAI, keyed: KeyedGateway, redis_client: aioredis.Redis
+) -> None:
+    """`completed_at` of the streamed `response.completed`, as the `openai` package parses it, is the
+    time the job's last step was written, as the polled record's is: not its entry id, a seq."""
+    store = JobStore(redis_client, keyed.keys, keyed.settings)
+    stream = await owner.responses.create(model=MODEL, input="hi", stream=True, background=True)
+    worker: asyncio.Task[None] | None = None
+    completed: list[openai.types.responses.Response] = []
+    async with stream:
+        async for event in stream:
+            if event.type == "response.created":
+                job = StandInWorker(store, event.response.id.removeprefix("resp_"))
+                await job.start(await store.model_of(job.job_id))
+                worker = asyncio.create_task(job.run_to_done(finish_reason="stop"))
+            if event.type == "response.completed":
+                completed.append(event.response)
+    assert worker is not None
+    await worker
+    polled = await owner.responses.retrieve(completed[0].id)
+    assert polled.completed_at is not None and completed[0].completed_at is not None
+    assert abs(completed[0].completed_at - polled.completed_at) <= 1  # whole seconds, two clocks
