@@ -61,8 +61,7 @@ def create_app(settings: GatewaySettings) -> FastAPI:
         redis = connect(url, keys.client_name("gateway"), most, sentinel_password=sentinel_password)
         reader = connect_reader(url, keys.stream_reader_name, sentinel_password=sentinel_password)
         hub = StreamHub(reader, redis)
-        # The store still annotates the composed Settings; what it reads of them a GatewaySettings has.
-        store = JobStore(redis, keys, settings)
+        store = JobStore(redis, keys, settings)  # it reads the Redis settings every role has
         # A record outlives its last change by the retention, and the wait for its next attempt.
         record_ttl = settings.retention_seconds + math.ceil(settings.webhook_max_retry_gap_seconds)
         deliveries = Deliveries(redis, keys, record_ttl)

@@ -16,6 +16,7 @@ StreampoolError
 ├── BackendUnavailable    503 unavailable (Redis unreachable, no model known at all)
 ├── JobCancelled          cancelled: the job a client waited on ended early (410 on OpenAI's routes)
 ├── EngineError           a generation failed inside the engine (worker side)
+├── NotResumable          not_resumable: a job of several choices met a second run (it fails)
 └── EngineDead            the engine itself is gone: no job is to blame, and its worker must go too
 """
 

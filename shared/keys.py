@@ -152,7 +152,7 @@ class Keys:
 
     def tenant_record_fields(self, tenant: str) -> dict[str, str]:
         """What a job's record keeps of its tenant: the name, and the keys of its counters, which the
-        lifecycle scripts that move the job read from the record (`tenant.lua`)."""
+        lifecycle scripts that move the job read from the record (`tenant_move.lua`)."""
         return {
             "tenant": tenant,
             "tenant_queued": self.tenant_queued(tenant),

@@ -50,11 +50,11 @@ log = logging.getLogger(__name__)
 
 RESEND_SECONDS = 0.1  # between sendings of steps that failed: a Redis restart takes about this long
 KEPT_EVENTS = 64
+"""A job's last events kept to write again after a failover lost them: a replica trails its master
+by what the master wrote in the last few milliseconds, a step or two of each job."""
 CHECK_AFTER_SECONDS = 1.0
 """A round trip this long after the last one reads every job's stream first: a failover takes longer
 than this, and a worker whose steps paused through one may have reconnected without an error."""
-"""A job's last events kept to write again after a failover lost them: a replica trails its master
-by what the master wrote in the last few milliseconds, a step or two of each job."""
 
 
 @dataclass
