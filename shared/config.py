@@ -259,6 +259,13 @@ class WorkerSettings(RedisSettings):
         None, gt=0, le=1, description="vLLM memory share (default: vLLM's on GPU, 0.3 on CPU)"
     )
     cpu_kvcache_gib: int = Field(1, ge=1, description="KV cache size on the CPU backend, GiB")
+    constraint_compile_seconds: float = Field(
+        3.0,
+        gt=0,
+        description="longest a job's regex, grammar or JSON schema may take to compile in the worker's "
+        "compiling process before it is killed and the job fails; below vLLM's own 5 s, which stops "
+        "waiting but not compiling",
+    )
     scheduling_policy: Literal["fcfs", "priority"] = Field(
         "fcfs",
         description="vLLM's scheduling policy: priority runs the jobs of one batch in order of their "

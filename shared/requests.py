@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 from datetime import datetime
 from typing import Annotated, Any, Literal
@@ -18,6 +19,7 @@ from pydantic import (
     model_validator,
 )
 
+from shared.constraint_bounds import grammar_problem, regex_problem, schema_problem
 from shared.errors import InvalidRequest
 from shared.events import JobState, Usage
 
@@ -88,7 +90,29 @@ class StructuredOutputs(BaseModel):
         text = schema if isinstance(schema, str | None) else json.dumps(schema)
         if text is not None and len(text) > MAX_GRAMMAR_CHARS:
             raise ValueError(f"must be at most {MAX_GRAMMAR_CHARS} characters of JSON")
+        parsed: object = schema
+        if isinstance(schema, str):
+            with contextlib.suppress(ValueError):  # JSON text that is no schema is the engine's to refuse
+                parsed = json.loads(schema)
+        if isinstance(parsed, dict) and (problem := schema_problem(parsed)) is not None:
+            raise ValueError(f"refused before compiling: {problem}")
         return schema
+
+    @field_validator("regex", "whitespace_pattern")
+    @classmethod
+    def _quick_regex(cls, pattern: str | None) -> str | None:
+        """Patterns the grammar compiler would take seconds over are refused here, before any job
+        (shared/constraint_bounds.py)."""
+        if pattern is not None and (problem := regex_problem(pattern)) is not None:
+            raise ValueError(f"refused before compiling: {problem}")
+        return pattern
+
+    @field_validator("grammar")
+    @classmethod
+    def _quick_grammar(cls, grammar: str | None) -> str | None:
+        if grammar is not None and (problem := grammar_problem(grammar)) is not None:
+            raise ValueError(f"refused before compiling: {problem}")
+        return grammar
 
     @model_validator(mode="after")
     def _one_constraint(self) -> StructuredOutputs:

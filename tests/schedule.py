@@ -16,6 +16,7 @@ GROUPS = {
     "tests/fuzz/test_schema_fuzz.py": "fuzz",  # its gateway process and the schema read from it
     "tests/worker/test_sampling_params.py": "engine-libraries",  # imports vLLM
     "tests/worker/test_cpu_dtype.py": "engine-libraries",  # imports torch
+    "tests/worker/test_constraint_compile.py": "engine-libraries",  # its child imports xgrammar (torch)
     "tests/gateway/test_vllm_routes.py": "engine-libraries",  # loads the tokenizer with transformers
     "tests/gateway/test_auth.py": "keyed",  # tests/conftest.py's `keyed` gateway process
     "tests/gateway/test_responses_routes.py": "keyed",
@@ -23,6 +24,7 @@ GROUPS = {
     "tests/e2e/test_playground.py": "keyed",
     "tests/gateway/test_readers.py": "gateway-process",  # tests/gateway/conftest.py's `gateway_process`
     "tests/gateway/test_reader_cursors.py": "gateway-process",
+    "tests/gateway/test_structured_outputs.py": "gateway-process",
     "tests/gateway/test_openai_stream_timing.py": "stream-timing",  # a gateway process of its own
     "tests/gateway/test_reader_bounds.py": "stream-limits",  # a gateway process of its own
     "tests/gateway/test_tenants.py": "tenants",  # a gateway process of its own

@@ -28,6 +28,7 @@ from shared.models import Target
 from shared.requests import JobRequest, StructuredOutputs
 from worker import cpu_placement
 from worker.adapter_gate import AdapterGate
+from worker.constraint_compile import ConstraintCompiler
 from worker.cpu_dtype import dtype_for_cpu
 from worker.engine import EngineDelta, Prompt
 
@@ -143,6 +144,9 @@ class VllmEngine:
         }
         # The CPU build mixes up adapters batched together (worker/adapter_gate.py).
         self._gate = AdapterGate() if self._adapters and current_platform.is_cpu() else None
+        # vLLM's compile of a constraint cannot be stopped once begun: it is tried first where it can be.
+        # Its process starts at the first constrained job: a worker that never gets one never pays for it.
+        self._constraints = ConstraintCompiler(str(settings.model), settings.constraint_compile_seconds)
 
     def _turn(self, adapter: LoRARequest | None) -> contextlib.AbstractAsyncContextManager[None]:
         """Where the engine mixes adapters up, the wait for this adapter's turn (`AdapterGate`)."""
@@ -186,6 +190,7 @@ class VllmEngine:
         params = self.sampling_params(prompt.request)
         adapter = self._adapter(prompt.request)
         wanted = prompt.request.logprobs or 0
+        await self._constraints.check(prompt.request.structured_outputs)
         async with self._turn(adapter):
             try:
                 # Already tokenized (usage must be exact), so the renderer only packs the ids for the engine.
@@ -231,6 +236,7 @@ class VllmEngine:
         return int(self._llm.output_processor.get_num_unfinished_requests())  # type: ignore[no-untyped-call]
 
     def shutdown(self) -> None:
+        self._constraints.close()
         self._llm.shutdown()
         if self._cores_before is not None:  # an in-process engine's host process lives on
             cpu_placement.restore(self._cores_before)

@@ -229,7 +229,10 @@ class _Body(SamplingOptions):
 
     def _parameter_names(self) -> dict[str, str]:
         """This endpoint's names of the job fields it sets under another name."""
-        return {"max_tokens": self._max_tokens()[0], "logprobs": "top_logprobs" if self.chat else "logprobs"}
+        names = {"max_tokens": self._max_tokens()[0], "logprobs": "top_logprobs" if self.chat else "logprobs"}
+        if self.response_format is not None and self.response_format.type != "text":
+            names["structured_outputs"] = "response_format"  # its constraint is the job's
+        return names
 
     def in_own_terms(self, exc: InvalidRequest) -> InvalidRequest:
         """A refusal of a job field (the gateway's limits), under this endpoint's parameter name."""
