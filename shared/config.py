@@ -42,9 +42,9 @@ class RedisSettings(BaseSettings):
 
     redis_url: str = Field(
         "redis://127.0.0.1:6379/0",
-        description="Redis holding queue, records and streams: redis://, rediss://, or "
-        "redis+sentinel://[:password@]host:port[,host:port...]/master_name[/db] to find the master "
-        "through Sentinels",
+        description="Redis holding queue, records and streams: `redis://`, `rediss://`, or "
+        "`redis+sentinel://[:password@]host:port[,host:port...]/master_name[/db]` to find the master "
+        "through Sentinels (see Redis failover)",
     )
     redis_sentinel_password: str | None = Field(
         None, description="password of the Sentinels themselves (the master's goes in the URL)"
@@ -55,8 +55,8 @@ class RedisSettings(BaseSettings):
         None,
         ge=0,
         description="replicas that must hold a submission, a cancel or a job's end before it is "
-        "acknowledged (WAIT); default: 1 once the master has been seen with a replica (syncing or "
-        "online; remembered in Redis), 0 for a Redis that never had one; set it to ask for more or fewer",
+        "acknowledged (`WAIT`); unset: 1 once the master has been seen with a replica, syncing or "
+        "online (remembered in Redis), 0 for a Redis that never had one; set it to ask for more or fewer",
     )
     replica_ack_timeout_ms: int = Field(
         1000,
@@ -70,7 +70,8 @@ class RedisSettings(BaseSettings):
     redis_max_connections: int = Field(
         32,
         ge=1,
-        description="most connections a gateway or worker opens for its commands (plus a gateway's reader)",
+        description="most connections a gateway or worker opens for its commands (a gateway's stream reader "
+        "adds one); more commands at once wait for a free one",
     )
     # A job's keys are written by the gateway and must outlive any run of it on a worker.
     job_timeout_seconds: int = Field(3600, ge=1, description="longest a job may run")
@@ -92,50 +93,66 @@ class RedisSettings(BaseSettings):
 class GatewaySettings(RedisSettings):
     """The HTTP gateway's knobs, with Redis's."""
 
-    host: str = Field("0.0.0.0", description="gateway listen address")
+    host: str = Field(
+        "0.0.0.0",
+        description="gateway listen address (`streampool up`, which runs without keys: 127.0.0.1 unless set)",
+    )
     port: int = Field(8000, ge=1, le=65535, description="gateway listen port")
     max_queued_jobs: int = Field(
-        10_000, ge=0, description="queue length past which submissions get 429 (0: no limit)"
+        10_000,
+        ge=0,
+        description="length of a model's queue past which submissions for it get 429 (0: no limit)",
     )
-    max_tokens_limit: int = Field(2048, ge=1, description="highest max_tokens a request may ask for")
-    max_choices: int = Field(8, ge=1, description="highest n (choices of one prompt) a request may ask for")
+    max_tokens_limit: int = Field(2048, ge=1, description="highest `max_tokens` a request may ask for")
+    max_choices: int = Field(
+        8, ge=1, description="highest `n` (choices of one prompt, in one job) a request may ask for"
+    )
     redis_memory_high_water: float = Field(
         0.9,
         gt=0,
         le=1,
-        description="share of Redis's maxmemory past which submissions get 429 (running jobs keep "
-        "streaming into the rest); no effect on a Redis without maxmemory",
+        description="share of Redis's `maxmemory` past which submissions get 429 `overloaded`, so that "
+        "running jobs stream to their end in the rest (read at most once a second; no effect on a Redis "
+        "without `maxmemory`)",
     )
     # A submission writes its request (a conversation's turn: its own input alone) and what its API
     # keeps beside it: the largest body's, with room for those fields.
     max_request_write_bytes: int = Field(
         4 * 1_048_576,
         ge=4096,
-        description="most bytes one submission may write to Redis (its request and the fields kept "
-        "beside it), checked before it writes anything; past it 413",
+        description="most bytes one submission may write to Redis (its request, and what its API keeps "
+        "beside it; a conversation's turn writes its own input alone), checked before anything is written: "
+        "past it 413 `body_too_large`",
     )
     poll_wait_max: float = Field(30.0, ge=0, description="longest a long-poll request may wait, seconds")
     sse_ping_seconds: float = Field(15.0, gt=0, description="keep-alive comment interval on idle SSE streams")
-    max_body_bytes: int = Field(1_048_576, ge=1024, description="largest request body accepted, bytes")
+    max_body_bytes: int = Field(
+        1_048_576, ge=1024, description="largest request body accepted, bytes (413 `body_too_large` past it)"
+    )
     # An open stream costs the gateway a socket and a few KB while it keeps up: 10,000 stays within
     # a process's usual 65,536 file descriptors and is five times the most one process relays live
     # (2,000 streams at 10 events/s, bench/RESULTS.md); a tenth of that per key lets no one key fill it.
     max_open_streams: int = Field(
         10_000,
         ge=1,
-        description="readers one gateway serves at once (every request holding its connection open on a job: "
-        "streams, waiting polls and cursors, OpenAI, TGI and Responses answers); past it 429",
+        description="readers one gateway process serves at once (every request holding its connection "
+        "open on a job: SSE streams, waiting long-polls and cursors, OpenAI, TGI and Responses answers, a "
+        "Responses cancel waiting); past it 429 `overloaded` with `Retry-After`, before the stream starts",
     )
     max_open_streams_per_key: int = Field(
-        1_000, ge=1, description="of those, most for one API key (where keys are required); past it 429"
+        1_000,
+        ge=1,
+        description="of those, the most one API key holds (not applied where no key is required: then the "
+        "total bounds every client); past it 429",
     )
     # A plain delta entry is about 150 bytes, so 256 KiB still reads the relay's full batches of 512;
     # one with `logprobs: 20` is about 1.5 KB a token, and a batch of those stops near this size.
     reader_batch_bytes: int = Field(
         262_144,
         ge=4096,
-        description="bytes of events one reader holds in the gateway at a time, about: a catch-up read's "
-        "batch, and how far the shared reader may run ahead before the reader catches up by itself",
+        description="about the bytes of events one reader holds in the gateway at a time: the size of a "
+        "catch-up read's batch, and how far the shared reader may run ahead of a slow client before that "
+        "client catches up from Redis by itself",
     )
     shutdown_grace_seconds: float = Field(
         30.0,
@@ -148,23 +165,26 @@ class GatewaySettings(RedisSettings):
     models: Names = Field(
         [],
         description="models jobs may name before any worker of them has run (a worker announces its own "
-        "model; its jobs then queue until one starts), comma-separated canonical names",
+        "model), comma-separated canonical names (a flag per name); their jobs queue until a worker starts",
     )
     default_model: str | None = Field(
         None,
         description="the model of a request that names none (native jobs, TGI's routes); without it such a "
-        "request is refused with 400 once the prefix knows more than one model",
+        "request is refused with 400 `model_required` once the prefix knows more than one model",
     )
 
     # Authentication
     api_keys: str = Field("", description="API keys clients send as `Authorization: Bearer`, comma-separated")
     api_keys_file: Path | None = Field(
         None,
-        description="file of API keys: one per line, or a `.toml` file of `[[keys]]` tables (`key`, and "
-        "optionally the key's `webhook_secret` and default `webhook_url`)",
+        description="file of API keys, one per line (blank lines skipped), or a `.toml` file of `[[keys]]` "
+        "with each key's `tenant`, `webhook_secret` and default `webhook_url` (see Webhooks), and "
+        "`[[tenants]]` with their limits (see Tenants and their limits)",
     )
     allow_unauthenticated: bool = Field(
-        False, description="run the gateway without API keys (every client may use every job)"
+        False,
+        description="run the gateway without API keys (every client may use every job); without keys and "
+        "without this, the gateway refuses to start",
     )
     # A secret of the operator's, not a client's: /metrics answers on the public port, and what it
     # says of a tenant (its name, its jobs, its tokens) is no other tenant's to read.
@@ -184,7 +204,9 @@ class GatewaySettings(RedisSettings):
         10.0, gt=0, description="longest one webhook delivery attempt may take (connect, send, answer)"
     )
     webhook_first_retry_seconds: float = Field(
-        1.0, gt=0, description="wait before the first retry of a webhook; each next one waits twice as long"
+        1.0,
+        gt=0,
+        description="wait before the first retry of a webhook; each next one waits about twice as long",
     )
     webhook_max_retry_gap_seconds: float = Field(
         600.0, gt=0, description="longest wait between two attempts of a webhook"
@@ -232,16 +254,17 @@ class WorkerSettings(RedisSettings):
     model: Path = Field(DEFAULT_MODEL_DIR, description="model folder the worker serves")
     engine: Literal["vllm", "synthetic"] = Field(
         "vllm",
-        description="what generates: vllm runs the model; synthetic draws tokens from the model's "
-        "vocabulary at synthetic_step_seconds a step, with no torch and no weights (load tests)",
+        description="what generates: `vllm` runs the model; `synthetic` draws tokens from the model's "
+        "vocabulary at `synthetic_step_seconds` a step, with no torch and no weights (see Load tests "
+        "without a GPU)",
     )
     synthetic_step_seconds: float = Field(
         0.03, gt=0, le=10, description="the synthetic engine's time between steps (0.03: a GPU's pace)"
     )
     served_model_name: str | None = Field(
         None,
-        description="the model's names, comma-separated: the first names its queue, the others are aliases "
-        "(default: the folder's name)",
+        description="the model's names, comma-separated: the first is its canonical name, which names its "
+        "queue; the others are aliases (default: the folder's name)",
     )
     lora: Names = Field(
         [],
@@ -250,7 +273,9 @@ class WorkerSettings(RedisSettings):
     max_lora_rank: int = Field(16, ge=1, description="highest rank of the LoRA adapters the engine takes")
     max_model_len: int = Field(2048, ge=16, description="context length: prompt plus generated tokens")
     dtype: Dtype = Field(
-        "auto", description="weights dtype passed to vLLM; auto is float32 on an x86 CPU without AVX-512"
+        "auto",
+        description="weights dtype passed to vLLM; `auto` is the model's own, but float32 on an x86 CPU "
+        "without AVX-512 (bf16 has no fast matmul there: prefill runs about 6 times slower)",
     )
     enforce_eager: bool | None = Field(
         None, description="disable CUDA graphs / compilation (default: on CPU only)"
@@ -285,17 +310,25 @@ class WorkerSettings(RedisSettings):
     )
     metrics_host: str = Field(
         "127.0.0.1",
-        description="address of the worker's /health and /metrics server; 0.0.0.0 where probes or "
-        "Prometheus reach it from outside (a container)",
+        description="address of the worker's /health and /metrics server; containers set 0.0.0.0, where "
+        "probes and Prometheus reach it from outside",
     )
 
     # Recovery
     lease_seconds: float = Field(
-        6.0, gt=0, description="a running job's lease, renewed by heartbeats; once lapsed, others resume it"
+        6.0,
+        gt=0,
+        description="a running job's lease, renewed by heartbeats (at least twice `heartbeat_seconds`); once "
+        "it lapses, another worker resumes the job",
     )
-    max_attempts: int = Field(3, ge=1, description="runs of one job (first run and resumes) before it fails")
+    max_attempts: int = Field(
+        3, ge=1, description="runs of one job (its first and its resumes) before it fails with `worker_lost`"
+    )
     drain_seconds: float = Field(
-        30.0, ge=0, description="how long a stopping worker lets running jobs finish before handing them over"
+        30.0,
+        ge=0,
+        description="how long a stopping worker lets running jobs finish before handing them over (rounded "
+        "up to whole seconds)",
     )
     # For ever by default, as a pod or container waits for what it depends on: how long a worker may
     # take to start is its supervisor's to bound (a startup probe), and a worker that gave up would
@@ -303,8 +336,9 @@ class WorkerSettings(RedisSettings):
     redis_startup_timeout_seconds: float = Field(
         0,
         ge=0,
-        description="how long a starting worker whose engine has loaded waits for Redis to take its first "
-        "heartbeat before it exits non-zero (0: for ever)",
+        description="how long a starting worker, its engine loaded, waits for Redis to take its first "
+        "heartbeat before it exits with status 1; 0 waits for ever, as a container waits for what it depends "
+        "on: bound the whole start with the supervisor instead (Kubernetes' startup probe allows 15 minutes)",
     )
 
     @field_validator("lora")

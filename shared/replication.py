@@ -3,7 +3,7 @@
 Redis replicates asynchronously: a write the master answered may die with it. A submission, a
 cancel and a job's end are acknowledged (a 202, a job's slot freed) only once `Wait.replicas`
 replicas hold them: the WAIT goes in the same pipeline as the write's script, so it costs no round
-trip of its own, only the time the replicas take to acknowledge (measured in the README).
+trip of its own, only the time the replicas take to acknowledge (measured in bench/REPLICA_ACK.md).
 
 WAIT counts only the writes of its own connection, and a script sent again finds its work done and
 writes nothing: a submission retried with its idempotency key, a cancel asked twice, a job's end sent

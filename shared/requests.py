@@ -266,7 +266,7 @@ class JobSubmission(JobRequest):
         exclude=True,
         min_length=1,
         max_length=MAX_URL_CHARS,
-        description="URL POSTed to once the job ends (signed; see the README's Webhooks); default: the "
+        description="URL POSTed to once the job ends (signed; see docs/webhooks.md); default: the "
         "API key's own. Must be under one of the gateway's webhook_allowed_prefixes.",
     )
 

@@ -1,5 +1,5 @@
 """The sizing arithmetic of bench/capacity_model.py, which turns measured Redis costs into workers and
-gateways (README's sizing section)."""
+gateways (docs/scaling.md, "Scaling rules and sizing")."""
 
 from __future__ import annotations
 

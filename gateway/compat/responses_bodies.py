@@ -188,7 +188,7 @@ class ResponsesBody(SamplingOptions):
     service_tier: Name | None = None
     prompt_cache_key: Name | None = None  # a caching hint: nothing to do here
     safety_identifier: Name | None = None  # for OpenAI's abuse monitoring: nothing to do here
-    # streampool's own: where to announce the response's end (see the README's Webhooks).
+    # streampool's own: where to announce the response's end (see docs/webhooks.md).
     webhook: Annotated[Text, Field(min_length=1, max_length=MAX_URL_CHARS)] | None = None
 
     def _refusals(self) -> list[Refusal]:
