@@ -58,13 +58,15 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Every test is `system` when it uses an engine-starting fixture, directly or through another
-    fixture, and `unit` otherwise: a new test is classified by what it uses (`make test-fast` runs
-    `-m unit`). In a test process of `-n`, the tests are ordered as tests/schedule.py deals them."""
+    fixture (and not `synthetic_system`, whose workers need no engine), and `unit` otherwise: a new
+    test is classified by what it uses (`make test-fast` runs `-m unit`). In a test process of `-n`,
+    the tests are ordered as tests/schedule.py deals them."""
     for item in items:
         # A parametrize argument named like a fixture (tests/deploy's `deployment`) replaces it.
         callspec = getattr(item, "callspec", None)
         used = set(getattr(item, "fixturenames", ())) - set(callspec.params if callspec else ())
-        item.add_marker(pytest.mark.system if used & ENGINE_FIXTURES else pytest.mark.unit)
+        on_engine = bool(used & ENGINE_FIXTURES) and "synthetic_system" not in used
+        item.add_marker(pytest.mark.system if on_engine else pytest.mark.unit)
     if os.environ.get("PYTEST_XDIST_WORKER"):
         items.sort(key=schedule.rank)  # stable: each module's tests keep their order
 
@@ -121,9 +123,24 @@ class System:
 
 @pytest.fixture(scope="session")
 def system(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[System]:
-    """A gateway and two workers, started once for the whole run, as `streampool` processes."""
-    settings = make_settings(redis_url, port=free_port(), host="127.0.0.1", allow_unauthenticated=True)
-    logs = tmp_path_factory.mktemp("system-logs")
+    """A gateway and two workers on the real engine, started once for the whole run, as `streampool`
+    processes."""
+    yield from run_system(redis_url, tmp_path_factory, engine="vllm")
+
+
+@pytest.fixture(scope="session")
+def synthetic_system(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[System]:
+    """The same on the synthetic engine, which starts in a second: for the modules whose subject is
+    the relay, the queue or a client of the gateway rather than generation. Such a module names it in
+    a `system` fixture of its own (its tests are then `unit`: see `pytest_collection_modifyitems`)."""
+    yield from run_system(redis_url, tmp_path_factory, engine="synthetic")
+
+
+def run_system(redis_url: str, tmp_path_factory: pytest.TempPathFactory, engine: str) -> Iterator[System]:
+    settings = make_settings(
+        redis_url, port=free_port(), host="127.0.0.1", allow_unauthenticated=True, engine=engine
+    )
+    logs = tmp_path_factory.mktemp(f"system-{engine}-logs")
     processes = Processes(logs)
     gateway = processes.start("gateway", "gateway", settings)
     # Each worker on a metrics port of its own: several share this machine.

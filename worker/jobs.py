@@ -237,6 +237,11 @@ class JobRunner:
         if finished.outcome is FinishOutcome.lost:
             log.warning("lease lost before the job could end; the job is not this worker's any more")
             return Ending.left
+        if finished.state is JobState.queued:
+            # Started on a master that a failover replaced, and the new one never had the start: the
+            # job waits in its queue there, for a run that writes to a master that keeps it.
+            log.warning("the job is queued again (a failover lost its start): left for another run")
+            return Ending.left
         clock = self.jobs.get(job_id)  # gone only if the run was cancelled twice while it ended
         if finished.outcome is FinishOutcome.ended and clock is not None:
             clock.ended(state)

@@ -23,6 +23,7 @@ import redis.asyncio as aioredis
 from openai.types.responses import Response
 
 from cli.launcher import wait_healthy
+from shared.jobstore import JobStore
 from tests.conftest import SYSTEM_START_TIMEOUT, WORKERS, System
 from tests.helpers import JOB_DEADLINE_SECONDS, LONG_PROMPT, eventually
 from tests.processes import Processes, free_port
@@ -237,11 +238,15 @@ async def test_previous_response_id_carries_the_conversation_over(
         temperature=0,
     )
     assert second.previous_response_id == first.id and second.output_text
-    request = json.loads(await redis_client.hget(system.keys.job(second.id.removeprefix("resp_")), "request"))
-    assert request["messages"] == [  # the first's instructions are not carried over, as on OpenAI
-        {"role": "user", "content": "My name is Ada. Say hi."},
-        {"role": "assistant", "content": first.output_text},
-        {"role": "user", "content": "What is my name?"},
+    job_id = second.id.removeprefix("resp_")
+    request = json.loads(await redis_client.hget(system.keys.job(job_id), "request"))
+    assert request["messages"] == [{"role": "user", "content": "What is my name?"}]  # each turn its own
+    conversation = await JobStore(redis_client, system.keys, system.settings).conversation(job_id)
+    assert [(message.role, message.content) for message in conversation] == [
+        ("user", "My name is Ada. Say hi."),  # the first's instructions are not carried over, as on OpenAI
+        ("assistant", first.output_text),
+        ("user", "What is my name?"),
+        ("assistant", second.output_text),
     ]
 
 

@@ -1,42 +1,26 @@
-"""A worker on the synthetic engine (`STREAMPOOL_ENGINE=synthetic`) serves a deployment end to end:
-a gateway and the worker as `streampool` processes, on a real Redis, with no model weights loaded."""
+"""Workers on the synthetic engine (`STREAMPOOL_ENGINE=synthetic`) serve a deployment end to end:
+a gateway and the workers as `streampool` processes, on a real Redis, with no model weights loaded."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
+from collections.abc import AsyncIterator
 
 import httpx
 import openai
 import pytest
 
-from cli.launcher import wait_healthy
 from shared.config import DEFAULT_MODEL_DIR
 from shared.prompt_tokens import PromptCounter
-from tests.conftest import make_settings
+from tests.conftest import System
 from tests.helpers import read_sse, streamed_text, streamed_token_ids, submit
-from tests.processes import Processes, free_port
-from tests.redis_cleanup import delete_prefix
 from worker.synthetic_engine import read_model_card
 
 
 @pytest.fixture(scope="module")
-def synthetic_url(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def synthetic_url(synthetic_system: System) -> str:
     if not DEFAULT_MODEL_DIR.is_dir():
         pytest.skip("the default model is not prepared (make setup)")
-    settings = make_settings(
-        redis_url, port=free_port(), host="127.0.0.1", allow_unauthenticated=True, engine="synthetic"
-    )
-    processes = Processes(Path(tmp_path_factory.mktemp("synthetic")))
-    gateway = processes.start("gateway", "gateway", settings)
-    worker = processes.start("worker", "worker", settings.model_copy(update={"metrics_port": free_port()}))
-    base_url = f"http://127.0.0.1:{settings.port}"
-    try:
-        assert wait_healthy(base_url, [gateway, worker], 1, 60), processes.log("worker")
-        yield base_url
-    finally:
-        processes.stop_all()
-        delete_prefix(redis_url, settings.key_prefix)
+    return synthetic_system.base_url
 
 
 @pytest.fixture

@@ -254,3 +254,27 @@ async def test_a_job_of_several_choices_fails_rather_than_resumes(store: JobStor
     events = await stream(store, job_id)
     assert (events[-1]["type"], events[-1]["code"]) == ("error", "not_resumable")
     assert (await store.record(job_id)).status is JobState.failed
+
+
+async def test_a_job_whose_start_a_failover_lost_is_left_queued_for_another_run(store: JobStore) -> None:
+    """The worker started the job on a master that a failover (or a partition) then replaced, and the
+    new master never had the start: it holds the job queued, with no lease. Ending the run there
+    would delete arq's payload of a job still queued, which no worker would ever run."""
+    job_id = (
+        await store.submit(JobRequest(prompt="hi", stream_step=4), model="scripted", max_queued=0)
+    ).job_id
+
+    async def start_lost() -> None:  # what the new master holds of the job: its submission alone
+        await store.redis.hset(store.keys.job(job_id), "status", JobState.queued.value)  # type: ignore[misc]
+        await store.redis.delete(store.keys.lease(job_id))
+
+    engine = ScriptedEngine(
+        [
+            EngineDelta(text="a", token_ids=[7]),
+            EngineDelta(text="b", token_ids=[8], finished=True, finish_reason="length"),
+        ],
+        between_steps=start_lost,
+    )
+    assert await runner(store, engine).run(job_id) is Ending.left
+    assert (await store.record(job_id)).status is JobState.queued
+    assert await store.redis.exists(store.keys.arq_job(job_id)) == 1
