@@ -261,6 +261,13 @@ class WorkerSettings(RedisSettings):
     synthetic_step_seconds: float = Field(
         0.03, gt=0, le=10, description="the synthetic engine's time between steps (0.03: a GPU's pace)"
     )
+    synthetic_mean_tokens: int = Field(
+        256,
+        ge=0,
+        description="the synthetic engine's mean answer length: each token ends its choice with the "
+        "end-of-sequence token with a chance of one in this many (unless `ignore_eos`); 0: a choice "
+        "ends only at `max_tokens`, a stop string or a stop token",
+    )
     served_model_name: str | None = Field(
         None,
         description="the model's names, comma-separated: the first is its canonical name, which names its "

@@ -132,13 +132,16 @@ def system(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator
 def synthetic_system(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[System]:
     """The same on the synthetic engine, which starts in a second: for the modules whose subject is
     the relay, the queue or a client of the gateway rather than generation. Such a module names it in
-    a `system` fixture of its own (its tests are then `unit`: see `pytest_collection_modifyitems`)."""
-    yield from run_system(redis_url, tmp_path_factory, engine="synthetic")
+    a `system` fixture of its own (its tests are then `unit`: see `pytest_collection_modifyitems`).
+    Its answers end only at `max_tokens` or a stop: a test's job runs as long as it asks for."""
+    yield from run_system(redis_url, tmp_path_factory, engine="synthetic", synthetic_mean_tokens=0)
 
 
-def run_system(redis_url: str, tmp_path_factory: pytest.TempPathFactory, engine: str) -> Iterator[System]:
+def run_system(
+    redis_url: str, tmp_path_factory: pytest.TempPathFactory, engine: str, **overrides: object
+) -> Iterator[System]:
     settings = make_settings(
-        redis_url, port=free_port(), host="127.0.0.1", allow_unauthenticated=True, engine=engine
+        redis_url, port=free_port(), host="127.0.0.1", allow_unauthenticated=True, engine=engine, **overrides
     )
     logs = tmp_path_factory.mktemp(f"system-{engine}-logs")
     processes = Processes(logs)

@@ -29,7 +29,8 @@ GROUPS = {
     "tests/gateway/test_reader_bounds.py": "stream-limits",  # a gateway process of its own
     "tests/gateway/test_tenants.py": "tenants",  # a gateway process of its own
     "tests/scale/test_many_processes.py": "scale",  # gateways and synthetic workers of its own
-    "tests/e2e/test_synthetic_worker.py": "synthetic-worker",  # a gateway and a synthetic worker
+    "tests/e2e/test_synthetic_worker.py": "synthetic-system",  # tests/conftest.py's `synthetic_system`
+    "tests/e2e/test_replay.py": "synthetic-system",
 }
 """Each module's group: what the comment names is set up once per group, not once per process."""
 

@@ -14,6 +14,8 @@ import asyncio
 import json
 import math
 import random
+import zlib
+from array import array
 from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,10 +27,6 @@ from shared.model_card import ModelCard
 from shared.prompt_tokens import PromptCounter
 from shared.requests import JobRequest
 from worker.engine import EngineDelta, Prompt
-
-EOS_CHANCE = 1 / 256
-"""How likely each drawn token is the end of sequence (where `ignore_eos` is off and `min_tokens`
-reached): answers of about 256 tokens on average, as a chat model's are."""
 
 SPECIAL_TOKEN_FIELDS = ("bos_token", "eos_token", "unk_token", "pad_token", "sep_token", "cls_token")
 
@@ -106,6 +104,9 @@ class SyntheticEngine:
         self._counter = PromptCounter(card)
         self.max_chars_per_token = self._counter.max_chars_per_token
         self._clock = StepClock(settings.synthetic_step_seconds)
+        # Each drawn token ends its choice with this chance: answers of about this many tokens on average.
+        mean = settings.synthetic_mean_tokens
+        self._eos_chance = 1 / mean if mean else 0.0
         self._aborted: dict[str, asyncio.Event] = {}
         eos = card.special_tokens.get("eos_token")
         self._eos_id = self._counter.token_id(eos) if isinstance(eos, str) else None
@@ -136,7 +137,7 @@ class SyntheticEngine:
             )
         request = prompt.request
         room = min(request.max_tokens, self.max_model_len - len(prompt.token_ids))
-        seed = request.seed if request.seed is not None else random.randrange(2**63)
+        seed = _seed(request, prompt.token_ids)
         skip = request.skip_special_tokens
         choices = [
             _Choice(index, random.Random(f"{seed}:{index}"), self._counter.text_stream(skip))
@@ -160,7 +161,7 @@ class SyntheticEngine:
     def _next_token(self, choice: _Choice, request: JobRequest, room: int) -> int:
         """Draw the choice's next token, and decide whether it ends the choice."""
         may_end = len(choice.token_ids) >= request.min_tokens and not request.ignore_eos
-        if may_end and self._eos_id is not None and choice.draw.random() < EOS_CHANCE:
+        if may_end and self._eos_id is not None and choice.draw.random() < self._eos_chance:
             token = self._eos_id
             choice.finish_reason = "stop"
         else:
@@ -225,6 +226,16 @@ class SyntheticEngine:
     def shutdown(self) -> None:
         for aborted in self._aborted.values():
             aborted.set()
+
+
+def _seed(request: JobRequest, prompt_ids: list[int]) -> int:
+    """The request's `seed`; without one, the prompt's own for a greedy request (the same prompt, the
+    same answer, as greedy decoding gives) and a random one otherwise."""
+    if request.seed is not None:
+        return request.seed
+    if request.temperature == 0:
+        return zlib.crc32(array("q", prompt_ids).tobytes())
+    return random.randrange(2**63)
 
 
 def _stop_cut(text: str, sent: int, request: JobRequest) -> int | None:

@@ -46,6 +46,12 @@ def command(system: System, *args: str) -> list[str]:
     return [*STREAMPOOL, *args, "--url", system.base_url]
 
 
+@pytest.fixture(scope="module")
+def system(synthetic_system: System) -> System:
+    """The subject is the client commands, not generation: its workers run the synthetic engine."""
+    return synthetic_system
+
+
 def run(argv: list[str], env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=EXIT_TIMEOUT)
 

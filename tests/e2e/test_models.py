@@ -143,7 +143,7 @@ async def test_a_declared_model_without_a_worker_queues_until_one_starts(
     await eventually(queued_two, "both jobs queued", 10, until=lambda depth: depth == 2)
     assert listed[LATE]["workers"] == 0 and not waiting_answer.done()
 
-    models_pool.start_worker(LATE)
+    models_pool.start_worker(LATE, engine="synthetic")  # the subject is its queue, not its generation
     record = await wait_for_status(client, job_id, STARTED, timeout=SYSTEM_START_TIMEOUT)
     answer = await waiting_answer
     assert models_pool.model_of(record["worker"]) == LATE and record["waiting"] is None

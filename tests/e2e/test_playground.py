@@ -19,6 +19,13 @@ from gateway.routes import playground as playground_routes
 from tests.conftest import System
 from tests.gateway.keyed_gateway import KEY_A, KeyedGateway, bearer
 
+
+@pytest.fixture(scope="module")
+def system(synthetic_system: System) -> System:
+    """The subject is the page in a browser, not generation: its workers run the synthetic engine."""
+    return synthetic_system
+
+
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [
     "--no-sandbox",

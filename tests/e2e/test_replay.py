@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 
 import httpx
+import pytest
 import redis.asyncio as aioredis
 
 from tests.conftest import System
@@ -18,6 +19,12 @@ from tests.helpers import (
     submit_and_read_sse,
     wait_for_status,
 )
+
+
+@pytest.fixture(scope="module")
+def system(synthetic_system: System) -> System:
+    """The subject is replay through the relay, not generation: its workers run the synthetic engine."""
+    return synthetic_system
 
 
 async def test_sse_and_long_poll_return_the_same_events(client: httpx.AsyncClient) -> None:

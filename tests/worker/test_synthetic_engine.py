@@ -44,6 +44,15 @@ async def test_the_same_seed_gives_the_same_tokens_and_max_tokens_ends_with_leng
     assert ids != choice(await run(engine, request.model_copy(update={"seed": 8})))[0]
 
 
+async def test_a_greedy_request_without_a_seed_gives_the_same_answer_for_the_same_prompt(
+    engine: SyntheticEngine,
+) -> None:
+    greedy = JobRequest(prompt="Hello", max_tokens=8, temperature=0, ignore_eos=True)
+    assert choice(await run(engine, greedy))[0] == choice(await run(engine, greedy))[0]
+    other = greedy.model_copy(update={"prompt": "Goodbye"})
+    assert choice(await run(engine, other))[0] != choice(await run(engine, greedy))[0]
+
+
 async def test_every_choice_of_n_streams_apart(engine: SyntheticEngine) -> None:
     deltas = await run(engine, JobRequest(prompt="Hello", max_tokens=5, n=3, seed=1, ignore_eos=True))
     choices = [choice(deltas, index) for index in range(3)]
