@@ -1,3 +1,4 @@
+-- uses: clock_ms
 -- Prepended to the scripts that write job streams. An event's stream id is '<seq>-1', made of its
 -- seq: an event written twice (a step sent again after a round trip that failed, or written again
 -- on a new master after a failover lost it) takes the id it had, so a cursor names the same event

@@ -1,3 +1,4 @@
+-- uses: end_unrun, append_event, share_leave, expire_job, announce_end, tenant_move
 -- queued -> cancelled at once; for a running job, set its cancel key (holding when the first
 -- cancel was asked for, for the cancel latency): its worker's next step ends it cancelled. A running
 -- job no worker holds (handed back to wait for another, or its lease lapsed) has no next step to

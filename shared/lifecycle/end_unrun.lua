@@ -1,3 +1,4 @@
+-- uses: append_event, share_leave, expire_job, announce_end, tenant_move
 -- Prepended to the scripts that end a queued job that never ran: a cancel (cancel.lua), and a
 -- deadline that passed while it waited (start.lua). Its record ends in `state` with no output (and
 -- `error`, when there is one), `event` of type `kind` ends its stream, and the job leaves its

@@ -1,3 +1,4 @@
+-- uses: append_event, expire_job, announce_end, tenant_move
 -- running -> completed | cancelled | failed: append the last events (the terminal one last) and
 -- end the record, if this worker still holds the lease. A job that is no longer running is left as
 -- it is, and so is one whose lease this worker no longer holds: nothing is appended. So is one whose

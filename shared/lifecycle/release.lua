@@ -1,3 +1,4 @@
+-- uses: share_enqueue, tenant_move, append_event, expire_job, announce_end
 -- running -> running (requeued for another worker to resume from its stream), or running -> failed
 -- once the job has run `max_attempts` times. `worker` '' releases only a lapsed lease (a reaper);
 -- a worker's id also releases its own (a worker handing its job back), and only the run `attempt`

@@ -1,8 +1,15 @@
-"""The lifecycle's Lua scripts, loaded from this package's `.lua` files, and how they are run."""
+"""The lifecycle's Lua scripts, loaded from this package's `.lua` files, and how they are run.
+
+A script (or helper) names the helpers it calls on its first line, `-- uses: tenant_move, end_job`:
+each is the file `<name>.lua` here, which may name helpers of its own. The loader prepends every
+helper a script uses, directly or through others, once each and after the helpers it uses (a Lua
+local function must be defined before the code that calls it).
+"""
 
 from __future__ import annotations
 
 import hashlib
+import re
 from dataclasses import dataclass
 from importlib.resources import files
 from importlib.resources.abc import Traversable
@@ -11,39 +18,35 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.exceptions import NoScriptError
 
-HELPERS = {
-    "clock_ms": "clock_ms.lua",
-    "expire_job": "expire_job.lua",
-    "announce_end": "announce_end.lua",
-    "tenant_admit": "tenant_admit.lua",
-    "tenant_running_jobs": "tenant_admit.lua",
-    "tenant_move": "tenant_move.lua",
-    "share_enqueue": "share_enqueue.lua",
-    "share_leave": "share_leave.lua",
-    "last_seq": "append_event.lua",
-    "append_event": "append_event.lua",
-    "is_behind": "append_event.lua",
-    "end_unrun": "end_unrun.lua",
-}
-"""Lua functions a script may call, by the file that defines them; the loader prepends each file the
-script uses, and the files those use, each once and before its callers."""
+USES = re.compile(r"-- uses: *(.*)")
 
 
-def _helper_files(body: str, package: Traversable) -> list[str]:
-    """The helper files `body` calls, directly or through other helpers: each once, and each after
-    the files it calls (a Lua local function must be defined before the code that calls it)."""
-    ordered: list[str] = []
-    seen: set[str] = set()
+def uses(source: str) -> list[str]:
+    """The helpers a `.lua` file declares on its first line, in the order it names them."""
+    declared = USES.fullmatch(source.partition("\n")[0])
+    return [name.strip() for name in declared.group(1).split(",")] if declared else []
 
-    def visit(text: str) -> None:
-        for helper, path in HELPERS.items():
-            if path not in seen and f"{helper}(" in text:
-                seen.add(path)
-                visit(package.joinpath(path).read_text())
-                ordered.append(path)
+
+def _helpers(body: str, package: Traversable) -> list[str]:
+    """The sources of the helpers `body` uses, directly or through other helpers: each once, and each
+    after the helpers it uses."""
+    ordered: dict[str, str] = {}
+    visiting: list[str] = []
+
+    def visit(source: str) -> None:
+        for name in uses(source):
+            if name in visiting:
+                raise ValueError(f"helpers using each other: {' -> '.join([*visiting, name])}")
+            if name in ordered:
+                continue
+            visiting.append(name)
+            helper = package.joinpath(f"{name}.lua").read_text()
+            visit(helper)
+            ordered[name] = helper
+            visiting.pop()
 
     visit(body)
-    return ordered
+    return list(ordered.values())
 
 
 @dataclass(frozen=True)
@@ -57,8 +60,7 @@ class LuaScript:
     def load(cls, name: str) -> LuaScript:
         package = files(__package__)
         body = package.joinpath(f"{name}.lua").read_text()
-        helpers = [package.joinpath(path).read_text() for path in _helper_files(body, package)]
-        return cls(name, "".join([*helpers, body]))
+        return cls(name, "".join([*_helpers(body, package), body]))
 
     @property
     def sha(self) -> str:

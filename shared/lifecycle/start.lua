@@ -1,3 +1,4 @@
+-- uses: share_leave, end_unrun, append_event, tenant_move
 -- queued -> running (attempt 1), or a handed-back running job resumes with the next attempt, its
 -- stream in the answer so that the new worker continues where the last one stopped. The starting
 -- worker takes the job's lease and the job leaves arq's queue set, so that the set holds only

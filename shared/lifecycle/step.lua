@@ -1,3 +1,4 @@
+-- uses: append_event
 -- running -> running: append a step's events if this worker still holds the lease and the job's
 -- record still exists, then check the cancel key. Answers 'go', 'lost' (another worker holds the
 -- job now, or its keys expired: nothing is appended), {'behind', the seq of the stream's last event}

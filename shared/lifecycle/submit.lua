@@ -1,3 +1,4 @@
+-- uses: tenant_admit, share_enqueue, append_event
 -- queued: write the record (with the canonical name of the job's model, whose queue `queue` is),
 -- the `queued` event and arq's job, and put the job on its model's queue and in its share of it
 -- (`share_enqueue.lua`).

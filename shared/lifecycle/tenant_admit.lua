@@ -1,3 +1,4 @@
+-- uses: clock_ms
 -- Prepended to submit. A tenant's limits against its counters (`Keys.tenant_*`), as Redis's clock
 -- reads now; a limit of 0 is none. `max_running_jobs` bounds the tenant's queued and running jobs
 -- together: a job admitted now may start at any moment, so only that bound keeps the tenant's running

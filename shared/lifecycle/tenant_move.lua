@@ -1,3 +1,4 @@
+-- uses: clock_ms
 -- Prepended to the scripts that move a job past queued. A job of a tenant has its record name its
 -- tenant's counters (`Keys.tenant_record_fields`, written at submit): the job leaves its tenant's
 -- queued jobs when it starts or ends unstarted (`from` 'queued'), joins its running jobs when it

@@ -1,3 +1,4 @@
+-- uses: tenant_admit
 -- A tenant's counters now, as `tenant_admit.lua` counts them (its windows read from now, not
 -- pruned): its queued jobs whose records have not expired, its running jobs (an id whose job no
 -- longer runs dropped: `tenant_running_jobs`), the requests it had admitted and the tokens of its
