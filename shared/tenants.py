@@ -33,7 +33,7 @@ class Tenant:
 
     name: str
     max_queued_jobs: int | None = None
-    max_running_jobs: int | None = None  # queued and running together: see `submit.lua`
+    max_running_jobs: int | None = None  # queued and running together: see `tenant_admit.lua`
     requests_per_minute: int | None = None
     tokens_per_minute: int | None = None
     weight: float = 1.0
