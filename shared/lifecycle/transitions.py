@@ -171,6 +171,7 @@ class Failure:
     stream_tip: str  # the id of the stream's last entry these were computed from ('' when empty)
 
     def args(self) -> FailureArgs:
+        """The failure as the release script reads it."""
         return {
             "event": self.event.model_dump_json(),
             "text": self.text,
