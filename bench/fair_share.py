@@ -53,7 +53,9 @@ TENANT_COUNTS = (NO_TENANT, 1, 10, 100)
 DRAIN_TIMEOUT_SECONDS = 300
 IN_PROGRESS_MS = 600_000  # the claim-cost runs' marks: they must outlast the run
 HERE = Path(__file__).resolve().parent
-FIFO_CLAIM = scripts.LuaScript("fifo_claim", (HERE / "fifo_claim.lua").read_text())
+FIFO_CLAIM: scripts.LuaScript[list[object]] = scripts.LuaScript(
+    "fifo_claim", (HERE / "fifo_claim.lua").read_text()
+)
 
 
 @dataclass(frozen=True)

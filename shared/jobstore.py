@@ -32,6 +32,7 @@ from shared.keys import ANONYMOUS_OWNER, Keys, share_member
 from shared.lifecycle.transitions import (
     CancelOutcome,
     DeleteOutcome,
+    NewJob,
     StartOutcome,
     SubmitOutcome,
     Transitions,
@@ -236,25 +237,27 @@ class JobStore:
         with redis_errors():
             wait = await self.acks.wait()
             submitted = await self.transitions.submit(
-                job_id=job_id,
-                created_at=now,
-                request_json=request.model_dump_json(exclude_none=True),
-                request_digest=request_digest(request) if idempotency_key else "",
-                queued=StatusEvent(seq=0, state=JobState.queued, message=waiting),
-                arq_payload=queue.job_payload(job_id, now),
-                idempotency_key=idempotency_key,
-                owner=owner,
-                model=model,
-                lifetime_seconds=self.settings.job_lifetime_seconds,
-                max_queued=max_queued,
-                maxlen=self.settings.stream_maxlen,
-                annotations={
-                    **{ANNOTATION + name: value for name, value in (annotations or {}).items()},
-                    **({CONVERSATION: turn.field} if turn else {}),
-                },
-                wait=wait,
-                tenant=tenant,
-                priority=request.priority or 0,
+                NewJob(
+                    job_id=job_id,
+                    created_at=now,
+                    request_json=request.model_dump_json(exclude_none=True),
+                    request_digest=request_digest(request) if idempotency_key else "",
+                    queued=StatusEvent(seq=0, state=JobState.queued, message=waiting),
+                    arq_payload=queue.job_payload(job_id, now),
+                    idempotency_key=idempotency_key,
+                    owner=owner,
+                    model=model,
+                    lifetime_seconds=self.settings.job_lifetime_seconds,
+                    max_queued=max_queued,
+                    maxlen=self.settings.stream_maxlen,
+                    annotations={
+                        **{ANNOTATION + name: value for name, value in (annotations or {}).items()},
+                        **({CONVERSATION: turn.field} if turn else {}),
+                    },
+                    tenant=tenant,
+                    priority=request.priority or 0,
+                ),
+                wait,
             )
         if submitted.outcome in (SubmitOutcome.created, SubmitOutcome.existing):
             then = "; the job may exist: retry with the same Idempotency-Key to find it"

@@ -12,7 +12,7 @@ ANONYMOUS_OWNER = "anonymous"
 
 
 def share_member(created_at: float, job_id: str) -> str:
-    """A job's member in its tenant's share of its model's queue, as `share_enqueue.lua` writes it:
+    """A job's member in its tenant's share of its model's queue, as `share_member.lua` writes it:
     its submission time in ms (15 digits, so that members of one priority sort by age), and its id."""
     return f"{int(created_at * 1000):015d}:{job_id}"
 

@@ -33,7 +33,7 @@ class Tenant:
 
     name: str
     max_queued_jobs: int | None = None
-    max_running_jobs: int | None = None  # queued and running together: see `submit.lua`
+    max_running_jobs: int | None = None  # queued and running together: see `tenant_admit.lua`
     requests_per_minute: int | None = None
     tokens_per_minute: int | None = None
     weight: float = 1.0
@@ -41,9 +41,9 @@ class Tenant:
     min_priority: int = 0
     webhook_allowed_prefixes: tuple[str, ...] | None = None  # None: the gateway's setting
 
-    def limit_args(self) -> list[int]:
-        """The limits as the submit script reads them: 0 is none."""
-        return [getattr(self, limit) or 0 for limit in LIMITS]
+    def script_limits(self) -> dict[str, int]:
+        """The limits as the submit script reads them (`tenant_admit.lua`): 0 is none."""
+        return {limit: getattr(self, limit) or 0 for limit in LIMITS}
 
     def limits(self) -> dict[str, int | None]:
         return {limit: getattr(self, limit) for limit in LIMITS}

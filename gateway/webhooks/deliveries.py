@@ -32,8 +32,8 @@ from shared.webhooks import (
 )
 
 GROUP = "senders"
-KEEP = LuaScript("keep", files(__package__).joinpath("keep.lua").read_text())
-GIVE_UP = LuaScript("give_up", files(__package__).joinpath("give_up.lua").read_text())
+KEEP: LuaScript[list[str]] = LuaScript("keep", files(__package__).joinpath("keep.lua").read_text())
+GIVE_UP: LuaScript[list[str]] = LuaScript("give_up", files(__package__).joinpath("give_up.lua").read_text())
 MAX_ERROR_CHARS = 500
 BATCH = 1000  # the most entries one script call keeps or gives up: Redis serves no one else meanwhile
 

@@ -1,20 +1,18 @@
--- Prepended to the scripts that write job streams. An event's stream id is '<seq>-1', made of its
--- seq: an event written twice (a step sent again after a round trip that failed, or written again
--- on a new master after a failover lost it) takes the id it had, so a cursor names the same event
--- on every master and no reader is handed an event twice. (0-0 is no stream id, hence the '-1'; a
+-- uses: clock_ms
+-- Called by the scripts that write job streams. An event's stream id is '<seq>-1', made of its seq:
+-- an event written twice (a step sent again after a round trip that failed, or written again on a
+-- new master after a failover lost it) takes the id it had, so a cursor names the same event on
+-- every master and no reader is handed an event twice. (0-0 is no stream id, hence the '-1'; a
 -- cursor '<seq>' or '<seq>-0' is just before that event.) Each entry also keeps `at`, when it was
 -- written in ms, for the gateway's relay lag: the step's sending by its worker's clock (a step is
 -- the hot path, and reading Redis's clock there costs more than the rest of the append), else
--- Redis's. A stream written before its ids were seqs (ids in ms since the epoch, far above any
--- seq) is appended to as it was, with '*'.
-local TIME_IDS_FROM = 1e12
+-- Redis's.
 
--- The seq of the stream's last event: -1 for none, false for a stream whose ids are times.
+-- The seq of the stream's last event: -1 for none.
 local function last_seq(stream)
   local last = redis.call('XREVRANGE', stream, '+', '-', 'COUNT', 1)[1]
   if not last then return -1 end
-  local seq = tonumber(string.match(last[1], '^(%d+)'))
-  return seq < TIME_IDS_FROM and seq
+  return tonumber(string.match(last[1], '^(%d+)'))
 end
 
 -- An event's seq, read from its JSON as the event models write it (type, then seq) without
@@ -26,7 +24,7 @@ end
 -- Whether a stream whose last event is `last` (`last_seq`) lacks events sent before the event
 -- `data` (a failover's new master had not received them): its writer must send those first.
 local function is_behind(last, data)
-  return last and event_seq(data) > last + 1
+  return event_seq(data) > last + 1
 end
 
 -- XADD through `call` (redis.call, or redis.pcall to have a refusal answered rather than raised).
@@ -38,18 +36,14 @@ end
 -- Append an event to a job's stream unless the stream holds its seq already, and answer the seq of
 -- the stream's last event after it. `last` is that seq before (`last_seq`), or nil when it was not
 -- read: an event sent for the first time is new, so the stream is read only should Redis refuse
--- the event's id (a stream whose ids are times, or one that holds the event after all). `at`: when
--- the event was sent (ms), nil for now by Redis's clock.
+-- the event's id (the stream holds the event after all). `at`: when the event was sent (ms), nil
+-- for now by Redis's clock.
 local function append_event(stream, maxlen, last, kind, data, at)
   local seq = event_seq(data)
   local id = string.format('%d-1', seq)
   if last == nil then
     if type(xadd(redis.pcall, stream, maxlen, id, kind, data, at)) ~= 'table' then return seq end
     last = last_seq(stream)
-  end
-  if last == false then
-    xadd(redis.call, stream, maxlen, '*', kind, data, at)
-    return false
   end
   if seq <= last then return last end
   xadd(redis.call, stream, maxlen, id, kind, data, at)

@@ -1,40 +1,41 @@
+-- uses: end_unrun, append_event, hset_fields, leave_queue, end_job
 -- queued -> cancelled at once; for a running job, set its cancel key (holding when the first
 -- cancel was asked for, for the cancel latency): its worker's next step ends it cancelled. A running
 -- job no worker holds (handed back to wait for another, or its lease lapsed) has no next step to
 -- wait for: running -> cancelled at once too, as a queued job, with the output its stream holds.
 -- That output is the caller's to compute from the stream: a first call answers {'unheld'} (its
 -- cancel key set all the same, should a worker take the job meanwhile); the caller reads the stream
--- and calls again with `stream_tip`, the id of its last entry ('0-0' for none), and after it the
--- record's field/value pairs computed from it, `cancelled_event` numbered after that entry. The job
--- ends only if the stream still ends there and still no worker holds it.
+-- and calls again with `stream_tip`, the id of its last entry ('0-0' for none), and the record's
+-- `fields` computed from it, `cancelled_event` numbered after that entry. The job ends only if the
+-- stream still ends there and still no worker holds it. Takes `arguments.CancelArgs`.
 -- `queue` is the queue of the job's model (its record's `model`), `share_prefix` that model's;
 -- `running` is the set of started jobs the reapers read.
 -- Answers {'cancelled' | 'asked' | 'unheld' | 'ended', the state the job is in now} or {'missing'}.
 local record, stream, cancel, queue, arq_job, webhooks, webhook, lease, running = unpack(KEYS)
-local id, now, cancelled_event, maxlen, retention, lifetime, share_prefix, stream_tip = unpack(ARGV, 1, 8)
-local FIRST_FIELD = 9
+local args = cjson.decode(ARGV[1])
+local id = args.id
+local job = {id = id, record = record, stream = stream, cancel = cancel, arq_job = arq_job, webhooks = webhooks,
+             webhook = webhook, retention = args.retention, maxlen = args.maxlen, now = args.now}
+local model = {queue = queue, share_prefix = args.share_prefix}
 
 local status = redis.call('HGET', record, 'status')
 if not status then return {'missing'} end
 if status == 'queued' then
-  end_unrun(id, now, 'cancelled', nil, 'cancelled', cancelled_event, queue, share_prefix, arq_job,
-            webhooks, webhook, maxlen, retention)
+  end_unrun(job, model, 'cancelled', nil, 'cancelled', args.cancelled_event)
   return {'cancelled', 'cancelled'}
 end
 if status ~= 'running' then return {'ended', status} end
-redis.call('SET', cancel, now, 'EX', lifetime, 'NX')
+redis.call('SET', cancel, args.now, 'EX', args.lifetime, 'NX')
 local requeued = redis.call('HGET', record, 'requeued')
 if not requeued and redis.call('EXISTS', lease) == 1 then return {'asked', status} end
 local last = redis.call('XREVRANGE', stream, '+', '-', 'COUNT', 1)[1]
-if stream_tip ~= (last and last[1] or '0-0') then return {'unheld', status} end
-append_event(stream, maxlen, nil, 'cancelled', cancelled_event)
-redis.call('HSET', record, 'status', 'cancelled', unpack(ARGV, FIRST_FIELD))
+if args.stream_tip ~= (last and last[1] or '0-0') then return {'unheld', status} end
+append_event(stream, args.maxlen, nil, 'cancelled', args.cancelled_event)
+redis.call('HSET', record, 'status', 'cancelled')
+hset_fields(record, args.fields)
 redis.call('HDEL', record, 'requeued')
-redis.call('ZREM', queue, id)
-share_leave(share_prefix, id)
+leave_queue(job, model)
 redis.call('DEL', arq_job)
 redis.call('SREM', running, id)
-expire_job(retention)
-announce_end(webhooks, webhook, retention)
-tenant_move(id, requeued and 'queued' or 'running', 'ended')
+end_job(job, requeued and 'queued' or 'running')
 return {'cancelled', 'cancelled'}

@@ -1,3 +1,4 @@
+-- uses: share_member
 -- arq's poll and its checks in one call, with the model's queue shared fairly among its tenants:
 -- up to `wanted` jobs no other worker has taken, each then marked in progress (arq's mark), as
 -- {id, score, id, score, ...} (the score: the job's submission ms, from the model's queue).
@@ -10,13 +11,17 @@
 -- served in proportion to their weights. Each pick costs a few O(log n) commands.
 --
 -- A job stays in its share until it leaves the model's queue: start and cancel take its entry out
--- (`share_leave.lua`); an entry whose job left otherwise (its keys expired) is dropped here, and one
--- that another worker has just claimed is passed over. A queued job in no share (queued before shares existed) is taken once no share has
--- anything to give, in submission order, as arq would.
+-- (`leave_queue.lua`); an entry whose job left otherwise (its keys expired) is dropped here, and one
+-- that another worker has just claimed is passed over. A job in the model's queue and in no share
+-- is one whose share expired with it (its keys expired while it waited, and no job of its tenant came
+-- since): once no share has anything to give, up to `read_limit` of those are taken from the queue's
+-- head, so that arq finds their jobs gone and drops them from the queue.
 -- The in-progress keys and shares are named here from prefixes: single-instance Redis, not Redis Cluster.
+-- Takes `arguments.ClaimArgs`.
 local queue, tenants, state = unpack(KEYS)
-local in_progress_ms, in_progress_prefix, share_prefix, read_limit, wanted = unpack(ARGV)
-local room = 2 * tonumber(wanted)
+local args = cjson.decode(ARGV[1])
+local in_progress_ms, in_progress_prefix, share_prefix = args.in_progress_ms, args.in_progress_prefix, args.share_prefix
+local room = 2 * args.wanted
 local SCAN = 16
 
 local claimed = {}
@@ -55,7 +60,7 @@ local function take_first(share_queue)
     if #got == 0 then return false end
     local passed = 0
     for _, member in ipairs(got) do
-      local taken = take(string.sub(member, 17))  -- after '<15 digits>:'
+      local taken = take(share_member_job(member))
       if taken then return true end
       if taken == nil then redis.call('ZREM', share_queue, member) else passed = passed + 1 end
     end
@@ -84,7 +89,7 @@ end
 if clock ~= clock_was then redis.call('HSET', state, 'clock', clock) end
 
 if #claimed < room then
-  local head = redis.call('ZRANGE', queue, 0, tonumber(read_limit) - 1)
+  local head = redis.call('ZRANGE', queue, 0, args.read_limit - 1)
   for _, id in ipairs(head) do
     if #claimed >= room then break end
     take(id)

@@ -1,19 +1,15 @@
--- Prepended to the scripts that end a queued job that never ran: a cancel (cancel.lua), and a
--- deadline that passed while it waited (start.lua). Its record ends in `state` with no output (and
--- `error`, when there is one), `event` of type `kind` ends its stream, and the job leaves its
--- model's queue, its share of it, arq's queue and its tenant's queued jobs; its keys expire after
--- the retention period, and its webhook hears of the end. `queue` and `share_prefix` are those of
--- the job's model. Expects KEYS[1..3] to be the job's record, stream and cancel key.
-local function end_unrun(id, now, state, error, kind, event, queue, share_prefix, arq_job, webhooks,
-                         webhook, maxlen, retention)
-  redis.call('HSET', KEYS[1], 'status', state, 'finished_at', now, 'token_count', 0,
+-- uses: append_event, leave_queue, end_job
+-- Ends a queued job that never ran: a cancel (cancel.lua), and a deadline that passed while it waited
+-- (start.lua). Its record ends in `state` at `job.now` with no output (and `error`, when there is
+-- one), `event` of type `kind` ends its stream, and the job leaves its model's queue and its share
+-- of it (`leave_queue.lua`) and arq's queue, then ends (`end_job.lua`).
+-- `job`: `end_job`'s table with `now`, `maxlen` and `arq_job`; `model`: `leave_queue`'s.
+local function end_unrun(job, model, state, error, kind, event)
+  redis.call('HSET', job.record, 'status', state, 'finished_at', job.now, 'token_count', 0,
              'usage', '{"prompt_tokens":0,"completion_tokens":0}')
-  if error then redis.call('HSET', KEYS[1], 'error', error) end
-  append_event(KEYS[2], maxlen, nil, kind, event)
-  redis.call('ZREM', queue, id)
-  share_leave(share_prefix, id)
-  redis.call('DEL', arq_job)
-  expire_job(retention)
-  announce_end(webhooks, webhook, retention)
-  tenant_move(id, 'queued', 'ended')
+  if error then redis.call('HSET', job.record, 'error', error) end
+  append_event(job.stream, job.maxlen, nil, kind, event)
+  leave_queue(job, model)
+  redis.call('DEL', job.arq_job)
+  end_job(job, 'queued')
 end

@@ -2,7 +2,9 @@
 -- stream, so that a job's keys outlive its run however long it waited in the queue or how often it
 -- was resumed. KEYS: per job its lease, record and stream. Answers the positions (from 1) of the
 -- jobs whose lease the worker no longer holds: it never brings back a lapsed lease or takes another's.
-local worker, lease_ms, lifetime = unpack(ARGV)
+-- Takes `arguments.RenewArgs`.
+local args = cjson.decode(ARGV[1])
+local worker, lease_ms, lifetime = args.worker, args.lease_ms, args.lifetime
 local KEYS_PER_JOB = 3
 
 local lost = {}

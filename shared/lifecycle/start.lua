@@ -1,26 +1,29 @@
+-- uses: leave_queue, end_unrun, append_event, tenant_move
 -- queued -> running (attempt 1), or a handed-back running job resumes with the next attempt, its
 -- stream in the answer so that the new worker continues where the last one stopped. The starting
 -- worker takes the job's lease and the job leaves arq's queue set, so that the set holds only
 -- waiting jobs, and the job's record and stream live `lifetime` seconds from now, however long it
 -- waited. A queued job past its `deadline` fails instead (queued -> failed), without ever running.
 -- `queue` is the queue of the job's model, the one the starting worker serves and claimed it from,
--- and `share_prefix` that model's (`ModelKeys.share_queue_prefix`).
+-- and `share_prefix` that model's (`ModelKeys.share_queue_prefix`). Takes `arguments.StartArgs`.
 -- The request's JSON is decoded only when it has one.
 -- Answers {'running', request, created_at, conversation}, {'resumed', request, created_at, attempt,
 -- entries, conversation}, {'expired'} or {'refused', status or 'missing'}; `conversation` is the
 -- record's field of that name ('' for a job that is no turn of a conversation).
-local record, stream, _, queue, lease, running, arq_job, webhooks, webhook = unpack(KEYS)
-local id, worker, now, running_event, expired_event, expired_message, maxlen, lease_ms,
-      retention, lifetime, share_prefix = unpack(ARGV)
+local record, stream, cancel, queue, lease, running, arq_job, webhooks, webhook = unpack(KEYS)
+local args = cjson.decode(ARGV[1])
+local id = args.id
+local job = {id = id, record = record, stream = stream, cancel = cancel, arq_job = arq_job, webhooks = webhooks,
+             webhook = webhook, retention = args.retention, maxlen = args.maxlen, now = args.now}
+local model = {queue = queue, share_prefix = args.share_prefix}
 
 local function take(attempt)
-  redis.call('HSET', record, 'worker', worker, 'attempts', attempt)
-  redis.call('ZREM', queue, id)
-  share_leave(share_prefix, id)
-  redis.call('SET', lease, worker, 'PX', lease_ms)
+  redis.call('HSET', record, 'worker', args.worker, 'attempts', attempt)
+  leave_queue(job, model)
+  redis.call('SET', lease, args.worker, 'PX', args.lease_ms)
   redis.call('SADD', running, id)
-  redis.call('EXPIRE', record, lifetime)
-  redis.call('EXPIRE', stream, lifetime)
+  redis.call('EXPIRE', record, args.lifetime)
+  redis.call('EXPIRE', stream, args.lifetime)
 end
 
 local status, request, created, conversation =
@@ -30,20 +33,19 @@ if status == 'running' and redis.call('HGET', record, 'requeued') then
   redis.call('HDEL', record, 'requeued')
   local attempt = tonumber(redis.call('HGET', record, 'attempts')) + 1
   take(attempt)
-  tenant_move(id, 'queued', 'running')
+  tenant_move(job, 'queued', 'running')
   return {'resumed', request, created, attempt, redis.call('XRANGE', stream, '-', '+'), conversation}
 end
 if status ~= 'queued' then return {'refused', status or 'missing'} end
 if string.find(request, '"deadline":', 1, true) then
   local deadline = cjson.decode(request)['deadline']
-  if type(deadline) == 'number' and deadline <= tonumber(now) then
-    end_unrun(id, now, 'failed', expired_message, 'error', expired_event, queue, share_prefix, arq_job,
-              webhooks, webhook, maxlen, retention)
+  if type(deadline) == 'number' and deadline <= tonumber(args.now) then
+    end_unrun(job, model, 'failed', args.expired_message, 'error', args.expired_event)
     return {'expired'}
   end
 end
-redis.call('HSET', record, 'status', 'running', 'started_at', now)
-append_event(stream, maxlen, nil, 'status', running_event)
+redis.call('HSET', record, 'status', 'running', 'started_at', args.now)
+append_event(stream, args.maxlen, nil, 'status', args.running_event)
 take(1)
-tenant_move(id, 'queued', 'running')
+tenant_move(job, 'queued', 'running')
 return {'running', request, created, conversation}

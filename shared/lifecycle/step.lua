@@ -1,3 +1,4 @@
+-- uses: append_event
 -- running -> running: append a step's events if this worker still holds the lease and the job's
 -- record still exists, then check the cancel key. Answers 'go', 'lost' (another worker holds the
 -- job now, or its keys expired: nothing is appended), {'behind', the seq of the stream's last event}
@@ -9,7 +10,9 @@
 -- it holds either all of a step sent before or none, and events it holds (by seq:
 -- `append_event.lua`) are not appended twice.
 -- `sent_at`: when the worker sent the step, in ms by its clock (each entry's `at`).
--- ARGV after the first four: (type, data) pairs.
+-- The one script with positional ARGV, as `arguments.StepArgs` names them (it runs once per running
+-- job per engine step, and decoding a table would cost more than the rest of it); (type, data) per
+-- event follow them.
 local stream, cancel, lease, record = unpack(KEYS)
 local worker, maxlen, check, sent_at = unpack(ARGV, 1, 4)
 local FIRST_EVENT = 5

@@ -1,60 +1,50 @@
+-- uses: tenant_admit, append_event, hset_fields, enqueue
 -- queued: write the record (with the canonical name of the job's model, whose queue `queue` is),
--- the `queued` event and arq's job, and put the job on its model's queue and in its share of it
--- (`share_enqueue.lua`).
+-- the `queued` event, and the `fields` the record keeps beside the job (what an API layer above the
+-- job needs of it: a response's own fields, a webhook), and put the job on its model's queue
+-- (`enqueue.lua`). Takes `arguments.SubmitArgs`.
 -- Answers {'created', id, created_at}, {'existing', id} (the idempotency key's job, asked for
 -- with the same request), {'mismatch', id} (the key's job was asked for with another request:
 -- nothing written), {'overloaded', queue depth} or {'rate_limited', limit, retry after (s), count,
 -- limit} (the job's tenant is at a limit: `tenant_admit.lua`; nothing written).
 -- The idempotency key holds '<job id> <request digest>'; a value without a digest (written
 -- before digests were kept) matches any request.
--- ARGV after the model: name/value pairs the record keeps beside the job (what an API layer
--- above the job needs of it: a response's own fields, a webhook), written in the same step.
--- The tenant (ARGV 14 to 18: its name, '' for none, and its limits; KEYS 6 to 9: its counters), the
--- job's share of the queue (ARGV 19 to 22: the share's name, the prefix of the share queues, the
--- share's stride and the job's priority; KEYS 10 and 11: the model's `share_tenants` and
--- `share_state`) and the prefix of job records' keys (ARGV 23: the tenant's running jobs are counted
--- from their records) come before them: they begin at FIRST_FIELD.
-local record, stream, idempotency, queue, arq_job = unpack(KEYS)
-local id, created_at, request, queued_event, arq_payload, lifetime, max_queued, maxlen, score, owner,
-      wakeup_channel, digest, model = unpack(ARGV, 1, 13)
-local tenant_queued, tenant_running, tenant_requests, tenant_tokens, share_tenants, share_state =
-  unpack(KEYS, 6, 11)
-local tenant = ARGV[14]
-local share, share_prefix, stride, priority, job_prefix = unpack(ARGV, 19, 23)
-local FIRST_FIELD = 24
+-- KEYS: the job's record, stream, idempotency key ('' for none), its model's queue and arq's job; the
+-- tenant's counters ('' each for a job of no tenant); the model's `share_tenants` and `share_state`.
+local record, stream, idempotency, queue, arq_job, tenant_queued, tenant_running, tenant_requests,
+      tenant_tokens, share_tenants, share_state = unpack(KEYS)
+local args = cjson.decode(ARGV[1])
+local id, tenant, share = args.id, args.tenant, args.share
 
 if idempotency ~= '' then
   local existing = redis.call('GET', idempotency)
   if existing then
     local job, kept = string.match(existing, '^(%S+) ?(%S*)$')
-    if kept ~= '' and kept ~= digest then return {'mismatch', job} end
+    if kept ~= '' and kept ~= args.digest then return {'mismatch', job} end
     return {'existing', job}
   end
 end
-if tenant ~= '' then
-  local limits = {queued = tonumber(ARGV[15]), running = tonumber(ARGV[16]), requests = tonumber(ARGV[17]),
-                  tokens = tonumber(ARGV[18])}
-  local refused = tenant_admit(tenant_queued, tenant_running, tenant_requests, tenant_tokens, job_prefix,
-                               limits)
+if tenant then
+  local refused = tenant_admit(tenant_queued, tenant_running, tenant_requests, tenant_tokens, args.job_prefix,
+                               tenant.limits)
   if refused then return {'rate_limited', unpack(refused)} end
 end
-local limit = tonumber(max_queued)
-if limit > 0 then
+if args.max_queued > 0 then
   local depth = redis.call('ZCARD', queue)
-  if depth >= limit then return {'overloaded', tostring(depth)} end
+  if depth >= args.max_queued then return {'overloaded', tostring(depth)} end
 end
-redis.call('HSET', record, 'id', id, 'status', 'queued', 'created_at', created_at, 'request', request,
-           'owner', owner, 'model', model, 'share', share, 'priority', priority)
+redis.call('HSET', record, 'id', id, 'status', 'queued', 'created_at', args.created_at, 'request', args.request,
+           'owner', args.owner, 'model', args.model, 'share', share.name, 'priority', share.priority)
 if idempotency ~= '' then redis.call('HSET', record, 'idempotency_key', idempotency) end
-if #ARGV >= FIRST_FIELD then redis.call('HSET', record, unpack(ARGV, FIRST_FIELD)) end
-append_event(stream, maxlen, nil, 'status', queued_event)
-redis.call('EXPIRE', record, lifetime)
-redis.call('EXPIRE', stream, lifetime)
-redis.call('SET', arq_job, arq_payload, 'EX', lifetime)
-redis.call('ZADD', queue, score, id)
-redis.call('HSET', share_state, 'stride:' .. share, stride)
-share_enqueue(share_tenants, share_state, share_prefix .. share, share, priority, tonumber(score), id, lifetime)
-if tenant ~= '' then tenant_admitted(tenant_queued, tenant_requests, id, lifetime) end
-redis.call('PUBLISH', wakeup_channel, id)
-if idempotency ~= '' then redis.call('SET', idempotency, id .. ' ' .. digest, 'EX', lifetime) end
-return {'created', id, created_at}
+hset_fields(record, args.fields)
+append_event(stream, args.maxlen, nil, 'status', args.queued_event)
+redis.call('EXPIRE', record, args.lifetime)
+redis.call('EXPIRE', stream, args.lifetime)
+redis.call('HSET', share_state, 'stride:' .. share.name, share.stride)
+enqueue({id = id, created_at = args.created_at, share = share.name, priority = share.priority,
+         lifetime = args.lifetime, arq_job = arq_job, arq_payload = args.arq_payload},
+        {queue = queue, share_tenants = share_tenants, share_state = share_state, share_prefix = share.prefix,
+         wakeup = args.wakeup})
+if tenant then tenant_admitted(tenant_queued, tenant_requests, id, args.lifetime) end
+if idempotency ~= '' then redis.call('SET', idempotency, id .. ' ' .. args.digest, 'EX', args.lifetime) end
+return {'created', id, args.created_at}

@@ -1,4 +1,5 @@
--- Prepended to the scripts that move a job past queued. A job of a tenant has its record name its
+-- uses: clock_ms
+-- Called by the scripts that move a job past queued. A job of a tenant has its record name its
 -- tenant's counters (`Keys.tenant_record_fields`, written at submit): the job leaves its tenant's
 -- queued jobs when it starts or ends unstarted (`from` 'queued'), joins its running jobs when it
 -- starts (`to` 'running') and leaves them when it ends or is handed back (`from` 'running'). A job
@@ -6,9 +7,10 @@
 -- record would expire, `lifetime` seconds from now, as a submitted job does. An end (`to` 'ended')
 -- counts the record's usage, prompt plus generated tokens, in the tenant's sliding minute and, with
 -- the job, in its totals: call it once the record holds the end. A job without a tenant is left alone.
--- Expects KEYS[1] to be the job's record.
-local function tenant_move(id, from, to, lifetime)
-  local tenant, queued, running, tokens, totals, usage = unpack(redis.call('HMGET', KEYS[1],
+-- `job`: {id, record}.
+local function tenant_move(job, from, to, lifetime)
+  local id = job.id
+  local tenant, queued, running, tokens, totals, usage = unpack(redis.call('HMGET', job.record,
       'tenant', 'tenant_queued', 'tenant_running', 'tenant_tokens', 'tenant_totals', 'usage'))
   if not tenant then return end
   if from == 'queued' then redis.call('ZREM', queued, id) end

@@ -1,9 +1,11 @@
+-- uses: clock_ms, tenant_admit
 -- A tenant's counters now, as `tenant_admit.lua` counts them (its windows read from now, not
 -- pruned): its queued jobs whose records have not expired, its running jobs (an id whose job no
 -- longer runs dropped: `tenant_running_jobs`), the requests it had admitted and the tokens of its
--- jobs ended in the last minute, and the tokens and jobs of its totals.
+-- jobs ended in the last minute, and the tokens and jobs of its totals. Takes `arguments.TenantUsageArgs`.
 local queued, running, requests, tokens, totals = unpack(KEYS)
-local tenant, job_prefix = unpack(ARGV)
+local args = cjson.decode(ARGV[1])
+local tenant, job_prefix = args.tenant, args.job_prefix
 local now = clock_ms()
 local since = string.format('(%d', now - TENANT_WINDOW_MS)
 

@@ -13,6 +13,19 @@ import redis.asyncio as aioredis
 from shared.events import ErrorEvent, Event, JobState, StatusEvent
 from shared.keys import Keys, ModelKeys
 from shared.lifecycle import scripts
+from shared.lifecycle.arguments import (
+    CancelArgs,
+    ClaimArgs,
+    FailureArgs,
+    FinishArgs,
+    ReleaseArgs,
+    RenewArgs,
+    StartArgs,
+    StepArgs,
+    SubmitArgs,
+    TenantArgs,
+    TenantUsageArgs,
+)
 from shared.replication import Wait
 from shared.tenants import DEFAULT_SHARE, Tenant, TenantUsage
 
@@ -157,6 +170,40 @@ class Failure:
     token_count: int
     stream_tip: str  # the id of the stream's last entry these were computed from ('' when empty)
 
+    def args(self) -> FailureArgs:
+        """The failure as the release script reads it."""
+        return {
+            "event": self.event.model_dump_json(),
+            "text": self.text,
+            "token_count": self.token_count,
+            "stream_tip": self.stream_tip,
+        }
+
+
+@dataclass(frozen=True)
+class NewJob:
+    """A job to submit. `model`: the canonical name of the job's model, whose queue it joins;
+    `annotations`: fields the record keeps beside the job, for the API layer that made it; `tenant`:
+    whose limits the job must fit, whose counters it joins and whose share of the queue it waits in
+    (None: no tenant's; it waits in the default tenant's share); `priority`: its order within that
+    share, lower first."""
+
+    job_id: str
+    created_at: float
+    request_json: str
+    request_digest: str  # '' without an idempotency key
+    queued: StatusEvent
+    arq_payload: bytes
+    idempotency_key: str | None
+    owner: str
+    model: str
+    lifetime_seconds: int
+    max_queued: int
+    maxlen: int
+    annotations: dict[str, str] = field(default_factory=dict)
+    tenant: Tenant | None = None
+    priority: int = 0
+
 
 class Transitions:
     """The job lifecycle's scripts, each behind one method."""
@@ -182,74 +229,53 @@ class Transitions:
         ]
 
     async def _run(
-        self, script: scripts.LuaScript, keys: list[str], args: list[Any], wait: Wait | None
+        self, script: scripts.LuaScript[scripts.Args], keys: list[str], args: scripts.Args, wait: Wait | None
     ) -> tuple[Any, int | None]:
         """The script's answer, and with `wait` how many replicas hold its writes (same round trip)."""
         if wait is None:
             return await script(self.redis, keys, args), None
         return await script.then_wait(self.redis, keys, args, wait.commands)
 
-    async def submit(
-        self,
-        *,
-        job_id: str,
-        created_at: float,
-        request_json: str,
-        request_digest: str,
-        queued: StatusEvent,
-        arq_payload: bytes,
-        idempotency_key: str | None,
-        owner: str,
-        model: str,
-        lifetime_seconds: int,
-        max_queued: int,
-        maxlen: int,
-        annotations: dict[str, str] | None = None,
-        wait: Wait | None = None,
-        tenant: Tenant | None = None,
-        priority: int = 0,
-    ) -> Submitted:
-        """`model`: the canonical name of the job's model, whose queue it joins; `annotations`: fields
-        the record keeps beside the job, for the API layer that made it; `wait`: the replicas the
-        writes must reach, asked in the same round trip; `tenant`: whose limits the job must fit,
-        whose counters it joins and whose share of the queue it waits in (None: no tenant's; it
-        waits in the default tenant's share); `priority`: its order within that share, lower first."""
-        queue = self.keys.model(model)
+    async def submit(self, job: NewJob, wait: Wait | None = None) -> Submitted:
+        """Write the job queued, unless its tenant, its model's queue or its idempotency key refuses it;
+        `wait`: the replicas the writes must reach, asked in the same round trip."""
+        queue = self.keys.model(job.model)
+        tenant = job.tenant
         share = tenant or DEFAULT_SHARE
-        fields = {**(self.keys.tenant_record_fields(tenant.name) if tenant else {}), **(annotations or {})}
+        fields = {**(self.keys.tenant_record_fields(tenant.name) if tenant else {}), **job.annotations}
         keys = [
-            self.keys.job(job_id),
-            self.keys.stream(job_id),
-            self.keys.idempotency(idempotency_key, owner) if idempotency_key else "",
+            self.keys.job(job.job_id),
+            self.keys.stream(job.job_id),
+            self.keys.idempotency(job.idempotency_key, job.owner) if job.idempotency_key else "",
             queue.queue,
-            self.keys.arq_job(job_id),
+            self.keys.arq_job(job.job_id),
             *self._tenant_keys(tenant),
             queue.share_tenants,
             queue.share_state,
         ]
-        args: list[Any] = [
-            job_id,
-            repr(created_at),
-            request_json,
-            queued.model_dump_json(),
-            arq_payload,
-            lifetime_seconds,
-            max_queued,
-            maxlen,
-            int(created_at * 1000),
-            owner,
-            queue.wakeup,
-            request_digest,
-            model,
-            tenant.name if tenant else "",
-            *(tenant.limit_args() if tenant else [0, 0, 0, 0]),
-            share.name,
-            queue.share_queue_prefix,
-            repr(1 / share.weight),
-            priority,
-            self.keys.job(""),
-            *(part for pair in fields.items() for part in pair),
-        ]
+        args: SubmitArgs = {
+            "id": job.job_id,
+            "created_at": repr(job.created_at),
+            "request": job.request_json,
+            "digest": job.request_digest,
+            "queued_event": job.queued.model_dump_json(),
+            "arq_payload": job.arq_payload.hex(),
+            "owner": job.owner,
+            "model": job.model,
+            "lifetime": job.lifetime_seconds,
+            "max_queued": job.max_queued,
+            "maxlen": job.maxlen,
+            "wakeup": queue.wakeup,
+            "tenant": TenantArgs(name=tenant.name, limits=tenant.script_limits()) if tenant else None,
+            "share": {
+                "name": share.name,
+                "prefix": queue.share_queue_prefix,
+                "stride": repr(1 / share.weight),
+                "priority": job.priority,
+            },
+            "job_prefix": self.keys.job(""),
+            "fields": fields,
+        }
         (outcome, value, *rest), acked = await self._run(scripts.SUBMIT, keys, args, wait)
         if outcome == SubmitOutcome.overloaded.value:
             return Submitted(SubmitOutcome.overloaded, "", int(value))
@@ -282,19 +308,19 @@ class Transitions:
             self.keys.arq_job(job_id),
             *self._announce_keys(job_id),
         ]
-        args: list[Any] = [
-            job_id,
-            worker_id,
-            repr(now),
-            running.model_dump_json(),
-            expired.model_dump_json(),
-            expired.message,
-            maxlen,
-            int(lease_seconds * 1000),
-            retention_seconds,
-            lifetime_seconds,
-            self.keys.model(model).share_queue_prefix,
-        ]
+        args: StartArgs = {
+            "id": job_id,
+            "worker": worker_id,
+            "now": repr(now),
+            "running_event": running.model_dump_json(),
+            "expired_event": expired.model_dump_json(),
+            "expired_message": expired.message,
+            "maxlen": maxlen,
+            "lease_ms": int(lease_seconds * 1000),
+            "retention": retention_seconds,
+            "lifetime": lifetime_seconds,
+            "share_prefix": self.keys.model(model).share_queue_prefix,
+        }
         outcome, *values = await scripts.START(self.redis, keys, args)
         if outcome == StartOutcome.running.value:
             request, created_at, conversation = values
@@ -319,9 +345,9 @@ class Transitions:
             self.keys.lease(job_id),
             self.keys.job(job_id),
         ]
+        fixed = StepArgs(worker_id, maxlen, "1" if check else "", time.time_ns() // 1_000_000)
         pairs = (part for event in events for part in (event.type, event.model_dump_json()))
-        sent_at = time.time_ns() // 1_000_000
-        return scripts.STEP.command(keys, [worker_id, maxlen, "1" if check else "", sent_at, *pairs])
+        return scripts.STEP.command(keys, [*fixed, *pairs])
 
     def finish_command(
         self,
@@ -342,16 +368,15 @@ class Transitions:
             self.keys.running,
             *self._announce_keys(job_id),
         ]
-        args = [
-            job_id,
-            worker_id,
-            state.value,
-            maxlen,
-            retention_seconds,
-            len(events),
-            *(part for event in events for part in (event.type, event.model_dump_json())),
-            *(item for pair in record_fields.items() for item in pair),
-        ]
+        args: FinishArgs = {
+            "id": job_id,
+            "worker": worker_id,
+            "state": state.value,
+            "maxlen": maxlen,
+            "retention": retention_seconds,
+            "events": [(event.type, event.model_dump_json()) for event in events],
+            "fields": record_fields,
+        }
         return scripts.FINISH.eval_command(keys, args)
 
     async def cancel(
@@ -380,17 +405,17 @@ class Transitions:
             self.keys.lease(job_id),
             self.keys.running,
         ]
-        args: list[Any] = [
-            job_id,
-            repr(now),
-            cancelled.model_dump_json(),
-            maxlen,
-            retention_seconds,
-            lifetime_seconds,
-            self.keys.model(model).share_queue_prefix,
-            stream_tip,
-            *(item for pair in (record_fields or {}).items() for item in pair),
-        ]
+        args: CancelArgs = {
+            "id": job_id,
+            "now": repr(now),
+            "cancelled_event": cancelled.model_dump_json(),
+            "maxlen": maxlen,
+            "retention": retention_seconds,
+            "lifetime": lifetime_seconds,
+            "share_prefix": self.keys.model(model).share_queue_prefix,
+            "stream_tip": stream_tip,
+            "fields": record_fields or {},
+        }
         (outcome, *state), acked = await self._run(scripts.CANCEL, keys, args, wait)
         return CancelResult(CancelOutcome(outcome), JobState(state[0]) if state else None, acked)
 
@@ -404,8 +429,9 @@ class Transitions:
             keys.tenant_tokens(tenant),
             keys.tenant_totals,
         ]
+        args: TenantUsageArgs = {"tenant": tenant, "job_prefix": keys.job("")}
         queued, running, requests, tokens, tokens_total, jobs_total = await scripts.TENANT_USAGE(
-            self.redis, counters, [tenant, keys.job("")]
+            self.redis, counters, args
         )
         return TenantUsage(
             queued_jobs=queued,
@@ -431,7 +457,11 @@ class Transitions:
             for job_id in job_ids
             for key in (self.keys.lease(job_id), self.keys.job(job_id), self.keys.stream(job_id))
         ]
-        args = [worker_id, int(lease_seconds * 1000), lifetime_seconds]
+        args: RenewArgs = {
+            "worker": worker_id,
+            "lease_ms": int(lease_seconds * 1000),
+            "lifetime": lifetime_seconds,
+        }
         lost = await scripts.RENEW(self.redis, keys, args)
         return [job_ids[position - 1] for position in lost]
 
@@ -465,24 +495,21 @@ class Transitions:
             queue.share_tenants,
             queue.share_state,
         ]
-        args: list[Any] = [
-            job_id,
-            worker_id,
-            attempt,
-            max_attempts,
-            arq_payload,
-            lifetime_seconds,
-            repr(now),
-            retention_seconds,
-            maxlen,
-            message,
-            queue.wakeup,
-        ]
-        if failure is None:
-            args += ["", "", 0, ""]
-        else:
-            args += [failure.event.model_dump_json(), failure.text, failure.token_count, failure.stream_tip]
-        args.append(queue.share_queue_prefix)
+        args: ReleaseArgs = {
+            "id": job_id,
+            "worker": worker_id,
+            "attempt": attempt,
+            "max_attempts": max_attempts,
+            "arq_payload": arq_payload.hex(),
+            "lifetime": lifetime_seconds,
+            "now": repr(now),
+            "retention": retention_seconds,
+            "maxlen": maxlen,
+            "message": message,
+            "wakeup": queue.wakeup,
+            "share_prefix": queue.share_queue_prefix,
+            "failure": failure.args() if failure else None,
+        }
         outcome, *_ = await scripts.RELEASE(self.redis, keys, args)
         return ReleaseOutcome(outcome)
 
@@ -501,10 +528,13 @@ async def claim(
 
     A function of its own, not a method: arq's own client runs it, with arq's key prefix.
     """
-    answer = await scripts.CLAIM(
-        redis,
-        [model.queue, model.share_tenants, model.share_state],
-        [in_progress_ms, in_progress_prefix, model.share_queue_prefix, read_limit, wanted],
-    )
+    args: ClaimArgs = {
+        "in_progress_ms": in_progress_ms,
+        "in_progress_prefix": in_progress_prefix,
+        "share_prefix": model.share_queue_prefix,
+        "read_limit": read_limit,
+        "wanted": wanted,
+    }
+    answer = await scripts.CLAIM(redis, [model.queue, model.share_tenants, model.share_state], args)
     ids = [item.decode() if isinstance(item, bytes) else item for item in answer[::2]]
     return [(job_id, int(float(score))) for job_id, score in zip(ids, answer[1::2], strict=True)]

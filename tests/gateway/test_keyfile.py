@@ -87,7 +87,8 @@ def test_keys_share_a_tenant_and_its_limits_and_a_key_without_one_is_its_own(tmp
         owner_id("key-4"): Tenant("default"),
     }
     assert key_tenant("key-0") != key_tenant("key-3") and key_tenant("key-0").startswith("key-")
-    assert team_a.limit_args() == [10, 4, 60, 9000] and Tenant("default").limit_args() == [0, 0, 0, 0]
+    assert list(team_a.script_limits().values()) == [10, 4, 60, 9000]
+    assert list(Tenant("default").script_limits().values()) == [0, 0, 0, 0]
 
 
 def test_the_default_tables_limits_are_each_tenantless_keys(tmp_path: Path) -> None:

@@ -3,17 +3,20 @@ out of attempts fails only with the output its stream holds when the failure is 
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+import redis.asyncio as aioredis
 
 from shared.errors import InvalidRequest, JobNotFound
 from shared.events import DeltaEvent, ErrorEvent, JobState, event_adapter
 from shared.jobstore import JobStore
 from shared.lifecycle import scripts
+from shared.lifecycle.arguments import StepArgs
 from shared.lifecycle.transitions import (
     CancelOutcome,
     Failure,
@@ -24,7 +27,7 @@ from shared.lifecycle.transitions import (
     Verdict,
     claim,
 )
-from shared.queue import in_progress_key
+from shared.queue import in_progress_key, job_payload
 from shared.requests import JobRequest
 from tests.shared.transitions import MODEL, lose_last_entries, release
 
@@ -38,52 +41,79 @@ async def started(store: JobStore, worker_id: str = "worker-1") -> str:
     return job_id
 
 
-def test_every_script_ships_as_a_lua_file_and_gets_the_helpers_it_calls() -> None:
-    folder = Path(scripts.__file__).parent
-    names = {
-        "submit",
-        "claim",
-        "start",
-        "step",
-        "renew",
-        "release",
-        "finish",
-        "cancel",
-        "delete",
-        "tenant_usage",
-    }
-    helpers = {
-        "clock_ms",
-        "expire_job",
-        "announce_end",
-        "tenant_admit",
-        "tenant_move",
-        "share_enqueue",
-        "share_leave",
-        "append_event",
-        "end_unrun",
-    }
-    assert {path.stem for path in folder.glob("*.lua")} == names | helpers
+SCRIPTS = {
+    "submit",
+    "claim",
+    "start",
+    "step",
+    "renew",
+    "release",
+    "finish",
+    "cancel",
+    "delete",
+    "tenant_usage",
+}
+HELPERS = {
+    "clock_ms",
+    "share_member",
+    "enqueue",
+    "leave_queue",
+    "hset_fields",
+    "append_event",
+    "announce_end",
+    "tenant_admit",
+    "tenant_move",
+    "end_job",
+    "end_unrun",
+}
+FOLDER = Path(scripts.__file__).parent
+
+
+def test_every_script_ships_as_a_lua_file_and_gets_the_helpers_it_uses() -> None:
+    assert {path.stem for path in FOLDER.glob("*.lua")} == SCRIPTS | HELPERS
 
     def calling(helper: str) -> set[str]:
-        return {name for name in names if f"local function {helper}" in getattr(scripts, name.upper()).source}
+        return {
+            name for name in SCRIPTS if f"local function {helper}(" in getattr(scripts, name.upper()).source
+        }
 
-    # the scripts that may end a job: each lets its keys expire and announces the end to its webhook
-    assert calling("expire_job") == calling("announce_end") == {"start", "release", "finish", "cancel"}
-    # ... and moves the job out of its tenant's counters; submit alone checks the tenant's limits
+    # the scripts that may end a job end it through one helper: its keys expire, its webhook hears
+    # of it, its tenant's counters count it
+    assert calling("end_job") == calling("announce_end") == {"start", "release", "finish", "cancel"}
     assert calling("tenant_move") == {"start", "release", "finish", "cancel"}
     # submit alone checks the tenant's limits; the usage read counts running jobs as submit does
     assert calling("tenant_admit") == calling("tenant_running_jobs") == {"submit", "tenant_usage"}
-    # the scripts that put a job on its model's queue put it in its tenant's share of it too
-    assert calling("share_enqueue") == {"submit", "release"}
-    assert calling("share_leave") == {"start", "cancel"}  # ... and out of it, the scripts that end its wait
+    # the scripts that put a job on its model's queue, and those that take it out of its wait
+    assert calling("enqueue") == {"submit", "release"}
+    assert calling("leave_queue") == {"start", "cancel"}
     assert calling("end_unrun") == {"start", "cancel"}  # the two that end a job that never ran
+    # one format of a share's member, for those that write it and the one that reads it
+    assert calling("share_member") == {"submit", "start", "release", "cancel", "claim"}
     # every script that writes a job's stream writes it through the one helper that makes its ids
     assert calling("append_event") == {"submit", "start", "step", "release", "finish", "cancel"}
-    # a helper a helper calls comes with it, once, before it
+    # a helper a helper uses comes with it, once, before it
     finish = scripts.FINISH.source
     assert finish.count("local function last_seq(") == 1
-    assert finish.index("local function expire_job(") < finish.index("expire_job(retention)")
+    assert finish.index("local function announce_end(") < finish.index("local function end_job(")
+
+
+def test_every_lua_file_declares_the_helpers_it_calls() -> None:
+    """Each file names every helper whose functions it calls on its own `-- uses:` line, not only
+    through a helper that uses it (and one it does not name would be a nil global at run time)."""
+    sources = {path.stem: path.read_text() for path in FOLDER.glob("*.lua")}
+    defined = {name: set(re.findall(r"local function (\w+)\(", sources[name])) for name in HELPERS}
+    for name, source in sources.items():
+        for helper in HELPERS - {name, *scripts.uses(source)}:
+            called = {function for function in defined[helper] if re.search(rf"\b{function}\(", source)}
+            assert not called, f"{name}.lua calls {called} of {helper}.lua without naming it"
+
+
+def test_the_step_reads_its_arguments_in_the_order_step_args_names_them() -> None:
+    """The step alone takes positional ARGV (`shared.lifecycle.arguments`): both sides name them alike."""
+    unpacked = re.search(r"local (.*) = unpack\(ARGV, 1, (\d+)\)", (FOLDER / "step.lua").read_text())
+    assert unpacked is not None
+    assert unpacked.group(1).split(", ") == list(StepArgs._fields)
+    assert int(unpacked.group(2)) == len(StepArgs._fields)
 
 
 async def test_delete_takes_a_finished_jobs_keys_and_leaves_an_unfinished_one(store: JobStore) -> None:
@@ -221,19 +251,6 @@ async def test_a_step_after_events_the_stream_lost_writes_nothing_and_says_what_
     assert [entry_id for entry_id, _ in entries] == ["0-1", "1-1", "2-1", "3-1", "4-1"]
 
 
-async def test_a_stream_written_before_ids_were_seqs_is_appended_to_as_it_was(store: JobStore) -> None:
-    job_id = await started(store)
-    stream = store.keys.stream(job_id)
-    await store.redis.delete(stream)
-    await store.redis.xadd(
-        stream, {"type": "status", "data": '{"type":"status","seq":1}'}, id="1700000000000-0"
-    )
-    assert await step(store, job_id, [DeltaEvent(seq=2, text="a", token_ids=[1])]) == "go"
-    (old_id, _), (new_id, fields) = await store.redis.xrange(stream)
-    assert old_id == "1700000000000-0" and int(new_id.split("-")[0]) > 1700000000000
-    assert event_adapter.validate_json(fields["data"]).seq == 2
-
-
 async def test_a_released_job_keeps_its_place_in_the_queue(store: JobStore) -> None:
     job_id = await started(store)
     created_at = (await store.record(job_id)).created_at.timestamp()
@@ -283,3 +300,22 @@ async def test_a_step_after_the_jobs_keys_expired_writes_nothing_and_stops_the_j
     await store.redis.delete(store.keys.job(job_id), store.keys.stream(job_id))
     assert await step(store, job_id, [DeltaEvent(seq=2, text="a", token_ids=[1])]) == "lost"
     assert not await store.redis.exists(store.keys.stream(job_id))
+
+
+async def test_a_scripts_named_table_carries_text_and_arqs_bytes_as_they_were(
+    store: JobStore, redis_url: str
+) -> None:
+    """A table travels as JSON (`shared.lifecycle.arguments`): text of any kind, and arq's pickled
+    job (hex), reach Redis byte for byte."""
+    request = JobRequest(prompt='Say "ça va?"\n\tthen 😀 and \\u0041 and \x00', max_tokens=8)
+    job_id = (await store.submit(request, model=MODEL, max_queued=0, annotations={"note": "naïve 😀"})).job_id
+    fields = await store.redis.hgetall(store.keys.job(job_id))  # type: ignore[misc]
+    assert fields["request"] == request.model_dump_json(exclude_none=True)
+    assert fields["annotation:note"] == "naïve 😀"
+    created_at = float(fields["created_at"])
+    assert repr(created_at) == fields["created_at"]  # written as it was sent, every digit
+    raw = aioredis.Redis.from_url(redis_url)  # arq's job is bytes
+    try:
+        assert await raw.get(store.keys.arq_job(job_id)) == job_payload(job_id, created_at)
+    finally:
+        await raw.aclose()
