@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,20 +35,6 @@ ENDS = {"response.completed", "response.incomplete", "response.cancelled", "resp
 def _client(base_url: str) -> openai.AsyncOpenAI:
     # No retries: a failure must show as it happened, not as the third attempt.
     return openai.AsyncOpenAI(base_url=f"{base_url}/v1", api_key="none", max_retries=0, timeout=120)
-
-
-@pytest.fixture
-def sync_openai(system: System) -> Iterator[openai.OpenAI]:
-    with openai.OpenAI(
-        base_url=f"{system.base_url}/v1", api_key="none", max_retries=0, timeout=120
-    ) as client:
-        yield client
-
-
-@pytest.fixture
-async def async_openai(system: System) -> AsyncIterator[openai.AsyncOpenAI]:
-    async with _client(system.base_url) as client:
-        yield client
 
 
 @dataclass
