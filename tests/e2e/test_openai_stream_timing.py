@@ -1,14 +1,14 @@
-"""With the real engine, through the `openai` client: a stream's first chunk comes with the job's
-first token, and continuous usage counts as the job record does.
+"""Through the `openai` client, against workers that generate: a stream's first chunk comes with the
+job's first token, and continuous usage counts as the job record does.
 
-The first token's time is its `delta` entry's stream id (Redis's clock, in milliseconds), on the
+The subject is when the gateway sends, not what the engine generates: the workers run the synthetic
+engine. The first token's time is its `delta` entry's `at` (Redis's clock, in milliseconds), on the
 same machine as the client's clock.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from datetime import datetime
 from typing import Any
 
@@ -23,19 +23,15 @@ JOB_ID_HEADER = "X-Streampool-Job-Id"
 QUESTION = [{"role": "user", "content": "Name three colours."}]
 
 
-@pytest.fixture
-def sync_openai(system: System) -> Iterator[openai.OpenAI]:
-    with openai.OpenAI(
-        base_url=f"{system.base_url}/v1", api_key="none", max_retries=0, timeout=120
-    ) as client:
-        yield client
+@pytest.fixture(scope="module")
+def system(synthetic_system: System) -> System:
+    return synthetic_system
 
 
 def _first_delta_ms(system: System, job_id: str) -> int:
     with redis.Redis.from_url(system.settings.redis_url, decode_responses=True) as client:
         entries = client.xrange(system.keys.stream(job_id))
-    first = next(entry_id for entry_id, fields in entries if fields["type"] == "delta")
-    return int(first.split("-")[0])
+    return next(int(fields["at"]) for _, fields in entries if fields["type"] == "delta")
 
 
 def _record(system: System, job_id: str) -> dict[str, Any]:
