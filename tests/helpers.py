@@ -157,6 +157,15 @@ async def poll_all(client: httpx.AsyncClient, job_id: str, limit: int = 100) -> 
     return events
 
 
+def job_record(base_url: str, job_id: str) -> dict[str, Any]:
+    """A job's record (`GET /v1/jobs/{id}`), by its id or its response's (`resp_<id>`), for the tests
+    that drive a synchronous client."""
+    answer = httpx.get(f"{base_url}/v1/jobs/{job_id.removeprefix('resp_')}", timeout=30)
+    assert answer.status_code == 200, answer.text
+    found: dict[str, Any] = answer.json()
+    return found
+
+
 async def record(client: httpx.AsyncClient, job_id: str) -> dict[str, Any]:
     """The job's record, as `GET /v1/jobs/{id}` answers it."""
     answer = await client.get(f"/v1/jobs/{job_id}")

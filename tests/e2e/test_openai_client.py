@@ -1,36 +1,31 @@
 """The real `openai` package, sync and async, against the running gateway and workers on the real engine.
 
-What the client assembles is held against the job record the native API keeps
-(`GET /v1/jobs/{id}`), found from `X-Streampool-Job-Id` or the answer's id. What the gateway makes
-of a job's events whatever the engine (logprobs, an error after the stream started, a client that
-leaves) is in test_openai_routes.py, on a synthetic system; its refusals are in
+What the client assembles is held against the job record the native API keeps (`GET /v1/jobs/{id}`),
+found from `X-Streampool-Job-Id` or the answer's id (a response `resp_<id>` is the job `<id>`).
+What the gateway makes of a job's events whatever the engine (logprobs, echo, an error after the
+stream started, a client that leaves) is in test_openai_routes.py, and what it keeps of a response in
+test_responses_client.py, both on a synthetic system; its refusals are in
 tests/gateway/test_client_refusals.py.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
-import httpx
 import openai
 from openai.types import Completion
 from openai.types.chat import ChatCompletionMessageParam
 
 from tests.conftest import System
-from tests.helpers import JOB_DEADLINE_SECONDS, LONG_PROMPT
+from tests.helpers import JOB_DEADLINE_SECONDS, LONG_PROMPT, job_record
 
 JOB_ID_HEADER = "X-Streampool-Job-Id"
+TERMINAL = {"completed", "incomplete", "cancelled", "failed"}  # a response's last statuses
 QUESTION: list[ChatCompletionMessageParam] = [
     {"role": "user", "content": "What is the capital of France? Answer in one word."}
 ]
-
-
-def _record(system: System, job_id: str) -> dict[str, Any]:
-    answer = httpx.get(f"{system.base_url}/v1/jobs/{job_id}", timeout=30)
-    assert answer.status_code == 200, answer.text
-    record: dict[str, Any] = answer.json()
-    return record
 
 
 def _usage(usage: Any) -> dict[str, int]:
@@ -45,7 +40,7 @@ def test_completion_text_and_usage_equal_the_job_record(sync_openai: openai.Open
     )
     job_id = raw.headers[JOB_ID_HEADER]
     completion = raw.parse()
-    record = _record(system, job_id)
+    record = job_record(system.base_url, job_id)
     assert (completion.id, completion.object, completion.model) == (
         f"cmpl-{job_id}",
         "text_completion",
@@ -71,7 +66,7 @@ def test_chat_stream_assembles_the_record_text_and_ends_with_its_usage(
     )
     chunks = list(stream)
     job_id = chunks[0].id.removeprefix("chatcmpl-")
-    record = _record(system, job_id)
+    record = job_record(system.base_url, job_id)
     assert chunks[0].choices[0].delta.role == "assistant"
     assert {chunk.id for chunk in chunks} == {f"chatcmpl-{job_id}"}
     text = "".join(chunk.choices[0].delta.content or "" for chunk in chunks if chunk.choices)
@@ -94,7 +89,7 @@ async def test_async_chat_completion_equals_the_job_record(
     )
     job_id = raw.headers[JOB_ID_HEADER]
     chat = raw.parse()
-    record = _record(system, job_id)
+    record = job_record(system.base_url, job_id)
     assert (chat.id, chat.object) == (f"chatcmpl-{job_id}", "chat.completion")
     message = chat.choices[0].message
     assert message.role == "assistant"
@@ -119,10 +114,59 @@ async def test_async_completion_stream_with_usage_names_its_job_in_a_header(
     ):
         job_id = response.headers[JOB_ID_HEADER]
         chunks: list[Completion] = [chunk async for chunk in await response.parse()]
-    record = _record(system, job_id)
+    record = job_record(system.base_url, job_id)
     assert {chunk.id for chunk in chunks} == {f"cmpl-{job_id}"}
     assert "".join(chunk.choices[0].text for chunk in chunks if chunk.choices) == record["output"]["text"]
     assert chunks[-2].choices[0].finish_reason == record["finish_reason"] == "length"
     assert chunks[-1].choices == []
     assert _usage(chunks[-1].usage) == record["usage"]
     assert record["usage"]["completion_tokens"] == 20
+
+
+def test_background_response_polled_to_completed_has_the_job_records_text_and_usage(
+    sync_openai: openai.OpenAI, system: System
+) -> None:
+    created = sync_openai.responses.create(
+        model=system.settings.model_name,
+        input="Name three colors.",
+        instructions="Answer briefly.",
+        background=True,
+        max_output_tokens=24,
+        temperature=0,
+        metadata={"ticket": "42"},
+    )
+    assert (created.status, created.background, created.metadata) == ("queued", True, {"ticket": "42"})
+    response = created
+    while response.status not in TERMINAL:  # bounded by the test's timeout, as a client polls
+        time.sleep(0.1)
+        response = sync_openai.responses.retrieve(created.id)
+    record = job_record(system.base_url, created.id)
+    assert response.status in ("completed", "incomplete") and record["status"] == "completed"
+    assert response.output_text == record["output"]["text"] != ""
+    assert response.usage is not None
+    assert (response.usage.input_tokens, response.usage.output_tokens) == (
+        record["usage"]["prompt_tokens"],
+        record["usage"]["completion_tokens"],
+    )
+    assert (response.instructions, response.metadata) == ("Answer briefly.", {"ticket": "42"})
+    items = sync_openai.responses.input_items.list(created.id)
+    assert [(item.role, item.content[0].text) for item in items.data] == [("user", "Name three colors.")]
+
+
+def test_sdk_stream_by_response_id_gives_the_final_response(
+    sync_openai: openai.OpenAI, system: System
+) -> None:
+    created = sync_openai.responses.create(
+        model=system.settings.model_name,
+        input="Say hello.",
+        background=True,
+        max_output_tokens=64,
+        temperature=0,
+    )
+    with sync_openai.responses.stream(response_id=created.id) as stream:
+        texts = [event.delta for event in stream if event.type == "response.output_text.delta"]
+        final = stream.get_final_response()
+    assert final.status == "completed" and final.output_text == "".join(texts) != ""
+    with sync_openai.responses.stream(response_id=created.id, starting_after=4) as stream:
+        numbers = [event.sequence_number for event in stream]
+    assert numbers[0] == 5

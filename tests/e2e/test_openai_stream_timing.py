@@ -12,12 +12,12 @@ import time
 from datetime import datetime
 from typing import Any
 
-import httpx
 import openai
 import pytest
 import redis
 
 from tests.conftest import System
+from tests.helpers import job_record
 
 JOB_ID_HEADER = "X-Streampool-Job-Id"
 QUESTION = [{"role": "user", "content": "Name three colours."}]
@@ -34,13 +34,6 @@ def _first_delta_ms(system: System, job_id: str) -> int:
     return next(int(fields["at"]) for _, fields in entries if fields["type"] == "delta")
 
 
-def _record(system: System, job_id: str) -> dict[str, Any]:
-    answer = httpx.get(f"{system.base_url}/v1/jobs/{job_id}", timeout=30)
-    assert answer.status_code == 200, answer.text
-    record: dict[str, Any] = answer.json()
-    return record
-
-
 @pytest.mark.parametrize("chat", [True, False], ids=["chat", "completion"])
 def test_the_first_chunk_arrives_after_the_jobs_first_token(
     sync_openai: openai.OpenAI, system: System, chat: bool
@@ -54,7 +47,7 @@ def test_the_first_chunk_arrives_after_the_jobs_first_token(
         for _ in response.parse():
             first_chunk_ms = first_chunk_ms or time.time() * 1000
     assert first_chunk_ms is not None
-    record = _record(system, job_id)
+    record = job_record(system.base_url, job_id)
     assert record["status"] == "completed"
     assert first_chunk_ms >= datetime.fromisoformat(record["started_at"]).timestamp() * 1000
     assert first_chunk_ms >= _first_delta_ms(system, job_id)
@@ -70,7 +63,7 @@ def test_continuous_usage_counts_as_the_job_record(sync_openai: openai.OpenAI, s
     ) as response:
         job_id = response.headers[JOB_ID_HEADER]
         chunks = list(response.parse())
-    record = _record(system, job_id)
+    record = job_record(system.base_url, job_id)
     usages = [chunk.usage for chunk in chunks]
     assert all(usage is not None for usage in usages)
     completion = [usage.completion_tokens for usage in usages if usage is not None]
