@@ -1,8 +1,8 @@
 """What the gateway's OpenAI routes make of a job's events, whatever the engine: the real `openai`
 package against a gateway and workers on the synthetic engine.
 
-Logprobs in OpenAI's shapes, the models list, echo, an error after a stream started, a client that
-leaves mid-stream; what the real engine generates through the same routes is in test_openai_client.py.
+Logprobs in OpenAI's shapes, echo, an error after a stream started, a client that leaves mid-stream;
+what the real engine generates through the same routes is in test_openai_client.py.
 """
 
 from __future__ import annotations
@@ -29,10 +29,6 @@ QUESTION: list[ChatCompletionMessageParam] = [
 def system(synthetic_system: System) -> System:
     """The subject is the routes' shapes and their end of a job, not generation: synthetic workers."""
     return synthetic_system
-
-
-def test_models_list_shows_the_served_model(sync_openai: openai.OpenAI, system: System) -> None:
-    assert [model.id for model in sync_openai.models.list()] == [system.settings.model_name]
 
 
 def test_completion_logprobs_list_each_token_with_its_alternatives(
