@@ -104,6 +104,16 @@ async def submit_and_read_sse(
         return job_id, await _events_of(source, stop_after, [])
 
 
+async def tgi_stream(
+    client: httpx.AsyncClient, path: str, body: dict[str, Any]
+) -> tuple[str, list[dict[str, Any]]]:
+    """The job id and every event of a TGI stream (`POST /generate_stream`, or `POST /` streaming)."""
+    async with asyncio.timeout(JOB_DEADLINE_SECONDS), aconnect_sse(client, "POST", path, json=body) as source:
+        assert source.response.status_code == 200, await source.response.aread()
+        events = [json.loads(sse.data) async for sse in source.aiter_sse() if sse.data]
+    return source.response.headers["X-Streampool-Job-Id"], events
+
+
 async def _events_of(
     source: EventSource, stop_after: int | None, events: list[tuple[str, dict[str, Any]]]
 ) -> list[tuple[str, dict[str, Any]]]:
@@ -145,6 +155,15 @@ async def poll_all(client: httpx.AsyncClient, job_id: str, limit: int = 100) -> 
 
     await eventually(next_page, f"the last page of job {job_id}", JOB_DEADLINE_SECONDS, interval=0)
     return events
+
+
+def job_record(base_url: str, job_id: str) -> dict[str, Any]:
+    """A job's record (`GET /v1/jobs/{id}`), by its id or its response's (`resp_<id>`), for the tests
+    that drive a synchronous client."""
+    answer = httpx.get(f"{base_url}/v1/jobs/{job_id.removeprefix('resp_')}", timeout=30)
+    assert answer.status_code == 200, answer.text
+    found: dict[str, Any] = answer.json()
+    return found
 
 
 async def record(client: httpx.AsyncClient, job_id: str) -> dict[str, Any]:

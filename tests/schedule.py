@@ -31,6 +31,12 @@ GROUPS = {
     "tests/scale/test_many_processes.py": "scale",  # gateways and synthetic workers of its own
     "tests/e2e/test_synthetic_worker.py": "synthetic-system",  # tests/conftest.py's `synthetic_system`
     "tests/e2e/test_replay.py": "synthetic-system",
+    "tests/e2e/test_openai_routes.py": "synthetic-system",
+    "tests/e2e/test_tgi_routes.py": "synthetic-system",
+    "tests/e2e/test_openai_stream_timing.py": "synthetic-system",
+    "tests/e2e/test_responses_client.py": "synthetic-system",
+    "tests/e2e/test_workers.py": "synthetic-system",
+    "tests/gateway/test_client_refusals.py": "client-refusals",  # a gateway process of its own
 }
 """Each module's group: what the comment names is set up once per group, not once per process."""
 

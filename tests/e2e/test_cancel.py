@@ -45,13 +45,3 @@ async def test_cancel_mid_generation_ends_with_cancelled_and_the_engine_stops(
     await eventually(lambda: _worker_idle(redis_client, system, record["worker"]), "the worker is idle")
     [(last_id, _)] = await redis_client.xrevrange(system.keys.stream(job_id), count=1)
     assert last_id == rest[-1][0]  # nothing after `cancelled`
-
-
-async def test_cancel_of_a_finished_job_changes_nothing(client: httpx.AsyncClient) -> None:
-    job_id = await submit(client, prompt="Hi", max_tokens=3)
-    events = await read_sse(client, job_id)
-    answer = await client.post(f"/v1/jobs/{job_id}/cancel")
-    assert answer.status_code == 200
-    assert answer.json()["status"] == "completed"
-    assert "nothing changed" in answer.json()["message"]
-    assert await read_sse(client, job_id) == events

@@ -6,7 +6,6 @@ from functools import cache
 from typing import TYPE_CHECKING
 
 import httpx
-import redis.asyncio as aioredis
 
 from tests.conftest import System
 from tests.helpers import deltas, read_sse, streamed_text, streamed_token_ids, submit, wait_for_status
@@ -74,6 +73,8 @@ async def test_stream_step_coalesces_tokens_into_chunks(client: httpx.AsyncClien
 
 
 async def test_same_seed_gives_the_same_text(client: httpx.AsyncClient) -> None:
+    """The engine's seeds, checked here once: the OpenAI and TGI routes hand `seed` on to the job
+    (tests/gateway/test_openai_compat.py, test_tgi_compat.py)."""
     body = {"prompt": "A short poem about the sea:", "max_tokens": 24, "temperature": 0.9, "seed": 1234}
     runs = []
     for _ in range(2):
@@ -85,38 +86,18 @@ async def test_same_seed_gives_the_same_text(client: httpx.AsyncClient) -> None:
 
 
 async def test_logprobs_come_with_their_tokens(client: httpx.AsyncClient) -> None:
+    """The engine's logprobs, checked here once; OpenAI's and TGI's shapes of them are the gateway's
+    (test_openai_routes.py, tests/gateway/test_openai_compat.py and test_tgi_compat.py)."""
     job_id = await submit(client, prompt="Hello", max_tokens=6, logprobs=2, temperature=0)
-    for event in deltas([event for _, event in await read_sse(client, job_id)]):
+    events = [event for _, event in await read_sse(client, job_id)]
+    for event in deltas(events):
         assert [lp["token_id"] for lp in event["logprobs"]] == event["token_ids"]
         for lp in event["logprobs"]:
             assert lp["logprob"] <= 0
             assert 1 <= len(lp["top_logprobs"]) <= 3
-            # temperature 0: the sampled token is the most likely one
-            assert lp["top_logprobs"][0]["token_id"] == lp["token_id"]
-
-
-async def test_stop_string_ends_generation(client: httpx.AsyncClient) -> None:
-    job_id = await submit(
-        client, prompt="List: apple, banana, cherry, date,", max_tokens=40, temperature=0, stop=","
-    )
-    record = await wait_for_status(client, job_id, {"completed"})
-    assert record["finish_reason"] == "stop"
-    assert "," not in record["output"]["text"]
-
-
-async def test_prompt_longer_than_the_context_is_refused_with_the_numbers_before_any_job(
-    client: httpx.AsyncClient, system: System, redis_client: aioredis.Redis
-) -> None:
-    jobs_before = await _job_keys(redis_client, system)
-    answer = await client.post("/v1/jobs", json={"prompt": "word " * 3000, "max_tokens": 16})
-    assert answer.status_code == 413, answer.text
-    body = answer.json()
-    assert body["error_type"] == "prompt_too_long"
-    assert body["max_tokens"] == 16 and body["context_length"] == system.settings.max_model_len == 2048
-    assert body["prompt_tokens"] > 2048 - 16
-    assert str(body["prompt_tokens"]) in body["error"] and "2048" in body["error"]
-    assert await _job_keys(redis_client, system) == jobs_before
-
-
-async def _job_keys(redis_client: aioredis.Redis, system: System) -> set[str]:
-    return {name async for name in redis_client.scan_iter(match=system.keys.job("*"), count=1000)}
+            # temperature 0: the sampled token is the most likely one, with its own logprob
+            top = lp["top_logprobs"]
+            assert top[0]["token_id"] == lp["token_id"] and top[0]["logprob"] == lp["logprob"]
+            assert lp["logprob"] == max(alternative["logprob"] for alternative in top)
+    logprobs = [lp for event in deltas(events) for lp in event["logprobs"]]
+    assert len(logprobs) == events[-1]["usage"]["completion_tokens"] > 0

@@ -11,7 +11,6 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
-import openai
 import pytest
 import redis.asyncio as aioredis
 
@@ -89,17 +88,3 @@ async def test_the_worker_still_refuses_a_prompt_the_gateway_never_saw(
     record = await wait_for_status(client, job_id, {"completed", "failed"})
     assert record["status"] == "failed"
     assert "2048" in record["error"]
-
-
-async def test_openai_client_gets_400_context_length_exceeded_before_any_job(system: System) -> None:
-    async with openai.AsyncOpenAI(base_url=f"{system.base_url}/v1", api_key="none", max_retries=0) as client:
-        with pytest.raises(openai.BadRequestError) as caught:
-            await client.chat.completions.create(
-                model=system.settings.model_name,
-                messages=[{"role": "user", "content": TOO_LONG}],
-                max_tokens=16,
-                stream=True,
-            )
-    assert caught.value.code == "context_length_exceeded"
-    assert "2048" in caught.value.message
-    assert caught.value.response.headers.get("X-Streampool-Job-Id") is None  # no job was made

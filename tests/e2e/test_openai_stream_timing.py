@@ -1,48 +1,37 @@
-"""With the real engine, through the `openai` client: a stream's first chunk comes with the job's
-first token, and continuous usage counts as the job record does.
+"""Through the `openai` client, against workers that generate: a stream's first chunk comes with the
+job's first token, and continuous usage counts as the job record does.
 
-The first token's time is its `delta` entry's stream id (Redis's clock, in milliseconds), on the
+The subject is when the gateway sends, not what the engine generates: the workers run the synthetic
+engine. The first token's time is its `delta` entry's `at` (Redis's clock, in milliseconds), on the
 same machine as the client's clock.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from datetime import datetime
 from typing import Any
 
-import httpx
 import openai
 import pytest
 import redis
 
 from tests.conftest import System
+from tests.helpers import job_record
 
 JOB_ID_HEADER = "X-Streampool-Job-Id"
 QUESTION = [{"role": "user", "content": "Name three colours."}]
 
 
-@pytest.fixture
-def sync_openai(system: System) -> Iterator[openai.OpenAI]:
-    with openai.OpenAI(
-        base_url=f"{system.base_url}/v1", api_key="none", max_retries=0, timeout=120
-    ) as client:
-        yield client
+@pytest.fixture(scope="module")
+def system(synthetic_system: System) -> System:
+    return synthetic_system
 
 
 def _first_delta_ms(system: System, job_id: str) -> int:
     with redis.Redis.from_url(system.settings.redis_url, decode_responses=True) as client:
         entries = client.xrange(system.keys.stream(job_id))
-    first = next(entry_id for entry_id, fields in entries if fields["type"] == "delta")
-    return int(first.split("-")[0])
-
-
-def _record(system: System, job_id: str) -> dict[str, Any]:
-    answer = httpx.get(f"{system.base_url}/v1/jobs/{job_id}", timeout=30)
-    assert answer.status_code == 200, answer.text
-    record: dict[str, Any] = answer.json()
-    return record
+    return next(int(fields["at"]) for _, fields in entries if fields["type"] == "delta")
 
 
 @pytest.mark.parametrize("chat", [True, False], ids=["chat", "completion"])
@@ -58,7 +47,7 @@ def test_the_first_chunk_arrives_after_the_jobs_first_token(
         for _ in response.parse():
             first_chunk_ms = first_chunk_ms or time.time() * 1000
     assert first_chunk_ms is not None
-    record = _record(system, job_id)
+    record = job_record(system.base_url, job_id)
     assert record["status"] == "completed"
     assert first_chunk_ms >= datetime.fromisoformat(record["started_at"]).timestamp() * 1000
     assert first_chunk_ms >= _first_delta_ms(system, job_id)
@@ -74,7 +63,7 @@ def test_continuous_usage_counts_as_the_job_record(sync_openai: openai.OpenAI, s
     ) as response:
         job_id = response.headers[JOB_ID_HEADER]
         chunks = list(response.parse())
-    record = _record(system, job_id)
+    record = job_record(system.base_url, job_id)
     usages = [chunk.usage for chunk in chunks]
     assert all(usage is not None for usage in usages)
     completion = [usage.completion_tokens for usage in usages if usage is not None]

@@ -1,22 +1,22 @@
-"""The Responses API through the real `openai` package, sync and async, against the session's gateway
-and workers on the real engine, and gateways of the tests' own on the same Redis (a second one to
-resume through, one restarted under a background response).
+"""The Responses API through the real `openai` package against the session's gateway and workers on the
+synthetic engine, and gateways of the tests' own on the same Redis (a second one to resume through, one
+restarted under a background response).
 
-What the client assembles is held against the job record of the native API (`GET /v1/jobs/{id}`):
-a response `resp_<id>` is the job `<id>`.
+The subject is what the gateway keeps and serves of a response (its events, its cancel, its
+conversation, its life across gateways), not generation; a response on the real engine is in
+test_openai_client.py. What the client assembles is held against the job record of the native API
+(`GET /v1/jobs/{id}`): a response `resp_<id>` is the job `<id>`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
 import openai
 import pytest
 import redis.asyncio as aioredis
@@ -25,30 +25,21 @@ from openai.types.responses import Response
 from cli.launcher import wait_healthy
 from shared.jobstore import JobStore
 from tests.conftest import SYSTEM_START_TIMEOUT, WORKERS, System
-from tests.helpers import JOB_DEADLINE_SECONDS, LONG_PROMPT, eventually
+from tests.helpers import JOB_DEADLINE_SECONDS, LONG_PROMPT, eventually, job_record
 from tests.processes import Processes, free_port
 
 TERMINAL = {"completed", "incomplete", "cancelled", "failed"}
 ENDS = {"response.completed", "response.incomplete", "response.cancelled", "response.failed"}
 
 
+@pytest.fixture(scope="module")
+def system(synthetic_system: System) -> System:
+    return synthetic_system
+
+
 def _client(base_url: str) -> openai.AsyncOpenAI:
     # No retries: a failure must show as it happened, not as the third attempt.
     return openai.AsyncOpenAI(base_url=f"{base_url}/v1", api_key="none", max_retries=0, timeout=120)
-
-
-@pytest.fixture
-def sync_openai(system: System) -> Iterator[openai.OpenAI]:
-    with openai.OpenAI(
-        base_url=f"{system.base_url}/v1", api_key="none", max_retries=0, timeout=120
-    ) as client:
-        yield client
-
-
-@pytest.fixture
-async def async_openai(system: System) -> AsyncIterator[openai.AsyncOpenAI]:
-    async with _client(system.base_url) as client:
-        yield client
 
 
 @dataclass
@@ -81,13 +72,6 @@ def gateways(system: System, tmp_path: Path) -> Iterator[Gateways]:
         processes.stop_all()
 
 
-def _record(system: System, response_id: str) -> dict[str, Any]:
-    answer = httpx.get(f"{system.base_url}/v1/jobs/{response_id.removeprefix('resp_')}", timeout=30)
-    assert answer.status_code == 200, answer.text
-    record: dict[str, Any] = answer.json()
-    return record
-
-
 async def _finished(client: openai.AsyncOpenAI, response_id: str) -> Response:
     return await eventually(
         lambda: client.responses.retrieve(response_id),
@@ -96,36 +80,6 @@ async def _finished(client: openai.AsyncOpenAI, response_id: str) -> Response:
         interval=0.2,
         until=lambda response: response.status in TERMINAL,
     )
-
-
-def test_background_response_polled_to_completed_has_the_job_records_text_and_usage(
-    sync_openai: openai.OpenAI, system: System
-) -> None:
-    created = sync_openai.responses.create(
-        model=system.settings.model_name,
-        input="Name three colors.",
-        instructions="Answer briefly.",
-        background=True,
-        max_output_tokens=24,
-        temperature=0,
-        metadata={"ticket": "42"},
-    )
-    assert (created.status, created.background, created.metadata) == ("queued", True, {"ticket": "42"})
-    response = created
-    while response.status not in TERMINAL:  # bounded by the test's timeout, as a client polls
-        time.sleep(0.1)
-        response = sync_openai.responses.retrieve(created.id)
-    record = _record(system, created.id)
-    assert response.status in ("completed", "incomplete") and record["status"] == "completed"
-    assert response.output_text == record["output"]["text"] != ""
-    assert response.usage is not None
-    assert (response.usage.input_tokens, response.usage.output_tokens) == (
-        record["usage"]["prompt_tokens"],
-        record["usage"]["completion_tokens"],
-    )
-    assert (response.instructions, response.metadata) == ("Answer briefly.", {"ticket": "42"})
-    items = sync_openai.responses.input_items.list(created.id)
-    assert [(item.role, item.content[0].text) for item in items.data] == [("user", "Name three colors.")]
 
 
 async def test_a_dropped_background_stream_resumes_through_a_second_gateway_without_gap_or_duplicate(
@@ -162,30 +116,11 @@ async def test_a_dropped_background_stream_resumes_through_a_second_gateway_with
         text
         == final.output_text
         == rest[-1].response.output_text
-        == _record(system, response_id)["output"]["text"]
+        == job_record(system.base_url, response_id)["output"]["text"]
     )
     whole = [event async for event in await async_openai.responses.retrieve(response_id, stream=True)]
     assert [event.model_dump() for event in whole] == [event.model_dump() for event in events]
     await second.close()
-
-
-def test_sdk_stream_by_response_id_gives_the_final_response(
-    sync_openai: openai.OpenAI, system: System
-) -> None:
-    created = sync_openai.responses.create(
-        model=system.settings.model_name,
-        input="Say hello.",
-        background=True,
-        max_output_tokens=64,
-        temperature=0,
-    )
-    with sync_openai.responses.stream(response_id=created.id) as stream:
-        texts = [event.delta for event in stream if event.type == "response.output_text.delta"]
-        final = stream.get_final_response()
-    assert final.status == "completed" and final.output_text == "".join(texts) != ""
-    with sync_openai.responses.stream(response_id=created.id, starting_after=4) as stream:
-        numbers = [event.sequence_number for event in stream]
-    assert numbers[0] == 5
 
 
 async def test_cancel_mid_generation_ends_cancelled_with_the_text_so_far(
@@ -200,13 +135,13 @@ async def test_cancel_mid_generation_ends_cancelled_with_the_text_so_far(
     )
 
     async def tokens() -> int:
-        return int(_record(system, created.id)["output"]["token_count"])
+        return int(job_record(system.base_url, created.id)["output"]["token_count"])
 
     await eventually(
         tokens, "the response generates", JOB_DEADLINE_SECONDS, interval=0.1, until=lambda n: n >= 3
     )
     cancelled = await async_openai.responses.cancel(created.id)
-    record = _record(system, created.id)
+    record = job_record(system.base_url, created.id)
     assert (cancelled.status, record["status"]) == ("cancelled", "cancelled")
     assert 3 <= record["output"]["token_count"] < 1000
     assert cancelled.output_text == record["output"]["text"]
@@ -290,6 +225,6 @@ async def test_a_background_response_outlives_a_gateway_restart(system: System, 
         await asyncio.to_thread(gateways.start, port)
     ) as after:  # the same address, a new process
         response = await _finished(after, created.id)
-        assert response.output_text == _record(system, created.id)["output"]["text"] != ""
+        assert response.output_text == job_record(system.base_url, created.id)["output"]["text"] != ""
         events = [event async for event in await after.responses.retrieve(created.id, stream=True)]
     assert events[-1].response.output_text == response.output_text

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
@@ -23,7 +22,6 @@ from tests.conftest import System
 from tests.helpers import (
     DEFAULT_DEADLINE_SECONDS,
     poll_all,
-    streamed_text,
     streamed_token_ids,
     submit,
     wait_for_status,
@@ -35,12 +33,6 @@ SHORT_ANSWER: list[ChatCompletionMessageParam] = [
 REPETITIVE = "one two one two one two one two one two"
 STORY = "Once upon a time, in a small village,"
 END_OF_TURN = "<|im_end|>"  # SmolLM2's end-of-sequence token, as text
-
-
-@pytest.fixture
-async def openai_client(system: System) -> AsyncIterator[openai.AsyncOpenAI]:
-    async with openai.AsyncOpenAI(base_url=f"{system.base_url}/v1", api_key="none", max_retries=0) as client:
-        yield client
 
 
 async def _chat(client: openai.AsyncOpenAI, system: System, **options: Any) -> Any:
@@ -60,42 +52,40 @@ async def _native(client: httpx.AsyncClient, **body: Any) -> tuple[dict[str, Any
     return await wait_for_status(client, job_id, {"completed"}), events
 
 
-async def test_ignore_eos_yields_exactly_max_tokens(
-    openai_client: openai.AsyncOpenAI, system: System
-) -> None:
-    plain = await _chat(openai_client, system, max_tokens=40)
+async def test_ignore_eos_yields_exactly_max_tokens(async_openai: openai.AsyncOpenAI, system: System) -> None:
+    plain = await _chat(async_openai, system, max_tokens=40)
     assert plain.choices[0].finish_reason == "stop" and plain.usage.completion_tokens < 40
-    forced = await _chat(openai_client, system, max_tokens=40, extra_body={"ignore_eos": True})
+    forced = await _chat(async_openai, system, max_tokens=40, extra_body={"ignore_eos": True})
     assert forced.choices[0].finish_reason == "length"
     assert forced.usage.completion_tokens == 40
 
 
-async def test_min_tokens_forbids_an_early_stop(openai_client: openai.AsyncOpenAI, system: System) -> None:
-    answer = await _chat(openai_client, system, max_tokens=40, extra_body={"min_tokens": 25})
+async def test_min_tokens_forbids_an_early_stop(async_openai: openai.AsyncOpenAI, system: System) -> None:
+    answer = await _chat(async_openai, system, max_tokens=40, extra_body={"min_tokens": 25})
     assert answer.usage.completion_tokens >= 25
 
 
 async def test_skip_special_tokens_false_shows_the_end_token(
-    openai_client: openai.AsyncOpenAI, system: System
+    async_openai: openai.AsyncOpenAI, system: System
 ) -> None:
     # Past its end-of-sequence token (sampled within 40 tokens, as the ignore_eos test shows).
-    hidden = await _chat(openai_client, system, max_tokens=40, extra_body={"ignore_eos": True})
+    hidden = await _chat(async_openai, system, max_tokens=40, extra_body={"ignore_eos": True})
     shown = await _chat(
-        openai_client, system, max_tokens=40, extra_body={"ignore_eos": True, "skip_special_tokens": False}
+        async_openai, system, max_tokens=40, extra_body={"ignore_eos": True, "skip_special_tokens": False}
     )
     assert END_OF_TURN not in hidden.choices[0].message.content
     assert END_OF_TURN in shown.choices[0].message.content
 
 
 async def test_logit_bias_of_100_forces_its_token(
-    client: httpx.AsyncClient, openai_client: openai.AsyncOpenAI, system: System
+    client: httpx.AsyncClient, async_openai: openai.AsyncOpenAI, system: System
 ) -> None:
     _, events = await _native(client, prompt=STORY, max_tokens=4, temperature=0)
     token = streamed_token_ids(events)[1]
     _, events = await _native(client, prompt=STORY, max_tokens=6, temperature=0, logit_bias={str(token): 100})
     assert streamed_token_ids(events) == [token] * 6
     answer = await _complete(
-        openai_client, system, STORY, max_tokens=6, temperature=0, logit_bias={str(token): 100}, logprobs=0
+        async_openai, system, STORY, max_tokens=6, temperature=0, logit_bias={str(token): 100}, logprobs=0
     )
     assert len(set(answer.choices[0].logprobs.tokens)) == 1
 
@@ -104,11 +94,11 @@ async def test_logit_bias_of_100_forces_its_token(
     "penalty", [{"repetition_penalty": 1.8}, {"presence_penalty": 2.0}, {"frequency_penalty": 2.0}]
 )
 async def test_a_penalty_changes_a_greedy_output(
-    openai_client: openai.AsyncOpenAI, system: System, penalty: dict[str, Any]
+    async_openai: openai.AsyncOpenAI, system: System, penalty: dict[str, Any]
 ) -> None:
-    plain = await _complete(openai_client, system, REPETITIVE, max_tokens=24, temperature=0)
+    plain = await _complete(async_openai, system, REPETITIVE, max_tokens=24, temperature=0)
     penalised = await _complete(
-        openai_client, system, REPETITIVE, max_tokens=24, temperature=0, extra_body=penalty
+        async_openai, system, REPETITIVE, max_tokens=24, temperature=0, extra_body=penalty
     )
     assert penalised.choices[0].text != plain.choices[0].text
 
@@ -128,8 +118,10 @@ async def test_min_p_of_one_leaves_only_the_likeliest_token(client: httpx.AsyncC
 
 
 async def test_stop_token_ids_stop_at_the_token(client: httpx.AsyncClient) -> None:
-    _, events = await _native(client, prompt=STORY, max_tokens=12, temperature=0, ignore_eos=True)
+    whole, events = await _native(client, prompt=STORY, max_tokens=12, temperature=0, ignore_eos=True)
     tokens = streamed_token_ids(events)
+    # A native job takes vLLM's options as the OpenAI routes pass them on: ignore_eos runs to max_tokens.
+    assert (whole["finish_reason"], whole["usage"]["completion_tokens"], len(tokens)) == ("length", 12, 12)
     stop_at = next(index for index in range(3, 12) if tokens[index] not in tokens[:index])
     job, events = await _native(
         client, prompt=STORY, max_tokens=12, temperature=0, ignore_eos=True, stop_token_ids=[tokens[stop_at]]
@@ -139,13 +131,13 @@ async def test_stop_token_ids_stop_at_the_token(client: httpx.AsyncClient) -> No
 
 
 async def test_include_stop_str_in_output_keeps_the_stop_string(
-    openai_client: openai.AsyncOpenAI, system: System
+    async_openai: openai.AsyncOpenAI, system: System
 ) -> None:
-    greedy = (await _complete(openai_client, system, STORY, max_tokens=24, temperature=0)).choices[0].text
+    greedy = (await _complete(async_openai, system, STORY, max_tokens=24, temperature=0)).choices[0].text
     stop = greedy.strip().split()[2]
-    cut = await _complete(openai_client, system, STORY, max_tokens=24, temperature=0, stop=[stop])
+    cut = await _complete(async_openai, system, STORY, max_tokens=24, temperature=0, stop=[stop])
     kept = await _complete(
-        openai_client,
+        async_openai,
         system,
         STORY,
         max_tokens=24,
@@ -157,14 +149,6 @@ async def test_include_stop_str_in_output_keeps_the_stop_string(
     assert greedy.startswith(kept.choices[0].text)
 
 
-async def test_native_jobs_take_the_same_options(client: httpx.AsyncClient) -> None:
-    job, events = await _native(
-        client, messages=SHORT_ANSWER, max_tokens=20, temperature=0, ignore_eos=True, repetition_penalty=1.1
-    )
-    assert job["finish_reason"] == "length" and job["usage"]["completion_tokens"] == 20
-    assert job["output"]["text"] == streamed_text(events)
-
-
 CITY_SCHEMA = {
     "type": "object",
     "properties": {"city": {"type": "string", "maxLength": 20}, "population": {"type": "integer"}},
@@ -174,10 +158,10 @@ CITY_SCHEMA = {
 
 
 async def test_a_json_schema_answer_parses_and_validates(
-    openai_client: openai.AsyncOpenAI, system: System
+    async_openai: openai.AsyncOpenAI, system: System
 ) -> None:
     answer = await _chat(
-        openai_client,
+        async_openai,
         system,
         max_tokens=60,
         response_format={"type": "json_schema", "json_schema": {"name": "city", "schema": CITY_SCHEMA}},
@@ -185,11 +169,11 @@ async def test_a_json_schema_answer_parses_and_validates(
     jsonschema.validate(json.loads(answer.choices[0].message.content), CITY_SCHEMA)
 
 
-async def test_a_json_object_answer_parses(openai_client: openai.AsyncOpenAI, system: System) -> None:
+async def test_a_json_object_answer_parses(async_openai: openai.AsyncOpenAI, system: System) -> None:
     question: list[ChatCompletionMessageParam] = [
         {"role": "user", "content": 'Give the capital of France as JSON: {"capital": ...}'}
     ]
-    answer = await openai_client.chat.completions.create(
+    answer = await async_openai.chat.completions.create(
         model=system.settings.model_name,
         messages=question,
         temperature=0,
@@ -209,36 +193,17 @@ async def test_structured_outputs_choice_and_regex_hold_on_native_jobs(client: h
     assert re.fullmatch("[0-9]{3}", job["output"]["text"])
 
 
-@pytest.mark.parametrize("stream", [False, True])
-async def test_echo_starts_with_the_prompt(
-    openai_client: openai.AsyncOpenAI, system: System, stream: bool
-) -> None:
-    plain = await _complete(openai_client, system, STORY, max_tokens=8, temperature=0)
-    if stream:
-        chunks = await _complete(
-            openai_client, system, STORY, max_tokens=8, temperature=0, echo=True, stream=True
-        )
-        text = "".join([chunk.choices[0].text async for chunk in chunks if chunk.choices])
-    else:
-        text = (
-            (await _complete(openai_client, system, STORY, max_tokens=8, temperature=0, echo=True))
-            .choices[0]
-            .text
-        )
-    assert text == STORY + plain.choices[0].text
-
-
 async def test_truncate_prompt_tokens_keeps_the_prompts_last_tokens(
-    openai_client: openai.AsyncOpenAI, system: System
+    async_openai: openai.AsyncOpenAI, system: System
 ) -> None:
     answer = await _complete(
-        openai_client, system, STORY, max_tokens=4, temperature=0, extra_body={"truncate_prompt_tokens": 3}
+        async_openai, system, STORY, max_tokens=4, temperature=0, extra_body={"truncate_prompt_tokens": 3}
     )
     assert answer.usage.prompt_tokens == 3
 
 
 async def test_n_gives_that_many_choices_whole_and_streamed(
-    openai_client: openai.AsyncOpenAI, system: System
+    async_openai: openai.AsyncOpenAI, system: System
 ) -> None:
     """Every choice runs to max_tokens (ignore_eos), so usage must be exactly their sum."""
     options: dict[str, Any] = {
@@ -248,7 +213,7 @@ async def test_n_gives_that_many_choices_whole_and_streamed(
         "n": 3,
         "extra_body": {"ignore_eos": True},
     }
-    whole = await _complete(openai_client, system, STORY, **options)
+    whole = await _complete(async_openai, system, STORY, **options)
     assert [(choice.index, choice.finish_reason) for choice in whole.choices] == [
         (0, "length"),
         (1, "length"),
@@ -257,7 +222,7 @@ async def test_n_gives_that_many_choices_whole_and_streamed(
     assert len({choice.text for choice in whole.choices}) > 1  # a seed apiece, as vLLM gives each choice
     assert whole.usage.completion_tokens == 3 * 8
     async with asyncio.timeout(DEFAULT_DEADLINE_SECONDS):
-        chunks = await openai_client.chat.completions.create(
+        chunks = await async_openai.chat.completions.create(
             model=system.settings.model_name,
             messages=SHORT_ANSWER,
             stream=True,

@@ -15,9 +15,11 @@ import pytest
 import redis.asyncio as aioredis
 
 from shared.config import Settings
+from shared.jobstore import JobStore
+from shared.keys import Keys
 from tests.conftest import make_settings
-from tests.gateway.stand_ins import private_redis
-from tests.helpers import in_process_gateway
+from tests.gateway.stand_ins import DELTAS, StandInWorker, private_redis
+from tests.helpers import in_process_gateway, read_sse, submit
 from tests.processes import free_port
 from tests.redis_cleanup import delete_prefix
 
@@ -73,6 +75,9 @@ INVALID_BODIES: list[tuple[str, Any]] = [
     ("repetition_penalty zero", {"prompt": "hi", "repetition_penalty": 0}),
     ("presence_penalty out of range", {"prompt": "hi", "presence_penalty": 2.5}),
     ("stop_token_ids negative", {"prompt": "hi", "stop_token_ids": [-1]}),
+    ("deadline not an instant", {"prompt": "hi", "deadline": "tomorrow"}),
+    ("deadline without a time zone", {"prompt": "hi", "deadline": "2030-01-01T00:00:00"}),
+    ("deadline a boolean", {"prompt": "hi", "deadline": True}),
     ("body is a list", ["prompt", "hi"]),
 ]
 
@@ -184,6 +189,21 @@ async def test_cancel_of_a_queued_job_ends_it_without_a_worker(
     again = await gateway.post(f"/v1/jobs/{job_id}/cancel")
     assert again.status_code == 200
     assert again.json()["status"] == "cancelled"
+
+
+async def test_cancel_of_a_finished_job_changes_nothing(
+    gateway: httpx.AsyncClient, redis_client: aioredis.Redis, settings: Settings
+) -> None:
+    store = JobStore(redis_client, Keys(settings.key_prefix), settings)
+    worker = StandInWorker(store, await submit(gateway, prompt="Hi", max_tokens=DELTAS))
+    await worker.start()
+    await worker.run_to_done()
+    events = await read_sse(gateway, worker.job_id)
+    answer = await gateway.post(f"/v1/jobs/{worker.job_id}/cancel")
+    assert answer.status_code == 200
+    assert answer.json()["status"] == "completed"
+    assert "nothing changed" in answer.json()["message"]
+    assert await read_sse(gateway, worker.job_id) == events
 
 
 async def test_health_without_workers_is_200_while_a_model_is_declared(gateway: httpx.AsyncClient) -> None:
