@@ -11,11 +11,9 @@ tests/gateway/test_client_refusals.py.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import httpx
-import pytest
 from huggingface_hub import AsyncInferenceClient, InferenceClient
 
 from tests.conftest import System
@@ -23,18 +21,6 @@ from tests.helpers import JOB_DEADLINE_SECONDS, tgi_stream
 
 PROMPT = "The capital of France is"
 JOB_ID = "X-Streampool-Job-Id"
-
-
-@pytest.fixture
-def hf(system: System) -> Iterator[InferenceClient]:
-    with InferenceClient(system.base_url) as client:
-        yield client
-
-
-@pytest.fixture
-async def async_hf(system: System) -> AsyncIterator[AsyncInferenceClient]:
-    async with AsyncInferenceClient(system.base_url) as client:
-        yield client
 
 
 def generate(system: System, prompt: str, **parameters: Any) -> tuple[dict[str, Any], dict[str, Any]]:

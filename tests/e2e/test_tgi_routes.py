@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Iterator
 
 import httpx
 import pytest
@@ -29,18 +28,6 @@ LONG_JOB = {"inputs": "Count to one thousand: 1, 2, 3, 4, 5, 6,", "parameters": 
 def system(synthetic_system: System) -> System:
     """The subject is the routes' shapes and their end of a job, not generation: synthetic workers."""
     return synthetic_system
-
-
-@pytest.fixture
-def hf(system: System) -> Iterator[InferenceClient]:
-    with InferenceClient(system.base_url) as client:
-        yield client
-
-
-@pytest.fixture
-async def async_hf(system: System) -> AsyncIterator[AsyncInferenceClient]:
-    async with AsyncInferenceClient(system.base_url) as client:
-        yield client
 
 
 def test_return_full_text_prepends_the_prompt(hf: InferenceClient) -> None:
