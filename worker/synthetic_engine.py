@@ -84,6 +84,7 @@ class _Choice:
 
     index: int
     draw: random.Random
+    alternatives: random.Random  # apart from `draw`: asking for logprobs changes no token
     decode: Callable[[int], str]
     token_ids: list[int] = field(default_factory=list)
     text: str = ""
@@ -140,7 +141,12 @@ class SyntheticEngine:
         seed = _seed(request, prompt.token_ids)
         skip = request.skip_special_tokens
         choices = [
-            _Choice(index, random.Random(f"{seed}:{index}"), self._counter.text_stream(skip))
+            _Choice(
+                index,
+                random.Random(f"{seed}:{index}"),
+                random.Random(f"{seed}:{index}:alternatives"),
+                self._counter.text_stream(skip),
+            )
             for index in range(request.n)
         ]
         aborted = self._aborted.setdefault(request_id, asyncio.Event())
@@ -196,7 +202,7 @@ class SyntheticEngine:
         logprob = -math.log(len(self._vocabulary))
         result = []
         for token_id in new_ids:
-            others = [choice.draw.choice(self._vocabulary) for _ in range(wanted)]
+            others = [choice.alternatives.choice(self._vocabulary) for _ in range(wanted)]
             top = [token_id, *others][:wanted]
             result.append(
                 TokenLogprob(

@@ -42,6 +42,9 @@ async def test_the_same_seed_gives_the_same_tokens_and_max_tokens_ends_with_leng
     assert ids == choice(second)[0]
     assert len(ids) == 12 and reason == "length" and text
     assert ids != choice(await run(engine, request.model_copy(update={"seed": 8})))[0]
+    with_logprobs = await run(engine, request.model_copy(update={"logprobs": 2}))
+    assert choice(with_logprobs)[0] == ids  # asking for logprobs changes no token
+    assert all(len(delta.logprobs or []) == len(delta.token_ids) for delta in with_logprobs)
 
 
 async def test_a_greedy_request_without_a_seed_gives_the_same_answer_for_the_same_prompt(
