@@ -51,7 +51,7 @@ NO_TENANT = 0
 """The single queue: jobs of no tenant."""
 TENANT_COUNTS = (NO_TENANT, 1, 10, 100)
 DRAIN_TIMEOUT_SECONDS = 300
-IN_PROGRESS_MS = 600_000  # the claim-cost runs' marks: they must outlast the run
+IN_PROGRESS_MS = 600_000  # the claim-cost runs' marks and claims: they must outlast the run
 HERE = Path(__file__).resolve().parent
 FIFO_CLAIM: scripts.LuaScript[list[object]] = scripts.LuaScript(
     "fifo_claim", (HERE / "fifo_claim.lua").read_text()
@@ -268,9 +268,10 @@ async def claim_cost(store: JobStore, tenants: int, claims: int, limit: int) -> 
     async def fair() -> str:
         ((job_id, _),) = await claim(
             store.redis,
+            keys=store.keys,
             model=model,
-            in_progress_ms=IN_PROGRESS_MS,
-            in_progress_prefix=marks + "fair:",
+            worker_id="fair-share-bench",
+            lease_seconds=IN_PROGRESS_MS / 1000,
             read_limit=limit,
             wanted=1,
         )

@@ -15,7 +15,6 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
-from shared import queue
 from shared.config import RedisSettings
 from shared.errors import IdempotencyMismatch, InvalidRequest, JobNotFound, Overloaded, RateLimited
 from shared.events import (
@@ -61,7 +60,7 @@ ANNOTATION = "annotation:"  # the record's fields an API layer above the job kee
 CONVERSATION = "conversation"  # the record's field of a job that is a turn of a conversation
 SUBMISSION_OVERHEAD_BYTES = 1024
 """What a submission writes besides its request and annotations, about: the record's other fields, the
-`queued` event, arq's job and the queue entries."""
+`queued` event and the queue entries."""
 
 
 def _timestamp(value: str) -> datetime:
@@ -214,7 +213,7 @@ class JobStore:
         tenant: Tenant | None = None,
         turn: Turn | None = None,
     ) -> Submission:
-        """Write record (with its owner and model), `queued` event and arq job in one atomic round trip.
+        """Write record (with its owner and model), `queued` event and queue entry in one atomic round trip.
 
         `model`: the canonical name of the job's model, whose queue it joins (`request.model` may name
         an adapter of it too). `waiting`: why the job may wait, said in its `queued` event.
@@ -243,7 +242,6 @@ class JobStore:
                     request_json=request.model_dump_json(exclude_none=True),
                     request_digest=request_digest(request) if idempotency_key else "",
                     queued=StatusEvent(seq=0, state=JobState.queued, message=waiting),
-                    arq_payload=queue.job_payload(job_id, now),
                     idempotency_key=idempotency_key,
                     owner=owner,
                     model=model,

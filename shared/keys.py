@@ -5,8 +5,6 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 
-from shared.queue import in_progress_key, job_key, retry_key
-
 ANONYMOUS_OWNER = "anonymous"
 """The owner of jobs submitted where no API key is asked for (an owner id is never this word)."""
 
@@ -63,7 +61,7 @@ class ModelKeys:
 
 @dataclass(frozen=True)
 class Keys:
-    """Key names for one deployment; arq's job keys keep arq's own prefix (named in `shared.queue`)."""
+    """Key names for one deployment, arq's queues among them (`ModelKeys.queue`)."""
 
     prefix: str
 
@@ -102,8 +100,16 @@ class Keys:
         return f"{self.prefix}:webhooks"
 
     def lease(self, job_id: str) -> str:
-        """String with a TTL: the id of the worker running the job, renewed by its heartbeat."""
-        return f"{self.prefix}:job:{job_id}:lease"
+        """String with a TTL: the id of the worker running the job, renewed by its heartbeat; or
+        `claim:<worker id>` from a worker's claim of the queued job until its start."""
+        prefix, suffix = self.lease_affixes
+        return f"{prefix}{job_id}{suffix}"
+
+    @property
+    def lease_affixes(self) -> tuple[str, str]:
+        """What comes before and after the job id in a lease's name, for the claim script, which
+        names the leases of the jobs it picks."""
+        return f"{self.prefix}:job:", ":lease"
 
     @property
     def replication_fence(self) -> str:
@@ -187,23 +193,3 @@ class Keys:
     def job_keys(self, job_id: str) -> list[str]:
         """Keys that live and expire with a job."""
         return [self.job(job_id), self.stream(job_id), self.cancel(job_id)]
-
-    def arq_jobs_among(self, names: list[str]) -> list[str]:
-        """arq's job keys of the jobs whose keys are among `names`: what deleting a prefix must add."""
-        job_ids = {name.split(":")[2] for name in names if name.startswith(f"{self.prefix}:job:")}
-        return [self.arq_job(job_id) for job_id in sorted(job_ids)]
-
-    @staticmethod
-    def arq_job(job_id: str) -> str:
-        """arq's serialized job, written at submission so that enqueueing costs no extra round trip."""
-        return job_key(job_id)
-
-    @staticmethod
-    def arq_in_progress(job_id: str) -> str:
-        """arq's marker of a job some worker has picked up; it keeps other workers from picking it too."""
-        return in_progress_key(job_id)
-
-    @staticmethod
-    def arq_retry(job_id: str) -> str:
-        """arq's count of a job's tries."""
-        return retry_key(job_id)

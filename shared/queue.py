@@ -1,26 +1,33 @@
-"""arq behind one door: its key names, its job serialization and its worker loop; no other module
-imports arq. Written against arq 0.28.0 (pinned in pyproject.toml): the subclass below replaces
-private parts of arq's `Worker`, which a new arq release may change.
+"""The worker's queue loop: arq's `Worker`, with the project's intake. Only the worker imports this
+module, and no other module imports arq (an import-linter contract keeps the gateway off both).
 
-The job store writes arq's job (its payload and queue entry) itself, inside its submit and
-release scripts, so that enqueueing costs no extra round trip; hence arq's key names and
-serialization are needed outside arq's own `enqueue_job`.
+Each mechanism exists once:
 
-`QueueWorker` replaces six of arq's worker behaviours:
-- start-up is left to `on_startup` alone, which waits for Redis (the worker's does, once its engine
-  has loaded), where arq reads Redis's INFO first and a worker started before Redis answers ends
-  there; and a worker stopped while Redis is down still runs `on_shutdown` and ends cleanly;
-- an idle worker waits for a wake-up message (published with every enqueue) instead of polling
-  the queue every few milliseconds; the poll interval is only a backstop;
-- a poll reads the queue and claims the jobs it finds in one script (arq's `_poll_iteration`
-  takes a round trip for the read and four a job for the same checks), which also picks them
-  fairly among the tenants sharing the queue, where arq takes the oldest;
-- a Redis outage pauses the poll loop instead of ending the process (arq lets the first
-  connection error end `main`, and so the worker);
-- a stop signal always stops the intake first, also with no drain time, so that running jobs
-  know to hand themselves over rather than fail when arq cancels them;
-- the worker can stop itself for good (`fail`: its engine died), as on a signal but marked
-  failed, so that its process exits non-zero and its supervisor starts a new one.
+- arq runs the loop: `max_jobs` jobs at once (its semaphore and tasks), `on_startup` and
+  `on_shutdown`, and the stop: on SIGTERM or SIGINT no new jobs, `job_completion_wait` seconds for
+  the running ones, then they are cancelled (and hand themselves over).
+- arq's queue is the model's sorted set (`ModelKeys.queue`, under the configured prefix): job ids
+  scored by submission ms, written by the lifecycle scripts that queue a job (`enqueue.lua`).
+- The project does the rest, and arq's own versions are not used, so arq writes no key of its own:
+  - picking jobs: the claim script (`claim.lua`), fair among tenants, in one round trip, where arq
+    reads the queue and checks each job in four;
+  - holding a job: the job's lease, from the claim (`claim:<worker>`) through its run, where arq
+    keeps an in-progress key; `run_job` below is the project's runner, so arq's payload, in-progress,
+    retry and result keys are never written;
+  - counting runs: the record's `attempts` against `max_attempts`, where arq keeps a retry key;
+  - time limits: a queued job's `deadline` (`start.lua`) and a running one's `job_timeout_seconds`
+    (`worker.jobs`), where arq times a job out;
+  - liveness: the worker's heartbeat (`worker.heartbeat`), where arq writes a health-check key.
+
+`QueueWorker` overrides four public methods of arq's `Worker` (0.28.0, pinned): `main` (start-up
+waits for Redis in `on_startup`, where arq reads INFO first and ends if Redis does not answer; a
+Redis outage pauses the loop instead of ending it; an idle worker waits for a wake-up message,
+published with every enqueue, rather than poll every few milliseconds), `run_job`, `handle_sig` (a
+stop always stops the intake first, also with no drain time, so that running jobs hand themselves
+over rather than fail) and `close` (no health-check key to delete, and a Redis that does not answer
+keeps neither `on_shutdown` from running nor the process from ending cleanly). It can also stop
+itself for good (`fail`: its engine died), as on a signal but marked failed, so that its process
+exits non-zero and its supervisor starts a new one.
 """
 
 from __future__ import annotations
@@ -35,82 +42,48 @@ from typing import Any, Protocol
 
 import redis.asyncio as aioredis
 from arq.connections import ArqRedis
-from arq.constants import in_progress_key_prefix, job_key_prefix, retry_key_prefix
-from arq.jobs import serialize_job
-from arq.worker import Retry, Worker, func
+from arq.worker import Worker, func
 from redis.exceptions import RedisError
 
 log = logging.getLogger(__name__)
 
-JOB_FUNCTION = "run_job"
-"""The one function name every queued job names."""
 OUTAGE_RETRY_SECONDS = 0.5
-# Runs of a job are counted by the job store (`max_attempts`): arq must never give one up itself.
-MAX_TRIES = 1_000_000
-
-
-def job_key(job_id: str) -> str:
-    """arq's serialized job."""
-    return job_key_prefix + job_id
-
-
-def in_progress_key(job_id: str) -> str:
-    """arq's marker of a job some worker has picked up; it keeps other workers from picking it too."""
-    return in_progress_key_prefix + job_id
-
-
-def retry_key(job_id: str) -> str:
-    """arq's count of a job's tries."""
-    return retry_key_prefix + job_id
-
-
-def job_payload(job_id: str, enqueued_at: float) -> bytes:
-    """arq's serialized job for `job_id`, as `enqueue_job` would write it."""
-    return serialize_job(JOB_FUNCTION, (job_id,), {}, None, int(enqueued_at * 1000))
 
 
 class Claim(Protocol):
-    """The claim script (the job lifecycle's) for the worker's queue: jobs no other worker has
-    taken, as (id, score)."""
+    """The claim script (the job lifecycle's) for the worker's model: up to `wanted` queued jobs no
+    other worker holds, each now claimed by this one, as (id, score)."""
 
     async def __call__(
-        self,
-        redis: aioredis.Redis,
-        *,
-        in_progress_ms: int,
-        in_progress_prefix: str,
-        read_limit: int,
-        wanted: int,
+        self, redis: aioredis.Redis, *, read_limit: int, wanted: int
     ) -> list[tuple[str, int]]: ...
 
 
+class Unclaim(Protocol):
+    """Let go of a claimed job this worker will not start (`unclaim.lua`)."""
+
+    async def __call__(self, redis: aioredis.Redis, *, job_id: str) -> None: ...
+
+
 RunJob = Callable[[str], Awaitable[bool]]
-"""Runs one job; answers whether it is over. False leaves it in arq's queue: the job store has
-requeued it (or a reaper will), and arq must neither finish it nor delete its payload."""
+"""Runs one claimed job; answers whether it is over. False: the job was left for another run (not
+started, handed back, or its lease lost), and a claim of it this worker still holds is let go of."""
 
 
 class QueueWorker(Worker):
     """arq's Worker with the intake described at the top of this module."""
 
     def __init__(
-        self,
-        *args: Any,
-        claim: Claim,
-        in_progress_seconds: float,
-        wakeup_channel: str,
-        poll_delay: float,
-        **kwargs: Any,
+        self, *args: Any, run: RunJob, claim: Claim, unclaim: Unclaim, wakeup_channel: str, **kwargs: Any
     ) -> None:
         super().__init__(*args, **kwargs)
+        self.run_claimed = run
         self.claim = claim
-        self.idle_poll_seconds = poll_delay
+        self.unclaim = unclaim
+        self.idle_poll_seconds = self.poll_delay_s
         self.wakeup_channel = wakeup_channel
         self._wakeup = asyncio.Event()
         self._listener: asyncio.Task[None] | None = None
-        # arq marks a picked-up job for job_timeout + 10 s. Here the mark only has to last until
-        # the job store's start takes the job's lease, and a short one cannot keep a queued job
-        # blocked for an hour when its worker dies or loses Redis in that moment.
-        self.in_progress_timeout_s = in_progress_seconds
         self._redis_down = False
         self._failed = False
 
@@ -130,8 +103,7 @@ class QueueWorker(Worker):
         if self._failed:
             return
         self._failed = True
-        self.allow_pick_jobs = False
-        self.loop.create_task(self._wait_for_tasks_to_complete(signum=SIGTERM))
+        self.handle_sig_wait_for_completion(SIGTERM)
 
     @property
     def redis_down(self) -> bool:
@@ -139,39 +111,49 @@ class QueueWorker(Worker):
         return self._redis_down
 
     async def main(self) -> None:
-        """arq's `main` without its Redis INFO before `on_startup`, nor what streampool does not use
-        (a pool of arq's own: one is always given; burst mode). `_wait_for_work` paces the loop."""
+        """`on_startup`, then the intake until the worker stops (see the top of this module)."""
         try:
             if self.on_startup is not None:
                 await self.on_startup(self.ctx)
+            self._listener = asyncio.create_task(self._listen_for_wakeups(), name="queue-wakeups")
             while True:
-                await self._poll_iteration()
+                await self._take_jobs()
         finally:
             if self._listener is not None:
                 self._listener.cancel()
 
+    async def run_job(self, job_id: str, score: int) -> None:
+        """The project's run of a job this worker claimed (arq's reads and writes keys of its own)."""
+        if not await self.run_claimed(job_id):
+            with contextlib.suppress(RedisError, OSError):  # else the claim lapses by itself
+                await self.unclaim(self.pool, job_id=job_id)
+
     async def close(self) -> None:
-        """arq's `close`, but a Redis that does not answer (a stop during start-up's wait for it, or
-        during an outage) keeps neither `on_shutdown` from running nor the process from ending
-        cleanly: arq's health-check key expires by itself."""
+        """Wait for the running jobs, then `on_shutdown`, then close the connections."""
         if not self._handle_signals:
             self.handle_sig(SIGUSR1)
         if self._pool is None:
             return
         await asyncio.gather(*self.tasks.values())
-        with contextlib.suppress(RedisError, OSError):
-            await self.pool.delete(self.health_check_key)
         if self.on_shutdown is not None:
             await self.on_shutdown(self.ctx)
         await self.pool.aclose(close_connection_pool=True)
         self._pool = None
 
-    async def _poll_iteration(self) -> None:
-        if self._listener is None:  # arq's pool exists from here on
-            self._listener = asyncio.create_task(self._listen_for_wakeups(), name="queue-wakeups")
-        self._wakeup.clear()  # a message during the poll below sets it again: none is missed
+    def handle_sig(self, signum: Signals) -> None:
+        self.allow_pick_jobs = False
+        super().handle_sig(signum)
+
+    async def _take_jobs(self) -> None:
+        """One turn of the intake: claim what the free slots take, then wait for work."""
+        self._wakeup.clear()  # a message during the claim below sets it again: none is missed
         try:
-            await self._poll()
+            for job_id, task in list(self.tasks.items()):
+                if task.done():
+                    del self.tasks[job_id]
+                    task.result()  # as arq does: a job's unexpected error surfaces here
+            if self.allow_pick_jobs and self.job_counter < self.max_jobs:
+                await self._claim_and_start()
         except (RedisError, OSError) as exc:
             if not self._redis_down:
                 log.warning("Redis is unreachable (%s); the worker waits for it", exc)
@@ -181,10 +163,6 @@ class QueueWorker(Worker):
         if self._redis_down:
             log.info("Redis answers again; taking jobs")
             self._redis_down = False
-        await self._wait_for_work()
-
-    async def _wait_for_work(self) -> None:
-        """Until a wake-up message comes, or for `idle_poll_seconds` at most."""
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(self.idle_poll_seconds):
                 await self._wakeup.wait()
@@ -202,36 +180,16 @@ class QueueWorker(Worker):
             except (RedisError, OSError):
                 await asyncio.sleep(OUTAGE_RETRY_SECONDS)
 
-    async def _poll(self) -> None:
-        """arq's poll iteration (without burst mode or job aborts, which streampool does not use), with
-        the queue read and the checks in one script: one round trip, where arq takes one for the read
-        and four a job for the checks.
-
-        arq polls only while a slot is free; a job that ends wakes the loop, so that a full worker
-        takes the next queued job at once.
-        """
-        for job_id, task in list(self.tasks.items()):
-            if task.done():
-                del self.tasks[job_id]
-                task.result()  # as arq does: a job's unexpected error surfaces here
-        if self.allow_pick_jobs and self.job_counter < self.max_jobs:
-            await self._claim_and_start()
-        await self.heart_beat()
-
     async def _claim_and_start(self) -> None:
         claimed = await self.claim(
-            self.pool,
-            in_progress_ms=int(self.in_progress_timeout_s * 1000),
-            in_progress_prefix=in_progress_key_prefix,
-            read_limit=self.queue_read_limit,
-            wanted=self.max_jobs - self.job_counter,
+            self.pool, read_limit=self.queue_read_limit, wanted=self.max_jobs - self.job_counter
         )
         for job_id, score in claimed:
             if job_id in self.tasks:
                 # An earlier run of this job has not ended here yet (its lease lapsed, and a reaper
-                # requeued it meanwhile): arq keeps one task per job id, so the job stays queued, for
-                # this worker once that run has gone or for another one now.
-                await self.pool.delete(in_progress_key(job_id))
+                # requeued it meanwhile): one task a job id, so the job goes to another worker now,
+                # or to this one once that run has gone.
+                await self.unclaim(self.pool, job_id=job_id)
                 continue
             await self.sem.acquire()  # free: each claimed job had a free slot
             self.job_counter += 1
@@ -240,41 +198,34 @@ class QueueWorker(Worker):
             self.tasks[job_id] = task
 
     def _job_ended(self, _: asyncio.Task[None]) -> None:
-        self._release_sem_dec_counter_on_complete()
+        """A slot is free: the intake looks for a job at once (a full worker does not poll)."""
+        self.sem.release()
+        self.job_counter -= 1
         self._wakeup.set()
-
-    def handle_sig(self, signum: Signals) -> None:
-        self.allow_pick_jobs = False
-        super().handle_sig(signum)
 
 
 def queue_worker(
     *,
     run: RunJob,
     claim: Claim,
+    unclaim: Unclaim,
     pool: aioredis.ConnectionPool,
     queue: str,
     wakeup_channel: str,
     max_jobs: int,
     poll_delay: float,
-    job_timeout_seconds: int,
-    in_progress_seconds: float,
     drain_seconds: float = 0,
     on_startup: Callable[[], Awaitable[None]] | None = None,
     on_shutdown: Callable[[], Awaitable[None]] | None = None,
     handle_signals: bool = True,
 ) -> QueueWorker:
-    """A worker running `run` for each job of `queue`, `max_jobs` at once, on the connections of
-    `pool` (`shared.redis_client.connection_pool`, answering bytes): arq's own pool would reach
-    neither Sentinels with a password of their own nor a plain URL's master anew after a failover.
+    """A worker running `run` for each job of `queue` it claims, `max_jobs` at once, on the
+    connections of `pool` (`shared.redis_client.connection_pool`): arq's own pool would reach neither
+    Sentinels with a password of their own nor a plain URL's master anew after a failover. An idle
+    worker looks at the queue on a message on `wakeup_channel`, or every `poll_delay` seconds.
 
     On SIGTERM or SIGINT it takes no new jobs, gives running ones `drain_seconds`, then cancels them.
     """
-
-    async def run_job(ctx: dict[str, Any], job_id: str) -> None:
-        if not await run(job_id):
-            # A retry without delay leaves the queue entry and the payload alone.
-            raise Retry()
 
     async def startup(ctx: dict[str, Any]) -> None:
         if on_startup is not None:
@@ -284,20 +235,21 @@ def queue_worker(
         if on_shutdown is not None:
             await on_shutdown()
 
+    async def unused(ctx: dict[str, Any]) -> None:
+        """arq asks for a function; `QueueWorker.run_job` runs the job instead."""
+
     return QueueWorker(
-        functions=[func(run_job, name=JOB_FUNCTION)],
+        functions=[func(unused, name="run_job")],
         queue_name=queue,
         redis_pool=ArqRedis(pool),
         max_jobs=max_jobs,
         poll_delay=poll_delay,
-        job_timeout=job_timeout_seconds,
-        keep_result=0,
-        max_tries=MAX_TRIES,
         on_startup=startup,
         on_shutdown=shutdown,
         handle_signals=handle_signals,
         job_completion_wait=math.ceil(drain_seconds),
+        run=run,
         claim=claim,
-        in_progress_seconds=in_progress_seconds,
+        unclaim=unclaim,
         wakeup_channel=wakeup_channel,
     )

@@ -60,14 +60,13 @@ def connection_pool(
     max_connections: int,
     *,
     sentinel_password: str | None = None,
-    decode_responses: bool = True,
 ) -> aioredis.ConnectionPool:
     """At most `max_connections` connections to the master `url` names (a plain or a Sentinel
     URL), named `name` in CLIENT LIST; a command waits `POOL_WAIT_SECONDS` for a free one."""
     options: dict[str, Any] = {
         "max_connections": max_connections,
         "timeout": POOL_WAIT_SECONDS,
-        "decode_responses": decode_responses,
+        "decode_responses": True,
         "health_check_interval": 30,
         "client_name": name,
     }

@@ -212,9 +212,8 @@ UNIT_RETENTION_SECONDS = 60
 
 
 async def delete_test_keys(client: aioredis.Redis, keys: Keys) -> None:
-    """Every key under a test's prefix, and the arq job keys (arq's own prefix) of its jobs."""
+    """Every key under a test's prefix."""
     names = [name async for name in client.scan_iter(match=f"{keys.prefix}:*", count=1000)]
-    names += keys.arq_jobs_among(names)
     if names:
         await client.delete(*names)
 

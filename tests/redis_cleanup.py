@@ -5,17 +5,13 @@ from __future__ import annotations
 
 import redis
 
-from shared.keys import Keys
-
 
 def delete_prefix(url: str, prefix: str) -> int:
-    """Delete every key under `prefix`, and arq's job keys (arq keeps its own prefix) of the prefix's
-    jobs; answers how many. Synchronous, so that teardowns inside another running event loop can call it.
-    """
+    """Delete every key under `prefix`; answers how many. Synchronous, so that teardowns inside
+    another running event loop can call it."""
     client = redis.Redis.from_url(url, decode_responses=True)
     try:
         names = list(client.scan_iter(match=f"{prefix}:*", count=1000))
-        names += Keys(prefix).arq_jobs_among(names)
         for start in range(0, len(names), 1000):
             client.delete(*names[start : start + 1000])
     finally:

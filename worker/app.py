@@ -19,7 +19,7 @@ from shared.config import WorkerSettings
 from shared.errors import BackendUnavailable
 from shared.jobstore import JobStore
 from shared.keys import Keys
-from shared.lifecycle.transitions import claim
+from shared.lifecycle.transitions import claim, unclaim
 from shared.model_card import ModelCard
 from shared.queue import QueueWorker, queue_worker
 from shared.redis_client import connect, connection_pool
@@ -70,21 +70,25 @@ class WorkerApp:
         self.redis_wait = RedisWait(settings.redis_startup_timeout_seconds)
         self.queue = queue_worker(
             run=self.run_job,
-            claim=partial(claim, model=model),
+            claim=partial(
+                claim,
+                keys=self.keys,
+                model=model,
+                worker_id=self.worker_id,
+                lease_seconds=settings.lease_seconds,
+            ),
+            unclaim=partial(unclaim, keys=self.keys, model=model, worker_id=self.worker_id),
             pool=connection_pool(
                 settings.redis_url,
                 self.keys.client_name(f"worker:{self.worker_id}:queue"),
                 settings.redis_max_connections,
                 sentinel_password=settings.redis_sentinel_password,
-                decode_responses=False,  # arq's payloads are pickles
             ),
             # One engine, one model: the worker takes only its model's jobs.
             queue=model.queue,
             wakeup_channel=model.wakeup,
             max_jobs=settings.worker_max_jobs,
             poll_delay=settings.worker_poll_delay,
-            job_timeout_seconds=settings.job_timeout_seconds,
-            in_progress_seconds=settings.lease_seconds,
             # On SIGTERM or SIGINT: no new jobs; running ones get this long, then hand themselves over.
             drain_seconds=settings.drain_seconds,
             on_startup=self.startup,
@@ -112,7 +116,6 @@ class WorkerApp:
             publisher,
             leases,
             worker_id,
-            lambda: self.queue.stopping,
             self.metrics,
             self.engine_died,
         )
@@ -181,7 +184,7 @@ class WorkerApp:
         self.queue.fail()
 
     async def run_job(self, job_id: str) -> bool:
-        """arq's entry point for a job: whether it is over (False: it is left for another run)."""
+        """The queue loop's entry point for a job: whether it is over (False: it is left for another run)."""
         if self.services is None:  # arq runs jobs only after start-up
             raise RuntimeError("a job came before the worker had started")
         return await self.services.runner.run(job_id) is Ending.ended

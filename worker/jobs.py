@@ -59,7 +59,6 @@ class JobRunner:
         publisher: Publisher,
         leases: Leases,
         worker_id: str,
-        stopping: Callable[[], bool],
         metrics: WorkerMetrics,
         engine_died: Callable[[], None],
     ) -> None:
@@ -68,7 +67,6 @@ class JobRunner:
         self.publisher = publisher
         self.leases = leases
         self.worker_id = worker_id
-        self.stopping = stopping
         self.metrics = metrics
         self.engine_died = engine_died
         """Called when a run finds the engine dead: the worker takes no more jobs, and goes."""
@@ -120,8 +118,10 @@ class JobRunner:
 
     async def _run_guarded(self, job_id: str, started: Started, chunker: Chunker) -> Ending:
         """Run the job; a failure ends it with an `error` event, a stop signal hands it back."""
+        time_limit = asyncio.timeout(self.store.settings.job_timeout_seconds)
         try:
-            return await self._generate(job_id, started, chunker)
+            async with time_limit:
+                return await self._generate(job_id, started, chunker)
         except (BackendUnavailable, StreamBehind):
             raise
         except EngineDead as exc:
@@ -132,14 +132,14 @@ class JobRunner:
         except StreampoolError as exc:
             return await self._fail(job_id, chunker, exc.message, exc.error_type)
         except asyncio.CancelledError:
-            # arq cancels running jobs when the worker's drain time is over, or a job's time is up.
-            if self.stopping():
-                await asyncio.shield(self._hand_back(job_id, started.attempt, "its worker shut down"))
-            else:
-                message = "the job ran longer than job_timeout_seconds"
-                await asyncio.shield(self._fail(job_id, chunker, message, "timeout"))
+            # The queue loop cancels running jobs once the worker's drain time is over.
+            await asyncio.shield(self._hand_back(job_id, started.attempt, "its worker shut down"))
             raise
         except Exception as exc:
+            if isinstance(exc, TimeoutError) and time_limit.expired():  # the engine request is aborted
+                return await self._fail(
+                    job_id, chunker, "the job ran longer than job_timeout_seconds", "timeout"
+                )
             log.exception("job crashed")
             return await self._fail(job_id, chunker, f"internal error: {exc!r}", "internal")
 

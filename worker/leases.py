@@ -16,7 +16,6 @@ import time
 
 import redis.asyncio as aioredis
 
-from shared import queue
 from shared.config import WorkerSettings
 from shared.events import ErrorEvent, Progress, event_adapter
 from shared.jobstore import JobStore
@@ -93,7 +92,6 @@ class Leases:
                     worker_id=worker_id,
                     attempt=attempt,
                     max_attempts=attempts,
-                    arq_payload=queue.job_payload(job_id, now),
                     now=now,
                     message=message,
                     failure=failure,

@@ -7,7 +7,8 @@ terminal event together, so a reader never sees one without the other::
     script    from                    to                        who calls it
     --------  ----------------------  ------------------------  ------------------------------
     submit    (none)                  queued                    gateway (JobStore.submit)
-    claim     queued                  queued, marked taken      worker's queue loop (arq's mark)
+    claim     queued                  queued, claimed (leased)  worker's queue loop
+    unclaim   queued, claimed         queued                    worker's queue loop (not starting it)
     start     queued                  running (attempt 1)       worker (JobStore.start)
               queued, past deadline   failed
               running, requeued       running (attempt n + 1)   the resume path
@@ -41,7 +42,7 @@ name in turn, each once and before its callers. A helper takes what it works on 
                       tenant's counters with its usage (tenant_move)
     end_unrun         a queued job ends without running (a cancel, a         start, cancel
                       deadline): empty output, out of the queue, end_job
-    enqueue           a job on its model's queue: arq's job, the queue, its  submit, release
+    enqueue           a job on its model's queue (arq's queue set), its      submit, release
                       tenant's share of it (fair: `claim.lua`), a wake-up
     leave_queue       out of the queue and its share                         start, cancel, end_unrun
     share_member      a job's queue score and share member (one format;      enqueue, leave_queue,

@@ -33,7 +33,6 @@ class SubmitArgs(TypedDict):
     request: str  # the request's JSON
     digest: str  # the request's, kept beside the idempotency key ('' without one)
     queued_event: str
-    arq_payload: str  # arq's job, hex (JSON carries no bytes)
     owner: str
     model: str
     lifetime: int
@@ -103,7 +102,6 @@ class ReleaseArgs(TypedDict):
     worker: str  # '' for a reaper: only a lapsed lease is released
     attempt: int  # 0: any run
     max_attempts: int
-    arq_payload: str  # hex
     lifetime: int
     now: str
     retention: int
@@ -121,11 +119,18 @@ class RenewArgs(TypedDict):
 
 
 class ClaimArgs(TypedDict):
-    in_progress_ms: int
-    in_progress_prefix: str
+    worker: str
+    lease_ms: int  # how long a claim holds the job for its start
+    lease_prefix: str  # a lease's key is prefix + job id + suffix (`Keys.lease_affixes`)
+    lease_suffix: str
     share_prefix: str
     read_limit: int
     wanted: int
+
+
+class UnclaimArgs(TypedDict):
+    worker: str
+    wakeup: str  # the model's wake-up channel
 
 
 class TenantUsageArgs(TypedDict):

@@ -11,10 +11,10 @@
 -- `queue` is the queue of the job's model (its record's `model`), `share_prefix` that model's;
 -- `running` is the set of started jobs the reapers read.
 -- Answers {'cancelled' | 'asked' | 'unheld' | 'ended', the state the job is in now} or {'missing'}.
-local record, stream, cancel, queue, arq_job, webhooks, webhook, lease, running = unpack(KEYS)
+local record, stream, cancel, queue, webhooks, webhook, lease, running = unpack(KEYS)
 local args = cjson.decode(ARGV[1])
 local id = args.id
-local job = {id = id, record = record, stream = stream, cancel = cancel, arq_job = arq_job, webhooks = webhooks,
+local job = {id = id, record = record, stream = stream, cancel = cancel, webhooks = webhooks,
              webhook = webhook, retention = args.retention, maxlen = args.maxlen, now = args.now}
 local model = {queue = queue, share_prefix = args.share_prefix}
 
@@ -35,7 +35,6 @@ redis.call('HSET', record, 'status', 'cancelled')
 hset_fields(record, args.fields)
 redis.call('HDEL', record, 'requeued')
 leave_queue(job, model)
-redis.call('DEL', arq_job)
 redis.call('SREM', running, id)
 end_job(job, requeued and 'queued' or 'running')
 return {'cancelled', 'cancelled'}

@@ -1,7 +1,9 @@
 -- uses: share_member
--- arq's poll and its checks in one call, with the model's queue shared fairly among its tenants:
--- up to `wanted` jobs no other worker has taken, each then marked in progress (arq's mark), as
--- {id, score, id, score, ...} (the score: the job's submission ms, from the model's queue).
+-- A worker's pick of jobs, in one call, with the model's queue shared fairly among its tenants:
+-- up to `wanted` jobs no other worker has taken, each then claimed, as {id, score, id, score, ...}
+-- (the score: the job's submission ms, from the model's queue). A claim is the job's lease, held as
+-- `claim:<worker>` for `lease_ms`: the worker's start (`start.lua`) turns it into the run's lease,
+-- and a claim whose worker never starts the job lapses, so that another worker picks the job up.
 --
 -- Start-time fair queuing over the tenants' shares (`ModelKeys.share_*`): every tenant with jobs
 -- waiting has a pass, the virtual time of its next job. The tenant with the lowest pass gives its
@@ -15,12 +17,13 @@
 -- that another worker has just claimed is passed over. A job in the model's queue and in no share
 -- is one whose share expired with it (its keys expired while it waited, and no job of its tenant came
 -- since): once no share has anything to give, up to `read_limit` of those are taken from the queue's
--- head, so that arq finds their jobs gone and drops them from the queue.
--- The in-progress keys and shares are named here from prefixes: single-instance Redis, not Redis Cluster.
+-- head, so that the worker's start finds their jobs gone and drops them from the queue.
+-- The leases and shares are named here from prefixes: single-instance Redis, not Redis Cluster.
 -- Takes `arguments.ClaimArgs`.
 local queue, tenants, state = unpack(KEYS)
 local args = cjson.decode(ARGV[1])
-local in_progress_ms, in_progress_prefix, share_prefix = args.in_progress_ms, args.in_progress_prefix, args.share_prefix
+local lease_prefix, lease_suffix, share_prefix = args.lease_prefix, args.lease_suffix, args.share_prefix
+local holder = 'claim:' .. args.worker
 local room = 2 * args.wanted
 local SCAN = 16
 
@@ -33,9 +36,7 @@ local clock = clock_was
 local function take(id)
   local score = redis.call('ZSCORE', queue, id)
   if not score then return nil end
-  local in_progress = in_progress_prefix .. id
-  if redis.call('EXISTS', in_progress) == 1 then return false end
-  redis.call('PSETEX', in_progress, in_progress_ms, '1')
+  if not redis.call('SET', lease_prefix .. id .. lease_suffix, holder, 'PX', args.lease_ms, 'NX') then return false end
   claimed[#claimed + 1] = id
   claimed[#claimed + 1] = score
   return true

@@ -1,12 +1,12 @@
 -- completed | cancelled | failed -> (none): a finished job's keys go before their retention ends:
--- its record, stream and cancel key, arq's job key, and the idempotency key the record names. A job
+-- its record, stream and cancel key, and the idempotency key the record names. A job
 -- still queued or running is left as it is (a worker may write to it yet; cancel it first).
 -- Answers {'deleted', the state it had}, {'unfinished', its state} or {'missing'}.
-local record, stream, cancel, arq_job = unpack(KEYS)
+local record, stream, cancel = unpack(KEYS)
 
 local status, idempotency = unpack(redis.call('HMGET', record, 'status', 'idempotency_key'))
 if not status then return {'missing'} end
 if status == 'queued' or status == 'running' then return {'unfinished', status} end
-redis.call('DEL', record, stream, cancel, arq_job)
+redis.call('DEL', record, stream, cancel)
 if idempotency then redis.call('DEL', idempotency) end
 return {'deleted', status}

@@ -1,16 +1,14 @@
 -- uses: share_member
--- Puts a job on its model's queue, in the scripts that queue it (submit, and release's requeue): arq's
--- job (`arq_payload`, hex), for `lifetime` seconds; the model's queue, scored by submission, so that a
+-- Puts a job on its model's queue, in the scripts that queue it (submit, and release's requeue): the
+-- model's queue (arq's queue set: a job id scored by submission ms), so that a
 -- requeued job keeps its place (a rolling restart does not send resumed jobs behind the backlog); its
 -- tenant's share of the queue (`ModelKeys.share_queue_prefix`), in order of priority then of
 -- submission; and a wake-up for the model's idle workers. A tenant that had no job waiting becomes
 -- active again at the model's clock, or at its own last pass if that is later: pausing saves no
 -- turns, and emptying the queue to submit anew skips none (start-time fair queuing: `claim.lua`).
--- `job`: {id, created_at, share, priority, lifetime, arq_job (its key), arq_payload};
+-- `job`: {id, created_at, share, priority, lifetime};
 -- `model`: the model's {queue, share_tenants, share_state, share_prefix, wakeup}.
 local function enqueue(job, model)
-  local payload = string.gsub(job.arq_payload, '%x%x', function(byte) return string.char(tonumber(byte, 16)) end)
-  redis.call('SET', job.arq_job, payload, 'EX', job.lifetime)
   redis.call('ZADD', model.queue, queued_ms(job.created_at), job.id)
   local share_queue = model.share_prefix .. job.share
   redis.call('ZADD', share_queue, job.priority, share_member(job.created_at, job.id))

@@ -3,8 +3,7 @@
 -- once the job has run `max_attempts` times. `worker` '' releases only a lapsed lease (a reaper);
 -- a worker's id also releases its own (a worker handing its job back), and only the run `attempt`
 -- names: that worker may have resumed the job meanwhile, a later run it must not hand back (0: any
--- run, for a reaper, which releases only a lapsed lease). arq's in-progress and retry
--- keys of the lost run go, so that arq runs the job again at once. A requeued job goes back on its
+-- run, for a reaper, which releases only a lapsed lease). A requeued job goes back on its
 -- model's queue where it was (`enqueue.lua`), and its record and stream live `lifetime` seconds from
 -- now, for the wait. Takes `arguments.ReleaseArgs`.
 --
@@ -19,7 +18,7 @@
 -- `token_count` computed from it and `stream_tip`, the id of its last entry; the job fails only if
 -- the stream still ends there.
 -- Answers {'held'}, {'requeued'}, {'exhausted'}, {'failed'} or {'not_running', status or 'missing'}.
-local record, stream, cancel, lease, running, queue, arq_job, arq_in_progress, arq_retry, webhooks, webhook,
+local record, stream, cancel, lease, running, queue, webhooks, webhook,
       share_tenants, share_state = unpack(KEYS)
 local args = cjson.decode(ARGV[1])
 local id, failure = args.id, args.failure
@@ -38,15 +37,14 @@ if redis.call('HGET', record, 'requeued') then
   redis.call('SREM', running, id)
   return {'requeued'}
 end
-redis.call('DEL', lease, arq_in_progress, arq_retry)
+redis.call('DEL', lease)
 if tonumber(redis.call('HGET', record, 'attempts') or '1') < args.max_attempts then
   redis.call('SREM', running, id)
   redis.call('HSET', record, 'requeued', '1')
   redis.call('EXPIRE', record, args.lifetime)
   redis.call('EXPIRE', stream, args.lifetime)
   local created_at, share, priority = unpack(redis.call('HMGET', record, 'created_at', 'share', 'priority'))
-  enqueue({id = id, created_at = created_at, share = share, priority = priority, lifetime = args.lifetime,
-           arq_job = arq_job, arq_payload = args.arq_payload},
+  enqueue({id = id, created_at = created_at, share = share, priority = priority, lifetime = args.lifetime},
           {queue = queue, share_tenants = share_tenants, share_state = share_state, share_prefix = args.share_prefix,
            wakeup = args.wakeup})
   tenant_move(job, 'running', 'queued', args.lifetime)
@@ -59,6 +57,5 @@ append_event(stream, args.maxlen, nil, 'error', failure.event)
 redis.call('HSET', record, 'status', 'failed', 'finished_at', args.now, 'error', args.message, 'text', failure.text,
            'token_count', failure.token_count)
 redis.call('ZREM', queue, id)
-redis.call('DEL', arq_job)
 end_job(job, 'running')
 return {'failed'}

@@ -32,6 +32,7 @@ from shared.lifecycle.arguments import (
     StartArgs,
     SubmitArgs,
     TenantUsageArgs,
+    UnclaimArgs,
 )
 
 Args = TypeVar("Args")
@@ -143,3 +144,4 @@ FINISH: LuaScript[FinishArgs] = LuaScript.load("finish")
 CANCEL: LuaScript[CancelArgs] = LuaScript.load("cancel")
 DELETE: LuaScript[list[Any]] = LuaScript.load("delete")  # no ARGV
 TENANT_USAGE: LuaScript[TenantUsageArgs] = LuaScript.load("tenant_usage")
+UNCLAIM: LuaScript[UnclaimArgs] = LuaScript.load("unclaim")

@@ -1,19 +1,22 @@
 -- uses: leave_queue, end_unrun, append_event, tenant_move
 -- queued -> running (attempt 1), or a handed-back running job resumes with the next attempt, its
 -- stream in the answer so that the new worker continues where the last one stopped. The starting
--- worker takes the job's lease and the job leaves arq's queue set, so that the set holds only
--- waiting jobs, and the job's record and stream live `lifetime` seconds from now, however long it
--- waited. A queued job past its `deadline` fails instead (queued -> failed), without ever running.
+-- worker takes the job's lease (its claim's, `claim:<worker>`, becomes the run's, `<worker>`) and
+-- the job leaves its model's queue, so that the queue holds only waiting jobs, and the job's record
+-- and stream live `lifetime` seconds from now, however long it waited. A start refused drops this
+-- worker's claim and the job's stale queue entry (its keys expired, or it ended meanwhile), but
+-- not a job another worker has claimed since (this claim lapsed first: `held`). A queued job past
+-- its `deadline` fails instead (queued -> failed), without ever running.
 -- `queue` is the queue of the job's model, the one the starting worker serves and claimed it from,
 -- and `share_prefix` that model's (`ModelKeys.share_queue_prefix`). Takes `arguments.StartArgs`.
 -- The request's JSON is decoded only when it has one.
 -- Answers {'running', request, created_at, conversation}, {'resumed', request, created_at, attempt,
--- entries, conversation}, {'expired'} or {'refused', status or 'missing'}; `conversation` is the
--- record's field of that name ('' for a job that is no turn of a conversation).
-local record, stream, cancel, queue, lease, running, arq_job, webhooks, webhook = unpack(KEYS)
+-- entries, conversation}, {'expired'} or {'refused', status or 'missing' or 'held'}; `conversation`
+-- is the record's field of that name ('' for a job that is no turn of a conversation).
+local record, stream, cancel, queue, lease, running, webhooks, webhook = unpack(KEYS)
 local args = cjson.decode(ARGV[1])
 local id = args.id
-local job = {id = id, record = record, stream = stream, cancel = cancel, arq_job = arq_job, webhooks = webhooks,
+local job = {id = id, record = record, stream = stream, cancel = cancel, webhooks = webhooks,
              webhook = webhook, retention = args.retention, maxlen = args.maxlen, now = args.now}
 local model = {queue = queue, share_prefix = args.share_prefix}
 
@@ -26,6 +29,9 @@ local function take(attempt)
   redis.call('EXPIRE', stream, args.lifetime)
 end
 
+local holder = redis.call('GET', lease)
+if holder and holder ~= 'claim:' .. args.worker then return {'refused', 'held'} end
+
 local status, request, created, conversation =
   unpack(redis.call('HMGET', record, 'status', 'request', 'created_at', 'conversation'))
 conversation = conversation or ''
@@ -36,11 +42,16 @@ if status == 'running' and redis.call('HGET', record, 'requeued') then
   tenant_move(job, 'queued', 'running')
   return {'resumed', request, created, attempt, redis.call('XRANGE', stream, '-', '+'), conversation}
 end
-if status ~= 'queued' then return {'refused', status or 'missing'} end
+if status ~= 'queued' then
+  if holder then redis.call('DEL', lease) end
+  redis.call('ZREM', queue, id)
+  return {'refused', status or 'missing'}
+end
 if string.find(request, '"deadline":', 1, true) then
   local deadline = cjson.decode(request)['deadline']
   if type(deadline) == 'number' and deadline <= tonumber(args.now) then
     end_unrun(job, model, 'failed', args.expired_message, 'error', args.expired_event)
+    if holder then redis.call('DEL', lease) end
     return {'expired'}
   end
 end

@@ -9,9 +9,9 @@
 -- limit} (the job's tenant is at a limit: `tenant_admit.lua`; nothing written).
 -- The idempotency key holds '<job id> <request digest>'; a value without a digest (written
 -- before digests were kept) matches any request.
--- KEYS: the job's record, stream, idempotency key ('' for none), its model's queue and arq's job; the
+-- KEYS: the job's record, stream, idempotency key ('' for none) and its model's queue; the
 -- tenant's counters ('' each for a job of no tenant); the model's `share_tenants` and `share_state`.
-local record, stream, idempotency, queue, arq_job, tenant_queued, tenant_running, tenant_requests,
+local record, stream, idempotency, queue, tenant_queued, tenant_running, tenant_requests,
       tenant_tokens, share_tenants, share_state = unpack(KEYS)
 local args = cjson.decode(ARGV[1])
 local id, tenant, share = args.id, args.tenant, args.share
@@ -42,7 +42,7 @@ redis.call('EXPIRE', record, args.lifetime)
 redis.call('EXPIRE', stream, args.lifetime)
 redis.call('HSET', share_state, 'stride:' .. share.name, share.stride)
 enqueue({id = id, created_at = args.created_at, share = share.name, priority = share.priority,
-         lifetime = args.lifetime, arq_job = arq_job, arq_payload = args.arq_payload},
+         lifetime = args.lifetime},
         {queue = queue, share_tenants = share_tenants, share_state = share_state, share_prefix = share.prefix,
          wakeup = args.wakeup})
 if tenant then tenant_admitted(tenant_queued, tenant_requests, id, args.lifetime) end

@@ -25,6 +25,7 @@ from shared.lifecycle.arguments import (
     SubmitArgs,
     TenantArgs,
     TenantUsageArgs,
+    UnclaimArgs,
 )
 from shared.replication import Wait
 from shared.tenants import DEFAULT_SHARE, Tenant, TenantUsage
@@ -193,7 +194,6 @@ class NewJob:
     request_json: str
     request_digest: str  # '' without an idempotency key
     queued: StatusEvent
-    arq_payload: bytes
     idempotency_key: str | None
     owner: str
     model: str
@@ -248,7 +248,6 @@ class Transitions:
             self.keys.stream(job.job_id),
             self.keys.idempotency(job.idempotency_key, job.owner) if job.idempotency_key else "",
             queue.queue,
-            self.keys.arq_job(job.job_id),
             *self._tenant_keys(tenant),
             queue.share_tenants,
             queue.share_state,
@@ -259,7 +258,6 @@ class Transitions:
             "request": job.request_json,
             "digest": job.request_digest,
             "queued_event": job.queued.model_dump_json(),
-            "arq_payload": job.arq_payload.hex(),
             "owner": job.owner,
             "model": job.model,
             "lifetime": job.lifetime_seconds,
@@ -305,7 +303,6 @@ class Transitions:
             self.keys.model(model).queue,
             self.keys.lease(job_id),
             self.keys.running,
-            self.keys.arq_job(job_id),
             *self._announce_keys(job_id),
         ]
         args: StartArgs = {
@@ -400,7 +397,6 @@ class Transitions:
         keys = [
             *self.keys.job_keys(job_id),
             self.keys.model(model).queue,
-            self.keys.arq_job(job_id),
             *self._announce_keys(job_id),
             self.keys.lease(job_id),
             self.keys.running,
@@ -443,7 +439,7 @@ class Transitions:
         )
 
     async def delete(self, *, job_id: str, wait: Wait | None = None) -> DeleteResult:
-        keys = [*self.keys.job_keys(job_id), self.keys.arq_job(job_id)]
+        keys = self.keys.job_keys(job_id)
         (outcome, *state), acked = await self._run(scripts.DELETE, keys, [], wait)
         return DeleteResult(DeleteOutcome(outcome), JobState(state[0]) if state else None, acked)
 
@@ -473,7 +469,6 @@ class Transitions:
         worker_id: str,
         attempt: int,
         max_attempts: int,
-        arq_payload: bytes,
         now: float,
         message: str,
         failure: Failure | None,
@@ -488,9 +483,6 @@ class Transitions:
             self.keys.lease(job_id),
             self.keys.running,
             queue.queue,
-            self.keys.arq_job(job_id),
-            self.keys.arq_in_progress(job_id),
-            self.keys.arq_retry(job_id),
             *self._announce_keys(job_id),
             queue.share_tenants,
             queue.share_state,
@@ -500,7 +492,6 @@ class Transitions:
             "worker": worker_id,
             "attempt": attempt,
             "max_attempts": max_attempts,
-            "arq_payload": arq_payload.hex(),
             "lifetime": lifetime_seconds,
             "now": repr(now),
             "retention": retention_seconds,
@@ -517,24 +508,35 @@ class Transitions:
 async def claim(
     redis: aioredis.Redis,
     *,
+    keys: Keys,
     model: ModelKeys,
-    in_progress_ms: int,
-    in_progress_prefix: str,
+    worker_id: str,
+    lease_seconds: float,
     read_limit: int,
     wanted: int,
 ) -> list[tuple[str, int]]:
     """Up to `wanted` of `model`'s queued jobs that no other worker has taken, picked fairly among
-    the tenants' shares (`claim.lua`), each marked in progress: (id, submission ms) pairs.
+    the tenants' shares (`claim.lua`), each claimed for `worker_id`: (id, submission ms) pairs.
 
-    A function of its own, not a method: arq's own client runs it, with arq's key prefix.
+    A function of its own, not a method: the worker's queue loop runs it on its own connections.
     """
+    lease_prefix, lease_suffix = keys.lease_affixes
     args: ClaimArgs = {
-        "in_progress_ms": in_progress_ms,
-        "in_progress_prefix": in_progress_prefix,
+        "worker": worker_id,
+        "lease_ms": int(lease_seconds * 1000),
+        "lease_prefix": lease_prefix,
+        "lease_suffix": lease_suffix,
         "share_prefix": model.share_queue_prefix,
         "read_limit": read_limit,
         "wanted": wanted,
     }
     answer = await scripts.CLAIM(redis, [model.queue, model.share_tenants, model.share_state], args)
-    ids = [item.decode() if isinstance(item, bytes) else item for item in answer[::2]]
-    return [(job_id, int(float(score))) for job_id, score in zip(ids, answer[1::2], strict=True)]
+    return [(job_id, int(float(score))) for job_id, score in zip(answer[::2], answer[1::2], strict=True)]
+
+
+async def unclaim(
+    redis: aioredis.Redis, *, keys: Keys, model: ModelKeys, job_id: str, worker_id: str
+) -> None:
+    """Let go of a job `worker_id` claimed and will not start (`unclaim.lua`), waking `model`'s workers."""
+    args: UnclaimArgs = {"worker": worker_id, "wakeup": model.wakeup}
+    await scripts.UNCLAIM(redis, [keys.lease(job_id)], args)

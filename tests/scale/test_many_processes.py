@@ -24,7 +24,7 @@ from shared.keys import Keys
 from shared.workers import live_workers
 from tests.conftest import SYSTEM_START_TIMEOUT, make_settings
 from tests.faults.conftest import assert_one_seamless_stream
-from tests.helpers import eventually, read_sse, streamed_text, streamed_token_ids, submit
+from tests.helpers import read_sse, streamed_text, streamed_token_ids, submit
 from tests.processes import Processes, free_port
 from tests.redis_cleanup import delete_prefix
 
@@ -140,7 +140,7 @@ def assert_completed_once(job: Finished) -> None:
 
 
 async def assert_ran_once_in_redis(redis: aioredis.Redis, keys: Keys, job: Finished) -> None:
-    """Redis holds what the client read (the same entries, one `running`) and nothing arq would run again."""
+    """Redis holds what the client read (the same entries, one `running`), no lease, no key of arq's."""
     entries = await redis.xrange(keys.stream(job.job_id))
     assert [entry_id for entry_id, _ in entries] == [stream_id for stream_id, _ in job.sse]
     running = [
@@ -149,12 +149,8 @@ async def assert_ran_once_in_redis(redis: aioredis.Redis, keys: Keys, job: Finis
         if fields["type"] == "status" and json.loads(fields["data"])["state"] == "running"
     ]
     assert len(running) == 1
-    # arq deletes a job's payload, retry count and in-progress mark when it finishes the job, just
-    # after the job's own end (which the client saw): left behind, they would mean a run that arq
-    # still counts as pending or retrying.
-    arq_keys = [Keys.arq_job(job.job_id), Keys.arq_in_progress(job.job_id), Keys.arq_retry(job.job_id)]
-    await eventually(lambda: redis.exists(*arq_keys), "arq finishes the job", until=lambda left: left == 0)
     assert await redis.exists(keys.lease(job.job_id)) == 0
+    assert [name async for name in redis.scan_iter(match="arq:*")] == []
 
 
 @pytest.mark.timeout(SYSTEM_START_TIMEOUT + 300)  # the cluster's start-up counts against the first test

@@ -9,10 +9,9 @@ from collections.abc import AsyncIterator
 import pytest
 
 from shared.jobstore import JobStore
-from shared.lifecycle.transitions import claim
-from shared.queue import in_progress_key
 from shared.requests import JobRequest
 from shared.tenants import Tenant
+from tests.shared.transitions import claimed
 
 MODEL = "smol"
 A, B = Tenant("a"), Tenant("b")
@@ -36,15 +35,7 @@ class Queue:
         return ids
 
     async def claim(self, wanted: int = 1) -> list[str]:
-        taken = await claim(
-            self.store.redis,
-            model=self.store.keys.model(MODEL),
-            in_progress_ms=60_000,
-            in_progress_prefix=in_progress_key(""),
-            read_limit=100,
-            wanted=wanted,
-        )
-        ids = [job_id for job_id, _ in taken]
+        ids = await claimed(self.store, wanted=wanted)
         self.claimed += ids
         return ids
 
@@ -62,7 +53,7 @@ async def queue(store: JobStore) -> AsyncIterator[Queue]:
     queue = Queue(store)
     yield queue
     if queue.claimed:
-        await store.redis.delete(*(in_progress_key(job_id) for job_id in queue.claimed))
+        await store.redis.delete(*(store.keys.lease(job_id) for job_id in queue.claimed))
 
 
 async def test_a_tenant_that_joins_a_backlog_is_served_next(queue: Queue) -> None:
@@ -138,7 +129,7 @@ async def test_a_queued_job_in_no_share_is_still_taken(queue: Queue, store: JobS
 
 async def test_a_job_claimed_by_another_worker_is_passed_over(queue: Queue, store: JobStore) -> None:
     first, second = await queue.submit(A, 2)
-    await store.redis.set(in_progress_key(first), "1", px=60_000)
+    assert await claimed(store, worker="another-worker") == [first]
     queue.claimed.append(first)  # for the cleanup
     assert await queue.claim(wanted=5) == [second]
 

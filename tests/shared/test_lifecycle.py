@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import redis.asyncio as aioredis
 
 from shared.errors import InvalidRequest, JobNotFound
 from shared.events import DeltaEvent, ErrorEvent, JobState, event_adapter
@@ -25,11 +24,9 @@ from shared.lifecycle.transitions import (
     ReleaseOutcome,
     StepAnswer,
     Verdict,
-    claim,
 )
-from shared.queue import in_progress_key, job_payload
 from shared.requests import JobRequest
-from tests.shared.transitions import MODEL, lose_last_entries, release
+from tests.shared.transitions import MODEL, claimed, lose_last_entries, release
 
 REQUEST = JobRequest(prompt="The capital of France is", max_tokens=8)
 LEASE_SECONDS = 6.0
@@ -52,6 +49,7 @@ SCRIPTS = {
     "cancel",
     "delete",
     "tenant_usage",
+    "unclaim",
 }
 HELPERS = {
     "clock_ms",
@@ -122,9 +120,8 @@ async def test_delete_takes_a_finished_jobs_keys_and_leaves_an_unfinished_one(st
         await store.delete(running)
     ended = (await store.submit(REQUEST, idempotency_key="delete-me", model=MODEL, max_queued=0)).job_id
     await store.cancel(ended)
-    keys = [*store.keys.job_keys(ended), store.keys.idempotency("delete-me"), store.keys.arq_job(ended)]
-    for key in (store.keys.cancel(ended), store.keys.arq_job(ended)):  # every key a job may own, present
-        await store.redis.set(key, "1", ex=60)
+    keys = [*store.keys.job_keys(ended), store.keys.idempotency("delete-me")]
+    await store.redis.set(store.keys.cancel(ended), "1", ex=60)  # every key a job may own, present
     assert await store.redis.exists(*keys) == len(keys)
 
     assert await store.delete(ended) is JobState.cancelled
@@ -186,22 +183,30 @@ async def test_a_failure_read_from_an_older_stream_is_refused(store: JobStore, s
     assert (await store.record(job_id)).status is (JobState.running if stale else JobState.failed)
 
 
-async def test_claim_passes_over_jobs_marked_in_progress(store: JobStore) -> None:
-    first, second = [(await store.submit(REQUEST, model=MODEL, max_queued=0)).job_id for _ in range(2)]
-    await store.redis.set(in_progress_key(first), "1")
-    try:
-        claimed = await claim(
-            store.redis,
-            model=store.keys.model(MODEL),
-            in_progress_ms=10_000,
-            in_progress_prefix=in_progress_key(""),
-            read_limit=10,
-            wanted=5,
-        )
-        assert [job_id for job_id, _ in claimed] == [second]
-        assert await store.redis.exists(in_progress_key(second))
-    finally:
-        await store.redis.delete(in_progress_key(first), in_progress_key(second))
+async def test_a_claim_holds_a_job_for_its_worker_until_its_start(store: JobStore) -> None:
+    """A claimed job stays queued, passed over by other workers' claims and refused to their starts,
+    until its worker's start turns the claim into the run's lease; a start refused for a job that
+    ended meanwhile lets go of the claim and of the job's queue entry."""
+    first, second, third = [(await store.submit(REQUEST, model=MODEL, max_queued=0)).job_id for _ in range(3)]
+    queue = store.keys.model(MODEL).queue
+    assert await claimed(store, worker="worker-a") == [first]
+    assert await store.redis.get(store.keys.lease(first)) == "claim:worker-a"
+    assert await claimed(store, worker="worker-b", wanted=1) == [second]
+
+    assert await store.start(first, "worker-b", MODEL, lease_seconds=LEASE_SECONDS) is None
+    assert (await store.record(first)).status is JobState.queued
+    assert await store.redis.zscore(queue, first) is not None
+    assert await store.start(first, "worker-a", MODEL, lease_seconds=LEASE_SECONDS) is not None
+    assert await store.redis.get(store.keys.lease(first)) == "worker-a"
+    assert await store.redis.zscore(queue, first) is None
+
+    assert await claimed(store, worker="worker-a") == [third]
+    await store.cancel(third)
+    await store.redis.zadd(queue, {third: 0})  # a stale entry, as one whose job's keys expired
+    assert await store.start(third, "worker-a", MODEL, lease_seconds=LEASE_SECONDS) is None
+    assert await store.redis.exists(store.keys.lease(third)) == 0
+    assert await store.redis.zscore(queue, third) is None
+    await store.redis.delete(store.keys.lease(second))
 
 
 async def step(store: JobStore, job_id: str, events: list[DeltaEvent], *, check: bool = False) -> Any:
@@ -302,11 +307,8 @@ async def test_a_step_after_the_jobs_keys_expired_writes_nothing_and_stops_the_j
     assert not await store.redis.exists(store.keys.stream(job_id))
 
 
-async def test_a_scripts_named_table_carries_text_and_arqs_bytes_as_they_were(
-    store: JobStore, redis_url: str
-) -> None:
-    """A table travels as JSON (`shared.lifecycle.arguments`): text of any kind, and arq's pickled
-    job (hex), reach Redis byte for byte."""
+async def test_a_scripts_named_table_carries_text_of_any_kind_as_it_was(store: JobStore) -> None:
+    """A table travels as JSON (`shared.lifecycle.arguments`): text of any kind reaches Redis as it was."""
     request = JobRequest(prompt='Say "ça va?"\n\tthen 😀 and \\u0041 and \x00', max_tokens=8)
     job_id = (await store.submit(request, model=MODEL, max_queued=0, annotations={"note": "naïve 😀"})).job_id
     fields = await store.redis.hgetall(store.keys.job(job_id))  # type: ignore[misc]
@@ -314,8 +316,3 @@ async def test_a_scripts_named_table_carries_text_and_arqs_bytes_as_they_were(
     assert fields["annotation:note"] == "naïve 😀"
     created_at = float(fields["created_at"])
     assert repr(created_at) == fields["created_at"]  # written as it was sent, every digit
-    raw = aioredis.Redis.from_url(redis_url)  # arq's job is bytes
-    try:
-        assert await raw.get(store.keys.arq_job(job_id)) == job_payload(job_id, created_at)
-    finally:
-        await raw.aclose()

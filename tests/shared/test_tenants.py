@@ -12,11 +12,10 @@ import pytest
 from shared.errors import RateLimited
 from shared.events import CancelledEvent, DeltaEvent, DoneEvent, ErrorEvent, JobState, Usage, event_adapter
 from shared.jobstore import JobStore, Outcome
-from shared.lifecycle.transitions import Failure, ReleaseOutcome, claim
-from shared.queue import in_progress_key
+from shared.lifecycle.transitions import Failure, ReleaseOutcome
 from shared.requests import JobRequest
 from shared.tenants import Tenant, TenantUsage
-from tests.shared.transitions import MODEL, WORKER, release
+from tests.shared.transitions import MODEL, WORKER, claimed, release
 
 REQUEST = JobRequest(prompt="The capital of France is", max_tokens=8)
 LEASE_SECONDS = 6.0
@@ -106,19 +105,6 @@ async def fail_out_of_attempts(store: JobStore, job_id: str, failure: Failure) -
 
 async def counts(store: JobStore, tenant: Tenant) -> dict[str, int]:
     return (await usage(store, tenant)).model_dump(include={"queued_jobs", "running_jobs"})
-
-
-async def claimed(store: JobStore) -> list[str]:
-    """The jobs a worker of MODEL claims, as its queue loop does before it starts them."""
-    taken = await claim(
-        store.redis,
-        model=store.keys.model(MODEL),
-        in_progress_ms=60_000,
-        in_progress_prefix=in_progress_key(""),
-        read_limit=10,
-        wanted=1,
-    )
-    return [job_id for job_id, _ in taken]
 
 
 async def test_a_job_handed_back_counts_as_queued_until_it_runs_again(store: JobStore) -> None:

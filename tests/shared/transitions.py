@@ -5,8 +5,7 @@ from __future__ import annotations
 import time
 
 from shared.jobstore import JobStore
-from shared.lifecycle.transitions import Failure, ReleaseOutcome
-from shared.queue import job_payload
+from shared.lifecycle.transitions import Failure, ReleaseOutcome, claim
 
 MODEL = "smol"
 WORKER = "worker-1"
@@ -30,7 +29,6 @@ async def release(
         worker_id=WORKER,
         attempt=attempt,
         max_attempts=3,
-        arq_payload=job_payload(job_id, at),
         now=at,
         message="gone",
         failure=failure,
@@ -38,6 +36,22 @@ async def release(
         retention_seconds=60,
         maxlen=1000,
     )
+
+
+async def claimed(
+    store: JobStore, *, wanted: int = 1, read_limit: int = 100, worker: str = WORKER, model: str = MODEL
+) -> list[str]:
+    """The jobs `worker`, a worker of `model`, claims, as its queue loop does before it starts them."""
+    taken = await claim(
+        store.redis,
+        keys=store.keys,
+        model=store.keys.model(model),
+        worker_id=worker,
+        lease_seconds=60,
+        read_limit=read_limit,
+        wanted=wanted,
+    )
+    return [job_id for job_id, _ in taken]
 
 
 async def lose_last_entries(store: JobStore, job_id: str, count: int) -> None:

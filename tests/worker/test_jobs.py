@@ -9,6 +9,7 @@ real engine in tests/e2e and tests/faults.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncGenerator, Awaitable, Callable
 
 from shared.events import DeltaEvent, JobState, event_adapter
@@ -76,7 +77,6 @@ def runner(store: JobStore, engine: ScriptedEngine, worker_id: str = RUNNER) -> 
         publisher,
         Leases(store, store.settings),
         worker_id,
-        stopping=lambda: False,
         metrics=WorkerMetrics("scripted"),
         engine_died=lambda: None,
     )
@@ -216,7 +216,7 @@ async def test_a_run_whose_lease_was_taken_stops_writing_and_leaves_the_job_to_t
 
     outputs = [EngineDelta(text=t, token_ids=[n]) for n, t in enumerate("abc")]
     engine = ScriptedEngine(outputs, between_steps=lease_lapses)
-    # Left: the queue keeps the job (arq must not finish it) and a reaper requeues it.
+    # Left: a reaper requeues it.
     assert await runner(store, engine).run(job_id) is Ending.left
     assert engine.aborted == [job_id]
     assert [event["type"] for event in await stream(store, job_id)] == ["status", "status", "delta"]
@@ -259,7 +259,7 @@ async def test_a_job_of_several_choices_fails_rather_than_resumes(store: JobStor
 async def test_a_job_whose_start_a_failover_lost_is_left_queued_for_another_run(store: JobStore) -> None:
     """The worker started the job on a master that a failover (or a partition) then replaced, and the
     new master never had the start: it holds the job queued, with no lease. Ending the run there
-    would delete arq's payload of a job still queued, which no worker would ever run."""
+    would take a job still queued out of its queue, where no worker would ever find it."""
     job_id = (
         await store.submit(JobRequest(prompt="hi", stream_step=4), model="scripted", max_queued=0)
     ).job_id
@@ -267,6 +267,7 @@ async def test_a_job_whose_start_a_failover_lost_is_left_queued_for_another_run(
     async def start_lost() -> None:  # what the new master holds of the job: its submission alone
         await store.redis.hset(store.keys.job(job_id), "status", JobState.queued.value)  # type: ignore[misc]
         await store.redis.delete(store.keys.lease(job_id))
+        await store.redis.zadd(store.keys.model("scripted").queue, {job_id: 0})
 
     engine = ScriptedEngine(
         [
@@ -277,4 +278,27 @@ async def test_a_job_whose_start_a_failover_lost_is_left_queued_for_another_run(
     )
     assert await runner(store, engine).run(job_id) is Ending.left
     assert (await store.record(job_id)).status is JobState.queued
-    assert await store.redis.exists(store.keys.arq_job(job_id)) == 1
+    assert await store.redis.zscore(store.keys.model("scripted").queue, job_id) is not None
+
+
+async def test_a_run_longer_than_job_timeout_seconds_fails_with_timeout(
+    store_factory: Callable[..., JobStore],
+) -> None:
+    """The runner times a run itself (arq's own time limit is not used): the job fails, saying why,
+    with what it had produced."""
+    store = store_factory(job_timeout_seconds=1)
+
+    async def stall() -> None:
+        await asyncio.sleep(3600)
+
+    engine = ScriptedEngine(
+        [EngineDelta(text="a", token_ids=[7]), EngineDelta(text="b", token_ids=[8])], between_steps=stall
+    )
+    job_id, events = await run(store, engine, stream_step=1)
+    assert [event["type"] for event in events] == ["status", "status", "delta", "error"]
+    assert (events[-1]["code"], events[-1]["message"]) == (
+        "timeout",
+        "the job ran longer than job_timeout_seconds",
+    )
+    record = await store.record(job_id)
+    assert (record.status, record.output.text) == (JobState.failed, "a")
