@@ -134,7 +134,11 @@ class QueueWorker(Worker):
             self.handle_sig(SIGUSR1)
         if self._pool is None:
             return
-        await asyncio.gather(*self.tasks.values())
+        # The stop cancelled the jobs still running (they handed themselves over): their tasks end
+        # cancelled, which is no error of the worker's.
+        for ended in await asyncio.gather(*self.tasks.values(), return_exceptions=True):
+            if isinstance(ended, Exception):
+                log.error("a job's run failed", exc_info=ended)
         if self.on_shutdown is not None:
             await self.on_shutdown(self.ctx)
         await self.pool.aclose(close_connection_pool=True)

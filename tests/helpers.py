@@ -10,6 +10,7 @@ from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
 import httpx
+import redis.asyncio as aioredis
 from httpx_sse import EventSource, aconnect_sse
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -234,3 +235,8 @@ async def scrape(client: httpx.AsyncClient, url: str = "/metrics", token: str | 
     answer = await client.get(url, headers={"Authorization": f"Bearer {token}"} if token else None)
     assert answer.status_code == 200, answer.text
     return Scrape(answer.text)
+
+
+async def arq_keys_of(redis: aioredis.Redis, job_ids: list[str]) -> list[str]:
+    """What arq would keep of these jobs under its own prefix (`arq:job:<id>`, `arq:retry:<id>`...)."""
+    return [name for job_id in job_ids async for name in redis.scan_iter(match=f"arq:*{job_id}")]

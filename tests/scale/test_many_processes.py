@@ -24,7 +24,7 @@ from shared.keys import Keys
 from shared.workers import live_workers
 from tests.conftest import SYSTEM_START_TIMEOUT, make_settings
 from tests.faults.conftest import assert_one_seamless_stream
-from tests.helpers import read_sse, streamed_text, streamed_token_ids, submit
+from tests.helpers import arq_keys_of, read_sse, streamed_text, streamed_token_ids, submit
 from tests.processes import Processes, free_port
 from tests.redis_cleanup import delete_prefix
 
@@ -150,7 +150,7 @@ async def assert_ran_once_in_redis(redis: aioredis.Redis, keys: Keys, job: Finis
     ]
     assert len(running) == 1
     assert await redis.exists(keys.lease(job.job_id)) == 0
-    assert [name async for name in redis.scan_iter(match="arq:*")] == []
+    assert await arq_keys_of(redis, [job.job_id]) == []
 
 
 @pytest.mark.timeout(SYSTEM_START_TIMEOUT + 300)  # the cluster's start-up counts against the first test

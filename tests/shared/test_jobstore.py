@@ -15,6 +15,7 @@ from shared.jobstore import JobStore
 from shared.keys import Keys
 from shared.requests import JobRequest
 from tests.conftest import UNIT_RETENTION_SECONDS
+from tests.helpers import arq_keys_of
 
 REQUEST = JobRequest(prompt="The capital of France is", max_tokens=8)
 MODEL = "smol"
@@ -55,7 +56,7 @@ async def test_submit_writes_record_queued_event_and_queue_entry_under_the_prefi
     for name in (keys.job(job_id), keys.stream(job_id)):
         assert await store.redis.ttl(name) > 0, name
     # arq's queue is the model's, under the prefix; arq keeps no payload or other key of its own.
-    assert [name async for name in store.redis.scan_iter(match="arq:*")] == []
+    assert await arq_keys_of(store.redis, [job_id]) == []
 
 
 async def test_annotations_are_written_with_the_job_and_read_back_apart_from_its_fields(

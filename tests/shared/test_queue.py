@@ -20,7 +20,7 @@ from shared.lifecycle.transitions import claim, unclaim
 from shared.queue import QueueWorker, queue_worker
 from shared.redis_client import connection_pool
 from shared.requests import JobRequest
-from tests.helpers import eventually
+from tests.helpers import arq_keys_of, eventually
 from tests.processes import free_port
 
 REQUEST = JobRequest(prompt="The capital of France is", max_tokens=8)
@@ -94,13 +94,14 @@ async def test_an_idle_worker_takes_each_job_when_its_wakeup_comes(store: JobSto
         await taken.put(job_id)
 
     worker = worker_of(store, redis_url, run_job)
+    jobs = []
     async with running(worker, store):
         for _ in range(2):  # the second wake-up finds the worker idle again
-            job_id = (await store.submit(REQUEST, model=MODEL, max_queued=0)).job_id
-            assert await asyncio.wait_for(taken.get(), 30) == job_id
-            assert await store.redis.get(store.keys.lease(job_id)) == "claim:worker-1"
+            jobs.append((await store.submit(REQUEST, model=MODEL, max_queued=0)).job_id)
+            assert await asyncio.wait_for(taken.get(), 30) == jobs[-1]
+            assert await store.redis.get(store.keys.lease(jobs[-1])) == "claim:worker-1"
     # arq's queue is the model's; arq wrote no payload, mark, count or health check of its own.
-    assert [name async for name in store.redis.scan_iter(match="arq:*")] == []
+    assert await arq_keys_of(store.redis, jobs) == []
     assert [name async for name in store.redis.scan_iter(match=f"{worker.queue_name}:*")] == []
 
 
@@ -239,3 +240,30 @@ async def test_a_worker_stopped_in_its_start_up_while_redis_is_down_shuts_down_w
         await worker.main_task
     await asyncio.wait_for(worker.close(), 10)  # arq's close would raise: Redis does not answer
     assert shut_down.is_set()
+
+
+async def test_a_stop_cancels_the_running_jobs_and_the_worker_closes_cleanly(
+    store: JobStore, redis_url: str
+) -> None:
+    """With no drain time left, a stop cancels the running jobs (they hand themselves over); their
+    cancelled runs are no error of the worker's, which still runs `on_shutdown` and closes."""
+    started, shut_down = asyncio.Event(), asyncio.Event()
+
+    async def run_job(job_id: str) -> bool:
+        started.set()
+        await asyncio.Event().wait()
+        return True
+
+    async def shutdown() -> None:
+        shut_down.set()
+
+    worker = worker_on(redis_url, store.keys, run_job, on_shutdown=shutdown)
+    worker.main_task = asyncio.create_task(worker.main())
+    await store.submit(REQUEST, model=MODEL, max_queued=0)
+    await asyncio.wait_for(started.wait(), 30)
+    worker.handle_sig(SIGTERM)
+    with pytest.raises(asyncio.CancelledError):
+        await worker.main_task
+    await asyncio.wait_for(worker.close(), 10)
+    assert shut_down.is_set()
+    assert [task.cancelled() for task in worker.tasks.values()] == [True]
