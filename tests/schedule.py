@@ -35,6 +35,7 @@ GROUPS = {
     "tests/e2e/test_tgi_routes.py": "synthetic-system",
     "tests/e2e/test_openai_stream_timing.py": "synthetic-system",
     "tests/e2e/test_responses_client.py": "synthetic-system",
+    "tests/e2e/test_responses_compliance.py": "synthetic-system",
     "tests/e2e/test_workers.py": "synthetic-system",
     "tests/gateway/test_client_refusals.py": "client-refusals",  # a gateway process of its own
 }

@@ -1,7 +1,10 @@
 """OpenAI's Response objects and Responses stream events, from a job's record and events. Pure, no I/O.
 
-Shapes are those of `openai.types.responses`. A response is one job (`resp_<job id>`) with one output
-message (`msg_<job id>`) of one `output_text` part.
+Shapes are those of `openai.types.responses`, and those of the Open Responses specification (its
+`ResponseResource` and streamed events) where the `openai` package leaves a field out or optional: a
+Response reports the sampling values its job used, and the fields that do not apply to a text model
+(tools, reasoning, logprobs, the service tier) with the specification's empty values. A response is one
+job (`resp_<job id>`) with one output message (`msg_<job id>`) of one `output_text` part.
 
 Sequence numbers come from the job's stream alone, so that every gateway, and every resume, numbers
 the same event the same way: each stream event (its `seq`, `shared.events`) makes a fixed number of
@@ -146,7 +149,7 @@ def message_item(head: Head, text: str, status: str) -> dict[str, Any]:
 
 
 def response_object(head: Head, standing: Standing) -> dict[str, Any]:
-    """The Response, as `openai.types.responses.Response`."""
+    """The Response, as `openai.types.responses.Response` and Open Responses' `ResponseResource`."""
     stored = head.stored
     return {
         "id": head.id,
@@ -161,12 +164,20 @@ def response_object(head: Head, standing: Standing) -> dict[str, Any]:
         "previous_response_id": stored.previous_response_id,
         "temperature": stored.temperature,
         "top_p": stored.top_p,
+        "presence_penalty": stored.presence_penalty,
+        "frequency_penalty": stored.frequency_penalty,
+        "top_logprobs": 0,
         "max_output_tokens": stored.max_output_tokens,
         "text": stored.text,
         "tools": [],
         "tool_choice": "auto",
         "parallel_tool_calls": False,
+        "max_tool_calls": None,
+        "reasoning": None,
         "truncation": "disabled",
+        "service_tier": "default",
+        "safety_identifier": stored.safety_identifier,
+        "prompt_cache_key": stored.prompt_cache_key,
         "output": [] if standing.text is None else [message_item(head, standing.text, standing.status)],
         "usage": None if standing.usage is None else usage_object(standing.usage),
         "error": None if standing.error is None else {"code": "server_error", "message": standing.error},

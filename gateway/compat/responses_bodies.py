@@ -8,6 +8,9 @@ response's job, from which the conversation is read back, so that a conversation
 What the job does not carry (metadata, instructions, the input items' ids...) is kept beside it in
 the record's annotations (`Stored`).
 What a job cannot do (tools, reasoning, files, images) is refused with the parameter named.
+The Response reports the sampling values the job used, its defaults included, and what does not
+apply to a text model with the Open Responses specification's empty values
+(`gateway.compat.responses_answers`).
 """
 
 from __future__ import annotations
@@ -37,6 +40,9 @@ MetadataKey = Annotated[Text, Field(max_length=64)]
 MetadataValue = Annotated[Text, Field(max_length=512)]
 Metadata = Annotated[dict[MetadataKey, MetadataValue], Field(max_length=MAX_METADATA)]
 DEFAULT_MAX_TOKENS: int = JobRequest.model_fields["max_tokens"].default
+SAMPLED = ("temperature", "top_p", "presence_penalty", "frequency_penalty")
+"""The job's sampling values that a Response reports, under the same names."""
+TEXT_PARTS = ("input_text", "output_text")
 TEXT_PART = {
     "user": "input_text",
     "system": "input_text",
@@ -46,7 +52,8 @@ TEXT_PART = {
 
 
 class ContentPart(BaseModel):
-    """A part of an input message; only text parts can go into a job."""
+    """A part of an input message; only text parts can go into a job (`ResponsesBody` refuses the others,
+    naming the part)."""
 
     model_config = ConfigDict(extra="allow")
 
@@ -67,11 +74,15 @@ class InputMessage(BaseModel):
 
     @field_validator("content")
     @classmethod
-    def _text_only(cls, content: str | list[ContentPart]) -> str | list[ContentPart]:
+    def _text_parts_have_text(cls, content: str | list[ContentPart]) -> str | list[ContentPart]:
         for part in content if isinstance(content, list) else []:
-            if part.type not in ("input_text", "output_text") or part.text is None:
-                raise ValueError(f"only input_text content parts are supported, not {part.type!r}")
+            if part.type in TEXT_PARTS and part.text is None:
+                raise ValueError(f"a part of type {part.type!r} needs its text")
         return content
+
+    @property
+    def parts(self) -> list[ContentPart]:
+        return self.content if isinstance(self.content, list) else []
 
     @property
     def text(self) -> str:
@@ -93,7 +104,14 @@ class TextFormat(BaseModel):
     name: Name | None = None
     schema_: dict[str, Any] | None = Field(None, alias="schema")
     description: Text | None = None
-    strict: bool | None = None  # the worker's grammars always hold the output to the schema
+    strict: bool | None = None
+
+    def as_used(self) -> dict[str, Any]:
+        """As the Response reports it: a JSON schema's with its `description` (null without one) and
+        `strict: true`, as the worker's grammar holds the output to the schema whatever `strict` said."""
+        if self.type != "json_schema":
+            return {"type": self.type}
+        return {**self.model_dump(exclude_none=True), "description": self.description, "strict": True}
 
 
 class TextConfig(BaseModel):
@@ -114,9 +132,14 @@ class Stored(BaseModel):
     store: bool = True
     previous_response_id: str | None = None
     text: dict[str, Any] = {"format": {"type": "text"}}
-    temperature: float | None = None
-    top_p: float | None = None
+    # The values the job sampled with (given, or the job's defaults).
+    temperature: float = JobRequest.model_fields["temperature"].default
+    top_p: float = JobRequest.model_fields["top_p"].default
+    presence_penalty: float = JobRequest.model_fields["presence_penalty"].default
+    frequency_penalty: float = JobRequest.model_fields["frequency_penalty"].default
     max_output_tokens: int | None = None
+    safety_identifier: str | None = None
+    prompt_cache_key: str | None = None
     input: list[dict[str, str]] = []
     """This response's input messages: role, and the id the client gave, if any (their text is the
     job's own messages')."""
@@ -155,9 +178,10 @@ class Stored(BaseModel):
         if annotations.get(API) != RESPONSE_API:
             return None
         # Beside its own fields the job may keep others (its webhook's), which are not the Response's.
-        return cls.model_validate(
-            {name: json.loads(value) for name, value in annotations.items() if name in cls.model_fields}
-        )
+        # A null is the field's default: a record kept null where its job took the default temperature
+        # or top_p.
+        fields = {name: json.loads(value) for name, value in annotations.items() if name in cls.model_fields}
+        return cls.model_validate({name: value for name, value in fields.items() if value is not None})
 
 
 class ResponsesBody(SamplingOptions):
@@ -224,6 +248,19 @@ class ResponsesBody(SamplingOptions):
                 "text.format",
                 "type 'json_schema' needs a schema",
             ),
+            (
+                self.text is not None
+                and self.text.format.type == "json_schema"
+                and self.text.format.name is None,
+                "text.format.name",
+                "type 'json_schema' needs a name",
+            ),
+            *(
+                (True, f"input.{m}.content.{p}", f"only text content parts are supported, not {part.type!r}")
+                for m, message in enumerate(self.input_messages)
+                for p, part in enumerate(message.parts)
+                if part.type not in TEXT_PARTS
+            ),
         ]
 
     def _structured_outputs(self) -> dict[str, Any] | None:
@@ -250,8 +287,8 @@ class ResponsesBody(SamplingOptions):
         param = "max_output_tokens" if exc.field == "max_tokens" else exc.field
         return InvalidRequest(f"{param}: {exc.reason}", param=param, code="invalid_value")
 
-    def stored(self) -> Stored:
-        """The fields kept beside the job."""
+    def stored(self, job: JobRequest) -> Stored:
+        """The fields kept beside `job` (this body's), its sampling values as it has them."""
         items = [
             message.model_dump(include={"id", "role"}, exclude_none=True) for message in self.input_messages
         ]
@@ -262,10 +299,11 @@ class ResponsesBody(SamplingOptions):
             background=bool(self.background),
             store=self.store is not False,
             previous_response_id=self.previous_response_id,
-            text={"format": (self.text or TextConfig()).format.model_dump(exclude_none=True)},
-            temperature=self.temperature,
-            top_p=self.top_p,
+            text={"format": (self.text or TextConfig()).format.as_used()},
+            **job.model_dump(include=set(SAMPLED)),
             max_output_tokens=self.max_output_tokens,
+            safety_identifier=self.safety_identifier,
+            prompt_cache_key=self.prompt_cache_key,
             input=items,
         )
 

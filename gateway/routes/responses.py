@@ -211,8 +211,8 @@ async def _created(
     """`create_response` once its reader's place (if it holds its connection open) is held."""
     body.refuse_unsupported()
     previous, earlier = await _previous(body.previous_response_id, owner, services)
-    stored = body.stored()
     job = body.job_request(services.settings.max_tokens_limit)
+    stored = body.stored(job)
     background = stored.background
     try:
         webhook = services.webhook_targets.annotations(owner, body.webhook, RESPONSE_API)

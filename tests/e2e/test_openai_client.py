@@ -11,15 +11,19 @@ tests/gateway/test_client_refusals.py.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from typing import Any
 
+import httpx
 import openai
+from httpx_sse import connect_sse
 from openai.types import Completion
 from openai.types.chat import ChatCompletionMessageParam
 
 from tests.conftest import System
 from tests.helpers import JOB_DEADLINE_SECONDS, LONG_PROMPT, job_record
+from tests.open_responses import suite_request, valid_events
 
 JOB_ID_HEADER = "X-Streampool-Job-Id"
 TERMINAL = {"completed", "incomplete", "cancelled", "failed"}  # a response's last statuses
@@ -170,3 +174,23 @@ def test_sdk_stream_by_response_id_gives_the_final_response(
     with sync_openai.responses.stream(response_id=created.id, starting_after=4) as stream:
         numbers = [event.sequence_number for event in stream]
     assert numbers[0] == 5
+
+
+def test_the_open_responses_suites_basic_request_streamed_on_the_engine_validates_and_completes(
+    system: System,
+) -> None:
+    """Greedy, so that the answer is the same each run (six tokens; its streaming test's "Count from 1
+    to 5." goes on past any bound), every event validated by the specification's models; the other text
+    tests are in test_responses_compliance.py."""
+    body = suite_request("basic-response", system.settings.model_name) | {"stream": True, "temperature": 0}
+    with (
+        httpx.Client(base_url=system.base_url, timeout=JOB_DEADLINE_SECONDS) as http,
+        connect_sse(http, "POST", "/v1/responses", json=body) as source,
+    ):
+        assert source.response.status_code == 200, source.response.read()
+        events = [json.loads(sse.data) for sse in source.iter_sse() if sse.data]
+    response = valid_events(events)
+    text = "".join(event["delta"] for event in events if event["type"] == "response.output_text.delta")
+    assert response.status == "completed"
+    assert text == job_record(system.base_url, response.id)["output"]["text"]
+    assert (response.temperature, response.top_p, response.presence_penalty) == (0.0, 1.0, 0.0)

@@ -1,12 +1,15 @@
 """The Responses API's pure conversions: request bodies to jobs, job events to response events and
-Response objects, each event validated strictly against the `openai` package's own types."""
+Response objects, each event validated strictly against the `openai` package's own types and the Open
+Responses specification's models (tests/open_responses.py)."""
 
 from __future__ import annotations
 
 from typing import Any
 
+import openresponses_types as spec
 import pytest
 from openai.types.responses import Response, ResponseItemList, ResponseStreamEvent
+from openai.types.responses.response_format_text_json_schema_config import ResponseFormatTextJSONSchemaConfig
 from pydantic import TypeAdapter
 
 from gateway.compat.responses_answers import Head, ResponseEvents, Standing, item_list, response_object
@@ -23,12 +26,14 @@ from shared.events import (
     Usage,
 )
 from shared.requests import ChatMessage
+from tests.open_responses import valid_event, valid_events, valid_response
 
 JOB_ID = "0123456789abcdef0123456789abcdef"
 STORED = Stored(model="smol", background=True, metadata={"topic": "rome"})
 HEAD = Head(JOB_ID, 1_700_000_000.0, STORED)
 USAGE = Usage(prompt_tokens=7, completion_tokens=3)
 stream_event: TypeAdapter[Any] = TypeAdapter(ResponseStreamEvent)
+IMAGE = {"type": "input_image", "image_url": "data:image/png;base64,iVBORw0KGgo="}
 
 
 def job_stream(*middle: Event, end: Event | None = None) -> list[Event]:
@@ -149,6 +154,56 @@ def test_the_response_object_as_polled_parses_strictly_with_its_output_so_far() 
     assert (queued.status, queued.output, queued.usage) == ("queued", [], None)
 
 
+@pytest.mark.parametrize(
+    ("end", "status"),
+    [
+        (DoneEvent(seq=0, finish_reason="stop", usage=USAGE), "completed"),
+        (DoneEvent(seq=0, finish_reason="length", usage=USAGE), "incomplete"),
+        (ErrorEvent(seq=0, message="engine died", code="engine_error"), "failed"),
+    ],
+)
+def test_every_event_validates_as_its_open_responses_model_and_reads_back_the_same_through_the_sdk(
+    end: Event, status: str
+) -> None:
+    out = converted(job_stream(delta("Rome "), delta("was"), end=end))
+    assert valid_events(out).status == status
+    for event in out:
+        parsed = stream_event.validate_python(event, strict=True)
+        assert parsed.model_dump(mode="json", exclude_unset=True) == event  # no field read otherwise
+
+
+@pytest.mark.parametrize(
+    "standing",
+    [
+        Standing("queued"),
+        Standing("in_progress", "Ro"),
+        Standing("completed", "Rome", USAGE, completed_at=1_700_000_001.5),
+        Standing("incomplete", "Rome", USAGE),
+        Standing("cancelled"),
+        Standing("cancelled", "Ro", USAGE),
+        Standing("failed", "Ro", error="engine died"),
+    ],
+    ids=lambda standing: f"{standing.status}{'' if standing.text is None else ' with output'}",
+)
+def test_the_response_object_at_every_status_is_a_resource_of_the_spec_that_the_sdk_reads_as_sent(
+    standing: Standing,
+) -> None:
+    response = response_object(HEAD, standing)
+    resource = valid_response(response)
+    assert (resource.status, resource.reasoning, resource.max_tool_calls) == (standing.status, None, None)
+    assert (resource.top_logprobs, resource.service_tier, resource.tools) == (0, "default", [])
+    parsed = Response.model_validate(response, strict=True)
+    assert parsed.model_dump(mode="json", exclude_unset=True) == response
+
+
+def test_a_cancelled_stream_ends_with_a_response_of_the_spec_though_its_event_type_is_not() -> None:
+    out = converted(job_stream(delta("Rome"), end=CancelledEvent(seq=0, usage=USAGE)))
+    for event in out[:-1]:
+        valid_event(event)
+    assert out[-1]["type"] == "response.cancelled"  # OpenAI's name; the specification has no such event
+    assert valid_response(out[-1]["response"]).status == "cancelled"
+
+
 def body(**fields: Any) -> ResponsesBody:
     return ResponsesBody.model_validate({"model": "smol", "input": "Go on.", **fields})
 
@@ -166,8 +221,8 @@ def test_a_body_becomes_chat_messages_instructions_first_then_the_previous_conve
         top_k=-1,
         text={"format": {"type": "json_schema", "name": "x", "schema": {"type": "object"}}},
     )
-    stored = request.stored()
     job = request.job_request(2048)
+    stored = request.stored(job)
     turn = request.turn("0" * 32, tuple(previous))
     assert [(m.role, m.content) for m in job.messages or []] == [
         ("system", "Be brief."),
@@ -188,6 +243,50 @@ def test_a_body_becomes_chat_messages_instructions_first_then_the_previous_conve
     assert Stored.of_annotations({"api": "job"}) is None
 
 
+def test_the_response_reports_the_sampling_values_its_job_used_the_defaults_included() -> None:
+    request = body()
+    defaults = request.stored(request.job_request(2048))
+    assert (defaults.temperature, defaults.top_p, defaults.presence_penalty, defaults.frequency_penalty) == (
+        1.0,
+        1.0,
+        0.0,
+        0.0,
+    )
+    request = body(
+        temperature=0.2, top_p=0.9, presence_penalty=0.5, frequency_penalty=-0.5, safety_identifier="u-1"
+    )
+    job = request.job_request(2048)
+    stored = request.stored(job)
+    assert Stored.of_annotations(stored.annotations()) == stored
+    resource = valid_response(response_object(Head(JOB_ID, 1_700_000_000.0, stored), Standing("queued")))
+    reported = (resource.temperature, resource.top_p, resource.presence_penalty, resource.frequency_penalty)
+    assert reported == (job.temperature, job.top_p, job.presence_penalty, job.frequency_penalty)
+    assert reported == (0.2, 0.9, 0.5, -0.5)
+    assert (resource.safety_identifier, resource.prompt_cache_key) == ("u-1", None)
+
+
+def test_a_record_that_kept_null_sampling_values_reports_the_jobs_defaults() -> None:
+    annotations = STORED.annotations() | {"temperature": "null", "top_p": "null"}
+    stored = Stored.of_annotations(annotations)
+    assert stored is not None and (stored.temperature, stored.top_p) == (1.0, 1.0)
+
+
+def test_a_json_schema_format_is_reported_strict_with_its_description_as_both_models_have_it() -> None:
+    schema = {"type": "object"}
+    request = body(text={"format": {"type": "json_schema", "name": "x", "schema": schema, "strict": False}})
+    reported = request.stored(request.job_request(2048)).text["format"]
+    assert reported == {
+        "type": "json_schema",
+        "name": "x",
+        "schema": schema,
+        "description": None,
+        "strict": True,
+    }
+    ResponseFormatTextJSONSchemaConfig.model_validate(reported, strict=True)
+    # The published models type `schema` as null (their generator lost its type): all else holds.
+    spec.JsonSchemaResponseFormat.model_validate(reported | {"schema": None})
+
+
 @pytest.mark.parametrize(
     ("fields", "param"),
     [
@@ -197,12 +296,23 @@ def test_a_body_becomes_chat_messages_instructions_first_then_the_previous_conve
         ({"background": True, "store": False}, "background"),
         ({"top_logprobs": 3}, "top_logprobs"),
         ({"text": {"format": {"type": "json_schema", "name": "x"}}}, "text.format"),
+        ({"text": {"format": {"type": "json_schema", "schema": {}}}}, "text.format.name"),
+        (
+            {
+                "input": [
+                    {"role": "user", "content": "Hi"},
+                    {"role": "user", "content": [{"type": "input_text", "text": "See"}, IMAGE]},
+                ]
+            },
+            "input.1.content.1",
+        ),
     ],
 )
 def test_what_a_job_cannot_do_is_refused_naming_the_parameter(fields: dict[str, Any], param: str) -> None:
     with pytest.raises(InvalidRequest) as refused:
         body(**fields).refuse_unsupported()
     assert refused.value.detail["param"] == param
+    assert refused.value.detail["code"] == "unsupported_parameter"
 
 
 def test_a_job_field_refused_is_named_as_the_responses_parameter() -> None:
@@ -213,7 +323,8 @@ def test_a_job_field_refused_is_named_as_the_responses_parameter() -> None:
 
 def test_input_items_page_in_either_order_after_an_item() -> None:
     request = body(input=[{"role": "user", "content": str(n)} for n in range(5)])
-    items = request.stored().input_items(JOB_ID, request.job_request(2048).messages or [])
+    job = request.job_request(2048)
+    items = request.stored(job).input_items(JOB_ID, job.messages or [])
     page = ResponseItemList.model_validate(item_list(items, 2, False, None), strict=True)
     assert [item.content[0].text for item in page.data] == ["4", "3"] and page.has_more
     rest = item_list(items, 10, False, page.last_id)

@@ -19,6 +19,7 @@ from shared.jobstore import JobStore
 from tests.gateway.keyed_gateway import KEY_A, KEY_B, KeyedGateway, bearer
 from tests.gateway.stand_ins import StandInWorker
 from tests.helpers import eventually
+from tests.open_responses import suite_request, valid_error
 
 MODEL = DEFAULT_MODEL_DIR.name  # the gateway's default model (tests.conftest.make_settings)
 
@@ -100,7 +101,7 @@ async def test_an_unfinished_response_is_neither_deleted_nor_continued_and_a_can
         ({"background": True, "store": False}, "background"),
         (
             {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
-            "input.0.content",
+            "input.0.content.0",
         ),
         ({"max_output_tokens": 10**6}, "max_output_tokens"),
     ],
@@ -112,6 +113,37 @@ async def test_unsupported_features_are_refused_with_400_naming_the_parameter_an
     with pytest.raises(openai.BadRequestError) as refused:
         await owner.responses.create(**body)  # type: ignore[call-overload]
     assert refused.value.param == param
+
+
+@pytest.mark.parametrize(
+    ("test", "param"),
+    [("tool-calling", "tools"), ("tool-calling-streaming", "tools"), ("image-input", "input.0.content.1")],
+)
+async def test_the_suites_tool_and_image_requests_get_a_400_in_the_specs_error_shape_naming_the_parameter(
+    keyed: KeyedGateway, redis_client: aioredis.Redis, test: str, param: str
+) -> None:
+    records = keyed.keys.job("*")
+    before = {key async for key in redis_client.scan_iter(records)}
+    async with httpx.AsyncClient(base_url=keyed.base_url, headers=bearer(KEY_A), timeout=30) as http:
+        answer = await http.post("/v1/responses", json=suite_request(test, MODEL))
+    assert answer.status_code == 400, answer.text
+    error = valid_error(answer.json())
+    assert (error.param, error.code, error.type) == (param, "unsupported_parameter", "invalid_request_error")
+    assert {key async for key in redis_client.scan_iter(records)} == before
+
+
+async def test_compaction_and_the_websocket_mode_are_not_served(keyed: KeyedGateway) -> None:
+    handshake = {
+        "Upgrade": "websocket",
+        "Connection": "Upgrade",
+        "Sec-WebSocket-Version": "13",
+        "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ==",
+    }
+    async with httpx.AsyncClient(base_url=keyed.base_url, headers=bearer(KEY_A), timeout=30) as http:
+        compact = await http.post("/v1/responses/compact", json={"model": MODEL, "input": "hi"})
+        websocket = await http.get("/v1/responses", headers=handshake)
+    assert (compact.status_code, compact.json()["error"]["type"]) == (405, "invalid_request_error")
+    assert websocket.status_code == 403
 
 
 async def test_input_items_with_ids_the_client_repeated_page_to_the_end_each_item_once(

@@ -178,12 +178,10 @@ async def test_a_deletion_is_acknowledged_only_once_its_replicas_hold_it(tmp_pat
             settings = served.gateway.settings.model_copy(update={"min_replicas_to_ack": None})
             store = JobStore(served.redis, served.gateway.keys, settings)
             body = ResponsesBody.model_validate({"model": MODEL, "input": "hi", "background": True})
+            job = body.job_request(2048)
+            annotations = body.stored(job).annotations()
             submitted = await store.submit(
-                body.job_request(2048),
-                model=MODEL,
-                owner=ANONYMOUS_OWNER,
-                max_queued=0,
-                annotations=body.stored().annotations(),
+                job, model=MODEL, owner=ANONYMOUS_OWNER, max_queued=0, annotations=annotations
             )
             await served.finish(submitted.job_id, "hello")
             deleted = await served.http.delete(f"/v1/responses/resp_{submitted.job_id}")
