@@ -57,6 +57,7 @@ class StartArgs(TypedDict):
     retention: int
     lifetime: int
     share_prefix: str
+    notices: str  # `Keys.notices`
 
 
 class StepArgs(NamedTuple):
@@ -65,6 +66,7 @@ class StepArgs(NamedTuple):
     worker: str
     maxlen: int
     sent_at: int  # ms, by the worker's clock
+    notices: str  # `Keys.notices`
 
 
 class StepJobArgs(NamedTuple):
@@ -82,6 +84,7 @@ class FinishArgs(TypedDict):
     retention: int
     events: list[tuple[str, str]]  # (type, data), the terminal one last
     fields: dict[str, str]  # the record's, with its end
+    notices: str  # `Keys.notices`
 
 
 class CancelArgs(TypedDict):
@@ -94,6 +97,7 @@ class CancelArgs(TypedDict):
     share_prefix: str
     stream_tip: str  # '' on a first call; then the id of the stream's last entry ('0-0' for none)
     fields: dict[str, str]  # the record's, computed from the stream up to `stream_tip`
+    notices: str  # `Keys.notices`
 
 
 class FailureArgs(TypedDict):
@@ -116,6 +120,7 @@ class ReleaseArgs(TypedDict):
     wakeup: str
     share_prefix: str
     failure: FailureArgs | None  # None on a first call
+    notices: str  # `Keys.notices`
 
 
 class RenewArgs(TypedDict):

@@ -12,13 +12,15 @@
 -- again, or the first of its job since a round trip failed) the stream is read first: the script
 -- is atomic, so it holds either all of a step sent before or none, and events it holds (by seq:
 -- `append_event.lua`) are not appended twice.
--- `sent_at`: when the worker sent the steps, in ms by its clock (each entry's `at`).
+-- `sent_at`: when the worker sent the steps, in ms by its clock (each entry's `at`). The streams
+-- appended to are named in one message on `notices`, for the gateways' stream readers.
 -- The one script with positional ARGV, as `arguments.StepArgs` names the first ones (it runs for
 -- every running job at every engine step, and decoding a table would cost more than the rest of
 -- it); then per job, in the order of its four KEYS (stream, cancel, lease, record): its `check`,
 -- its number of events, and (type, data) per event.
-local worker, maxlen, sent_at = unpack(ARGV, 1, 3)
-local FIRST_JOB = 4
+local worker, maxlen, sent_at, notices = unpack(ARGV, 1, 4)
+local FIRST_JOB = 5
+local advanced = {}  -- the streams appended to
 
 local function step(stream, cancel, lease, record, check, first, last_arg)
   if redis.call('GET', lease) ~= worker or redis.call('EXISTS', record) == 0 then return 'lost' end
@@ -28,6 +30,7 @@ local function step(stream, cancel, lease, record, check, first, last_arg)
     if last_arg > first and is_behind(last, ARGV[first + 1]) then return {'behind', last} end
   end
   for i = first, last_arg, 2 do last = append_event(stream, maxlen, last, ARGV[i], ARGV[i + 1], sent_at) end
+  if last_arg > first then advanced[#advanced + 1] = stream end
   local asked = redis.call('GET', cancel)
   if asked then return {'cancel', asked} end
   return 'go'
@@ -42,4 +45,5 @@ for job = 1, #KEYS / 4 do
   answers[job] = step(KEYS[keys + 1], KEYS[keys + 2], KEYS[keys + 3], KEYS[keys + 4], ARGV[at], first, last_arg)
   at = last_arg + 1
 end
+if #advanced > 0 then redis.call('PUBLISH', notices, table.concat(advanced, ' ')) end
 return answers

@@ -319,6 +319,7 @@ class Transitions:
             *self._announce_keys(job_id),
         ]
         args: StartArgs = {
+            "notices": self.keys.notices,
             "id": job_id,
             "worker": worker_id,
             "now": repr(now),
@@ -357,7 +358,7 @@ class Transitions:
         self, worker_id: str, steps: Sequence[JobStep], maxlen: int
     ) -> tuple[list[str], list[Any]]:
         keys: list[str] = []
-        argv: list[Any] = [*StepArgs(worker_id, maxlen, time.time_ns() // 1_000_000)]
+        argv: list[Any] = [*StepArgs(worker_id, maxlen, time.time_ns() // 1_000_000, self.keys.notices)]
         for step in steps:
             job_id = step.job_id
             keys += [
@@ -390,6 +391,7 @@ class Transitions:
             *self._announce_keys(job_id),
         ]
         args: FinishArgs = {
+            "notices": self.keys.notices,
             "id": job_id,
             "worker": worker_id,
             "state": state.value,
@@ -426,6 +428,7 @@ class Transitions:
             self.keys.running,
         ]
         args: CancelArgs = {
+            "notices": self.keys.notices,
             "id": job_id,
             "now": repr(now),
             "cancelled_event": cancelled.model_dump_json(),
@@ -512,6 +515,7 @@ class Transitions:
             queue.share_state,
         ]
         args: ReleaseArgs = {
+            "notices": self.keys.notices,
             "id": job_id,
             "worker": worker_id,
             "attempt": attempt,
