@@ -42,7 +42,7 @@ from shared.events import DeltaEvent
 from shared.jobstore import JobStore
 from shared.keys import Keys
 from shared.lifecycle import scripts
-from shared.lifecycle.transitions import Verdict
+from shared.lifecycle.transitions import JobStep, Verdict
 from tests.redis_cleanup import delete_prefix
 from worker.publisher import Publisher
 
@@ -234,7 +234,7 @@ def saturate(
     event = DeltaEvent(seq=1_000_000, text=repr(time.time()), token_ids=[0])
     command = list(
         store.transitions.step_command(
-            job_id=RANDOM_JOB, worker_id=WORKER_ID, events=[event], maxlen=store.settings.stream_maxlen
+            worker_id=WORKER_ID, steps=[JobStep(RANDOM_JOB, [event])], maxlen=store.settings.stream_maxlen
         )
     )
     command[5:7] = [keys.lease(job_id), keys.job(job_id)]  # after EVALSHA, sha, 4, stream, cancel

@@ -1,15 +1,19 @@
 """One Redis reader per gateway process, fanning new stream entries out to every follower.
 
 A follower catches up on its own with plain reads; once it has read all there is, it
-subscribes here. The hub keeps one blocking XREAD over every subscribed stream on a
-single dedicated connection, so Redis connections do not grow with the number of open
-streams. A new subscription wakes the blocked read with CLIENT UNBLOCK so that its
-stream is watched at once.
+subscribes here. Every script that appends to job streams then publishes a notice naming the
+streams it appended to (a worker's step names all of its jobs' at once: `Keys.notices`). The
+hub listens to the notices, and reads only the streams it watches that a notice named, all in
+one XREAD from their cursors: Redis's work grows with the entries relayed, not with the streams
+followed. Connections do not grow with open streams either: the hub has one for the notices and
+one for its reads. A notice missed (the listening connection dropped) costs nothing: on every
+(re)subscription, and every `SWEEP_SECONDS` in any case, the hub reads every stream it watches.
 
 The hub reads a stream from after its first follower's cursor, and a later follower fills the
 gap from its own cursor by itself; so a follower's cursor must name a point the stream has reached
 (the relay checks a client's against the stream's last id first): one past the end would hide
-every new entry from every follower of the stream.
+every new entry from every follower of the stream. A new stream is read at once: entries may
+have come between its follower's last read and the subscription, their notice gone by.
 
 A follower is woken once per batch of entries, not once per entry, and takes them all
 at once. One that does not keep up is dropped (`lagged`) and catches up from Redis on
@@ -17,10 +21,9 @@ its own, so a slow client costs Redis reads, never unbounded gateway memory. Whe
 fails, the reader retries with backoff and carries on from every stream's cursor, so
 open streams resume by themselves once Redis is back.
 
-Each read names every watched stream with its cursor. redis-py packs a command's
-arguments anew at every call, in Python, which for 1,000 streams cost the reader more
-than the entries it brought back; the hub keeps each stream's name and cursor packed
-(RESP bulk strings) and repacks a cursor only when it moves, and reads the reply raw,
+redis-py packs a command's arguments anew at every call, in Python, which for 1,000 streams cost
+the reader more than the entries it brought back; the hub keeps each stream's name and cursor
+packed (RESP bulk strings) and repacks a cursor only when it moves, and reads the reply raw,
 without redis-py's per-entry dictionaries.
 """
 
@@ -42,10 +45,9 @@ from gateway.entries import Entry, entries_bytes
 
 log = logging.getLogger(__name__)
 
-HUB_BLOCK_MS = 5000
-HUB_READ_COUNT = 256
-READ_MARGIN_SECONDS = 5.0  # past its BLOCK time, a read without an answer means a dead connection
-WAKE_RETRY_SECONDS = 0.001
+HUB_READ_COUNT = 256  # most entries of one stream a read takes; a stream read out is read again
+SWEEP_SECONDS = 5.0  # how often every watched stream is read, whatever the notices said
+READ_TIMEOUT_SECONDS = 10.0  # a read without an answer by then means a dead connection
 SUBSCRIBER_BUFFER = 1024  # entries held for one follower before it must catch up from Redis itself
 RETRY_FIRST_SECONDS = 0.05  # the reader's first wait after a Redis failure, doubled up to the last
 RETRY_LAST_SECONDS = 2.0
@@ -156,24 +158,29 @@ def _entry(entry_id: str, fields: list[str]) -> Entry:
 
 
 class StreamHub:
-    def __init__(self, reader: aioredis.Redis, control: aioredis.Redis) -> None:
-        self._reader = reader  # one connection, used only for the hub's blocking reads
+    def __init__(self, reader: aioredis.Redis, notices: str) -> None:
+        self._reader = reader  # its pool's connection listens to the notices; the reads have their own
+        self._notices = notices
         self._connection: AbstractConnection | None = None
-        self._control = control  # the shared pool, for CLIENT UNBLOCK
         self._watched: dict[str, _Watched] = {}
+        self._due: set[str] = set()  # watched streams to read: named by a notice, new, or not read out
+        self._woken = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
-        self._reader_id: int | None = None
-        self._reading = False
-        self._unwatched = False  # a stream was added that the read in flight does not watch
-        self._waker: asyncio.Task[None] | None = None
+        self._listener: asyncio.Task[None] | None = None
+        self._listening = False
 
     @property
     def streams(self) -> int:
         """How many streams the reader watches."""
         return len(self._watched)
 
+    @property
+    def listening(self) -> bool:
+        """Whether the notices reach the hub (else it finds new entries only by its sweeps)."""
+        return self._listening
+
     async def close(self) -> None:
-        for task in (self._task, self._waker):
+        for task in (self._task, self._listener):
             if task is not None and not task.done():
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
@@ -189,13 +196,14 @@ class StreamHub:
         watched = self._watched.get(stream)
         if watched is None:
             watched = self._watched[stream] = _Watched(_bulk(stream), cursor, _bulk(cursor))
-            self._unwatched = True
-            if self._reading and (self._waker is None or self._waker.done()):
-                self._waker = asyncio.create_task(self._wake())
+            self._due.add(stream)
+            self._woken.set()
         subscription = Subscription(stream, watched.cursor, max_bytes)
         watched.subscriptions.add(subscription)
+        if self._listener is None or self._listener.done():
+            self._listener = asyncio.create_task(self._listen(), name="stream notices")
         if self._task is None or self._task.done():
-            self._task = asyncio.create_task(self._run())
+            self._task = asyncio.create_task(self._run(), name="stream reader")
         try:
             yield subscription
         finally:
@@ -209,31 +217,63 @@ class StreamHub:
         watched.subscriptions.discard(subscription)
         if not watched.subscriptions:
             del self._watched[subscription.stream]
+            self._due.discard(subscription.stream)
+        if not self._watched:  # nothing to hear of: the notices stop, and the reader ends
+            if self._listener is not None:
+                self._listener.cancel()
+            self._woken.set()
 
-    async def _wake(self) -> None:
-        """Interrupt the blocked XREAD so that the next one watches the streams added since.
+    def _notice(self, streams: str) -> None:
+        """The streams a script appended to, space-separated: those watched here are read next."""
+        watched = self._watched
+        due = [stream for stream in streams.split(" ") if stream in watched]
+        if due:
+            self._due.update(due)
+            self._woken.set()
 
-        CLIENT UNBLOCK travels on another connection, so it can reach Redis before the
-        XREAD it means to interrupt; it is repeated until it finds the read blocked, or
-        the read has returned by itself. A reader that is not reading takes the new
-        streams in at its next read.
-        """
-        try:
-            while self._unwatched and self._reading and self._reader_id is not None:
-                if await self._control.client_unblock(self._reader_id):
-                    return
-                await asyncio.sleep(WAKE_RETRY_SECONDS)
-        except RedisError as exc:
-            log.warning("could not wake the stream reader: %s", exc)
+    def _sweep(self) -> None:
+        """Read every watched stream next (a notice may have been missed)."""
+        self._due.update(self._watched)
+        self._woken.set()
 
-    async def _run(self) -> None:
-        """Read while anyone subscribes; on a Redis failure, retry with backoff from the same cursors."""
+    async def _listen(self) -> None:
+        """Take the notices while anyone subscribes; after a lost connection, subscribe again and
+        sweep, since notices sent meanwhile are gone."""
         retry_in = RETRY_FIRST_SECONDS
         while self._watched:
-            watched = dict(self._watched)
             try:
-                reply = await self._read(watched.values())
+                async with self._reader.pubsub(ignore_subscribe_messages=True) as pubsub:
+                    await pubsub.subscribe(self._notices)
+                    self._listening, retry_in = True, RETRY_FIRST_SECONDS
+                    self._sweep()
+                    while self._watched:
+                        message = await pubsub.get_message(timeout=SWEEP_SECONDS)
+                        if message is not None and message["type"] == "message":
+                            self._notice(message["data"])
+            except (RedisError, OSError):
+                self._listening = False
+                await asyncio.sleep(retry_in)
+                retry_in = min(2 * retry_in, RETRY_LAST_SECONDS)
+            finally:
+                self._listening = False
+
+    async def _run(self) -> None:
+        """Read the due streams while anyone subscribes; on a Redis failure, retry with backoff from
+        the same cursors."""
+        retry_in = RETRY_FIRST_SECONDS
+        while self._watched:
+            if not self._due:
+                self._woken.clear()
+                try:
+                    await asyncio.wait_for(self._woken.wait(), SWEEP_SECONDS)
+                except TimeoutError:
+                    self._sweep()
+                continue
+            due, self._due = [self._watched[name] for name in self._due if name in self._watched], set()
+            try:
+                reply = await self._read(due)
             except (RedisError, OSError) as exc:
+                self._due.update(self._watched)
                 await self._drop_connection()
                 if retry_in == RETRY_FIRST_SECONDS:
                     log.warning("stream reader: Redis failed (%s); retrying", exc)
@@ -244,42 +284,34 @@ class StreamHub:
                 log.warning("stream reader: Redis answers again; following %d streams", len(self._watched))
                 retry_in = RETRY_FIRST_SECONDS
             for stream, entries in reply or ():
-                self._deliver(watched[stream], [_entry(entry_id, fields) for entry_id, fields in entries])
+                if len(entries) == HUB_READ_COUNT:
+                    self._due.add(stream)  # there may be more
+                self._deliver(stream, [_entry(entry_id, fields) for entry_id, fields in entries])
 
-    async def _read(self, watched: Collection[_Watched]) -> list[Any] | None:
-        """One XREAD BLOCK over the watched streams from their cursors; the raw reply."""
+    async def _read(self, due: Collection[_Watched]) -> list[Any] | None:
+        """One XREAD of the due streams from their cursors; the raw reply."""
         if self._connection is None:
             self._connection = self._reader.connection_pool.make_connection()  # type: ignore[no-untyped-call]
         connection = self._connection
-        if self._reader_id is None:
-            await connection.send_command("CLIENT", "ID")
-            self._reader_id = int(await connection.read_response())
         command = b"".join(
             [
-                b"*%d\r\n" % (6 + 2 * len(watched)),
-                *map(_bulk, ("XREAD", "COUNT", str(HUB_READ_COUNT), "BLOCK", str(HUB_BLOCK_MS), "STREAMS")),
-                *[stream.name for stream in watched],
-                *[stream.after for stream in watched],
+                b"*%d\r\n" % (4 + 2 * len(due)),
+                *map(_bulk, ("XREAD", "COUNT", str(HUB_READ_COUNT), "STREAMS")),
+                *[stream.name for stream in due],
+                *[stream.after for stream in due],
             ]
         )
-        self._unwatched = False
-        self._reading = True
-        try:
-            await connection.send_packed_command(command)
-            reply: list[Any] | None = await connection.read_response(
-                timeout=HUB_BLOCK_MS / 1000 + READ_MARGIN_SECONDS
-            )
-        finally:
-            self._reading = False
+        await connection.send_packed_command(command)
+        reply: list[Any] | None = await connection.read_response(timeout=READ_TIMEOUT_SECONDS)
         return reply
 
     async def _drop_connection(self) -> None:
-        self._reader_id = None
         if self._connection is not None:
             await self._connection.disconnect(nowait=True)
 
-    def _deliver(self, watched: _Watched, entries: list[Entry]) -> None:
-        if not watched.subscriptions:
+    def _deliver(self, stream: str, entries: list[Entry]) -> None:
+        watched = self._watched.get(stream)
+        if watched is None:
             # Every follower of it left while the read was in flight. A follower that came
             # since has a watch of its own, from its own cursor, which this read did not use.
             return

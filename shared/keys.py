@@ -186,6 +186,12 @@ class Keys:
         return f"{self.prefix}:{role}"
 
     @property
+    def notices(self) -> str:
+        """Pub/sub channel: the names of the job streams a script has just appended to, space-separated
+        (a worker's step names all its jobs' in one message), for the gateways' stream readers."""
+        return f"{self.prefix}:streams-advanced"
+
+    @property
     def stream_reader_name(self) -> str:
         """CLIENT SETNAME of a gateway's one stream reader connection."""
         return f"{self.prefix}:stream-reader"

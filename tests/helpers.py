@@ -16,6 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.app import create_app
 from shared.config import Settings
+from shared.keys import Keys
 
 TERMINAL = {"done", "cancelled", "error"}
 # With greedy decoding the default model goes on past 40 tokens after this prompt (many
@@ -240,3 +241,14 @@ async def scrape(client: httpx.AsyncClient, url: str = "/metrics", token: str | 
 async def arq_keys_of(redis: aioredis.Redis, job_ids: list[str]) -> list[str]:
     """What arq would keep of these jobs under its own prefix (`arq:job:<id>`, `arq:retry:<id>`...)."""
     return [name for job_id in job_ids async for name in redis.scan_iter(match=f"arq:*{job_id}")]
+
+
+async def stream_reader_listening(redis: aioredis.Redis, keys: Keys) -> bool:
+    """Whether a gateway's stream reader listens to the stream notices: it watches some stream."""
+    return bool((await redis.pubsub_numsub(keys.notices))[0][1] >= 1)
+
+
+async def notify(redis: aioredis.Redis, keys: Keys, *streams: str) -> None:
+    """The notice every script that appends to job streams sends (`Keys.notices`), for a test that
+    writes entries itself."""
+    await redis.publish(keys.notices, " ".join(streams))

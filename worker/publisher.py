@@ -2,9 +2,9 @@
 
 Each running job hands its step (new events, plus the question "may I go on?") to the
 publisher and waits. Steps that arrive while a round trip is in flight are gathered and
-sent together in the next pipeline, like a group commit. A step is one script call per
-job that checks the job's lease, appends the events and checks the cancel key: a worker
-that lost the lease appends nothing.
+sent together in the next pipeline, like a group commit. The steps of a round trip are one
+script call, which for each job checks its lease, appends its events and checks its cancel
+key: a worker that lost a job's lease appends nothing to it.
 
 A step that cannot be written (Redis unreachable, out of memory or read-only for a moment) is
 sent again, with the same events, for as long as the job's lease could still be held: a stream's
@@ -32,7 +32,6 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import partial
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -42,7 +41,7 @@ from shared.errors import BackendUnavailable
 from shared.events import Event
 from shared.jobstore import JobStore, Outcome
 from shared.lifecycle import scripts
-from shared.lifecycle.transitions import Finished, StepAnswer, Verdict
+from shared.lifecycle.transitions import Finished, JobStep, StepAnswer, Verdict
 from shared.redis_client import redis_errors
 from shared.replication import Wait
 
@@ -57,18 +56,29 @@ CHECK_AFTER_SECONDS = 1.0
 than this, and a worker whose steps paused through one may have reconnected without an error."""
 
 
+EndCommand = Callable[[list[Event]], tuple[Any, ...]]
+"""The EVAL that ends a job with its last events, as a pipeline command (finish reads the stream
+always, skips the events it holds, and leaves a job that ended alone)."""
+
+
 @dataclass
 class _Step:
-    """One job's share of a round trip: one script call, a step or the EVAL that ends the job."""
+    """One job's share of a round trip: its step (part of the round trip's one step call), or the
+    EVAL that ends it."""
 
-    command: Callable[[bool], tuple[Any, ...]]
-    """The script call as a pipeline command, made when sent (a step's events serialized once a
-    sending); `True`: a step that reads its stream first and skips events the stream holds, as when
-    sent again (finish reads it always, and leaves a job that ended alone)."""
-    check: bool = False  # read the stream at the first sending too
-    ends: bool = False  # the job's end: acknowledged once replicas hold it
+    job_id: str
+    events: list[Event]
+    end: EndCommand | None = None  # the job's end: acknowledged once replicas hold it
+    check: bool = False  # read the stream at the first sending too (a sending again always does)
     answer: asyncio.Future[Any] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
     failing_since: float | None = None  # monotonic time of the first failed sending
+
+    @property
+    def ends(self) -> bool:
+        return self.end is not None
+
+    def job_step(self) -> JobStep:
+        return JobStep(self.job_id, self.events, self.check or self.failing_since is not None)
 
 
 def _behind(answer: Any) -> int | None:
@@ -120,14 +130,7 @@ class Publisher:
 
     async def step(self, job_id: str, events: list[Event]) -> Verdict:
         """Append `events` to the job's stream if this worker still holds the job; may it go on?"""
-        transitions, worker_id, maxlen = self.store.transitions, self.worker_id, self.maxlen
-
-        def command(events: list[Event], check: bool) -> tuple[Any, ...]:
-            return transitions.step_command(
-                job_id=job_id, worker_id=worker_id, events=events, maxlen=maxlen, check=check
-            )
-
-        answer = StepAnswer.of(await self._write(job_id, events, command, ends=False))
+        answer = StepAnswer.of(await self._write(job_id, events, None))
         if answer.cancel_asked_at is not None:
             self.cancels_asked_at[job_id] = answer.cancel_asked_at
         if answer.verdict in (Verdict.go, Verdict.cancel):
@@ -137,34 +140,28 @@ class Publisher:
     async def finish(self, job_id: str, events: list[Event], outcome: Outcome) -> Finished:
         """Append the last events, the terminal one last, and end the job, if this worker still holds it."""
 
-        def command(events: list[Event], check: bool) -> tuple[Any, ...]:
+        def end(events: list[Event]) -> tuple[Any, ...]:
             return self.store.finish_command(job_id, self.worker_id, events, outcome)
 
-        return Finished.of(await self._write(job_id, events, command, ends=True))
+        return Finished.of(await self._write(job_id, events, end))
 
     def forget(self, job_id: str) -> None:
         """The job's run here is over: its events need not be kept any more."""
         self._sent.pop(job_id, None)
         self._unchecked.discard(job_id)
 
-    async def _write(
-        self,
-        job_id: str,
-        events: list[Event],
-        command: Callable[[list[Event], bool], tuple[Any, ...]],
-        ends: bool,
-    ) -> Any:
-        """The script's answer to `command(events, check)`; when it finds the stream `behind`, the lost
+    async def _write(self, job_id: str, events: list[Event], end: EndCommand | None) -> Any:
+        """The answer to the job's step, or to `end`; when it finds the stream `behind`, the lost
         events this publisher keeps are sent again before `events`, once."""
         if time.monotonic() - self._last_round_trip > CHECK_AFTER_SECONDS:
             self._unchecked.update(self._sent)
-        answer = await self._submit(_Step(partial(command, events), job_id in self._unchecked, ends))
+        answer = await self._submit(_Step(job_id, events, end, job_id in self._unchecked))
         self._unchecked.discard(job_id)
         last_seq = _behind(answer)
         lost = [] if last_seq is None or not events else self._lost(job_id, last_seq, events[0].seq)
         if lost:
             log.warning("a failover lost events %d to %d; writing them again", lost[0].seq, lost[-1].seq)
-            answer = await self._submit(_Step(partial(command, [*lost, *events]), True, ends))
+            answer = await self._submit(_Step(job_id, [*lost, *events], end, check=True))
         return answer
 
     def _lost(self, job_id: str, last_seq: int, next_seq: int) -> list[Event]:
@@ -201,28 +198,17 @@ class Publisher:
                 self._pending[:0] = again
 
     async def _round_trip(self, batch: list[_Step]) -> list[Any]:
-        """One pipeline of the batch's commands: each one's answer, or the error it met."""
-        pipe = self.redis.pipeline(transaction=False)
-        for step in batch:
-            pipe.execute_command(*step.command(step.check or step.failing_since is not None))
-        wait: Wait | None = None
+        """One pipeline of the batch: every step in one script call, each end in one of its own:
+        each one's answer, or the error it met, in the batch's order."""
+        steps = [step for step in batch if step.end is None]
+        ends = [(step, step.end) for step in batch if step.end is not None]
         try:
-            if any(step.ends for step in batch):
-                wait = await self.store.acks.wait()
-                if wait is not None:
-                    for command in wait.commands:
-                        pipe.execute_command(*command)
-            results = [_as_sent(result) for result in await pipe.execute(raise_on_error=False)]
+            step_answers, end_answers = await self._send(steps, [end(step.events) for step, end in ends])
         except Exception as exc:  # the round trip itself failed: every waiting job meets it
-            results = [_as_sent(exc)] * len(batch)
-        if wait is not None and len(results) > len(batch):
-            fenced, acked = results[len(batch) :]
-            results = results[: len(batch)]
-            acked = None if isinstance(fenced, Exception) or not isinstance(acked, int) else acked
-            results = [
-                self._acknowledged(result, wait, acked) if step.ends else result
-                for step, result in zip(batch, results, strict=True)
-            ]
+            error = _as_sent(exc)
+            step_answers, end_answers = [error] * len(steps), [error] * len(ends)
+        answers = iter(step_answers), iter(end_answers)
+        results = [next(answers[step.ends]) for step in batch]
         self.round_trips += 1
         self._last_round_trip = time.monotonic()
         failed = next((result for result in results if isinstance(result, BackendUnavailable)), None)
@@ -234,6 +220,32 @@ class Publisher:
         if failed is not None:
             self._unchecked.update(self._sent)
         return results
+
+    async def _send(self, steps: list[_Step], ends: list[tuple[Any, ...]]) -> tuple[list[Any], list[Any]]:
+        """The answers to `steps`, one a step, and to the `ends` commands, which count as written only
+        once the replicas the store's `acks` asks for hold them (a WAIT closes the pipeline)."""
+        pipe = self.redis.pipeline(transaction=False)
+        if steps:
+            jobs = [step.job_step() for step in steps]
+            pipe.execute_command(
+                *self.store.transitions.step_command(worker_id=self.worker_id, steps=jobs, maxlen=self.maxlen)
+            )
+        for command in ends:
+            pipe.execute_command(*command)
+        wait = await self.store.acks.wait() if ends else None
+        for command in wait.commands if wait is not None else ():
+            pipe.execute_command(*command)
+        sent = [_as_sent(result) for result in await pipe.execute(raise_on_error=False)]
+        step_answers = []
+        if steps:  # the call's list, or the error it met, each step's
+            answer = sent.pop(0)
+            step_answers = [answer] * len(steps) if isinstance(answer, Exception) else list(answer)
+        end_answers = sent[: len(ends)]
+        if wait is not None:
+            fenced, acked = sent[len(ends) :]
+            acked = None if isinstance(fenced, Exception) or not isinstance(acked, int) else acked
+            end_answers = [self._acknowledged(answer, wait, acked) for answer in end_answers]
+        return step_answers, end_answers
 
     def _acknowledged(self, result: Any, wait: Wait, acked: int | None) -> Any:
         """An end's answer, or `BackendUnavailable` when fewer replicas than `wait` asks for hold it."""

@@ -5,9 +5,9 @@ A table travels as the script's one ARGV, JSON (`scripts.encode`), and the scrip
 seconds, a share's stride) travels as text: Redis 7.0 writes a Lua number with 17 significant
 digits, so 0.1 would become 0.10000000000000001. A field that is None goes as no field at all (nil).
 
-The step alone keeps positional ARGV, named by `StepArgs` on this side and by the same names in
-`step.lua`: it runs once per running job per engine step, and decoding a table there, even one of
-its four fixed fields, costs Redis about 1 us on a script of about 7 (15 %; cmsgpack about 10 %).
+The step alone keeps positional ARGV, named by `StepArgs` and `StepJobArgs` on this side and by the
+same names in `step.lua`: it carries every running job's events at every engine step, and decoding a
+table of them costs Redis more than appending them.
 """
 
 from __future__ import annotations
@@ -57,15 +57,23 @@ class StartArgs(TypedDict):
     retention: int
     lifetime: int
     share_prefix: str
+    notices: str  # `Keys.notices`
 
 
 class StepArgs(NamedTuple):
-    """The step's first ARGV, in `step.lua`'s order; (type, data) per event follow them."""
+    """The step's first ARGV, in `step.lua`'s order; each job's part (`StepJobArgs`) follows them."""
 
     worker: str
     maxlen: int
-    check: str  # '' for a step whose stream cannot have lost anything: it is not read
     sent_at: int  # ms, by the worker's clock
+    notices: str  # `Keys.notices`
+
+
+class StepJobArgs(NamedTuple):
+    """One job's part of the step's ARGV, in `step.lua`'s order; its (type, data) per event follow."""
+
+    check: str  # '' for a step whose stream cannot have lost anything: it is not read
+    events: int
 
 
 class FinishArgs(TypedDict):
@@ -76,6 +84,7 @@ class FinishArgs(TypedDict):
     retention: int
     events: list[tuple[str, str]]  # (type, data), the terminal one last
     fields: dict[str, str]  # the record's, with its end
+    notices: str  # `Keys.notices`
 
 
 class CancelArgs(TypedDict):
@@ -88,6 +97,7 @@ class CancelArgs(TypedDict):
     share_prefix: str
     stream_tip: str  # '' on a first call; then the id of the stream's last entry ('0-0' for none)
     fields: dict[str, str]  # the record's, computed from the stream up to `stream_tip`
+    notices: str  # `Keys.notices`
 
 
 class FailureArgs(TypedDict):
@@ -110,6 +120,7 @@ class ReleaseArgs(TypedDict):
     wakeup: str
     share_prefix: str
     failure: FailureArgs | None  # None on a first call
+    notices: str  # `Keys.notices`
 
 
 class RenewArgs(TypedDict):

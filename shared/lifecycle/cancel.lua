@@ -15,7 +15,8 @@ local record, stream, cancel, queue, webhooks, webhook, lease, running = unpack(
 local args = cjson.decode(ARGV[1])
 local id = args.id
 local job = {id = id, record = record, stream = stream, cancel = cancel, webhooks = webhooks,
-             webhook = webhook, retention = args.retention, maxlen = args.maxlen, now = args.now}
+             webhook = webhook, retention = args.retention, maxlen = args.maxlen, now = args.now,
+             notices = args.notices}
 local model = {queue = queue, share_prefix = args.share_prefix}
 
 local status = redis.call('HGET', record, 'status')

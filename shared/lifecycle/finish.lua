@@ -21,5 +21,5 @@ hset_fields(record, args.fields)
 redis.call('DEL', lease)
 redis.call('SREM', running, args.id)
 end_job({id = args.id, record = record, stream = stream, cancel = cancel, webhooks = webhooks, webhook = webhook,
-         retention = args.retention}, 'running')
+         retention = args.retention, notices = args.notices}, 'running')
 return {'ended', args.state}

@@ -23,7 +23,7 @@ local record, stream, cancel, lease, running, queue, webhooks, webhook,
 local args = cjson.decode(ARGV[1])
 local id, failure = args.id, args.failure
 local job = {id = id, record = record, stream = stream, cancel = cancel, webhooks = webhooks, webhook = webhook,
-             retention = args.retention}
+             retention = args.retention, notices = args.notices}
 
 local holder = redis.call('GET', lease)
 if holder and holder ~= args.worker then return {'held'} end

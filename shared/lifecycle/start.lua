@@ -17,7 +17,8 @@ local record, stream, cancel, queue, lease, running, webhooks, webhook = unpack(
 local args = cjson.decode(ARGV[1])
 local id = args.id
 local job = {id = id, record = record, stream = stream, cancel = cancel, webhooks = webhooks,
-             webhook = webhook, retention = args.retention, maxlen = args.maxlen, now = args.now}
+             webhook = webhook, retention = args.retention, maxlen = args.maxlen, now = args.now,
+             notices = args.notices}
 local model = {queue = queue, share_prefix = args.share_prefix}
 
 local function take(attempt)
@@ -57,6 +58,7 @@ if string.find(request, '"deadline":', 1, true) then
 end
 redis.call('HSET', record, 'status', 'running', 'started_at', args.now)
 append_event(stream, args.maxlen, nil, 'status', args.running_event)
+redis.call('PUBLISH', args.notices, stream)
 take(1)
 tenant_move(job, 'queued', 'running')
 return {'running', request, created, conversation}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
@@ -22,6 +23,7 @@ from shared.lifecycle.arguments import (
     RenewArgs,
     StartArgs,
     StepArgs,
+    StepJobArgs,
     SubmitArgs,
     TenantArgs,
     TenantUsageArgs,
@@ -83,6 +85,17 @@ class Verdict(Enum):
     cancel = "cancel"  # a cancel was asked for: abort and end with `cancelled`
     lost = "lost"  # another worker holds the job now (or will), or its keys expired: stop without writing
     behind = "behind"  # the stream lacks the job's last events (a failover lost them): nothing written
+
+
+@dataclass(frozen=True)
+class JobStep:
+    """One job's engine step: its new events. `check`: the stream is read first, for a step that may
+    have reached it already (sent again) or may follow events a failover lost (the first of its job
+    since a round trip failed)."""
+
+    job_id: str
+    events: list[Event]
+    check: bool = False
 
 
 @dataclass(frozen=True)
@@ -306,6 +319,7 @@ class Transitions:
             *self._announce_keys(job_id),
         ]
         args: StartArgs = {
+            "notices": self.keys.notices,
             "id": job_id,
             "worker": worker_id,
             "now": repr(now),
@@ -330,21 +344,32 @@ class Transitions:
             )
         return StartAnswer(StartOutcome(outcome))
 
-    def step_command(
-        self, *, job_id: str, worker_id: str, events: list[Event], maxlen: int, check: bool = False
-    ) -> tuple[Any, ...]:
-        """The step script as a pipeline command; its answer reads with `StepAnswer.of`. `check`: the
-        stream is read first, for a step that may have reached it already (sent again) or may follow
-        events a failover lost (the first of its job since a round trip failed)."""
-        keys = [
-            self.keys.stream(job_id),
-            self.keys.cancel(job_id),
-            self.keys.lease(job_id),
-            self.keys.job(job_id),
-        ]
-        fixed = StepArgs(worker_id, maxlen, "1" if check else "", time.time_ns() // 1_000_000)
-        pairs = (part for event in events for part in (event.type, event.model_dump_json()))
-        return scripts.STEP.command(keys, [*fixed, *pairs])
+    def step_command(self, *, worker_id: str, steps: Sequence[JobStep], maxlen: int) -> tuple[Any, ...]:
+        """The step script for `steps`, jobs of `worker_id`'s, as one pipeline command; its answer
+        holds one answer a step, in their order, each read with `StepAnswer.of`."""
+        return scripts.STEP.command(*self._step_parts(worker_id, steps, maxlen))
+
+    async def step(self, *, worker_id: str, step: JobStep, maxlen: int) -> StepAnswer:
+        """One job's step, sent on its own (a worker's publisher sends every job's in one call)."""
+        (answer,) = await scripts.STEP(self.redis, *self._step_parts(worker_id, [step], maxlen))
+        return StepAnswer.of(answer)
+
+    def _step_parts(
+        self, worker_id: str, steps: Sequence[JobStep], maxlen: int
+    ) -> tuple[list[str], list[Any]]:
+        keys: list[str] = []
+        argv: list[Any] = [*StepArgs(worker_id, maxlen, time.time_ns() // 1_000_000, self.keys.notices)]
+        for step in steps:
+            job_id = step.job_id
+            keys += [
+                self.keys.stream(job_id),
+                self.keys.cancel(job_id),
+                self.keys.lease(job_id),
+                self.keys.job(job_id),
+            ]
+            argv += StepJobArgs("1" if step.check else "", len(step.events))
+            argv += [part for event in step.events for part in (event.type, event.model_dump_json())]
+        return keys, argv
 
     def finish_command(
         self,
@@ -366,6 +391,7 @@ class Transitions:
             *self._announce_keys(job_id),
         ]
         args: FinishArgs = {
+            "notices": self.keys.notices,
             "id": job_id,
             "worker": worker_id,
             "state": state.value,
@@ -402,6 +428,7 @@ class Transitions:
             self.keys.running,
         ]
         args: CancelArgs = {
+            "notices": self.keys.notices,
             "id": job_id,
             "now": repr(now),
             "cancelled_event": cancelled.model_dump_json(),
@@ -488,6 +515,7 @@ class Transitions:
             queue.share_state,
         ]
         args: ReleaseArgs = {
+            "notices": self.keys.notices,
             "id": job_id,
             "worker": worker_id,
             "attempt": attempt,

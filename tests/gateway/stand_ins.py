@@ -15,6 +15,7 @@ from shared.events import CancelledEvent, DeltaEvent, DoneEvent, Event, JobState
 from shared.jobstore import JobStore, Outcome
 from shared.keys import Keys
 from shared.lifecycle import scripts
+from shared.lifecycle.transitions import JobStep
 from shared.workers import WorkerInfo, announce
 from tests.processes import Processes, free_port
 
@@ -86,10 +87,7 @@ class StandInWorker:
         await redis.script_load(scripts.STEP.source)  # a fresh Redis has none; the worker loads it so
         for seq in range(2, 2 + DELTAS):
             delta = DeltaEvent(seq=seq, text=f"t{seq}", token_ids=[seq])
-            command = transitions.step_command(
-                job_id=self.job_id, worker_id=WORKER, events=[delta], maxlen=1000
-            )
-            await redis.execute_command(*command)
+            await transitions.step(worker_id=WORKER, step=JobStep(self.job_id, [delta]), maxlen=1000)
         usage = Usage(prompt_tokens=1, completion_tokens=DELTAS)
         outcome = Outcome(JobState.completed, "", DELTAS, usage, finish_reason=finish_reason)
         await self._end(DoneEvent(seq=2 + DELTAS, finish_reason=finish_reason, usage=usage), outcome)

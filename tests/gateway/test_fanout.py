@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from collections.abc import Collection
+from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
@@ -15,23 +17,16 @@ from gateway.relay import START, Relay, StreamLimits
 from shared.config import GatewaySettings
 from shared.events import JobState
 from shared.keys import ANONYMOUS_OWNER
-from tests.helpers import eventually
+from tests.helpers import eventually, notify, stream_reader_listening
 
 LIMITS = StreamLimits.of(GatewaySettings())
 
 
 async def _append(redis_client: aioredis.Redis, relay: Relay, job_id: str, kind: str = "delta") -> str:
+    """An entry appended as the lifecycle's scripts append one: with its notice."""
     entry_id: str = await redis_client.xadd(relay.keys.stream(job_id), {"type": kind, "data": "{}"})
+    await notify(redis_client, relay.keys, relay.keys.stream(job_id))
     return entry_id
-
-
-async def _blocked_readers(redis_client: aioredis.Redis, relay: Relay) -> int:
-    """Connections of this relay's gateway blocked in XREAD."""
-    return sum(
-        1
-        for client in await redis_client.client_list()
-        if client.get("cmd") == "xread" and client.get("name") == relay.keys.stream_reader_name
-    )
 
 
 async def _until_watched(relay: Relay, streams: int) -> None:
@@ -45,34 +40,42 @@ async def _follow_all(relay: Relay, job_id: str, cursor: str = START) -> list[st
     return [entry.id async for entry in relay.follow(job_id, cursor)]
 
 
-async def test_many_followers_share_one_blocking_reader(redis_client: aioredis.Redis, relay: Relay) -> None:
+async def test_many_followers_share_one_reader_which_reads_only_the_streams_a_notice_names(
+    redis_client: aioredis.Redis, relay: Relay, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(fanout, "SWEEP_SECONDS", 60.0)  # no sweep reads every stream meanwhile
     jobs = [uuid.uuid4().hex for _ in range(50)]
     for job_id in jobs:
         await _append(redis_client, relay, job_id, "status")
     followers = [asyncio.create_task(_follow_all(relay, job_id)) for job_id in jobs]
     await _until_watched(relay, len(jobs))
-    assert await _blocked_readers(redis_client, relay) == 1  # one XREAD for 50 open streams
+    assert (await redis_client.pubsub_numsub(relay.keys.notices))[0][1] == 1  # one listener for 50 streams
+    await eventually(lambda: asyncio.sleep(0, not relay.hub._due), "the new streams read", interval=0.01)
+    named: list[int] = []
+    read = relay.hub._read
+
+    async def counted(due: Collection[Any]) -> Any:
+        named.append(len(due))
+        return await read(due)
+
+    monkeypatch.setattr(relay.hub, "_read", counted)
     ends = {job_id: await _append(redis_client, relay, job_id, "done") for job_id in jobs}
     results = await asyncio.gather(*followers)
     assert [ids[-1] for ids in results] == [ends[job_id] for job_id in jobs]
     assert all(len(ids) == 2 for ids in results)
+    assert sum(named) == len(jobs)  # each stream read once, for its one notice, however many watched
 
 
-async def test_a_stream_added_while_the_reader_blocks_is_watched_at_once(
+async def test_a_notice_missed_is_made_up_by_the_sweep(
     redis_client: aioredis.Redis, relay: Relay, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(fanout, "HUB_BLOCK_MS", 60_000)  # without the wake-up, B would wait a minute
-    first, second = uuid.uuid4().hex, uuid.uuid4().hex
-    await _append(redis_client, relay, first, "status")
-    following_first = asyncio.create_task(_follow_all(relay, first))
-    await eventually(lambda: _blocked_readers(redis_client, relay), "the reader blocks", interval=0.01)
-    await _append(redis_client, relay, second, "status")
-    following_second = asyncio.create_task(_follow_all(relay, second))
-    await _until_watched(relay, 2)
-    end = await _append(redis_client, relay, second, "done")
-    assert (await asyncio.wait_for(following_second, 30))[-1] == end
-    await _append(redis_client, relay, first, "done")
-    assert len(await asyncio.wait_for(following_first, 30)) == 2
+    monkeypatch.setattr(fanout, "SWEEP_SECONDS", 0.2)
+    job_id = uuid.uuid4().hex
+    await _append(redis_client, relay, job_id, "status")
+    following = asyncio.create_task(_follow_all(relay, job_id))
+    await _until_watched(relay, 1)
+    end = await redis_client.xadd(relay.keys.stream(job_id), {"type": "done", "data": "{}"})  # no notice
+    assert (await asyncio.wait_for(following, 30))[-1] == end
 
 
 async def test_a_follower_that_falls_behind_catches_up_without_gap_or_duplicate(
@@ -138,12 +141,8 @@ async def test_waiting_long_polls_hold_no_redis_connection_each(redis_url: str, 
         async def blocked() -> list[str]:
             return [c["name"] for c in await pool.client_list() if "b" in c["flags"] and c["name"] in ours]
 
-        # The reader is between two blocking reads now and then: the first look that finds it in one
-        # must find it alone there (a poll blocking on the pool would be blocked all along).
-        reader_blocked = await eventually(
-            blocked, "the hub's reader blocks", until=lambda names: polling.keys.stream_reader_name in names
-        )
-        assert reader_blocked == [polling.keys.stream_reader_name]
+        await eventually(lambda: stream_reader_listening(pool, polling.keys), "the hub listens to notices")
+        assert await blocked() == []  # a poll blocking on the pool would be blocked all along
         ends = [await _append(pool, polling, job_id, "done") for job_id in jobs]
         answers = await asyncio.wait_for(asyncio.gather(*pages), 30)
         assert [[entry.id for entry in entries] for entries, _, _ in answers] == [[end] for end in ends]

@@ -23,7 +23,7 @@ from shared.events import DeltaEvent, DoneEvent, JobState, Usage
 from shared.jobstore import JobStore, Outcome
 from shared.keys import Keys
 from shared.lifecycle import scripts
-from shared.lifecycle.transitions import Verdict
+from shared.lifecycle.transitions import JobStep, Verdict
 from tests.conftest import make_settings
 from tests.gateway.stand_ins import heartbeat, private_redis
 from tests.helpers import eventually, in_process_gateway, read_sse, scrape
@@ -66,10 +66,8 @@ async def _run_to_the_end(client: aioredis.Redis, store: JobStore, job_id: str) 
     maxlen = store.settings.stream_maxlen
     for seq, word in enumerate(WORDS, start=2):
         delta = DeltaEvent(seq=seq, text=word, token_ids=[seq])
-        command = store.transitions.step_command(
-            job_id=job_id, worker_id=WORKER, events=[delta], maxlen=maxlen
-        )
-        assert await client.execute_command(*command) == Verdict.go.value
+        answer = await store.transitions.step(worker_id=WORKER, step=JobStep(job_id, [delta]), maxlen=maxlen)
+        assert answer.verdict is Verdict.go
     usage = Usage(prompt_tokens=1, completion_tokens=len(WORDS))
     done = DoneEvent(seq=2 + len(WORDS), finish_reason="stop", usage=usage)
     outcome = Outcome(JobState.completed, "".join(WORDS), len(WORDS), usage, finish_reason="stop")

@@ -26,7 +26,7 @@ from shared.requests import ChatMessage, JobRequest
 from tests.conftest import make_settings
 from tests.gateway.stand_ins import CARD_MODEL as MODEL
 from tests.gateway.stand_ins import heartbeat
-from tests.helpers import JOB_DEADLINE_SECONDS, eventually
+from tests.helpers import JOB_DEADLINE_SECONDS, eventually, notify
 from tests.processes import Processes, free_port, wait_answering
 from tests.redis_cleanup import delete_prefix
 
@@ -94,9 +94,9 @@ async def _read(response: httpx.Response, received: Received) -> None:
 async def _publish(redis_client: aioredis.Redis, settings: Settings, job_id: str, event: Event) -> float:
     """The event appended as a worker appends it; when it was."""
     at = time.monotonic()
-    await redis_client.xadd(
-        Keys(settings.key_prefix).stream(job_id), {"type": event.type, "data": event.model_dump_json()}
-    )
+    keys = Keys(settings.key_prefix)
+    await redis_client.xadd(keys.stream(job_id), {"type": event.type, "data": event.model_dump_json()})
+    await notify(redis_client, keys, keys.stream(job_id))
     return at
 
 

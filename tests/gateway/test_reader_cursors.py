@@ -42,15 +42,6 @@ def store(gateway_process: KeyedGateway, redis_client: aioredis.Redis) -> JobSto
     return JobStore(redis_client, Keys(gateway_process.settings.key_prefix), gateway_process.settings)
 
 
-async def _reader_blocked(redis_client: aioredis.Redis, gateway: KeyedGateway) -> bool:
-    """Whether the gateway's one stream reader sits in a blocking XREAD (it watches some stream)."""
-    name = Keys(gateway.settings.key_prefix).stream_reader_name
-    return any(
-        client.get("name") == name and "b" in client.get("flags", "")
-        for client in await redis_client.client_list()
-    )
-
-
 async def _a_second_reader_gets_every_event(http: httpx.AsyncClient, worker: StandInWorker) -> None:
     """While the first reader holds its request, a reader from the start gets the job's every event
     up to `done`, though they are written after both readers came."""

@@ -19,7 +19,7 @@ import redis.asyncio as aioredis
 
 from shared.events import DeltaEvent, DoneEvent, Usage
 from tests.gateway.keyed_gateway import KeyedGateway
-from tests.helpers import eventually, read_sse, submit
+from tests.helpers import eventually, notify, read_sse, stream_reader_listening, submit
 
 WAIT_TIMEOUT = 60
 STALL_EVENTS = 40_000
@@ -88,24 +88,19 @@ async def _streams_open_are(http: httpx.AsyncClient, expected: float) -> bool:
     return await _streams_open(http) == expected
 
 
-async def _reader_blocked(redis_client: aioredis.Redis, gateway: KeyedGateway) -> bool:
-    """Whether the gateway's one stream reader sits in a blocking XREAD (it watches some stream)."""
-    return any(
-        client.get("name") == gateway.keys.stream_reader_name and "b" in client.get("flags", "")
-        for client in await redis_client.client_list()
-    )
-
-
 async def _reader_idle(redis_client: aioredis.Redis, gateway: KeyedGateway) -> bool:
-    return not await _reader_blocked(redis_client, gateway)
+    return not await stream_reader_listening(redis_client, gateway.keys)
 
 
-async def _append_deltas(redis_client: aioredis.Redis, stream: str, first_seq: int, count: int) -> None:
+async def _append_deltas(
+    redis_client: aioredis.Redis, notices: str, stream: str, first_seq: int, count: int
+) -> None:
     for start in range(first_seq, first_seq + count, 1000):
         pipe = redis_client.pipeline(transaction=False)
         for seq in range(start, min(start + 1000, first_seq + count)):
             data = DeltaEvent(seq=seq, text=STALL_TEXT, token_ids=[0]).model_dump_json()
             pipe.xadd(stream, {"type": "delta", "data": data})
+        pipe.publish(notices, stream)
         await pipe.execute()
 
 
@@ -116,14 +111,16 @@ async def test_a_reader_that_stops_reading_costs_bounded_memory_and_resumes_with
     stream = gateway_process.keys.stream(job_id)
     stalled = await _open_stream(gateway_process, job_id)
     await eventually(
-        lambda: _reader_blocked(redis_client, gateway_process), "the stalled reader's stream is open"
+        lambda: stream_reader_listening(redis_client, gateway_process.keys),
+        "the stalled reader's stream is open",
     )
     rss_before = _restart_peak_memory(gateway_process)
 
-    await _append_deltas(redis_client, stream, 1, STALL_EVENTS)
+    await _append_deltas(redis_client, gateway_process.keys.notices, stream, 1, STALL_EVENTS)
     usage = Usage(prompt_tokens=1, completion_tokens=STALL_EVENTS)
     done = DoneEvent(seq=STALL_EVENTS + 1, finish_reason="length", usage=usage)
     await redis_client.xadd(stream, {"type": "done", "data": done.model_dump_json()})
+    await notify(redis_client, gateway_process.keys, stream)
     # Another reader of the same job is not held back by the stalled one.
     others = await read_sse(http, job_id)
     assert len(others) == STALL_EVENTS + 2 and others[-1][1]["type"] == "done"
@@ -146,7 +143,8 @@ async def test_readers_that_vanish_free_their_streams_at_once(
     await eventually(lambda: _streams_open_are(http, baseline + len(sockets)), "every stream is open")
     # The reader is between two blocking reads now and then: wait for it to sit in one.
     await eventually(
-        lambda: _reader_blocked(redis_client, gateway_process), "the stream reader watches the streams"
+        lambda: stream_reader_listening(redis_client, gateway_process.keys),
+        "the stream reader watches the streams",
     )
     for sock in sockets[::2]:
         sock.close()  # a clean close

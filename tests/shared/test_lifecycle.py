@@ -21,6 +21,7 @@ from shared.lifecycle.transitions import (
     Failure,
     Finished,
     FinishOutcome,
+    JobStep,
     ReleaseOutcome,
     StepAnswer,
     Verdict,
@@ -217,9 +218,10 @@ async def step(store: JobStore, job_id: str, events: list[DeltaEvent], *, check:
     its job since a round trip failed."""
     await store.redis.script_load(scripts.STEP.source)
     command = store.transitions.step_command(
-        job_id=job_id, worker_id="worker-1", events=events, maxlen=1000, check=check
+        worker_id="worker-1", steps=[JobStep(job_id, list(events), check)], maxlen=1000
     )
-    return await store.redis.execute_command(*command)
+    (answer,) = await store.redis.execute_command(*command)
+    return answer
 
 
 async def seqs(store: JobStore, job_id: str) -> list[int]:

@@ -12,7 +12,7 @@ import pytest
 from shared.errors import RateLimited
 from shared.events import CancelledEvent, DeltaEvent, DoneEvent, ErrorEvent, JobState, Usage, event_adapter
 from shared.jobstore import JobStore, Outcome
-from shared.lifecycle.transitions import Failure, ReleaseOutcome
+from shared.lifecycle.transitions import Failure, JobStep, ReleaseOutcome
 from shared.requests import JobRequest
 from shared.tenants import Tenant, TenantUsage
 from tests.shared.transitions import MODEL, WORKER, claimed, release
@@ -125,9 +125,7 @@ async def test_cancelling_a_job_handed_back_ends_it_at_once_and_frees_its_slot(s
     assert await claimed(store) == [job_id]
     await start(store, job_id)
     step = [DeltaEvent(seq=2, text=" Paris", token_ids=[7, 8])]
-    await store.redis.execute_command(
-        *store.transitions.step_command(job_id=job_id, worker_id=WORKER, events=step, maxlen=1000)
-    )
+    await store.transitions.step(worker_id=WORKER, step=JobStep(job_id, step), maxlen=1000)
     assert await release(store, job_id, attempt=1) is ReleaseOutcome.requeued  # the worker is stopping
     await refusal(store, tenant)
 
