@@ -110,6 +110,7 @@ class Admission:
         self.tenants = tenants
         self.max_tokens_limit = settings.max_tokens_limit
         self.max_choices = settings.max_choices
+        self.max_prompts = settings.max_prompts
         self.max_queued_jobs = settings.max_queued_jobs
         self.memory_high_water = settings.redis_memory_high_water
         self.max_write_bytes = settings.max_request_write_bytes
@@ -223,6 +224,13 @@ class Admission:
                 "n",
                 f"must be at most {self.max_choices}",
                 detail=[{"loc": ["body", "n"], "type": "less_than_equal", "input": job.n}],
+            )
+        if job.prompt_count > self.max_prompts:
+            field = "prompt" if job.prompt is not None else "prompt_token_ids"
+            raise InvalidRequest.of_field(
+                field,
+                f"at most {self.max_prompts} prompts in one request, not {job.prompt_count}",
+                detail=[{"loc": ["body", field], "type": "too_long", "input": job.prompt_count}],
             )
         catalog = await self.catalog()
         target = catalog.resolve(model if model is not None else job.model, self.default_model)

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from shared.config import WorkerSettings
-from shared.errors import EngineError
+from shared.errors import EngineError, InvalidRequest
 from shared.events import TokenLogprob, TopLogprob
 from shared.model_card import ModelCard
 from shared.prompt_tokens import PromptCounter
@@ -121,15 +121,21 @@ class SyntheticEngine:
         return [token for value in values for token in ([value] if isinstance(value, str) else value)]
 
     def render(self, request: JobRequest) -> Prompt:
-        if request.messages is not None:
+        prompt = request.only_prompt
+        if isinstance(prompt, list):
+            ids = prompt
+            try:
+                self._counter.check_token_ids(ids, "prompt_token_ids")
+            except InvalidRequest as exc:  # as vLLM's engine refuses them
+                raise EngineError(f"the prompt's token ids: {exc.reason}") from exc
+        elif prompt is not None:
+            ids = self._counter.encode(prompt, add_special_tokens=True)
+        else:
             text = self._counter.render_chat(request)
             if text is None:
                 raise EngineError(f"{self.model_name} has no chat template: send a prompt, not messages")
             ids = self._counter.encode(text, add_special_tokens=False)
-        else:
-            ids = self._counter.encode(request.prompt or "", add_special_tokens=True)
-        kept = request.kept_prompt_tokens(len(ids), self.max_model_len)
-        return Prompt(token_ids=ids[len(ids) - kept :], request=request)
+        return Prompt.truncated(ids, request, self.max_model_len)
 
     async def generate(self, request_id: str, prompt: Prompt) -> AsyncGenerator[EngineDelta, None]:
         if len(prompt.token_ids) >= self.max_model_len:

@@ -164,15 +164,17 @@ class VllmEngine:
         return self._adapters[adapter]
 
     def render(self, request: JobRequest) -> Prompt:
-        if request.messages is not None:
+        prompt = request.only_prompt
+        if isinstance(prompt, list):
+            ids = prompt  # exactly these: vLLM checks them against the vocabulary as it takes them
+        elif prompt is not None:
+            ids = self._tokenizer.encode(prompt)
+        else:
             text = self._tokenizer.apply_chat_template(
-                [m.model_dump() for m in request.messages], add_generation_prompt=True, tokenize=False
+                [m.model_dump() for m in request.messages or []], add_generation_prompt=True, tokenize=False
             )
             ids = self._tokenizer.encode(str(text), add_special_tokens=False)
-        else:
-            ids = self._tokenizer.encode(request.prompt or "")
-        kept = request.kept_prompt_tokens(len(ids), self.max_model_len)
-        return Prompt(token_ids=list(ids[len(ids) - kept :]), request=request)
+        return Prompt.truncated(ids, request, self.max_model_len)
 
     @staticmethod
     def sampling_params(request: JobRequest) -> SamplingParams:
@@ -194,9 +196,10 @@ class VllmEngine:
         async with self._turn(adapter):
             try:
                 # Already tokenized (usage must be exact), so the renderer only packs the ids for the engine.
-                (engine_input,) = self._llm.renderer.render_cmpl(
-                    [TokensPrompt(prompt_token_ids=prompt.token_ids)]
-                )
+                tokens = TokensPrompt(prompt_token_ids=prompt.token_ids)
+                if prompt.request.cache_salt is not None:
+                    tokens["cache_salt"] = prompt.request.cache_salt
+                (engine_input,) = self._llm.renderer.render_cmpl([tokens])
                 async for output in self._llm.generate(
                     engine_input,
                     params,

@@ -17,6 +17,7 @@ from shared.errors import InvalidRequest
 from shared.requests import (
     MAX_MESSAGES,
     MAX_PROMPT_CHARS,
+    MAX_PROMPTS,
     MAX_STOP_CHARS,
     MAX_STOP_STRINGS,
     MAX_STOP_TOKEN_IDS,
@@ -266,16 +267,16 @@ class _Body(SamplingOptions):
 
 
 class CompletionBody(_Body):
-    """`POST /v1/completions`: one prompt, `n` choices."""
+    """`POST /v1/completions`: a prompt (text or token ids), or a list of them, `n` choices each."""
 
     chat = False
     default_max_tokens = 16  # OpenAI's and vLLM's default for completions
 
     prompt: (
         PromptText
-        | Annotated[list[PromptText], Field(max_length=MAX_MESSAGES)]
+        | Annotated[list[PromptText], Field(max_length=MAX_PROMPTS)]
         | TokenIds
-        | Annotated[list[TokenIds], Field(max_length=MAX_MESSAGES)]
+        | Annotated[list[TokenIds], Field(max_length=MAX_PROMPTS)]
     )
     logprobs: Integer | None = None
     echo: bool | None = None
@@ -283,10 +284,13 @@ class CompletionBody(_Body):
     best_of: Integer | None = None
 
     def _refusals(self) -> list[Refusal]:
-        one_text = isinstance(self.prompt, str) or (len(self.prompt) == 1 and isinstance(self.prompt[0], str))
         return [
             *super()._refusals(),
-            (not one_text, "prompt", "give one prompt as a string; token ids and batches are not supported"),
+            (
+                bool(self.echo) and not isinstance(self._input().get("prompt"), str),
+                "echo",
+                "echo is supported with one text prompt, not token ids or a list of prompts",
+            ),
             (
                 bool(self.echo) and self.logprobs is not None,
                 "echo",
@@ -296,18 +300,22 @@ class CompletionBody(_Body):
             (self.best_of not in (None, 1), "best_of", "only best_of=1 is supported"),
         ]
 
+    def _parameter_names(self) -> dict[str, str]:
+        return {**super()._parameter_names(), "prompt_token_ids": "prompt"}
+
     @property
     def echoed(self) -> str:
-        return self._prompt if self.echo else ""
-
-    @property
-    def _prompt(self) -> str:
-        prompt = self.prompt if isinstance(self.prompt, str) else self.prompt[0]
-        assert isinstance(prompt, str)  # refused otherwise, before the job is made
-        return prompt
+        prompt = self._input().get("prompt")
+        return prompt if self.echo and isinstance(prompt, str) else ""
 
     def _input(self) -> dict[str, Any]:
-        return {"prompt": self._prompt, "logprobs": self.logprobs}
+        """The prompt as the job takes it: texts as `prompt`, token ids as `prompt_token_ids`; a list of
+        one prompt is that prompt."""
+        prompts: list[Any] = [self.prompt] if isinstance(self.prompt, str) else list(self.prompt)
+        if prompts and isinstance(prompts[0], int):
+            prompts = [prompts]  # the token ids of one prompt
+        field = "prompt_token_ids" if prompts and isinstance(prompts[0], list) else "prompt"
+        return {field: prompts[0] if len(prompts) == 1 else prompts, "logprobs": self.logprobs}
 
 
 class ContentPart(BaseModel):
