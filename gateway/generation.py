@@ -61,6 +61,7 @@ class Choice:
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[TokenLogprob] = field(default_factory=list)
     finish_reason: str = "stop"
+    stop_reason: int | str | None = None
 
 
 @dataclass
@@ -168,6 +169,8 @@ class JobRun:
                 result.usage = event.usage
                 for index, reason in enumerate(event.finish_reasons or [event.finish_reason]):
                     result.choice(index).finish_reason = reason
+                for index, stop_reason in enumerate(event.stop_reasons or []):
+                    result.choice(index).stop_reason = stop_reason
             raise_for_failure(event)
         for index, parts in texts.items():
             result.choice(index).text = "".join(parts)

@@ -19,7 +19,7 @@ from shared.requests import JobRequest
 @dataclass(frozen=True)
 class EngineDelta:
     """What one engine step added to one choice (`index`, 0 to n-1) of a request; `finished`: that
-    choice has ended."""
+    choice has ended, and `stop_reason` names the stop string or token id that ended it, if one did."""
 
     text: str
     token_ids: list[int]
@@ -27,6 +27,7 @@ class EngineDelta:
     finished: bool = False
     finish_reason: str | None = None
     index: int = 0
+    stop_reason: int | str | None = None
 
 
 @dataclass(frozen=True)

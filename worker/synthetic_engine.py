@@ -90,6 +90,7 @@ class _Choice:
     text: str = ""
     sent: int = 0
     finish_reason: str | None = None
+    stop_reason: int | str | None = None  # the stop token or string that ended it, as vLLM's
 
 
 class SyntheticEngine:
@@ -179,7 +180,7 @@ class SyntheticEngine:
         else:
             token = choice.draw.choice(self._vocabulary)
             if len(choice.token_ids) + 1 >= request.min_tokens and token in request.stop_token_ids:
-                choice.finish_reason = "stop"
+                choice.finish_reason, choice.stop_reason = "stop", token
         choice.token_ids.append(token)
         if choice.finish_reason is None and len(choice.token_ids) >= room:
             choice.finish_reason = "length"
@@ -192,7 +193,7 @@ class SyntheticEngine:
         end = len(choice.text)
         cut = _stop_cut(choice.text, choice.sent, request)
         if cut is not None:
-            end, choice.finish_reason = max(cut, choice.sent), "stop"
+            end, choice.finish_reason, choice.stop_reason = max(cut[0], choice.sent), "stop", cut[1]
         added, choice.sent = choice.text[choice.sent : end], end
         return EngineDelta(
             text=added,
@@ -201,6 +202,7 @@ class SyntheticEngine:
             finished=choice.finish_reason is not None,
             finish_reason=choice.finish_reason,
             index=choice.index,
+            stop_reason=choice.stop_reason,
         )
 
     def _logprobs(self, choice: _Choice, new_ids: list[int], wanted: int) -> list[TokenLogprob]:
@@ -215,6 +217,7 @@ class SyntheticEngine:
                     token_id=token_id,
                     token=self._counter.token_strings([token_id])[0],
                     logprob=logprob,
+                    rank=1,  # every token is as likely: the sampled one comes first
                     top_logprobs=[
                         TopLogprob(token_id=tid, token=self._counter.token_strings([tid])[0], logprob=logprob)
                         for tid in top
@@ -250,11 +253,11 @@ def _seed(request: JobRequest, prompt_ids: list[int]) -> int:
     return random.randrange(2**63)
 
 
-def _stop_cut(text: str, sent: int, request: JobRequest) -> int | None:
-    """Where a stop string that appears in `text` (and not wholly in what was sent) cuts it."""
+def _stop_cut(text: str, sent: int, request: JobRequest) -> tuple[int, str] | None:
+    """Where a stop string that appears in `text` (and not wholly in what was sent) cuts it, and which."""
     cuts = []
     for stop in request.stop_strings:
         found = text.find(stop, max(sent - len(stop) + 1, 0))
         if found != -1:
-            cuts.append(found + len(stop) if request.include_stop_str_in_output else found)
+            cuts.append((found + len(stop) if request.include_stop_str_in_output else found, stop))
     return min(cuts) if cuts else None

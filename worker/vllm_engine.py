@@ -26,6 +26,7 @@ from shared.errors import EngineDead, EngineError
 from shared.events import TokenLogprob, TopLogprob
 from shared.models import Target
 from shared.requests import JobRequest, StructuredOutputs
+from shared.sampling import vllm_sampling_fields
 from worker import cpu_placement
 from worker.adapter_gate import AdapterGate
 from worker.constraint_compile import ConstraintCompiler
@@ -33,27 +34,6 @@ from worker.cpu_dtype import dtype_for_cpu
 from worker.engine import EngineDelta, Prompt
 
 CPU_GPU_MEMORY_UTILIZATION = 0.3
-SAMPLING_FIELDS = frozenset(
-    {
-        "n",
-        "max_tokens",
-        "temperature",
-        "top_p",
-        "seed",
-        "logprobs",
-        "stop_token_ids",
-        "include_stop_str_in_output",
-        "ignore_eos",
-        "min_tokens",
-        "min_p",
-        "presence_penalty",
-        "frequency_penalty",
-        "repetition_penalty",
-        "skip_special_tokens",
-        "spaces_between_special_tokens",
-    }
-)
-"""The job's fields that `SamplingParams` takes as they are, under the same names."""
 
 
 def engine_args(settings: WorkerSettings) -> AsyncEngineArgs:
@@ -100,6 +80,7 @@ def _logprobs(
                 token_id=token_id,
                 token=chosen.decoded_token or "",
                 logprob=chosen.logprob,
+                rank=chosen.rank,
                 top_logprobs=[
                     TopLogprob(token_id=tid, token=lp.decoded_token or "", logprob=lp.logprob)
                     for tid, lp in top
@@ -179,14 +160,9 @@ class VllmEngine:
     @staticmethod
     def sampling_params(request: JobRequest) -> SamplingParams:
         """vLLM's parameters for a job: every sampling option of a job has vLLM's own name."""
-        return SamplingParams(
-            **request.model_dump(include=set(SAMPLING_FIELDS)),
-            top_k=request.top_k or 0,
-            stop=request.stop_strings or None,
-            logit_bias={int(token): bias for token, bias in (request.logit_bias or {}).items()} or None,
-            structured_outputs=_structured_outputs(request.structured_outputs),
-            output_kind=RequestOutputKind.DELTA,
-        )
+        fields = vllm_sampling_fields(request)
+        fields["structured_outputs"] = _structured_outputs(request.structured_outputs)
+        return SamplingParams(**fields, output_kind=RequestOutputKind.DELTA)
 
     async def generate(self, request_id: str, prompt: Prompt) -> AsyncGenerator[EngineDelta, None]:
         params = self.sampling_params(prompt.request)
@@ -217,6 +193,7 @@ class VllmEngine:
                             finished=completion.finished(),
                             finish_reason=completion.finish_reason,
                             index=completion.index,
+                            stop_reason=completion.stop_reason,
                         )
             except EngineDeadError as exc:
                 raise EngineDead(f"the engine died: {exc!r}") from exc

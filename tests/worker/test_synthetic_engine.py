@@ -68,8 +68,10 @@ async def test_a_stop_string_cuts_the_text_and_ends_the_choice(engine: Synthetic
     request = JobRequest(prompt="Hello", max_tokens=40, seed=3, ignore_eos=True)
     _, text, _ = choice(await run(engine, request))
     stop = text[10:13]  # three characters from the middle of what this seed writes
-    ids, cut, reason = choice(await run(engine, request.model_copy(update={"stop": stop})))
+    stopped = await run(engine, request.model_copy(update={"stop": stop}))
+    ids, cut, reason = choice(stopped)
     assert reason == "stop" and stop not in cut and text.startswith(cut) and len(ids) < 40
+    assert stopped[-1].stop_reason == stop  # vLLM's stop_reason: the string that ended it
     kept = request.model_copy(update={"stop": stop, "include_stop_str_in_output": True})
     assert choice(await run(engine, kept))[1].endswith(stop)
 
@@ -79,6 +81,7 @@ async def test_a_stop_token_id_ends_the_choice(engine: SyntheticEngine) -> None:
     ids, _, _ = choice(await run(engine, request))
     stopped = await run(engine, request.model_copy(update={"stop_token_ids": [ids[4]]}))
     assert choice(stopped)[0] == ids[: ids.index(ids[4]) + 1] and choice(stopped)[2] == "stop"
+    assert stopped[-1].stop_reason == ids[4]
 
 
 async def test_without_ignore_eos_a_choice_may_end_with_the_end_of_sequence(engine: SyntheticEngine) -> None:
