@@ -98,6 +98,17 @@ class PromptCounter:
     def encode(self, text: str, add_special_tokens: bool) -> list[int]:
         return list(self._tokenizer.encode(text, add_special_tokens=add_special_tokens).ids)
 
+    def token_ids(self, request: JobRequest) -> list[list[int]]:
+        """Each prompt's token ids as the engine gets them, before truncation: a text encoded with the
+        special tokens, token ids as given, a chat rendered with its template and encoded without."""
+        prompts = request.prompts
+        if prompts is None:
+            text = self.render_chat(request)
+            if text is None:
+                raise InvalidRequest("messages: the model has no chat template", param="messages")
+            return [self.encode(text, add_special_tokens=False)]
+        return [prompt if isinstance(prompt, list) else self.encode(prompt, True) for prompt in prompts]
+
     @property
     def vocabulary_size(self) -> int:
         return int(self._tokenizer.get_vocab_size(with_added_tokens=True))

@@ -77,6 +77,21 @@ def job_request_of(fields: dict[str, Any], params: Mapping[str, str]) -> JobRequ
         raise InvalidRequest(message, param=param, code=error["type"]) from exc
 
 
+def in_terms(exc: InvalidRequest, params: Mapping[str, str]) -> InvalidRequest:
+    """A refusal of a job field (the gateway's limits), under the API's name of its parameter."""
+    if exc.field is None:
+        return exc
+    param = params.get(exc.field, exc.field)
+    return InvalidRequest(f"{param}: {exc.reason}", param=param, code="invalid_value")
+
+
+def refuse(refusals: list[Refusal]) -> None:
+    """`InvalidRequest` naming the first parameter refused, if any is."""
+    for refused, param, reason in refusals:
+        if refused:
+            raise InvalidRequest(f"{param}: {reason}", param=param, code="unsupported_parameter")
+
+
 class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -164,6 +179,7 @@ class _Body(SamplingOptions):
     guided_json: Any = None
     guided_regex: Any = None
     guided_choice: Any = None
+    cache_salt: Name | None = None  # vLLM's: salts the engine's prefix cache
 
     @property
     def fills_context(self) -> bool:
@@ -237,10 +253,7 @@ class _Body(SamplingOptions):
 
     def in_own_terms(self, exc: InvalidRequest) -> InvalidRequest:
         """A refusal of a job field (the gateway's limits), under this endpoint's parameter name."""
-        if exc.field is None:
-            return exc
-        param = self._parameter_names().get(exc.field, exc.field)
-        return InvalidRequest(f"{param}: {exc.reason}", param=param, code="invalid_value")
+        return in_terms(exc, self._parameter_names())
 
     def job_request(self, max_tokens_limit: int) -> JobRequest:
         """The job this body asks for; `InvalidRequest` (naming the parameter) when it cannot be one.
@@ -249,9 +262,7 @@ class _Body(SamplingOptions):
         is then raised to what the context leaves: `fills_context`); a value over the limit is
         admission's to refuse.
         """
-        for refused, param, reason in self._refusals():
-            if refused:
-                raise InvalidRequest(f"{param}: {reason}", param=param, code="unsupported_parameter")
+        refuse(self._refusals())
         max_tokens = self._max_tokens()[1]
         if max_tokens is None:
             max_tokens = min(self.default_max_tokens, max_tokens_limit)
@@ -260,6 +271,7 @@ class _Body(SamplingOptions):
             "n": self.n,
             **self.sampling_fields(),
             "structured_outputs": self._structured_outputs(),
+            "cache_salt": self.cache_salt,
             **self._input(),
         }
         fields = {name: value for name, value in fields.items() if value is not None}
