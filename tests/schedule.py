@@ -34,6 +34,7 @@ GROUPS = {
     "tests/e2e/test_synthetic_worker.py": "synthetic-system",  # tests/conftest.py's `synthetic_system`
     "tests/e2e/test_replay.py": "synthetic-system",
     "tests/e2e/test_openai_routes.py": "synthetic-system",
+    "tests/e2e/test_scale_out_routes.py": "synthetic-system",
     "tests/e2e/test_tgi_routes.py": "synthetic-system",
     "tests/e2e/test_openai_stream_timing.py": "synthetic-system",
     "tests/e2e/test_responses_client.py": "synthetic-system",
