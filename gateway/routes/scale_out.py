@@ -81,8 +81,8 @@ async def generate(body: GenerateBody, request: Request, owner: Owner, services:
     """vLLM's tokens in, tokens out: exactly the given token ids reach the engine, and the answer gives
     the generated ids (and their text with `output_mode` "text"), whole or streamed."""
     with services.hold_reader(owner) as hold:
-        target = await services.admission.resolve(body.model)
         job = body.job_request(services.settings.max_tokens_limit)
+        target = await services.admission.resolve(body.model)
         try:
             submission = await services.admission.admit(
                 job, owner, model=body.model, fill_context=body.fills_context
