@@ -159,3 +159,22 @@ async def test_refused_before_any_job_in_vllms_shape_naming_the_parameter(
     assert param in error["param"]
     assert answer.headers.get("X-Streampool-Job-Id") is None
     assert await _jobs(redis_client, settings) == set()
+
+
+@pytest.mark.parametrize("path", ["/inference/v1/generate", "/v1/completions"])
+async def test_token_ids_past_the_context_are_counted_as_given_and_refused_before_a_job(
+    gateway: httpx.AsyncClient,
+    published: ModelCard,
+    redis_client: aioredis.Redis,
+    settings: Settings,
+    path: str,
+) -> None:
+    ids = [504] * (CONTEXT - 3)
+    if path == "/v1/completions":
+        body: dict[str, Any] = {"model": MODEL, "prompt": ids, "max_tokens": 4}
+    else:
+        body = {"model": MODEL, "token_ids": ids, "sampling_params": {"max_tokens": 4}}
+    answer = await gateway.post(path, json=body)
+    assert answer.status_code == 400, answer.text
+    assert f"({CONTEXT - 3} in the prompt, 4 for the completion)" in answer.json()["error"]["message"]
+    assert await _jobs(redis_client, settings) == set()
