@@ -44,7 +44,7 @@ async def run(
 
     async def one(request: JobRequest) -> StreamTiming:
         timing = StreamTiming(started=time.monotonic())
-        prompt = await render(engine, request)  # as the worker does
+        (prompt,) = await render(engine, request)  # as the worker does
         async for delta in engine.generate(f"bench-{next(ids)}", prompt):
             timing.add(time.monotonic(), len(delta.token_ids))
             timing.tokens += len(delta.token_ids)

@@ -110,6 +110,7 @@ class Admission:
         self.tenants = tenants
         self.max_tokens_limit = settings.max_tokens_limit
         self.max_choices = settings.max_choices
+        self.max_prompts = settings.max_prompts
         self.max_queued_jobs = settings.max_queued_jobs
         self.memory_high_water = settings.redis_memory_high_water
         self.max_write_bytes = settings.max_request_write_bytes
@@ -212,18 +213,7 @@ class Admission:
         checked is the whole conversation, what is written (and bounded by `max_request_write_bytes`,
         and counted against Redis's memory) is the turn's own.
         """
-        if job.max_tokens > self.max_tokens_limit:
-            raise InvalidRequest.of_field(
-                "max_tokens",
-                f"must be at most {self.max_tokens_limit}",
-                detail=[{"loc": ["body", "max_tokens"], "type": "less_than_equal", "input": job.max_tokens}],
-            )
-        if job.n > self.max_choices:
-            raise InvalidRequest.of_field(
-                "n",
-                f"must be at most {self.max_choices}",
-                detail=[{"loc": ["body", "n"], "type": "less_than_equal", "input": job.n}],
-            )
+        self.check_limits(job)
         catalog = await self.catalog()
         target = catalog.resolve(model if model is not None else job.model, self.default_model)
         job = job.model_copy(update={"model": target.qualified})
@@ -267,3 +257,26 @@ class Admission:
                 self.metrics.tenant_jobs_submitted.labels(tenant=tenant.name).inc()
             log.info("queued for %s", target.qualified, extra={"job_id": submission.job_id})
         return submission
+
+    def check_limits(self, job: JobRequest) -> None:
+        """`InvalidRequest` naming the field when a job asks for more than the gateway's limits allow:
+        tokens, choices, prompts."""
+        if job.max_tokens > self.max_tokens_limit:
+            raise InvalidRequest.of_field(
+                "max_tokens",
+                f"must be at most {self.max_tokens_limit}",
+                detail=[{"loc": ["body", "max_tokens"], "type": "less_than_equal", "input": job.max_tokens}],
+            )
+        if job.n > self.max_choices:
+            raise InvalidRequest.of_field(
+                "n",
+                f"must be at most {self.max_choices}",
+                detail=[{"loc": ["body", "n"], "type": "less_than_equal", "input": job.n}],
+            )
+        if job.prompt_count > self.max_prompts:
+            field = "prompt" if job.prompt is not None else "prompt_token_ids"
+            raise InvalidRequest.of_field(
+                field,
+                f"at most {self.max_prompts} prompts in one request, not {job.prompt_count}",
+                detail=[{"loc": ["body", field], "type": "too_long", "input": job.prompt_count}],
+            )

@@ -27,7 +27,7 @@ from gateway.metrics import GatewayMetrics
 from gateway.prompt_limit import PromptLimit
 from gateway.relay import Relay
 from gateway.request_metrics import RequestMetrics
-from gateway.routes import health, jobs, openai, playground, responses, tgi, usage, vllm
+from gateway.routes import health, jobs, openai, playground, responses, scale_out, tgi, usage, vllm
 from gateway.server_send import KeepServerSend
 from gateway.webhooks.deliveries import Deliveries
 from gateway.webhooks.sender import WebhookSender
@@ -113,6 +113,7 @@ def create_app(settings: GatewaySettings) -> FastAPI:
     app.include_router(openai.router)
     app.include_router(responses.router)
     app.include_router(vllm.router)
+    app.include_router(scale_out.router)
     app.include_router(tgi.router)
     app.include_router(playground.router)
     app.include_router(health.router)

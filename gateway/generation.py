@@ -9,8 +9,9 @@ gateway lets these runs go on (`OpenRuns`) where it ends native event streams at
 from __future__ import annotations
 
 import asyncio
+import json
 import math
-from collections.abc import AsyncGenerator, AsyncIterator, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator
 from contextlib import aclosing, contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -61,6 +62,7 @@ class Choice:
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[TokenLogprob] = field(default_factory=list)
     finish_reason: str = "stop"
+    stop_reason: int | str | None = None
 
 
 @dataclass
@@ -168,6 +170,8 @@ class JobRun:
                 result.usage = event.usage
                 for index, reason in enumerate(event.finish_reasons or [event.finish_reason]):
                     result.choice(index).finish_reason = reason
+                for index, stop_reason in enumerate(event.stop_reasons or []):
+                    result.choice(index).stop_reason = stop_reason
             raise_for_failure(event)
         for index, parts in texts.items():
             result.choice(index).text = "".join(parts)
@@ -204,3 +208,35 @@ def event_source(
         sep=sep,
         shutdown_grace_period=math.inf,
     )
+
+
+async def chunk_frames(
+    run: JobRun,
+    feed: Callable[[Event], list[dict[str, Any]]],
+    failure: Callable[[StreampoolError], dict[str, Any]],
+    sep: str,
+) -> AsyncIterator[ServerSentEvent]:
+    """A run's answer as `data:` chunks (`feed` makes each event's), then `[DONE]`, as OpenAI's and
+    vLLM's servers stream, each line ended with `sep`; a failure ends it as the chunk `failure`
+    writes, never a silent close.
+
+    The first chunk goes with the first token: a chunk sent earlier would make a client's time to
+    first token the queue's. Until then only sse-starlette's keep-alive comments go out, every
+    `sse_ping_seconds`. Not one per state the job passes: vLLM's benchmark client strips each read
+    it gets and keeps a comment that came alone in its buffer, where it swallows every later chunk.
+    Closing this generator early (the client went away) closes the job's events, which cancels the job.
+    """
+    metrics = run.services.metrics
+    metrics.streams_open.inc()
+    try:
+        async with aclosing(run.events()) as events:
+            async for event in events:
+                raise_for_failure(event)
+                for chunk in feed(event):
+                    # Only `data:` lines, as OpenAI and vLLM stream them: no `event:` or `id:` fields.
+                    yield ServerSentEvent(data=json.dumps(chunk), sep=sep)
+    except StreampoolError as exc:
+        yield ServerSentEvent(data=json.dumps(failure(exc)), sep=sep)
+    finally:
+        metrics.streams_open.dec()
+    yield ServerSentEvent(data="[DONE]", sep=sep)

@@ -83,52 +83,71 @@ class PromptLimit:
         return card.counter
 
     async def count(self, request: JobRequest, model: str) -> int | None:
-        """The prompt's tokens as the model's workers will count them (after truncation); None without
-        a card to count with."""
+        """The prompts' tokens together as the model's workers will count them (after truncation); None
+        without a card to count with."""
         counter = await self.counter(model)
         if counter is None:
             return None
         context = counter.card.max_model_len
         measured = await measure_prompt(counter, request, context)
-        return None if measured is None else request.kept_prompt_tokens(measured.tokens, context)
+        if measured is None:
+            return None
+        return sum(request.kept_prompt_tokens(measure.tokens, context) for measure in measured)
 
     async def check(
         self, request: JobRequest, model: str, announced: ModelEntry | None = None, *, fill: int | None = None
     ) -> JobRequest:
-        """The request, or `PromptTooLong` with the numbers when prompt plus `max_tokens` exceed the
-        model's context (`InvalidRequest` for a `truncate_prompt_tokens` over it). `announced`: what the
-        model's workers' heartbeats said of it, for a model without a card. `fill`: the request named no
-        `max_tokens`; as vLLM, it gets as many as the context leaves after the prompt, at most `fill` (it
-        keeps its own where the prompt cannot be counted)."""
+        """The request, or `PromptTooLong` with the numbers when a prompt plus `max_tokens` exceed the
+        model's context (`InvalidRequest` for a `truncate_prompt_tokens` over it, or a token id the model
+        does not have). `announced`: what the model's workers' heartbeats said of it, for a model without
+        a card. `fill`: the request named no `max_tokens`; as vLLM, it gets as many as the context leaves
+        after its longest prompt, at most `fill` (it keeps its own where the prompt cannot be counted)."""
         counter = await self.counter(model)
         if counter is None:
             if announced is None or announced.max_model_len is None:
                 return request
-            least = least_tokens(request.prompt_chars, announced.max_chars_per_token)
-            return _fitted(request, announced.max_model_len, Measure(least, exact=False))
+            return _fitted(request, announced.max_model_len, _least_measures(request, announced))
         context = counter.card.max_model_len
+        for prompt in request.prompts or []:
+            if isinstance(prompt, list):
+                counter.check_token_ids(prompt, "prompt_token_ids")
         measured = await measure_prompt(counter, request, context)
         if measured is None:
             return request
         if fill is not None:
-            room = context - request.kept_prompt_tokens(measured.tokens, context)
-            request = request.model_copy(update={"max_tokens": max(1, min(fill, room))})
+            longest = max(request.kept_prompt_tokens(measure.tokens, context) for measure in measured)
+            request = request.model_copy(update={"max_tokens": max(1, min(fill, context - longest))})
         return _fitted(request, context, measured)
 
 
-def _fitted(request: JobRequest, context: int, measured: Measure) -> JobRequest:
-    """The request, or `PromptTooLong` when its prompt (as much of it as truncation keeps) leaves no
-    room for `max_tokens` in the context."""
-    prompt_tokens = request.kept_prompt_tokens(measured.tokens, context)
-    if prompt_tokens + request.max_tokens > context:
-        at_least = not measured.exact and prompt_tokens == measured.tokens
-        raise prompt_too_long(prompt_tokens, request.max_tokens, context, at_least=at_least)
+def _least_measures(request: JobRequest, announced: ModelEntry) -> list[Measure]:
+    """Each prompt's fewest tokens, without a card: a text's bounded by its characters, token ids
+    counted."""
+    prompts = request.prompts
+    if prompts is None:
+        return [Measure(least_tokens(request.prompt_chars, announced.max_chars_per_token), exact=False)]
+    return [
+        Measure(len(prompt), exact=True)
+        if isinstance(prompt, list)
+        else Measure(least_tokens(len(prompt), announced.max_chars_per_token), exact=False)
+        for prompt in prompts
+    ]
+
+
+def _fitted(request: JobRequest, context: int, measured: list[Measure]) -> JobRequest:
+    """The request, or `PromptTooLong` when one of its prompts (as much of it as truncation keeps) leaves
+    no room for `max_tokens` in the context."""
+    for measure in measured:
+        prompt_tokens = request.kept_prompt_tokens(measure.tokens, context)
+        if prompt_tokens + request.max_tokens > context:
+            at_least = not measure.exact and prompt_tokens == measure.tokens
+            raise prompt_too_long(prompt_tokens, request.max_tokens, context, at_least=at_least)
     return request
 
 
-async def measure_prompt(counter: PromptCounter, request: JobRequest, context: int) -> Measure | None:
-    """`counter.measure` up to what can matter (the context, or what truncation keeps of the prompt),
-    off the event loop unless the prompt is quick to tokenize."""
+async def measure_prompt(counter: PromptCounter, request: JobRequest, context: int) -> list[Measure] | None:
+    """`counter.measure` up to what can matter (the context, or what truncation keeps of a prompt),
+    off the event loop unless the prompts are quick to tokenize."""
     keep = request.truncation(context)
     at_most = context if keep is None else keep
     if request.quick_to_tokenize:

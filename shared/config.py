@@ -107,6 +107,13 @@ class GatewaySettings(RedisSettings):
     max_choices: int = Field(
         8, ge=1, description="highest `n` (choices of one prompt, in one job) a request may ask for"
     )
+    max_prompts: int = Field(
+        64,
+        ge=1,
+        le=1024,
+        description="most prompts one request may give as a list (`/v1/completions`, a job's `prompt` or "
+        "`prompt_token_ids`); they run in one job, on one worker, `n` choices each",
+    )
     redis_memory_high_water: float = Field(
         0.9,
         gt=0,

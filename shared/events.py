@@ -31,6 +31,14 @@ class Usage(BaseModel):
         return self.prompt_tokens + self.completion_tokens
 
 
+def _zero(value: int) -> bool:
+    return value == 0
+
+
+def _none(value: object) -> bool:
+    return value is None
+
+
 class TopLogprob(BaseModel):
     token_id: int
     token: str
@@ -38,11 +46,13 @@ class TopLogprob(BaseModel):
 
 
 class TokenLogprob(BaseModel):
-    """Log-probability of a sampled token and, when asked for, its most likely alternatives."""
+    """Log-probability of a sampled token (and its rank, 1 for the likeliest, where the engine gives it)
+    and, when asked for, its most likely alternatives, likeliest first."""
 
     token_id: int
     token: str
     logprob: float
+    rank: int | None = Field(None, exclude_if=_none)
     top_logprobs: list[TopLogprob] = []
 
 
@@ -55,14 +65,6 @@ class StatusEvent(BaseModel):
     message: str | None = None
     resumed: bool = False
     attempt: int | None = None  # on `running` events: which run of the job (1 first) starts
-
-
-def _zero(value: int) -> bool:
-    return value == 0
-
-
-def _none(value: object) -> bool:
-    return value is None
 
 
 class DeltaEvent(BaseModel):
@@ -78,13 +80,16 @@ class DeltaEvent(BaseModel):
 
 
 class DoneEvent(BaseModel):
-    """The end of a job; usage counts the prompt once and the tokens of every choice, as vLLM's.
-    With n > 1, `finish_reasons` holds each choice's, `finish_reason` the first one's."""
+    """The end of a job; usage counts the prompts and the tokens of every choice, as vLLM's.
+    With several choices, `finish_reasons` holds each choice's, `finish_reason` the first one's.
+    `stop_reasons`, when a stop string or stop token ended a choice, holds each choice's (vLLM's
+    `stop_reason`: that string or token id; null where the end of sequence or the length ended it)."""
 
     type: Literal["done"] = "done"
     seq: int
     finish_reason: str
     finish_reasons: list[str] | None = Field(None, exclude_if=_none)
+    stop_reasons: list[int | str | None] | None = Field(None, exclude_if=_none)
     usage: Usage
 
 

@@ -24,6 +24,7 @@ class ModelCard(BaseModel):
     tokenizer_json: str  # the `tokenizers` serialization of the worker's own tokenizer
     chat_template: str | None
     special_tokens: dict[str, str | list[str]]  # what the chat template sees: bos_token, eos_token, ...
+    vocab_size: int | None = None  # the model's own (its embeddings'), which may pass the tokenizer's
 
     @property
     def digest(self) -> str:

@@ -98,6 +98,17 @@ class PromptCounter:
     def encode(self, text: str, add_special_tokens: bool) -> list[int]:
         return list(self._tokenizer.encode(text, add_special_tokens=add_special_tokens).ids)
 
+    def token_ids(self, request: JobRequest) -> list[list[int]]:
+        """Each prompt's token ids as the engine gets them, before truncation: a text encoded with the
+        special tokens, token ids as given, a chat rendered with its template and encoded without."""
+        prompts = request.prompts
+        if prompts is None:
+            text = self.render_chat(request)
+            if text is None:
+                raise InvalidRequest("messages: the model has no chat template", param="messages")
+            return [self.encode(text, add_special_tokens=False)]
+        return [prompt if isinstance(prompt, list) else self.encode(prompt, True) for prompt in prompts]
+
     @property
     def vocabulary_size(self) -> int:
         return int(self._tokenizer.get_vocab_size(with_added_tokens=True))
@@ -117,32 +128,47 @@ class PromptCounter:
         """Each token's own string, as transformers' `convert_ids_to_tokens`; "" for an unknown id."""
         return [self._tokenizer.id_to_token(token_id) or "" for token_id in token_ids]
 
+    @property
+    def token_id_bound(self) -> int:
+        """One past the highest token id the model takes: its tokenizer's, or its embeddings', whichever
+        vocabulary is the larger, as vLLM bounds a prompt's ids."""
+        return max(self.vocabulary_size, self.card.vocab_size or 0)
+
+    def check_token_ids(self, token_ids: list[int], param: str) -> None:
+        """`InvalidRequest` naming `param` when an id is none of the model's."""
+        bound = self.token_id_bound
+        unknown = next((token_id for token_id in token_ids if token_id >= bound), None)
+        if unknown is not None:
+            reason = f"{unknown} is not a token id of this model (its ids run from 0 to {bound - 1})"
+            raise InvalidRequest.of_field(param, reason, param=param)
+
     def decode(self, token_ids: list[int]) -> str:
         """The text of `token_ids`, special tokens kept, as vLLM's `/detokenize` decodes them."""
-        vocabulary = self._tokenizer.get_vocab_size(with_added_tokens=True)
-        unknown = next((token_id for token_id in token_ids if token_id >= vocabulary), None)
-        if unknown is not None:
-            raise InvalidRequest(
-                f"tokens: {unknown} is not a token id of this model (it has {vocabulary})", param="tokens"
-            )
+        self.check_token_ids(token_ids, "tokens")
         return str(self._tokenizer.decode(token_ids, skip_special_tokens=False))
 
     def count(self, request: JobRequest) -> int | None:
-        """How many tokens the prompt is; None when it cannot be known here."""
+        """How many tokens the prompts are together; None when it cannot be known here."""
         measured = self.measure(request)
-        return None if measured is None else measured.tokens
+        return None if measured is None else sum(measure.tokens for measure in measured)
 
-    def measure(self, request: JobRequest, at_most: int | None = None) -> Measure | None:
-        """`count`, where it only matters up to `at_most` tokens: a text too long to be that few is not
-        tokenized (as vLLM checks before it tokenizes: a 1 MB prompt takes a second of CPU), and is
-        measured by the fewest tokens it can be, which are more than `at_most`."""
-        if request.prompt is not None:
-            text, special = request.prompt, True
-        else:
+    def measure(self, request: JobRequest, at_most: int | None = None) -> list[Measure] | None:
+        """Each prompt's tokens (a chat is one prompt), where they only matter up to `at_most` tokens: a
+        text too long to be that few is not tokenized (as vLLM checks before it tokenizes: a 1 MB prompt
+        takes a second of CPU), and is measured by the fewest tokens it can be, which are more than
+        `at_most`. Token ids are counted as given. None for a chat the model has no template for."""
+        prompts = request.prompts
+        if prompts is None:
             rendered = self.render_chat(request)
-            if rendered is None:
-                return None
-            text, special = rendered, False
+            return None if rendered is None else [self._measure_text(rendered, False, at_most)]
+        return [
+            Measure(len(prompt), exact=True)
+            if isinstance(prompt, list)
+            else self._measure_text(prompt, True, at_most)
+            for prompt in prompts
+        ]
+
+    def _measure_text(self, text: str, special: bool, at_most: int | None) -> Measure:
         if at_most is not None and len(text) > at_most * self.max_chars_per_token:
             return Measure(least_tokens(len(text), self.max_chars_per_token), exact=False)
         return Measure(len(self._tokenizer.encode(text, add_special_tokens=special)), exact=True)

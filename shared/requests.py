@@ -26,6 +26,8 @@ from shared.events import JobState, Usage
 MAX_PROMPT_CHARS = 1_000_000
 MAX_MODEL_NAME_CHARS = 256
 MAX_MESSAGES = 1024
+MAX_PROMPTS = 1024
+"""The most prompts one request may give as a list; a gateway's `max_prompts` may bound them lower."""
 MAX_STOP_STRINGS = 16
 MAX_STOP_CHARS = 256
 MAX_STOP_TOKEN_IDS = 64
@@ -57,6 +59,12 @@ StopString = Annotated[Text, Field(min_length=1, max_length=MAX_STOP_CHARS)]
 TokenId = Annotated[int, Field(ge=0, le=MAX_TOKEN_ID)]
 TokenIdKey = Annotated[str, Field(pattern=r"^(0|[1-9][0-9]{0,9})$")]
 """A token id as a JSON object key: OpenAI's `logit_bias` keys are strings of digits."""
+PromptText = Annotated[Text, Field(min_length=1, max_length=MAX_PROMPT_CHARS)]
+PromptTokenIds = Annotated[list[TokenId], Field(min_length=1, max_length=MAX_PROMPT_CHARS)]
+PromptInput = str | list[int]
+"""One prompt as the engine takes it: a text to tokenize, or the token ids themselves."""
+CACHE_SALT_FORBIDDEN = frozenset("@/\\\x00")  # what vLLM refuses in a salt
+MAX_CACHE_SALT_CHARS = 128  # vLLM's bound
 
 
 class ChatMessage(BaseModel):
@@ -130,7 +138,9 @@ GREEDY_BELOW = 1e-5
 
 
 class JobRequest(BaseModel):
-    """What to generate and how; either `prompt` or `messages` (rendered with the chat template)."""
+    """What to generate and how; one of `prompt` (text), `prompt_token_ids` (exactly the tokens the
+    engine sees) or `messages` (rendered with the chat template). A list of prompts is several: each
+    gets `n` choices, choice `i * n + j` being prompt i's j-th, as vLLM indexes them."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
@@ -141,7 +151,16 @@ class JobRequest(BaseModel):
         description="a model's name or alias, an adapter's name, or model:adapter; required where the "
         "gateway knows several models and sets no default_model",
     )
-    prompt: Text | None = Field(None, min_length=1, max_length=MAX_PROMPT_CHARS)
+    prompt: PromptText | Annotated[list[PromptText], Field(min_length=1, max_length=MAX_PROMPTS)] | None = (
+        Field(None, description="a text, or a list of texts (several prompts)")
+    )
+    prompt_token_ids: (
+        PromptTokenIds | Annotated[list[PromptTokenIds], Field(min_length=1, max_length=MAX_PROMPTS)] | None
+    ) = Field(
+        None,
+        description="the prompt as token ids, used as they are (no special tokens added); a list of "
+        "lists is several prompts. Ids the model's vocabulary lacks are refused",
+    )
     messages: list[ChatMessage] | None = Field(None, min_length=1, max_length=MAX_MESSAGES)
     max_tokens: int = Field(256, ge=1, le=1_000_000)
     temperature: float = Field(1.0, ge=0.0, le=2.0)
@@ -181,6 +200,13 @@ class JobRequest(BaseModel):
         "in vLLM's scheduler where the worker has priority scheduling; default: the tenant's "
         "default_priority; never below its min_priority",
     )
+    cache_salt: Text | None = Field(
+        None,
+        min_length=1,
+        max_length=MAX_CACHE_SALT_CHARS,
+        description="salts the engine's prefix cache: only requests with the same salt share cached "
+        "prompt blocks (vLLM's `cache_salt`)",
+    )
     stream_step: int = Field(1, ge=1, le=1024, description="tokens per delta event")
     logprobs: int | None = Field(None, ge=0, le=20, description="alternatives to report per token")
     deadline: AwareDatetime | None = Field(
@@ -207,16 +233,65 @@ class JobRequest(BaseModel):
             raise ValueError("must not exceed max_tokens")
         return min_tokens
 
+    @field_validator("cache_salt")
+    @classmethod
+    def _salt_vllm_takes(cls, salt: str | None) -> str | None:
+        if salt is not None and not CACHE_SALT_FORBIDDEN.isdisjoint(salt):
+            raise ValueError("must not contain '@', '/', '\\' or NUL")
+        return salt
+
     @model_validator(mode="after")
     def _one_input(self) -> JobRequest:
-        if (self.prompt is None) == (self.messages is None):
-            raise ValueError("give exactly one of 'prompt' or 'messages'")
+        given = [self.prompt, self.prompt_token_ids, self.messages]
+        if sum(value is not None for value in given) != 1:
+            raise ValueError("give exactly one of 'prompt', 'prompt_token_ids' or 'messages'")
         return self
 
     @property
+    def prompts(self) -> list[PromptInput] | None:
+        """Each prompt, a text or token ids; None for a chat (`messages`)."""
+        if self.prompt_token_ids is not None:
+            ids = self.prompt_token_ids
+            return list(ids) if isinstance(ids[0], list) else [ids]
+        if self.prompt is not None:
+            return [self.prompt] if isinstance(self.prompt, str) else list(self.prompt)
+        return None
+
+    @property
+    def only_prompt(self) -> PromptInput | None:
+        """The prompt of a request of one (as each of `each_prompt` is); None for a chat."""
+        prompts = self.prompts
+        if prompts is None:
+            return None
+        if len(prompts) != 1:
+            raise ValueError(f"a request of {len(prompts)} prompts: take each_prompt() one by one")
+        return prompts[0]
+
+    @property
+    def prompt_count(self) -> int:
+        """How many prompts the request gives: a chat is one."""
+        prompts = self.prompts
+        return 1 if prompts is None else len(prompts)
+
+    @property
+    def choices(self) -> int:
+        """How many choices the job generates: `n` for each prompt."""
+        return self.n * self.prompt_count
+
+    def each_prompt(self) -> list[JobRequest]:
+        """The request once for each of its prompts, each a request of that prompt alone (the request
+        itself when it has one)."""
+        prompts = self.prompts
+        if prompts is None or len(prompts) == 1:
+            return [self]
+        field = "prompt" if self.prompt is not None else "prompt_token_ids"
+        return [self.model_copy(update={field: prompt}) for prompt in prompts]
+
+    @property
     def prompt_chars(self) -> int:
-        """The characters of the prompt, or of the messages' contents."""
-        return len(self.prompt or "") + sum(len(message.content) for message in self.messages or [])
+        """The characters of the prompts' texts, or of the messages' contents (0 for token ids)."""
+        texts = [prompt for prompt in self.prompts or [] if isinstance(prompt, str)]
+        return sum(map(len, texts)) + sum(len(message.content) for message in self.messages or [])
 
     @property
     def quick_to_tokenize(self) -> bool:

@@ -18,6 +18,8 @@ GROUPS = {
     "tests/worker/test_cpu_dtype.py": "engine-libraries",  # imports torch
     "tests/worker/test_constraint_compile.py": "engine-libraries",  # its child imports xgrammar (torch)
     "tests/gateway/test_vllm_routes.py": "engine-libraries",  # loads the tokenizer with transformers
+    "tests/gateway/test_scale_out_compat.py": "engine-libraries",  # imports vLLM's protocol models
+    "tests/gateway/test_scale_out_routes.py": "engine-libraries",
     "tests/gateway/test_auth.py": "keyed",  # tests/conftest.py's `keyed` gateway process
     "tests/gateway/test_responses_routes.py": "keyed",
     "tests/cli/test_client_commands.py": "keyed",
@@ -32,6 +34,7 @@ GROUPS = {
     "tests/e2e/test_synthetic_worker.py": "synthetic-system",  # tests/conftest.py's `synthetic_system`
     "tests/e2e/test_replay.py": "synthetic-system",
     "tests/e2e/test_openai_routes.py": "synthetic-system",
+    "tests/e2e/test_scale_out_routes.py": "synthetic-system",
     "tests/e2e/test_tgi_routes.py": "synthetic-system",
     "tests/e2e/test_openai_stream_timing.py": "synthetic-system",
     "tests/e2e/test_responses_client.py": "synthetic-system",

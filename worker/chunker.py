@@ -26,6 +26,7 @@ class _Choice:
     text_parts: list[str] = field(default_factory=list)
     tokens: int = 0
     finish_reason: str | None = None
+    stop_reason: int | str | None = None
     held_text: list[str] = field(default_factory=list)
     held_ids: list[int] = field(default_factory=list)
     held_logprobs: list[TokenLogprob] | None = None
@@ -104,6 +105,7 @@ class Chunker:
             choice.held_logprobs = (choice.held_logprobs or []) + delta.logprobs
         if delta.finished:
             choice.finish_reason = delta.finish_reason or "stop"
+            choice.stop_reason = delta.stop_reason
         if len(choice.held_ids) >= self.stream_step or delta.finished:
             return self._flush(delta.index)
         return []
@@ -129,10 +131,12 @@ class Chunker:
     def done(self) -> list[Event]:
         """The held-back tokens, then `done` with the finish reasons and exact usage."""
         events, reasons = self.flush(), self.finish_reasons
+        stop_reasons = [choice.stop_reason for choice in self._choices]
         done = DoneEvent(
             seq=self._seq(),
             finish_reason=reasons[0],
             finish_reasons=reasons if len(reasons) > 1 else None,
+            stop_reasons=stop_reasons if any(reason is not None for reason in stop_reasons) else None,
             usage=self.usage,
         )
         return [*events, done]

@@ -1,10 +1,15 @@
-"""The seam between a job and generation: submit a request, iterate deltas, abort by id."""
+"""The seam between a job and generation: submit a request, iterate deltas, abort by id.
+
+A job of several prompts is one engine request per prompt, under ids of its own (`engine_request_ids`),
+whose deltas are merged into one sequence of choices (`generate`).
+"""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncGenerator
-from dataclasses import dataclass, field
+from contextlib import aclosing
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from shared.events import TokenLogprob
@@ -14,7 +19,7 @@ from shared.requests import JobRequest
 @dataclass(frozen=True)
 class EngineDelta:
     """What one engine step added to one choice (`index`, 0 to n-1) of a request; `finished`: that
-    choice has ended."""
+    choice has ended, and `stop_reason` names the stop string or token id that ended it, if one did."""
 
     text: str
     token_ids: list[int]
@@ -22,6 +27,7 @@ class EngineDelta:
     finished: bool = False
     finish_reason: str | None = None
     index: int = 0
+    stop_reason: int | str | None = None
 
 
 @dataclass(frozen=True)
@@ -30,6 +36,13 @@ class Prompt:
 
     token_ids: list[int]
     request: JobRequest = field(repr=False)
+
+    @classmethod
+    def truncated(cls, token_ids: list[int], request: JobRequest, max_model_len: int) -> Prompt:
+        """The prompt of `request` (of one prompt) whose tokens are `token_ids`, less what its
+        `truncate_prompt_tokens` drops from the start."""
+        kept = request.kept_prompt_tokens(len(token_ids), max_model_len)
+        return cls(token_ids=list(token_ids[len(token_ids) - kept :]), request=request)
 
     def continued(self, emitted: list[int]) -> Prompt:
         """This prompt followed by tokens a run already emitted, with what is left of `max_tokens` and
@@ -53,7 +66,8 @@ class Engine(Protocol):
     dtype: str  # what the weights run in, resolved (never `auto`): "bfloat16", "float32", ...
 
     def render(self, request: JobRequest) -> Prompt:
-        """Tokenize the prompt, or render `messages` with the model's chat template."""
+        """Tokenize the prompt (a request of one), take its token ids as they are, or render `messages`
+        with the model's chat template."""
         ...
 
     def generate(self, request_id: str, prompt: Prompt) -> AsyncGenerator[EngineDelta, None]:
@@ -77,9 +91,63 @@ class Engine(Protocol):
     def shutdown(self) -> None: ...
 
 
-async def render(engine: Engine, request: JobRequest) -> Prompt:
-    """The request's prompt, tokenized on the event loop when short; a long one takes a while to
+async def render(engine: Engine, request: JobRequest) -> list[Prompt]:
+    """Each of the request's prompts, tokenized on the event loop when short; long ones take a while to
     tokenize: off the event loop that serves every other job."""
     if request.quick_to_tokenize:
-        return engine.render(request)
-    return await asyncio.to_thread(engine.render, request)
+        return [engine.render(one) for one in request.each_prompt()]
+    return await asyncio.to_thread(lambda: [engine.render(one) for one in request.each_prompt()])
+
+
+def engine_request_ids(request_id: str, prompts: int) -> list[str]:
+    """The engine's ids of a job's requests: the job's own for one prompt, one apiece for several."""
+    return [request_id] if prompts == 1 else [f"{request_id}-{number}" for number in range(prompts)]
+
+
+def generate(engine: Engine, request_id: str, prompts: list[Prompt]) -> AsyncGenerator[EngineDelta, None]:
+    """The deltas of every prompt's request as they come; a choice's `index` counts on from the choices
+    of the prompts before it (prompt i's choice j is `i * n + j`, as vLLM numbers a batch's). Closing
+    it closes every request."""
+    if len(prompts) == 1:
+        return engine.generate(request_id, prompts[0])
+    return _merged(engine, engine_request_ids(request_id, len(prompts)), prompts)
+
+
+async def _merged(engine: Engine, ids: list[str], prompts: list[Prompt]) -> AsyncGenerator[EngineDelta, None]:
+    arrivals: asyncio.Queue[EngineDelta | Exception | None] = asyncio.Queue()
+
+    async def run(engine_id: str, prompt: Prompt, first_index: int) -> None:
+        try:
+            async with aclosing(engine.generate(engine_id, prompt)) as deltas:
+                async for delta in deltas:
+                    arrivals.put_nowait(replace(delta, index=first_index + delta.index))
+        except Exception as exc:  # raised where the deltas are read, as one request's would be
+            arrivals.put_nowait(exc)
+        else:
+            arrivals.put_nowait(None)
+
+    first_indexes = [number * prompt.request.n for number, prompt in enumerate(prompts)]
+    runs = [
+        asyncio.create_task(run(engine_id, prompt, first))
+        for engine_id, prompt, first in zip(ids, prompts, first_indexes, strict=True)
+    ]
+    try:
+        running = len(runs)
+        while running:
+            arrival = await arrivals.get()
+            if arrival is None:
+                running -= 1
+            elif isinstance(arrival, Exception):
+                raise arrival
+            else:
+                yield arrival
+    finally:
+        for task in runs:
+            task.cancel()  # a request cancelled mid-generation is aborted by its engine
+        await asyncio.gather(*runs, return_exceptions=True)
+
+
+async def abort(engine: Engine, request_id: str, prompts: int) -> None:
+    """Stop every engine request of a job of `prompts` prompts."""
+    for engine_id in engine_request_ids(request_id, prompts):
+        await engine.abort(engine_id)

@@ -27,7 +27,7 @@ from shared.jobstore import JobStore, Outcome, Started
 from shared.lifecycle.transitions import FinishOutcome, Verdict
 from shared.logs import job_context
 from worker.chunker import Chunker
-from worker.engine import Engine, Prompt, render
+from worker.engine import Engine, Prompt, abort, generate, render
 from worker.leases import Leases
 from worker.metrics import RunClock, WorkerMetrics
 from worker.publisher import Publisher
@@ -105,16 +105,16 @@ class JobRunner:
                 self.publisher.forget(job_id)
 
     async def _run_started(self, job_id: str, started: Started) -> Ending:
-        chunker = Chunker.after(started.progress, started.request.stream_step, started.request.n)
+        chunker = Chunker.after(started.progress, started.request.stream_step, started.request.choices)
         try:
             return await self._run_guarded(job_id, started, chunker)
         except BackendUnavailable as exc:
             # What the last write did is unknown; the stream is the truth the next run resumes from.
             log.warning("Redis is unreachable (%s); handing the job back", exc.message)
-            return await self._hand_back(job_id, started.attempt, "its worker lost Redis")
+            return await self._hand_back(job_id, started, "its worker lost Redis")
         except StreamBehind:
             log.warning("a Redis failover lost the job's last events; handing the job back")
-            return await self._hand_back(job_id, started.attempt, "a Redis failover lost its last events")
+            return await self._hand_back(job_id, started, "a Redis failover lost its last events")
 
     async def _run_guarded(self, job_id: str, started: Started, chunker: Chunker) -> Ending:
         """Run the job; a failure ends it with an `error` event, a stop signal hands it back."""
@@ -128,12 +128,12 @@ class JobRunner:
             # No fault of the job's: it goes on on another worker, from the tokens its stream holds.
             log.error("%s; handing the job back", exc.message)
             self.engine_died()
-            return await self._hand_back(job_id, started.attempt, "its worker's engine died")
+            return await self._hand_back(job_id, started, "its worker's engine died")
         except StreampoolError as exc:
             return await self._fail(job_id, chunker, exc.message, exc.error_type)
         except asyncio.CancelledError:
             # The queue loop cancels running jobs once the worker's drain time is over.
-            await asyncio.shield(self._hand_back(job_id, started.attempt, "its worker shut down"))
+            await asyncio.shield(self._hand_back(job_id, started, "its worker shut down"))
             raise
         except Exception as exc:
             if isinstance(exc, TimeoutError) and time_limit.expired():  # the engine request is aborted
@@ -144,14 +144,16 @@ class JobRunner:
             return await self._fail(job_id, chunker, f"internal error: {exc!r}", "internal")
 
     async def _generate(self, job_id: str, started: Started, chunker: Chunker) -> Ending:
-        if started.resumed and started.request.n > 1:
+        request = started.request
+        if started.resumed and request.choices > 1:
             raise NotResumable(
-                f"a job of {started.request.n} choices cannot resume: its choices cannot go on "
+                f"a job of {request.choices} choices cannot resume: its choices cannot go on "
                 "token-exactly from its stream; submit it again"
             )
-        prompt = await render(self.engine, await self.store.whole_request(started))
-        chunker.prompt_tokens = len(prompt.token_ids)
-        self._check_fits(prompt)
+        prompts = await render(self.engine, await self.store.whole_request(started))
+        chunker.prompt_tokens = sum(len(prompt.token_ids) for prompt in prompts)
+        for prompt in prompts:
+            self._check_fits(prompt)
         if started.resumed:
             self.metrics.resumes.inc()
             emitted = started.progress.token_ids
@@ -159,14 +161,12 @@ class JobRunner:
             message = f"resumed by worker {self.worker_id} after {len(emitted)} tokens"
             verdict = await self.publisher.step(job_id, chunker.resumed(started.attempt, message))
             if verdict is not Verdict.go:
-                return await self._stop(job_id, chunker, verdict)
-            prompt = prompt.continued(emitted)
+                return await self._stop(job_id, chunker, verdict, len(prompts))
+            prompts = [prompts[0].continued(emitted)]  # a job of one choice: one prompt
         else:
-            log.info(
-                "running: %d prompt tokens, max_tokens %d", len(prompt.token_ids), started.request.max_tokens
-            )
+            log.info("running: %d prompt tokens, max_tokens %d", chunker.prompt_tokens, request.max_tokens)
         clock = self.jobs[job_id]
-        async with aclosing(self.engine.generate(job_id, prompt)) as deltas:
+        async with aclosing(generate(self.engine, job_id, prompts)) as deltas:
             async for delta in deltas:
                 clock.output(len(delta.token_ids))
                 events = chunker.feed(delta)
@@ -174,7 +174,7 @@ class JobRunner:
                     return await self._complete(job_id, chunker, events)
                 verdict = await self.publisher.step(job_id, events)
                 if verdict is not Verdict.go:
-                    return await self._stop(job_id, chunker, verdict)
+                    return await self._stop(job_id, chunker, verdict, len(prompts))
         raise EngineError("the engine ended the request without finishing it")
 
     def _check_fits(self, prompt: Prompt) -> None:
@@ -185,11 +185,12 @@ class JobRunner:
                 f"minus max_tokens {prompt.request.max_tokens} leaves room for {max(budget, 0)}"
             )
 
-    async def _stop(self, job_id: str, chunker: Chunker, verdict: Verdict) -> Ending:
-        """A step answered other than `go`: abort the engine request, then end cancelled or leave."""
+    async def _stop(self, job_id: str, chunker: Chunker, verdict: Verdict, prompts: int) -> Ending:
+        """A step answered other than `go`: abort the engine requests (one per prompt), then end
+        cancelled or leave."""
         if verdict is Verdict.behind:
             raise StreamBehind
-        await self.engine.abort(job_id)
+        await abort(self.engine, job_id, prompts)
         if verdict is Verdict.cancel:
             self.metrics.cancelled(self.publisher.cancels_asked_at.pop(job_id, None))
         if verdict is Verdict.lost:
@@ -249,10 +250,11 @@ class JobRunner:
         log.info("%s: %d tokens, finish_reason %s", ended_as, chunker.completion_tokens, finish_reason)
         return Ending.ended
 
-    async def _hand_back(self, job_id: str, attempt: int, reason: str) -> Ending:
+    async def _hand_back(self, job_id: str, started: Started, reason: str) -> Ending:
         """Stop generating and release the job's lease now, so that another worker resumes it without
         waiting for the lease to lapse. While Redis is unreachable, try until it would have lapsed."""
-        await self.engine.abort(job_id)
+        await abort(self.engine, job_id, started.request.prompt_count)
+        attempt = started.attempt
         give_up_at = time.monotonic() + self.leases.lease_seconds
         while True:
             try:

@@ -8,6 +8,7 @@ only means gateways leave that check to the worker.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from pathlib import Path
 
@@ -34,7 +35,18 @@ def build_model_card(folder: Path, model: str, max_model_len: int) -> ModelCard 
         tokenizer_json=backend.to_str(),
         chat_template=template if isinstance(template, str) else None,
         special_tokens=dict(tokenizer.special_tokens_map),
+        vocab_size=_vocab_size(folder),
     )
+
+
+def _vocab_size(folder: Path) -> int | None:
+    """The model's vocabulary as its config gives it (None without one): ids past the tokenizer's
+    may still be the model's, and vLLM takes them in a prompt."""
+    try:
+        size = json.loads((folder / "config.json").read_text()).get("vocab_size")
+    except (OSError, ValueError):
+        return None
+    return size if isinstance(size, int) else None
 
 
 async def build(folder: Path, model: str, max_model_len: int) -> ModelCard | None:

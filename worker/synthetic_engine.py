@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from shared.config import WorkerSettings
-from shared.errors import EngineError
+from shared.errors import EngineError, InvalidRequest
 from shared.events import TokenLogprob, TopLogprob
 from shared.model_card import ModelCard
 from shared.prompt_tokens import PromptCounter
@@ -90,6 +90,7 @@ class _Choice:
     text: str = ""
     sent: int = 0
     finish_reason: str | None = None
+    stop_reason: int | str | None = None  # the stop token or string that ended it, as vLLM's
 
 
 class SyntheticEngine:
@@ -121,15 +122,21 @@ class SyntheticEngine:
         return [token for value in values for token in ([value] if isinstance(value, str) else value)]
 
     def render(self, request: JobRequest) -> Prompt:
-        if request.messages is not None:
+        prompt = request.only_prompt
+        if isinstance(prompt, list):
+            ids = prompt
+            try:
+                self._counter.check_token_ids(ids, "prompt_token_ids")
+            except InvalidRequest as exc:  # as vLLM's engine refuses them
+                raise EngineError(f"the prompt's token ids: {exc.reason}") from exc
+        elif prompt is not None:
+            ids = self._counter.encode(prompt, add_special_tokens=True)
+        else:
             text = self._counter.render_chat(request)
             if text is None:
                 raise EngineError(f"{self.model_name} has no chat template: send a prompt, not messages")
             ids = self._counter.encode(text, add_special_tokens=False)
-        else:
-            ids = self._counter.encode(request.prompt or "", add_special_tokens=True)
-        kept = request.kept_prompt_tokens(len(ids), self.max_model_len)
-        return Prompt(token_ids=ids[len(ids) - kept :], request=request)
+        return Prompt.truncated(ids, request, self.max_model_len)
 
     async def generate(self, request_id: str, prompt: Prompt) -> AsyncGenerator[EngineDelta, None]:
         if len(prompt.token_ids) >= self.max_model_len:
@@ -173,7 +180,7 @@ class SyntheticEngine:
         else:
             token = choice.draw.choice(self._vocabulary)
             if len(choice.token_ids) + 1 >= request.min_tokens and token in request.stop_token_ids:
-                choice.finish_reason = "stop"
+                choice.finish_reason, choice.stop_reason = "stop", token
         choice.token_ids.append(token)
         if choice.finish_reason is None and len(choice.token_ids) >= room:
             choice.finish_reason = "length"
@@ -186,7 +193,7 @@ class SyntheticEngine:
         end = len(choice.text)
         cut = _stop_cut(choice.text, choice.sent, request)
         if cut is not None:
-            end, choice.finish_reason = max(cut, choice.sent), "stop"
+            end, choice.finish_reason, choice.stop_reason = max(cut[0], choice.sent), "stop", cut[1]
         added, choice.sent = choice.text[choice.sent : end], end
         return EngineDelta(
             text=added,
@@ -195,6 +202,7 @@ class SyntheticEngine:
             finished=choice.finish_reason is not None,
             finish_reason=choice.finish_reason,
             index=choice.index,
+            stop_reason=choice.stop_reason,
         )
 
     def _logprobs(self, choice: _Choice, new_ids: list[int], wanted: int) -> list[TokenLogprob]:
@@ -209,6 +217,7 @@ class SyntheticEngine:
                     token_id=token_id,
                     token=self._counter.token_strings([token_id])[0],
                     logprob=logprob,
+                    rank=1,  # every token is as likely: the sampled one comes first
                     top_logprobs=[
                         TopLogprob(token_id=tid, token=self._counter.token_strings([tid])[0], logprob=logprob)
                         for tid in top
@@ -244,11 +253,11 @@ def _seed(request: JobRequest, prompt_ids: list[int]) -> int:
     return random.randrange(2**63)
 
 
-def _stop_cut(text: str, sent: int, request: JobRequest) -> int | None:
-    """Where a stop string that appears in `text` (and not wholly in what was sent) cuts it."""
+def _stop_cut(text: str, sent: int, request: JobRequest) -> tuple[int, str] | None:
+    """Where a stop string that appears in `text` (and not wholly in what was sent) cuts it, and which."""
     cuts = []
     for stop in request.stop_strings:
         found = text.find(stop, max(sent - len(stop) + 1, 0))
         if found != -1:
-            cuts.append(found + len(stop) if request.include_stop_str_in_output else found)
+            cuts.append((found + len(stop) if request.include_stop_str_in_output else found, stop))
     return min(cuts) if cuts else None

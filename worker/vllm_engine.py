@@ -26,6 +26,7 @@ from shared.errors import EngineDead, EngineError
 from shared.events import TokenLogprob, TopLogprob
 from shared.models import Target
 from shared.requests import JobRequest, StructuredOutputs
+from shared.sampling import vllm_sampling_fields
 from worker import cpu_placement
 from worker.adapter_gate import AdapterGate
 from worker.constraint_compile import ConstraintCompiler
@@ -33,27 +34,6 @@ from worker.cpu_dtype import dtype_for_cpu
 from worker.engine import EngineDelta, Prompt
 
 CPU_GPU_MEMORY_UTILIZATION = 0.3
-SAMPLING_FIELDS = frozenset(
-    {
-        "n",
-        "max_tokens",
-        "temperature",
-        "top_p",
-        "seed",
-        "logprobs",
-        "stop_token_ids",
-        "include_stop_str_in_output",
-        "ignore_eos",
-        "min_tokens",
-        "min_p",
-        "presence_penalty",
-        "frequency_penalty",
-        "repetition_penalty",
-        "skip_special_tokens",
-        "spaces_between_special_tokens",
-    }
-)
-"""The job's fields that `SamplingParams` takes as they are, under the same names."""
 
 
 def engine_args(settings: WorkerSettings) -> AsyncEngineArgs:
@@ -100,6 +80,7 @@ def _logprobs(
                 token_id=token_id,
                 token=chosen.decoded_token or "",
                 logprob=chosen.logprob,
+                rank=chosen.rank,
                 top_logprobs=[
                     TopLogprob(token_id=tid, token=lp.decoded_token or "", logprob=lp.logprob)
                     for tid, lp in top
@@ -164,27 +145,24 @@ class VllmEngine:
         return self._adapters[adapter]
 
     def render(self, request: JobRequest) -> Prompt:
-        if request.messages is not None:
+        prompt = request.only_prompt
+        if isinstance(prompt, list):
+            ids = prompt  # exactly these: vLLM checks them against the vocabulary as it takes them
+        elif prompt is not None:
+            ids = self._tokenizer.encode(prompt)
+        else:
             text = self._tokenizer.apply_chat_template(
-                [m.model_dump() for m in request.messages], add_generation_prompt=True, tokenize=False
+                [m.model_dump() for m in request.messages or []], add_generation_prompt=True, tokenize=False
             )
             ids = self._tokenizer.encode(str(text), add_special_tokens=False)
-        else:
-            ids = self._tokenizer.encode(request.prompt or "")
-        kept = request.kept_prompt_tokens(len(ids), self.max_model_len)
-        return Prompt(token_ids=list(ids[len(ids) - kept :]), request=request)
+        return Prompt.truncated(ids, request, self.max_model_len)
 
     @staticmethod
     def sampling_params(request: JobRequest) -> SamplingParams:
         """vLLM's parameters for a job: every sampling option of a job has vLLM's own name."""
-        return SamplingParams(
-            **request.model_dump(include=set(SAMPLING_FIELDS)),
-            top_k=request.top_k or 0,
-            stop=request.stop_strings or None,
-            logit_bias={int(token): bias for token, bias in (request.logit_bias or {}).items()} or None,
-            structured_outputs=_structured_outputs(request.structured_outputs),
-            output_kind=RequestOutputKind.DELTA,
-        )
+        fields = vllm_sampling_fields(request)
+        fields["structured_outputs"] = _structured_outputs(request.structured_outputs)
+        return SamplingParams(**fields, output_kind=RequestOutputKind.DELTA)
 
     async def generate(self, request_id: str, prompt: Prompt) -> AsyncGenerator[EngineDelta, None]:
         params = self.sampling_params(prompt.request)
@@ -194,9 +172,10 @@ class VllmEngine:
         async with self._turn(adapter):
             try:
                 # Already tokenized (usage must be exact), so the renderer only packs the ids for the engine.
-                (engine_input,) = self._llm.renderer.render_cmpl(
-                    [TokensPrompt(prompt_token_ids=prompt.token_ids)]
-                )
+                tokens = TokensPrompt(prompt_token_ids=prompt.token_ids)
+                if prompt.request.cache_salt is not None:
+                    tokens["cache_salt"] = prompt.request.cache_salt
+                (engine_input,) = self._llm.renderer.render_cmpl([tokens])
                 async for output in self._llm.generate(
                     engine_input,
                     params,
@@ -214,6 +193,7 @@ class VllmEngine:
                             finished=completion.finished(),
                             finish_reason=completion.finish_reason,
                             index=completion.index,
+                            stop_reason=completion.stop_reason,
                         )
             except EngineDeadError as exc:
                 raise EngineDead(f"the engine died: {exc!r}") from exc

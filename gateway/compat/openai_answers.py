@@ -48,12 +48,12 @@ def usage_object(usage: Usage) -> dict[str, int]:
     }
 
 
-def _clamped(logprob: float) -> float:
+def clamped(logprob: float) -> float:
     return max(logprob, MIN_LOGPROB)
 
 
-def _chat_token(token: str, logprob: float) -> dict[str, Any]:
-    return {"token": token, "logprob": _clamped(logprob), "bytes": list(token.encode("utf-8", "replace"))}
+def chat_token(token: str, logprob: float) -> dict[str, Any]:
+    return {"token": token, "logprob": clamped(logprob), "bytes": list(token.encode("utf-8", "replace"))}
 
 
 def chat_logprobs(logprobs: list[TokenLogprob]) -> dict[str, Any]:
@@ -61,8 +61,8 @@ def chat_logprobs(logprobs: list[TokenLogprob]) -> dict[str, Any]:
     return {
         "content": [
             {
-                **_chat_token(lp.token, lp.logprob),
-                "top_logprobs": [_chat_token(top.token, top.logprob) for top in lp.top_logprobs],
+                **chat_token(lp.token, lp.logprob),
+                "top_logprobs": [chat_token(top.token, top.logprob) for top in lp.top_logprobs],
             }
             for lp in logprobs
         ]
@@ -78,12 +78,12 @@ def completion_logprobs(logprobs: list[TokenLogprob], text_offset: int) -> dict[
     for lp in logprobs:
         offsets.append(text_offset)
         text_offset += len(lp.token)
-        top = {alternative.token: _clamped(alternative.logprob) for alternative in lp.top_logprobs}
-        top.setdefault(lp.token, _clamped(lp.logprob))
+        top = {alternative.token: clamped(alternative.logprob) for alternative in lp.top_logprobs}
+        top.setdefault(lp.token, clamped(lp.logprob))
         tops.append(top)
     return {
         "tokens": [lp.token for lp in logprobs],
-        "token_logprobs": [_clamped(lp.logprob) for lp in logprobs],
+        "token_logprobs": [clamped(lp.logprob) for lp in logprobs],
         "top_logprobs": tops,
         "text_offset": offsets,
     }

@@ -17,6 +17,7 @@ from shared.errors import InvalidRequest
 from shared.requests import (
     MAX_MESSAGES,
     MAX_PROMPT_CHARS,
+    MAX_PROMPTS,
     MAX_STOP_CHARS,
     MAX_STOP_STRINGS,
     MAX_STOP_TOKEN_IDS,
@@ -74,6 +75,21 @@ def job_request_of(fields: dict[str, Any], params: Mapping[str, str]) -> JobRequ
         param = params.get(str(error["loc"][0]), str(error["loc"][0])) if error["loc"] else None
         message = f"{param}: {error['msg']}" if param else error["msg"]
         raise InvalidRequest(message, param=param, code=error["type"]) from exc
+
+
+def in_terms(exc: InvalidRequest, params: Mapping[str, str]) -> InvalidRequest:
+    """A refusal of a job field (the gateway's limits), under the API's name of its parameter."""
+    if exc.field is None:
+        return exc
+    param = params.get(exc.field, exc.field)
+    return InvalidRequest(f"{param}: {exc.reason}", param=param, code="invalid_value")
+
+
+def refuse(refusals: list[Refusal]) -> None:
+    """`InvalidRequest` naming the first parameter refused, if any is."""
+    for refused, param, reason in refusals:
+        if refused:
+            raise InvalidRequest(f"{param}: {reason}", param=param, code="unsupported_parameter")
 
 
 class StreamOptions(BaseModel):
@@ -163,6 +179,7 @@ class _Body(SamplingOptions):
     guided_json: Any = None
     guided_regex: Any = None
     guided_choice: Any = None
+    cache_salt: Name | None = None  # vLLM's: salts the engine's prefix cache
 
     @property
     def fills_context(self) -> bool:
@@ -236,10 +253,7 @@ class _Body(SamplingOptions):
 
     def in_own_terms(self, exc: InvalidRequest) -> InvalidRequest:
         """A refusal of a job field (the gateway's limits), under this endpoint's parameter name."""
-        if exc.field is None:
-            return exc
-        param = self._parameter_names().get(exc.field, exc.field)
-        return InvalidRequest(f"{param}: {exc.reason}", param=param, code="invalid_value")
+        return in_terms(exc, self._parameter_names())
 
     def job_request(self, max_tokens_limit: int) -> JobRequest:
         """The job this body asks for; `InvalidRequest` (naming the parameter) when it cannot be one.
@@ -248,9 +262,7 @@ class _Body(SamplingOptions):
         is then raised to what the context leaves: `fills_context`); a value over the limit is
         admission's to refuse.
         """
-        for refused, param, reason in self._refusals():
-            if refused:
-                raise InvalidRequest(f"{param}: {reason}", param=param, code="unsupported_parameter")
+        refuse(self._refusals())
         max_tokens = self._max_tokens()[1]
         if max_tokens is None:
             max_tokens = min(self.default_max_tokens, max_tokens_limit)
@@ -259,6 +271,7 @@ class _Body(SamplingOptions):
             "n": self.n,
             **self.sampling_fields(),
             "structured_outputs": self._structured_outputs(),
+            "cache_salt": self.cache_salt,
             **self._input(),
         }
         fields = {name: value for name, value in fields.items() if value is not None}
@@ -266,16 +279,16 @@ class _Body(SamplingOptions):
 
 
 class CompletionBody(_Body):
-    """`POST /v1/completions`: one prompt, `n` choices."""
+    """`POST /v1/completions`: a prompt (text or token ids), or a list of them, `n` choices each."""
 
     chat = False
     default_max_tokens = 16  # OpenAI's and vLLM's default for completions
 
     prompt: (
         PromptText
-        | Annotated[list[PromptText], Field(max_length=MAX_MESSAGES)]
+        | Annotated[list[PromptText], Field(max_length=MAX_PROMPTS)]
         | TokenIds
-        | Annotated[list[TokenIds], Field(max_length=MAX_MESSAGES)]
+        | Annotated[list[TokenIds], Field(max_length=MAX_PROMPTS)]
     )
     logprobs: Integer | None = None
     echo: bool | None = None
@@ -283,10 +296,13 @@ class CompletionBody(_Body):
     best_of: Integer | None = None
 
     def _refusals(self) -> list[Refusal]:
-        one_text = isinstance(self.prompt, str) or (len(self.prompt) == 1 and isinstance(self.prompt[0], str))
         return [
             *super()._refusals(),
-            (not one_text, "prompt", "give one prompt as a string; token ids and batches are not supported"),
+            (
+                bool(self.echo) and not isinstance(self._input().get("prompt"), str),
+                "echo",
+                "echo is supported with one text prompt, not token ids or a list of prompts",
+            ),
             (
                 bool(self.echo) and self.logprobs is not None,
                 "echo",
@@ -296,18 +312,22 @@ class CompletionBody(_Body):
             (self.best_of not in (None, 1), "best_of", "only best_of=1 is supported"),
         ]
 
+    def _parameter_names(self) -> dict[str, str]:
+        return {**super()._parameter_names(), "prompt_token_ids": "prompt"}
+
     @property
     def echoed(self) -> str:
-        return self._prompt if self.echo else ""
-
-    @property
-    def _prompt(self) -> str:
-        prompt = self.prompt if isinstance(self.prompt, str) else self.prompt[0]
-        assert isinstance(prompt, str)  # refused otherwise, before the job is made
-        return prompt
+        prompt = self._input().get("prompt")
+        return prompt if self.echo and isinstance(prompt, str) else ""
 
     def _input(self) -> dict[str, Any]:
-        return {"prompt": self._prompt, "logprobs": self.logprobs}
+        """The prompt as the job takes it: texts as `prompt`, token ids as `prompt_token_ids`; a list of
+        one prompt is that prompt."""
+        prompts: list[Any] = [self.prompt] if isinstance(self.prompt, str) else list(self.prompt)
+        if prompts and isinstance(prompts[0], int):
+            prompts = [prompts]  # the token ids of one prompt
+        field = "prompt_token_ids" if prompts and isinstance(prompts[0], list) else "prompt"
+        return {field: prompts[0] if len(prompts) == 1 else prompts, "logprobs": self.logprobs}
 
 
 class ContentPart(BaseModel):

@@ -6,15 +6,11 @@ so that it can also be followed, replayed or cancelled through the native API.
 
 from __future__ import annotations
 
-import json
 import time
-from collections.abc import AsyncIterator
-from contextlib import aclosing
 from typing import Any
 
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
-from sse_starlette import ServerSentEvent
 
 from gateway.auth import REQUIRE_KEY, Owner
 from gateway.compat.openai_answers import (
@@ -29,8 +25,7 @@ from gateway.compat.openai_answers import (
 from gateway.compat.openai_bodies import CHAT_COMPLETIONS_PATH, COMPLETIONS_PATH, ChatBody, CompletionBody
 from gateway.deps import Services, ServicesDep
 from gateway.errors import STATUS_CODES, ErrorShape, ShapedRoute, documented, status_of
-from gateway.generation import JOB_ID_HEADER, JobRun, event_source, raise_for_failure
-from gateway.metrics import GatewayMetrics
+from gateway.generation import JOB_ID_HEADER, JobRun, chunk_frames, event_source
 from gateway.relay import Hold
 from shared.errors import (
     InvalidRequest,
@@ -145,7 +140,8 @@ async def _answer_held(
             target = await services.admission.resolve(body.model)
             prompt_tokens = await services.admission.prompt_limit.count(job, target.model)
         chunks = ChunkStream(answer, body.include_usage, continuous, prompt_tokens, body.echoed)
-        return event_source(run, _frames(run, chunks, services.metrics), hold.hand_over(), sep=SEPARATOR)
+        frames = chunk_frames(run, chunks.feed, lambda exc: OPENAI_ERRORS.failure(exc)[1], SEPARATOR)
+        return event_source(run, frames, hold.hand_over(), sep=SEPARATOR)
     result = await run.result()
     choices = [
         (
@@ -156,33 +152,3 @@ async def _answer_held(
         for choice in result.choices
     ]
     return JSONResponse(completion(answer, choices, result.usage), headers={JOB_ID_HEADER: run.job_id})
-
-
-def _frame(data: dict[str, Any]) -> ServerSentEvent:
-    # Only `data:` lines, as OpenAI streams them: no `event:` or `id:` fields.
-    return ServerSentEvent(data=json.dumps(data), sep=SEPARATOR)
-
-
-async def _frames(
-    run: JobRun, chunks: ChunkStream, metrics: GatewayMetrics
-) -> AsyncIterator[ServerSentEvent]:
-    """The answer's chunks then `[DONE]`; a failure ends it as an `error` chunk, never a silent close.
-
-    The first chunk goes with the first token: a chunk sent earlier would make a client's time to
-    first token the queue's. Until then only sse-starlette's keep-alive comments go out, every
-    `sse_ping_seconds`. Not one per state the job passes: vLLM's benchmark client strips each read
-    it gets and keeps a comment that came alone in its buffer, where it swallows every later chunk.
-    Closing this generator early (the client went away) closes the job's events, which cancels the job.
-    """
-    metrics.streams_open.inc()
-    try:
-        async with aclosing(run.events()) as events:
-            async for event in events:
-                raise_for_failure(event)
-                for chunk in chunks.feed(event):
-                    yield _frame(chunk)
-    except StreampoolError as exc:
-        yield _frame(OPENAI_ERRORS.failure(exc)[1])
-    finally:
-        metrics.streams_open.dec()
-    yield ServerSentEvent(data="[DONE]", sep=SEPARATOR)

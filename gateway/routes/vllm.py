@@ -52,7 +52,7 @@ class ModelIdConvertor(Convertor[str]):
 register_url_convertor("model_id", ModelIdConvertor())
 
 
-async def _counter(services: Services, model: str | None) -> PromptCounter:
+async def model_counter(services: Services, model: str | None) -> PromptCounter:
     """The tokenizer of the model a body names (as vLLM, a body may leave it out: then the default
     model's); 404 for an unknown model, 503 until a worker of it has published its model card."""
     target = await services.admission.resolve(model)
@@ -69,7 +69,7 @@ async def tokenize_prompt(
     body: TokenizeCompletionBody | TokenizeChatBody, services: ServicesDep
 ) -> TokenizeResponse:
     """A prompt's (or a chat's) token ids as the engine will see them, and the model's context."""
-    counter = await _counter(services, body.model)
+    counter = await model_counter(services, body.model)
     # Megabytes of prompt take a while to encode: off the event loop.
     return await asyncio.to_thread(tokenize, counter, body)
 
@@ -77,7 +77,7 @@ async def tokenize_prompt(
 @router.post(DETOKENIZE_PATH, dependencies=[REQUIRE_KEY])
 async def detokenize_tokens(body: DetokenizeBody, services: ServicesDep) -> DetokenizeResponse:
     """The text of token ids, special tokens kept."""
-    counter = await _counter(services, body.model)
+    counter = await model_counter(services, body.model)
     return await asyncio.to_thread(detokenize, counter, body)
 
 

@@ -86,11 +86,31 @@ def test_completion_prompt_may_be_a_list_of_one_string() -> None:
     assert _completion(prompt=["Once upon"]).job_request(LIMIT).prompt == "Once upon"
 
 
-@pytest.mark.parametrize("prompt", [["a", "b"], [1, 2, 3], [[1, 2]], []])
-def test_token_id_and_batched_prompts_are_refused(prompt: Any) -> None:
-    error = _refusal(_completion(prompt=prompt))
-    assert error.detail["param"] == "prompt"
-    assert "token ids and batches are not supported" in error.message
+@pytest.mark.parametrize(
+    ("prompt", "job_fields"),
+    [
+        ([504, 3575, 282], {"prompt_token_ids": [504, 3575, 282]}),
+        ([[504, 3575]], {"prompt_token_ids": [504, 3575]}),
+        ([[504], [3575, 282]], {"prompt_token_ids": [[504], [3575, 282]]}),
+        (["Once", "upon"], {"prompt": ["Once", "upon"]}),
+    ],
+)
+def test_token_ids_and_lists_of_prompts_become_the_jobs_prompts(
+    prompt: Any, job_fields: dict[str, Any]
+) -> None:
+    job = _completion(prompt=prompt, n=2).job_request(LIMIT)
+    assert job.model_dump(include=set(job_fields)) == job_fields
+    assert job.choices == 2 * job.prompt_count
+
+
+@pytest.mark.parametrize(("prompt", "param"), [([], "prompt"), ([1, -2], "prompt"), ([[1], []], "prompt")])
+def test_an_empty_prompt_or_a_negative_token_id_is_refused_naming_the_prompt(prompt: Any, param: str) -> None:
+    assert _refusal(_completion(prompt=prompt)).detail["param"] == param
+
+
+@pytest.mark.parametrize("prompt", [["a", "b"], [1, 2, 3]])
+def test_echo_needs_one_text_prompt(prompt: Any) -> None:
+    assert _refusal(_completion(prompt=prompt, echo=True)).detail["param"] == "echo"
 
 
 def test_chat_text_parts_are_joined_and_developer_is_system() -> None:

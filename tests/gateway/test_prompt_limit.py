@@ -339,9 +339,9 @@ def test_a_prompt_far_over_the_context_is_measured_without_tokenizing_it(card: M
     """As vLLM: no token is longer than the vocabulary's longest, so a text longer than the context of
     such tokens is over it, and is not tokenized (450,000 tokens take a second of CPU)."""
     counter = PromptCounter(card)
-    assert counter.measure(JobRequest(prompt=HUGE), at_most=CONTEXT) == Measure(
-        -(-len(HUGE) // counter.max_chars_per_token), exact=False
-    )
-    assert counter.measure(JobRequest(prompt=LONG), at_most=CONTEXT) == Measure(
-        counter.count(JobRequest(prompt=LONG)) or 0, exact=True
-    )
+    assert counter.measure(JobRequest(prompt=HUGE), at_most=CONTEXT) == [
+        Measure(-(-len(HUGE) // counter.max_chars_per_token), exact=False)
+    ]
+    assert counter.measure(JobRequest(prompt=LONG), at_most=CONTEXT) == [
+        Measure(counter.count(JobRequest(prompt=LONG)) or 0, exact=True)
+    ]

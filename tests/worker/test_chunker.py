@@ -186,7 +186,7 @@ def test_choices_keep_apart_in_one_sequence_and_add_up_in_usage() -> None:
         EngineDelta("a0", [1], index=0),
         EngineDelta("b0", [11], index=1),
         EngineDelta("a1", [2], index=0),
-        EngineDelta("b1", [12], index=1, finished=True, finish_reason="stop"),
+        EngineDelta("b1", [12], index=1, finished=True, finish_reason="stop", stop_reason=12),
         EngineDelta("a2", [3], index=0),
     ]
     events = feed_all(chunker, steps)
@@ -201,6 +201,7 @@ def test_choices_keep_apart_in_one_sequence_and_add_up_in_usage() -> None:
     done = events[-1]
     assert isinstance(done, DoneEvent)
     assert (done.finish_reason, done.finish_reasons) == ("length", ["length", "stop"])
+    assert done.stop_reasons == [None, 12]  # the stop token that ended choice 1
     assert (done.usage.prompt_tokens, done.usage.completion_tokens) == (PROMPT_TOKENS, 5)
 
 
@@ -210,6 +211,7 @@ def test_one_choice_streams_without_index_or_finish_reasons() -> None:
     events = feed_all(chunker, one_token_steps(1, finish_last=True)) + chunker.done()
     dumped = [event.model_dump(mode="json") for event in events]
     assert "index" not in dumped[0] and "finish_reasons" not in dumped[-1]
+    assert "stop_reasons" not in dumped[-1]  # no stop string or stop token ended it
     assert "index" in DeltaEvent(seq=0, index=1, text="", token_ids=[]).model_dump()
 
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncGenerator, Awaitable, Callable
 
+import pytest
+
 from shared.events import DeltaEvent, JobState, event_adapter
 from shared.jobstore import JobStore
 from shared.lifecycle.transitions import ReleaseOutcome, Verdict
@@ -246,8 +248,23 @@ async def test_choices_run_in_one_job_and_the_record_holds_the_first(store: JobS
     assert (record.status, record.output.text, record.output.token_count) == (JobState.completed, "ab", 2)
 
 
-async def test_a_job_of_several_choices_fails_rather_than_resumes(store: JobStore) -> None:
-    job_id = await handed_back_after(store, [("a", 7)], n=2)
+async def test_a_job_of_several_prompts_counts_every_prompt_and_ends_every_choice(store: JobStore) -> None:
+    engine = ScriptedEngine([EngineDelta(text="a", token_ids=[7], finished=True, finish_reason="stop")])
+    job_id, events = await run(store, engine, prompt=["hi", "there"])
+    assert len(engine.prompts) == 2
+    assert sorted(event.get("index") or 0 for event in events if event["type"] == "delta") == [0, 1]
+    assert (events[-1]["type"], events[-1]["finish_reasons"], events[-1]["usage"]) == (
+        "done",
+        ["stop", "stop"],
+        {"prompt_tokens": 6, "completion_tokens": 2},
+    )
+
+
+@pytest.mark.parametrize("request_fields", [{"n": 2}, {"prompt": ["hi", "there"]}])
+async def test_a_job_of_several_choices_fails_rather_than_resumes(
+    store: JobStore, request_fields: dict[str, object]
+) -> None:
+    job_id = await handed_back_after(store, [("a", 7)], **request_fields)
     engine = ScriptedEngine([EngineDelta(text="c", token_ids=[9], finished=True, finish_reason="stop")])
     assert await runner(store, engine).run(job_id) is Ending.ended
     assert engine.prompts == []

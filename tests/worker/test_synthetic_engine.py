@@ -9,7 +9,7 @@ import pytest
 from shared.config import DEFAULT_MODEL_DIR, WorkerSettings
 from shared.errors import EngineError
 from shared.requests import ChatMessage, JobRequest
-from worker.engine import EngineDelta
+from worker.engine import EngineDelta, abort, generate, render
 from worker.synthetic_engine import SyntheticEngine, read_model_card
 
 STEP_SECONDS = 0.001
@@ -68,8 +68,10 @@ async def test_a_stop_string_cuts_the_text_and_ends_the_choice(engine: Synthetic
     request = JobRequest(prompt="Hello", max_tokens=40, seed=3, ignore_eos=True)
     _, text, _ = choice(await run(engine, request))
     stop = text[10:13]  # three characters from the middle of what this seed writes
-    ids, cut, reason = choice(await run(engine, request.model_copy(update={"stop": stop})))
+    stopped = await run(engine, request.model_copy(update={"stop": stop}))
+    ids, cut, reason = choice(stopped)
     assert reason == "stop" and stop not in cut and text.startswith(cut) and len(ids) < 40
+    assert stopped[-1].stop_reason == stop  # vLLM's stop_reason: the string that ended it
     kept = request.model_copy(update={"stop": stop, "include_stop_str_in_output": True})
     assert choice(await run(engine, kept))[1].endswith(stop)
 
@@ -79,6 +81,7 @@ async def test_a_stop_token_id_ends_the_choice(engine: SyntheticEngine) -> None:
     ids, _, _ = choice(await run(engine, request))
     stopped = await run(engine, request.model_copy(update={"stop_token_ids": [ids[4]]}))
     assert choice(stopped)[0] == ids[: ids.index(ids[4]) + 1] and choice(stopped)[2] == "stop"
+    assert stopped[-1].stop_reason == ids[4]
 
 
 async def test_without_ignore_eos_a_choice_may_end_with_the_end_of_sequence(engine: SyntheticEngine) -> None:
@@ -124,3 +127,46 @@ async def test_generation_stops_at_the_context_and_a_prompt_that_fills_it_is_ref
 def test_chats_render_through_the_model_s_template(engine: SyntheticEngine) -> None:
     prompt = engine.render(JobRequest(messages=[ChatMessage(role="user", content="Hi")], max_tokens=1))
     assert "<|im_start|>user" in engine._counter.decode(prompt.token_ids)
+
+
+def test_token_ids_are_the_prompt_as_given_and_unknown_ones_are_refused(engine: SyntheticEngine) -> None:
+    ids = [504, 3575, 282]
+    assert engine.render(JobRequest(prompt_token_ids=ids)).token_ids == ids  # no BOS added, none dropped
+    kept = JobRequest(prompt_token_ids=ids, truncate_prompt_tokens=2)
+    assert engine.render(kept).token_ids == ids[1:]
+    with pytest.raises(EngineError, match="49152"):
+        engine.render(JobRequest(prompt_token_ids=[1, 49152]))
+
+
+async def test_several_prompts_run_apart_and_number_their_choices_as_vllm(engine: SyntheticEngine) -> None:
+    """Prompt i's choice j is choice i * n + j; each prompt gets the answer it gets alone."""
+    greedy = JobRequest(prompt_token_ids=[[504, 3575], [282], [504]], max_tokens=4, temperature=0)
+    prompts = await render(engine, greedy)
+    assert [prompt.token_ids for prompt in prompts] == [[504, 3575], [282], [504]]
+    deltas = [delta async for delta in generate(engine, "batch", prompts)]
+    answers = [choice(deltas, index)[0] for index in range(3)]
+    assert answers == [choice(await run(engine, alone))[0] for alone in greedy.each_prompt()]
+    assert len({tuple(answer) for answer in answers}) == 3
+    sampled = JobRequest(prompt=["Hello", "Goodbye"], n=2, max_tokens=4, ignore_eos=True)
+    deltas = [delta async for delta in generate(engine, "sampled", await render(engine, sampled))]
+    assert all(len(choice(deltas, index)[0]) == 4 for index in range(4))
+    assert {delta.index for delta in deltas} == {0, 1, 2, 3}
+
+
+async def test_abort_of_a_job_of_several_prompts_ends_every_request(engine: SyntheticEngine) -> None:
+    request = JobRequest(prompt=["Hello", "Goodbye"], max_tokens=10_000, ignore_eos=True)
+    prompts = await render(engine, request)
+    seen: list[EngineDelta] = []
+
+    async def consume() -> None:
+        async for delta in generate(engine, "both", prompts):
+            seen.append(delta)
+
+    task = asyncio.create_task(consume())
+    while len(seen) < 6:
+        await asyncio.sleep(STEP_SECONDS)
+    assert engine.running_requests() == 2
+    await abort(engine, "both", len(prompts))
+    await asyncio.wait_for(task, 5)
+    assert {delta.index for delta in seen if delta.finish_reason == "abort"} == {0, 1}
+    assert engine.running_requests() == 0
