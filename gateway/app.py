@@ -8,6 +8,7 @@ import gc
 import math
 import os
 import socket
+import sys
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -24,6 +25,7 @@ from gateway.errors import install_error_handlers
 from gateway.fanout import StreamHub
 from gateway.generation import OpenRuns
 from gateway.metrics import GatewayMetrics
+from gateway.processes import serve_processes
 from gateway.prompt_limit import PromptLimit
 from gateway.relay import Relay
 from gateway.request_metrics import RequestMetrics
@@ -174,9 +176,19 @@ def _tune_garbage_collector() -> None:
 
 
 def run(settings: GatewaySettings) -> None:
+    """Serve the gateway: in this process, or in `settings.processes` of them on one port."""
     try:
-        app = create_app(settings)
+        app = create_app(settings)  # a setting that cannot work stops the command before anything starts
     except (AuthNotConfigured, WebhooksMisconfigured) as exc:
         raise SystemExit(f"streampool gateway: {exc}") from None
+    if settings.processes > 1:
+        sys.exit(serve_processes(settings, serve_on))
     _tune_garbage_collector()
     GatewayServer(app, settings).run()
+
+
+def serve_on(settings: GatewaySettings, listening: socket.socket) -> None:
+    """One of several gateway processes, accepting on the socket they share."""
+    app = create_app(settings)
+    _tune_garbage_collector()
+    GatewayServer(app, settings).run(sockets=[listening])

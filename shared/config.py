@@ -98,6 +98,13 @@ class GatewaySettings(RedisSettings):
         description="gateway listen address (`streampool up`, which runs without keys: 127.0.0.1 unless set)",
     )
     port: int = Field(8000, ge=1, le=65535, description="gateway listen port")
+    processes: int = Field(
+        1,
+        ge=1,
+        le=256,
+        description="gateway processes serving the port, each a whole gateway (its own Redis connections "
+        "and stream reader) on one core at most: one a core scales a host's gateway to its cores",
+    )
     max_queued_jobs: int = Field(
         10_000,
         ge=0,

@@ -1,0 +1,62 @@
+"""Several gateway processes on one port (`processes` > 1): the parent binds the socket as uvicorn
+would, forks the processes, which each accept on it and run a whole gateway (their own Redis
+connections and stream reader), and passes a stop signal on to them.
+
+A gateway process relays on one core at most (Python's event loop); processes scale a host's
+gateway to its cores, with no state shared between them beyond the socket, as separate gateways
+behind a load balancer would share nothing either.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import multiprocessing
+import os
+import signal
+import socket
+from collections.abc import Callable
+from types import FrameType
+
+import uvicorn
+
+from shared.config import GatewaySettings
+
+log = logging.getLogger(__name__)
+
+ServeOne = Callable[[GatewaySettings, socket.socket], None]
+"""Runs one gateway process on an open listening socket."""
+
+
+def serve_processes(settings: GatewaySettings, serve_one: ServeOne) -> int:
+    """Run `settings.processes` gateway processes on `settings.host`:`settings.port`, until they
+    end; answers the exit status (the first non-zero of theirs, else 0)."""
+    listening = uvicorn.Config("gateway.app:create_app", host=settings.host, port=settings.port).bind_socket()
+    # fork: the settings and the socket carry over as they are, and the parent has started nothing
+    # (no event loop, no thread, no connection) that a child could inherit half-way.
+    context = multiprocessing.get_context("fork")
+    processes = [
+        context.Process(target=serve_one, args=(settings, listening), name=f"gateway-{number}")
+        for number in range(settings.processes)
+    ]
+    for process in processes:
+        process.start()
+    listening.close()  # the processes hold it
+
+    stopped_by: set[int] = set()
+
+    def pass_on(signum: int, frame: FrameType | None) -> None:
+        stopped_by.add(signum)
+        for process in processes:
+            if process.exitcode is None and process.pid is not None:
+                with contextlib.suppress(ProcessLookupError):  # it has just ended
+                    os.kill(process.pid, signum)
+
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, pass_on)
+    log.info("%d gateway processes on %s:%d", len(processes), settings.host, settings.port)
+    for process in processes:
+        process.join()
+    # uvicorn ends a process it stopped gracefully by raising the signal again: that is a clean end.
+    clean = {0, *(-signum for signum in stopped_by)}
+    return next((code for process in processes if (code := process.exitcode or 0) not in clean), 0)

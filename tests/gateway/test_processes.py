@@ -1,0 +1,57 @@
+"""`processes` > 1: several gateway processes accept on one port, each a whole gateway, and a stop
+signal to the command reaches them all."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+
+from tests.gateway.keyed_gateway import run_gateway
+from tests.helpers import eventually
+
+PROCESSES = 2
+CONNECTIONS = 24
+
+
+def _serving(parent: psutil.Process, port: int) -> dict[int, int]:
+    """Per gateway process (the command's children), how many client connections to `port` it holds."""
+    return {
+        child.pid: sum(1 for c in child.net_connections("tcp") if c.laddr.port == port and c.raddr)
+        for child in parent.children()
+    }
+
+
+async def test_several_processes_share_the_port_and_all_stop_on_the_commands_signal(
+    redis_url: str, tmp_path: Path
+) -> None:
+    gateways = run_gateway(redis_url, tmp_path, allow_unauthenticated=True, processes=PROCESSES)
+    gateway = next(gateways)
+    try:
+        parent = psutil.Process(gateway.pid)
+        assert len(parent.children()) == PROCESSES
+        clients = [httpx.AsyncClient(base_url=gateway.base_url) for _ in range(CONNECTIONS)]
+        try:
+            # Each client keeps its connection open; a missing job is read from Redis by whichever
+            # process accepted the connection.
+            answers = await asyncio.gather(*(client.get(f"/v1/jobs/{'0' * 32}") for client in clients))
+            assert {answer.status_code for answer in answers} == {404}
+            held = _serving(parent, gateway.settings.port)
+            assert sum(held.values()) == CONNECTIONS and all(held.values()), held  # every process serves
+        finally:
+            for client in clients:
+                await client.aclose()
+        children = parent.children()
+        os.kill(gateway.pid, signal.SIGTERM)
+        assert await asyncio.to_thread(parent.wait, 30) == 0
+        await eventually(
+            lambda: asyncio.sleep(0, not any(child.is_running() for child in children)), "every process ended"
+        )
+    finally:
+        with pytest.raises(StopIteration):
+            next(gateways)
