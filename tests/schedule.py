@@ -36,6 +36,8 @@ GROUPS = {
     "tests/e2e/test_openai_stream_timing.py": "synthetic-system",
     "tests/e2e/test_responses_client.py": "synthetic-system",
     "tests/e2e/test_workers.py": "synthetic-system",
+    "tests/faults/test_deadline.py": "synthetic-system",
+    "tests/faults/test_gateway_shutdown.py": "synthetic-system",
     "tests/gateway/test_client_refusals.py": "client-refusals",  # a gateway process of its own
     "tests/e2e/test_models.py": "models",  # a gateway and synthetic workers of its own
 }
