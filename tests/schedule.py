@@ -40,7 +40,10 @@ GROUPS = {
     "tests/e2e/test_responses_client.py": "synthetic-system",
     "tests/e2e/test_responses_compliance.py": "synthetic-system",
     "tests/e2e/test_workers.py": "synthetic-system",
+    "tests/faults/test_deadline.py": "synthetic-system",
+    "tests/faults/test_gateway_shutdown.py": "synthetic-system",
     "tests/gateway/test_client_refusals.py": "client-refusals",  # a gateway process of its own
+    "tests/e2e/test_models.py": "models",  # a gateway and synthetic workers of its own
 }
 """Each module's group: what the comment names is set up once per group, not once per process."""
 

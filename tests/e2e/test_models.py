@@ -1,11 +1,13 @@
 """Several models behind one gateway, on real processes: each worker takes only its own model's
-jobs, a LoRA adapter runs on its base model's worker, a declared model with no worker queues
-its jobs until a worker of it starts, and tenants share one model's queue fairly.
+jobs (by its name, an alias or an adapter), a declared model with no worker queues its jobs until a
+worker of it starts, and tenants share one model's queue fairly; a LoRA adapter changes what its base
+model writes, also batched with it.
 
-The two workers run the same weights (the default model) under two served names, which is enough
-to prove the routing: greedy output equal between them shows the same weights, the worker each
-record names shows the queue. The adapter is a real one (random weights, `tests/lora_adapter.py`)
-run by vLLM's CPU build: its output differs from the base model's.
+The queue's tests run workers of the synthetic engine (their subject is where a job goes, not what
+it generates) under two served names of the default model, the first announcing an adapter, which the
+synthetic engine never reads. The adapter's test runs one worker of the real engine serving a real
+adapter (random weights, `tests/lora_adapter.py`), run by vLLM's CPU build, beside the session's
+workers of the same weights without one.
 """
 
 from __future__ import annotations
@@ -21,9 +23,10 @@ import pytest
 import redis.asyncio as aioredis
 
 from cli.launcher import wait_healthy
-from shared.config import Settings
+from shared.config import DEFAULT_MODEL_DIR, Settings
 from shared.keys import Keys
-from tests.conftest import SYSTEM_START_TIMEOUT, make_settings
+from tests.conftest import SYSTEM_START_TIMEOUT, System, make_settings
+from tests.faults.conftest import start_gateway_and_worker
 from tests.gateway.keyed_gateway import KEY_A, KEY_B, bearer
 from tests.helpers import eventually, in_process_gateway, submit, wait_for_status
 from tests.lora_adapter import make_adapter
@@ -48,7 +51,7 @@ class ModelsPool:
     workers: dict[str, int]  # served name -> the pid of its worker process
 
     def start_worker(self, name: str, **settings: Any) -> int:
-        update = {"metrics_port": free_port(), "served_model_name": name, **settings}
+        update = {"metrics_port": free_port(), "served_model_name": name, "engine": "synthetic", **settings}
         process = self.processes.start(f"worker-{name}", "worker", self.settings.model_copy(update=update))
         self.workers[name.split(",")[0]] = process.pid
         return process.pid
@@ -61,7 +64,8 @@ class ModelsPool:
 
 @pytest.fixture(scope="module")
 def models_pool(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ModelsPool]:
-    """A gateway declaring LATE, a worker of FIRST (with the adapter) and one of SECOND (with an alias)."""
+    """A gateway declaring LATE, a synthetic worker of FIRST (announcing the adapter) and one of SECOND
+    (with an alias)."""
     settings = make_settings(
         redis_url,
         port=free_port(),
@@ -70,11 +74,10 @@ def models_pool(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Ite
         default_model=None,
         models=[LATE],
     )
-    adapter = make_adapter(tmp_path_factory.mktemp("adapter"))
     processes = Processes(tmp_path_factory.mktemp("models-logs"))
     gateway = processes.start("gateway", "gateway", settings)
     pool = ModelsPool(settings, f"http://127.0.0.1:{settings.port}", processes, {})
-    pool.start_worker(FIRST, lora=[f"{ADAPTER}={adapter}"])
+    pool.start_worker(FIRST, lora=[f"{ADAPTER}={tmp_path_factory.mktemp('unread-adapter')}"])
     pool.start_worker(f"{SECOND},{SECOND_ALIAS}", worker_max_jobs=SECOND_SLOTS)
     try:
         children = list(processes.children.values())
@@ -98,28 +101,18 @@ async def test_each_worker_runs_only_its_own_models_jobs(
     names = [FIRST, SECOND, SECOND_ALIAS, f"{FIRST}:{ADAPTER}", ADAPTER] * 3
     job_ids = [await submit(client, **PROMPT, model=name) for name in names]
     records = [await wait_for_status(client, job_id, STARTED) for job_id in job_ids]
-    expected = {
-        FIRST: FIRST,
-        SECOND: SECOND,
-        SECOND_ALIAS: SECOND,
-        f"{FIRST}:{ADAPTER}": FIRST,
-        ADAPTER: FIRST,
+    expected = {  # the model that runs it, and its adapter
+        FIRST: (FIRST, None),
+        SECOND: (SECOND, None),
+        SECOND_ALIAS: (SECOND, None),
+        f"{FIRST}:{ADAPTER}": (FIRST, ADAPTER),
+        ADAPTER: (FIRST, ADAPTER),
     }
     ran_on = [
-        (name, models_pool.model_of(record["worker"]), record["model"])
+        (name, models_pool.model_of(record["worker"]), record["model"], record["adapter"])
         for name, record in zip(names, records, strict=True)
     ]
-    assert ran_on == [(name, expected[name], expected[name]) for name in names]
-
-    texts: dict[str, set[str]] = {}
-    for name, record in zip(names, records, strict=True):
-        texts.setdefault(expected[name] + (":adapter" if record["adapter"] else ""), set()).add(
-            record["output"]["text"]
-        )
-    # One text per model (greedy); the two served names share their weights; the adapter changes them.
-    assert all(len(outputs) == 1 for outputs in texts.values()), texts
-    assert texts[FIRST] == texts[SECOND]
-    assert texts[f"{FIRST}:adapter"] != texts[FIRST]
+    assert ran_on == [(name, expected[name][0], *expected[name]) for name in names]
 
 
 async def test_a_declared_model_without_a_worker_queues_until_one_starts(
@@ -143,7 +136,7 @@ async def test_a_declared_model_without_a_worker_queues_until_one_starts(
     await eventually(queued_two, "both jobs queued", 10, until=lambda depth: depth == 2)
     assert listed[LATE]["workers"] == 0 and not waiting_answer.done()
 
-    models_pool.start_worker(LATE, engine="synthetic")  # the subject is its queue, not its generation
+    models_pool.start_worker(LATE)
     record = await wait_for_status(client, job_id, STARTED, timeout=SYSTEM_START_TIMEOUT)
     answer = await waiting_answer
     assert models_pool.model_of(record["worker"]) == LATE and record["waiting"] is None
@@ -202,3 +195,49 @@ async def test_a_tenants_backlog_delays_another_tenants_next_job_by_at_most_a_pi
     waiting_then = sum(1 for _, started in bulk_times if not started or float(started) > float(submitted_at))
     assert waiting_then > 10 * SECOND_SLOTS  # a backlog was there to be overtaken
     assert len(overtaking) <= SECOND_SLOTS, (len(overtaking), waiting_then)
+
+
+@pytest.fixture(scope="module")
+def adapter_worker(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A gateway and one worker of the real engine serving the default model with the adapter: the
+    gateway's URL."""
+    settings = make_settings(
+        redis_url,
+        port=free_port(),
+        host="127.0.0.1",
+        allow_unauthenticated=True,
+        metrics_port=free_port(),
+        lora=[f"{ADAPTER}={make_adapter(tmp_path_factory.mktemp('adapter'))}"],
+    )
+    processes = Processes(tmp_path_factory.mktemp("adapter-logs"))
+    try:
+        yield start_gateway_and_worker(processes, settings)[1]
+    finally:
+        processes.stop_all()
+        delete_prefix(redis_url, settings.key_prefix)
+
+
+async def test_an_adapter_changes_what_its_base_model_writes_also_when_batched_with_it(
+    adapter_worker: str, system: System
+) -> None:
+    """Base and adapter jobs at once on the adapter's worker, greedy: each kind gives one text, the base
+    model's that of the session's workers (the same weights, no adapter), the adapter's another."""
+    model = DEFAULT_MODEL_DIR.name
+    names = [model, f"{model}:{ADAPTER}", ADAPTER] * 3
+    async with httpx.AsyncClient(base_url=adapter_worker, timeout=120) as http:
+        job_ids = [await submit(http, **PROMPT, model=name) for name in names]
+        records = [await wait_for_status(http, job_id, STARTED) for job_id in job_ids]
+    async with httpx.AsyncClient(base_url=system.base_url, timeout=120) as http:
+        plain = await wait_for_status(http, await submit(http, **PROMPT, model=model), STARTED)
+
+    assert [(record["model"], record["adapter"]) for record in records] == [
+        (model, None),
+        (model, ADAPTER),
+        (model, ADAPTER),
+    ] * 3
+    texts: dict[str | None, set[str]] = {}
+    for record in records:
+        texts.setdefault(record["adapter"], set()).add(record["output"]["text"])
+    assert all(len(outputs) == 1 for outputs in texts.values()), texts
+    assert texts[None] == {plain["output"]["text"]}
+    assert texts[ADAPTER] != texts[None]

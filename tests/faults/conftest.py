@@ -22,7 +22,7 @@ from cli.launcher import wait_healthy
 from shared.config import Settings
 from shared.keys import Keys
 from shared.workers import WorkerInfo
-from tests.conftest import SYSTEM_START_TIMEOUT, make_settings
+from tests.conftest import SYSTEM_START_TIMEOUT, System, make_settings
 from tests.helpers import deltas, eventually_sync, wait_until
 from tests.processes import Processes, free_port
 from tests.redis_cleanup import delete_prefix
@@ -146,6 +146,15 @@ async def gateway(deployment: Any) -> AsyncIterator[httpx.AsyncClient]:
 @pytest.fixture
 async def client(pool: Pool) -> AsyncIterator[httpx.AsyncClient]:
     async with httpx.AsyncClient(base_url=pool.base_url, timeout=120) as http:
+        yield http
+
+
+@pytest.fixture
+async def synthetic_client(synthetic_system: System) -> AsyncIterator[httpx.AsyncClient]:
+    """A client of the session's synthetic system (tests/conftest.py), for this package's tests whose
+    subject is the gateway or the queue rather than workers that come and go (a gateway's stop,
+    deadlines): their tests count as `unit`."""
+    async with httpx.AsyncClient(base_url=synthetic_system.base_url, timeout=120) as http:
         yield http
 
 

@@ -1,6 +1,7 @@
 """A worker that dies (SIGKILL) or freezes (SIGSTOP) mid-generation: another worker resumes the job
-from the tokens in its stream, and readers see one seamless stream; after `max_attempts` runs the
-job fails with `worker_lost`."""
+from the tokens in its stream, and readers see one seamless stream (a client of a background response
+too, which resumes its dropped stream with `starting_after`); after `max_attempts` runs the job fails
+with `worker_lost`."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import signal
 from typing import Any
 
 import httpx
+import openai
 
 from tests.faults.conftest import (
     RECOVERY,
@@ -31,15 +33,40 @@ from tests.helpers import (
 MAX_TOKENS = 200
 
 
-async def test_a_killed_workers_job_is_resumed_by_another_and_the_reader_sees_one_stream(
+async def test_a_killed_workers_job_is_resumed_by_another_and_each_of_its_clients_sees_one_stream(
     pool: Pool, client: httpx.AsyncClient
 ) -> None:
+    """The job is a background response. A reader of its events stays connected through the kill; the
+    response's client, its stream dropped with the kill, resumes it with `starting_after` and sees one
+    sequence too, with a second `response.in_progress` where the other worker took over."""
     pool.ensure_workers()
-    job_id = await submit(client, prompt=LONG_PROMPT, max_tokens=MAX_TOKENS, temperature=0)
-    reader = asyncio.create_task(read_sse(client, job_id))
-    running = await wait_for_tokens(client, job_id, 10)
-    victim = pool.worker_named(running["worker"])
-    pool.processes.kill(victim)  # with its engine core, as a crashed machine
+    async with openai.AsyncOpenAI(
+        base_url=f"{pool.base_url}/v1", api_key="none", max_retries=0, timeout=WAIT_TIMEOUT
+    ) as sdk:
+        stream = await sdk.responses.create(
+            model=pool.settings.model_name,
+            input=LONG_PROMPT,
+            background=True,
+            stream=True,
+            max_output_tokens=MAX_TOKENS,
+            temperature=0,
+        )
+        first: list[Any] = []
+        async for event in stream:
+            first.append(event)
+            if event.type == "response.output_text.delta":
+                break
+        await stream.close()
+        job_id = first[0].response.id.removeprefix("resp_")
+        reader = asyncio.create_task(read_sse(client, job_id))
+        running = await wait_for_tokens(client, job_id, 10)
+        victim = pool.worker_named(running["worker"])
+        pool.processes.kill(victim)  # with its engine core, as a crashed machine
+
+        resumed = await sdk.responses.retrieve(
+            first[0].response.id, stream=True, starting_after=first[-1].sequence_number
+        )
+        rest = [event async for event in resumed]
 
     pairs = await asyncio.wait_for(reader, WAIT_TIMEOUT)
     stream_ids = [stream_id for stream_id, _ in pairs]
@@ -58,7 +85,10 @@ async def test_a_killed_workers_job_is_resumed_by_another_and_the_reader_sees_on
     assert done["type"] == "done" and done["usage"]["completion_tokens"] == len(tokens)
     if done["finish_reason"] == "length":
         assert len(tokens) == MAX_TOKENS
-    one_token = await submit(client, prompt=LONG_PROMPT, max_tokens=1, temperature=0)
+    # The response's input is one user message: the same prompt, alone.
+    one_token = await submit(
+        client, messages=[{"role": "user", "content": LONG_PROMPT}], max_tokens=1, temperature=0
+    )
     alone = await poll_all(client, one_token)
     assert done["usage"]["prompt_tokens"] == alone[-1]["usage"]["prompt_tokens"]
 
@@ -66,6 +96,15 @@ async def test_a_killed_workers_job_is_resumed_by_another_and_the_reader_sees_on
     assert (job["status"], job["attempts"]) == ("completed", 2)
     assert job["output"] == {"text": streamed_text(events), "token_count": len(tokens)}
     assert pool.worker_named(job["worker"]) != victim
+
+    # The response's client: one sequence across the kill, its text the job's.
+    responses = first + rest
+    assert [event.sequence_number for event in responses] == list(range(len(responses)))
+    assert [event.type for event in responses].count("response.in_progress") == 2
+    final = rest[-1]
+    assert final.type in ("response.completed", "response.incomplete")
+    text = "".join(event.delta for event in responses if event.type == "response.output_text.delta")
+    assert text == final.response.output_text == job["output"]["text"]
 
 
 async def test_a_job_whose_workers_keep_vanishing_fails_with_worker_lost_and_they_write_no_more(
