@@ -141,6 +141,15 @@ def documented(*statuses: int, shape: ErrorShape = NATIVE) -> dict[int | str, di
     return {status: {"model": shape.body_model, "description": MEANINGS[status]} for status in statuses}
 
 
+def documented_compatible(shape: ErrorShape) -> dict[int | str, dict[str, Any]]:
+    """The `responses` of a compatible API's routes: every 4xx in its shape, validation errors included
+    ("4XX" keeps FastAPI from listing its own 422)."""
+    return {
+        **documented(400, 401, 404, 410, 413, 429, 503, shape=shape),
+        "4XX": documented(400, shape=shape)[400] | {"description": "any other client error"},
+    }
+
+
 async def _streampool_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, StreampoolError)
     if isinstance(exc, BackendUnavailable):

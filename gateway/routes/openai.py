@@ -24,7 +24,7 @@ from gateway.compat.openai_answers import (
 )
 from gateway.compat.openai_bodies import CHAT_COMPLETIONS_PATH, COMPLETIONS_PATH, ChatBody, CompletionBody
 from gateway.deps import Services, ServicesDep
-from gateway.errors import STATUS_CODES, ErrorShape, ShapedRoute, documented, status_of
+from gateway.errors import STATUS_CODES, ErrorShape, ShapedRoute, documented_compatible, status_of
 from gateway.generation import JOB_ID_HEADER, JobRun, chunk_frames, event_source
 from gateway.relay import Hold
 from shared.errors import (
@@ -77,11 +77,7 @@ class OpenAIRoute(ShapedRoute):
 
 
 # A failed job answers 410 when it was cancelled through the native API while its client waited.
-# Every 4xx has OpenAI's shape, validation errors included: "4XX" keeps FastAPI from listing its own 422.
-ERRORS = {
-    **documented(400, 401, 404, 410, 413, 429, 503, shape=OPENAI_ERRORS),
-    "4XX": documented(400, shape=OPENAI_ERRORS)[400] | {"description": "any other client error"},
-}
+ERRORS = documented_compatible(OPENAI_ERRORS)
 STREAM = {"text/event-stream": {"schema": {"type": "string", "description": "chunks, then [DONE]"}}}
 
 # OpenAI and vLLM end each line with "\n" alone; vLLM's benchmark client splits events on "\n\n" only.

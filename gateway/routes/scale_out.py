@@ -31,7 +31,7 @@ from gateway.compat.generate_bodies import GENERATE_PATH, GenerateBody
 from gateway.compat.openai_bodies import ChatBody, CompletionBody
 from gateway.compat.render import CHAT_RENDER_PATH, COMPLETIONS_RENDER_PATH, render_requests
 from gateway.deps import Services, ServicesDep
-from gateway.errors import ErrorShape, ShapedRoute, documented, status_of
+from gateway.errors import ErrorShape, ShapedRoute, documented_compatible, status_of
 from gateway.generation import JOB_ID_HEADER, JobRun, chunk_frames, event_source
 from gateway.routes.openai import SEPARATOR, OpenAIErrors
 from gateway.routes.vllm import model_counter
@@ -66,10 +66,7 @@ class VllmRoute(ShapedRoute):
     error_shape = VLLM_ERRORS
 
 
-ERRORS = {
-    **documented(400, 401, 404, 410, 413, 429, 503, shape=VLLM_ERRORS),
-    "4XX": documented(400, shape=VLLM_ERRORS)[400] | {"description": "any other client error"},
-}
+ERRORS = documented_compatible(VLLM_ERRORS)
 STREAM = {"text/event-stream": {"schema": {"type": "string", "description": "chunks, then [DONE]"}}}
 WHOLE = {"model": GenerateTokensResponse | GenerateTextResponse, "content": STREAM}
 
