@@ -7,11 +7,13 @@ import csv
 import shutil
 import subprocess
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, cast
 from urllib.parse import urlparse
 
 import redis
+
+IDLE_SECONDS = 2.0
 
 
 @dataclass(frozen=True)
@@ -20,6 +22,7 @@ class Snapshot:
     cpu_seconds: float
     connected_clients: int
     taken: float
+    usec: dict[str, int] = field(default_factory=dict)  # time in each command, as Redis counts it
 
 
 def info(client: redis.Redis, section: str) -> dict[str, Any]:
@@ -37,17 +40,45 @@ def snapshot(client: redis.Redis) -> Snapshot:
         cpu_seconds=float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"]),
         connected_clients=int(clients["connected_clients"]),
         taken=time.monotonic(),
+        usec={name.removeprefix("cmdstat_"): int(value["usec"]) for name, value in stats.items()},
     )
 
 
-def calls_between(before: Snapshot, after: Snapshot) -> dict[str, int]:
-    names = set(before.calls) | set(after.calls)
-    delta = {name: after.calls.get(name, 0) - before.calls.get(name, 0) for name in names}
+def _between(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
+    delta = {name: after.get(name, 0) - before.get(name, 0) for name in set(before) | set(after)}
     return {name: count for name, count in sorted(delta.items()) if count}
+
+
+def calls_between(before: Snapshot, after: Snapshot) -> dict[str, int]:
+    return _between(before.calls, after.calls)
+
+
+def usec_between(before: Snapshot, after: Snapshot) -> dict[str, int]:
+    """µs Redis spent in each command between the snapshots; a script's commands count both on their
+    own and in the script's time."""
+    return _between(before.usec, after.usec)
 
 
 def cpu_percent(before: Snapshot, after: Snapshot) -> float:
     return 100 * (after.cpu_seconds - before.cpu_seconds) / max(after.taken - before.taken, 1e-9)
+
+
+class Probe:
+    """Redis CPU seconds spent on a piece of work, less what the idle server spends meanwhile."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        self.client = client
+        self.idle_rate = 0.0
+
+    def measure_idle(self) -> float:
+        before = snapshot(self.client)
+        time.sleep(IDLE_SECONDS)
+        after = snapshot(self.client)
+        self.idle_rate = (after.cpu_seconds - before.cpu_seconds) / (after.taken - before.taken)
+        return self.idle_rate
+
+    def busy(self, before: Snapshot, after: Snapshot) -> float:
+        return after.cpu_seconds - before.cpu_seconds - self.idle_rate * (after.taken - before.taken)
 
 
 @dataclass(frozen=True)

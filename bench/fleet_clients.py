@@ -1,0 +1,173 @@
+"""The fleet's clients: one per job, in processes of their own, each recording the deltas it receives.
+
+Most follow over SSE (`sse_client.EventsConnection`, from the stream's start); every tenth long-polls
+(`sse_client.Poller`, waiting at the tip); and every tenth other drops its SSE connection once its first
+delta has come and resumes with `Last-Event-ID` from the last one it got, as a browser's EventSource
+does. Each records, per job, every delta's seq and arrival time (time.time()) in the order received,
+for `bench.delivery` to check against the stream.
+
+A process stops by itself: when every job it follows has ended, or at its deadline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import uvloop
+
+from bench.delivery import delta_seq
+from bench.sse_client import EventsConnection, Poller
+
+SSE, LONG_POLL, RESUME = "sse", "long-poll", "resume"
+KINDS = (SSE, LONG_POLL, RESUME)
+CONNECT_AT_ONCE = 64
+POLL_WAIT_SECONDS = (
+    30.0  # the gateway's `poll_wait_max` by default: a poll at the tip waits for the next step
+)
+POLL_LIMIT = 1000
+TERMINAL = frozenset({"done", "cancelled", "error"})
+
+
+def kind_of(index: int) -> str:
+    """How the client of the `index`th job follows it: one in ten long-polls, one in ten resumes."""
+    return LONG_POLL if index % 10 == 0 else RESUME if index % 10 == 5 else SSE
+
+
+@dataclass(frozen=True)
+class Follow:
+    job_id: str
+    kind: str
+    port: int  # of the gateway it follows through
+
+
+@dataclass
+class Received:
+    """One job's deltas as its client received them."""
+
+    kind: str
+    seqs: list[int] = field(default_factory=list)
+    arrivals: list[float] = field(default_factory=list)
+    ended: bool = False  # its terminal event came
+
+    def add(self, seq: int, arrived: float) -> None:
+        self.seqs.append(seq)
+        self.arrivals.append(arrived)
+
+
+@dataclass
+class ClientReport:
+    """What one client process received, by job, and how its follows failed."""
+
+    received: dict[str, Received]
+    failures: list[str]
+    cpu_seconds: float
+
+
+async def _sse(
+    follow: Follow,
+    received: Received,
+    gate: asyncio.Semaphore,
+    on_live: Callable[[], None],
+    last_event_id: str | None = None,
+) -> None:
+    """Follow to the terminal event (from after `last_event_id`, resuming)."""
+
+    def on_event(kind: str, data: str, arrived: float) -> None:
+        if kind == "delta":
+            received.add(delta_seq(data), arrived)
+        elif kind in TERMINAL:
+            received.ended = True
+
+    async with gate:
+        connection = await EventsConnection.open(follow.port, follow.job_id, on_event, last_event_id)
+    on_live()
+    try:
+        await connection.closed
+    finally:
+        connection.close()
+
+
+async def _resuming(
+    follow: Follow, received: Received, gate: asyncio.Semaphore, on_live: Callable[[], None]
+) -> None:
+    """Follow until the first delta, drop the connection, and resume from the last delta received."""
+    first: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def on_event(kind: str, data: str, arrived: float) -> None:
+        if kind == "delta":
+            received.add(delta_seq(data), arrived)
+            if not first.done():
+                first.set_result(None)
+
+    async with gate:
+        connection = await EventsConnection.open(follow.port, follow.job_id, on_event)
+    try:
+        await asyncio.wait([first, connection.closed], return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        connection.close()
+    if not received.seqs:
+        raise RuntimeError("the stream closed before its first delta")
+    await _sse(follow, received, gate, on_live, f"{received.seqs[-1]}-1")
+
+
+async def _long_poll(
+    follow: Follow, received: Received, gate: asyncio.Semaphore, on_live: Callable[[], None]
+) -> None:
+    poller, cursor = Poller(follow.port), None
+    try:
+        async with gate:
+            body, arrived = await poller.page(follow.job_id, cursor, POLL_WAIT_SECONDS, POLL_LIMIT)
+        on_live()
+        while True:
+            page = json.loads(body)
+            for event in page["events"]:
+                if event["type"] == "delta":
+                    received.add(event["seq"], arrived)
+            cursor = page["cursor"]
+            if page["done"]:
+                received.ended = True
+                return
+            body, arrived = await poller.page(follow.job_id, cursor, POLL_WAIT_SECONDS, POLL_LIMIT)
+    finally:
+        poller.close()
+
+
+FOLLOWERS = {SSE: _sse, LONG_POLL: _long_poll, RESUME: _resuming}
+
+
+async def _follow_all(
+    follows: list[Follow], live: Any, seconds: float
+) -> tuple[dict[str, Received], list[str]]:
+    gate = asyncio.Semaphore(CONNECT_AT_ONCE)
+    received = {follow.job_id: Received(follow.kind) for follow in follows}
+
+    def on_live() -> None:
+        with live.get_lock():
+            live.value += 1
+
+    tasks = [asyncio.ensure_future(FOLLOWERS[f.kind](f, received[f.job_id], gate, on_live)) for f in follows]
+    _, pending = await asyncio.wait(tasks, timeout=seconds)
+    for task in pending:
+        task.cancel()
+    failures = []
+    for follow, task in zip(follows, tasks, strict=True):
+        if task in pending:
+            failures.append(f"{follow.job_id} ({follow.kind}): still open at the deadline")
+        elif task.exception() is not None:
+            failures.append(f"{follow.job_id} ({follow.kind}): {task.exception()!r}")
+        elif not received[follow.job_id].ended:
+            failures.append(f"{follow.job_id} ({follow.kind}): closed without its terminal event")
+    return received, failures
+
+
+def client_process(follows: list[Follow], live: Any, results: Any, seconds: float) -> None:
+    """One client process: follow its jobs for at most `seconds`, then put a `ClientReport` on `results`.
+    `live` (a shared counter) counts the follows that are live: answered, resumed, or polled once."""
+    began = time.process_time()
+    received, failures = uvloop.run(_follow_all(follows, live, seconds))
+    results.put(ClientReport(received, failures, time.process_time() - began))
