@@ -6,18 +6,25 @@ delta has come and resumes with `Last-Event-ID` from the last one it got, as a b
 does. Each records, per job, every delta's seq and arrival time (time.time()) in the order received,
 for `bench.delivery` to check against the stream.
 
-A process stops by itself: when every job it follows has ended, or at its deadline.
+A process stops by itself: when every job it follows has ended, or at its deadline. `Clients` starts
+and gathers them from the harness's side.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import multiprocessing as mp
+import multiprocessing.queues
+import queue
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from multiprocessing.context import SpawnProcess
+from multiprocessing.sharedctypes import Synchronized
 from typing import Any
 
+import psutil
 import uvloop
 
 from bench.delivery import delta_seq
@@ -171,3 +178,46 @@ def client_process(follows: list[Follow], live: Any, results: Any, seconds: floa
     began = time.process_time()
     received, failures = uvloop.run(_follow_all(follows, live, seconds))
     results.put(ClientReport(received, failures, time.process_time() - began))
+
+
+class Clients:
+    """A level's client processes, one share of the jobs each, from the harness's side."""
+
+    def __init__(self, job_ids: list[str], ports: list[int], processes: int, seconds: float) -> None:
+        """Start them: the `n`th job's client follows it as `kind_of(n)` says, through the gateway of
+        `ports` whose turn it is; each process stops by itself after `seconds` at most."""
+        context = mp.get_context("spawn")
+        self.count = len(job_ids)
+        self.live: Synchronized[int] = context.Value("i", 0)
+        self.results: mp.queues.Queue[ClientReport] = context.Queue()
+        follows = [Follow(job_id, kind_of(n), ports[n % len(ports)]) for n, job_id in enumerate(job_ids)]
+        shares = [follows[n::processes] for n in range(processes)]
+        self.processes: list[SpawnProcess] = [
+            context.Process(target=client_process, args=(share, self.live, self.results, seconds))
+            for share in shares
+            if share
+        ]
+        for process in self.processes:
+            process.start()
+        self.handles = [psutil.Process(process.pid) for process in self.processes]
+
+    async def until_live(self, timeout: float) -> None:
+        """Until every follow is live, or fail once `timeout` s passed or a process died."""
+        deadline = time.monotonic() + timeout
+        while self.live.value < self.count:
+            if time.monotonic() > deadline or any(not process.is_alive() for process in self.processes):
+                raise RuntimeError(f"only {self.live.value} of {self.count} clients were live")
+            await asyncio.sleep(0.1)
+
+    async def reports(self, timeout: float) -> list[ClientReport]:
+        """Every process's report, each within `timeout` s."""
+        try:
+            return [await asyncio.to_thread(self.results.get, True, timeout) for _ in self.processes]
+        except queue.Empty:
+            raise RuntimeError(f"a client process gave no report within {timeout:g} s") from None
+
+    def stop(self) -> None:
+        for process in self.processes:
+            process.join(timeout=10)
+            if process.is_alive():
+                process.terminate()

@@ -12,9 +12,13 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from bench.delivery import Delivery
 from bench.stats import percentile
+
+if TYPE_CHECKING:  # a run keeps the limits of its Redis beside its levels
+    from bench.redis_probe import Limit
 
 LAG_TARGET_SECONDS = 0.020
 STEP_COMMANDS = ("evalsha", "eval")
@@ -118,22 +122,6 @@ class FleetLevel:
     def sustained(self) -> bool:
         """Lag p99 within its target, and every event delivered once and in order."""
         return self.lag(99) <= LAG_TARGET_SECONDS and self.delivery.exact and not self.failures
-
-
-@dataclass(frozen=True)
-class Limit:
-    """A physical limit of the same Redis, from `redis-benchmark` in the same run: its commands a second
-    at saturation, and Redis's own CPU per command."""
-
-    name: str
-    pipeline: int
-    requests: int
-    per_second: float
-    redis_cpu: float
-
-    @property
-    def redis_us(self) -> float:
-        return us_per(self.redis_cpu, self.requests)
 
 
 @dataclass(frozen=True)

@@ -3,15 +3,19 @@ what a client received is checked against its stream, and the figures per unit o
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 
 import pytest
 
 from bench.delivery import Delivery, account, delta_seq, lags
 from bench.fleet import QUICK, main_parser, plan_of
 from bench.fleet_clients import KINDS, LONG_POLL, RESUME, SSE, kind_of
-from bench.fleet_figures import FleetLevel, FleetRun, Limit, Window, us_per
+from bench.fleet_figures import FleetLevel, FleetRun, Window, us_per
 from bench.fleet_report import HEADING, raw, section
+from bench.redis_probe import Limit
+from bench.report import Results, render, write_fleet
 from shared.events import DeltaEvent
 
 
@@ -156,3 +160,25 @@ def test_results_json_keeps_the_lags_as_percentiles_by_kind() -> None:
 def test_flags_change_the_plan_they_name_and_leave_the_rest() -> None:
     plan = plan_of(main_parser().parse_args(["--quick", "--workers", "3", "--streams", "100", "200"]))
     assert (plan.workers, plan.streams, plan.rate) == (3, (100, 200), QUICK.rate)
+
+
+def test_make_bench_puts_the_fleet_section_before_the_notes() -> None:
+    text = render(Results("make bench", "full", {}, 128, fleet=run_of(level())), ["a", "b"], [])
+    assert text.index(HEADING) < text.index("## Notes")
+    alone = render(Results("make bench", "full", {}, 128), ["a", "b"], [])
+    assert alone[alone.index(HEADING) + 2] == "Not measured in this run."
+
+
+def test_a_run_alone_replaces_its_section_in_place_and_keeps_the_rest(tmp_path: Path) -> None:
+    (tmp_path / "results.json").write_text(json.dumps({"relay": [1]}))
+    kept = ["# results", "", "## 8. Fair sharing", "", "figures", "", "## Notes", "", "- a note"]
+    (tmp_path / "RESULTS.md").write_text("\n".join(kept) + "\n")
+    write_fleet(run_of(level(0.025)), tmp_path)
+    write_fleet(run_of(level(0.005)), tmp_path)
+    lines = (tmp_path / "RESULTS.md").read_text().splitlines()
+    assert lines.count(HEADING) == 1
+    assert lines.index("## 8. Fair sharing") < lines.index(HEADING) < lines.index("## Notes")
+    assert lines[-1] == "- a note"
+    assert [line for line in lines if line.startswith("| 1000 |")][-1].endswith("| yes |")
+    raw_kept = json.loads((tmp_path / "results.json").read_text())
+    assert raw_kept["relay"] == [1] and len(raw_kept["fleet"]["levels"]) == 1
