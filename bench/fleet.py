@@ -123,7 +123,7 @@ async def run_level(
         clients = Clients(job_ids, fleet.ports, plan.client_processes, client_seconds)
         try:
             on_progress(f"{streams} streams: connecting the clients")
-            await clients.until_live(START_TIMEOUT_SECONDS)
+            await clients.until_settled(START_TIMEOUT_SECONDS)
             await asyncio.sleep(SETTLE_SECONDS)
             on_progress(f"{streams} streams: measuring, every stream followed")
             followed, opened, closed = await fleet.window(plan.seconds, clients.handles)
@@ -148,19 +148,30 @@ async def run_level(
     )
 
 
+def next_level(plan: FleetPlan, done: list[FleetLevel]) -> tuple[int, float] | None:
+    """The level (streams, events/s in all) to run after the levels `done`, or None: the levels of
+    `streams` at the fixed rate, then `rate_streams` at the rate raised, until one is not sustained."""
+    fixed = [(streams, plan.rate) for streams in plan.streams]
+    if len(done) < len(fixed):
+        return fixed[len(done)]
+    raised = len(done) - len(fixed)
+    if raised >= plan.rate_levels or (raised and not done[-1].sustained):
+        return None
+    return plan.rate_streams, plan.rate * plan.rate_factor ** (raised + 1)
+
+
 async def run_levels(fleet: Fleet, run: FleetRun, on_progress: Callable[[str], None]) -> None:
-    """The levels of `streams` at the fixed rate, then the rate raised until a level is not sustained."""
-    plan = fleet.plan
-    for streams in plan.streams:
-        run.levels.append(await run_level(fleet, streams, plan.rate, on_progress))
+    """Every level of the plan in turn; a level that cannot be run (the fleet broke down: workers or
+    clients that did not start, jobs that did not run) ends the run, which keeps the levels before it."""
+    while (level := next_level(fleet.plan, run.levels)) is not None:
+        streams, rate = level
+        try:
+            run.levels.append(await run_level(fleet, streams, rate, on_progress))
+        except RuntimeError as exc:
+            run.stopped = f"{streams} streams at {rate:,.0f} events/s could not be run: {exc}"
+            on_progress(run.stopped)
+            return
         on_progress(fleet_report.describe(run.levels[-1]))
-    rate = plan.rate
-    for _ in range(plan.rate_levels):
-        rate *= plan.rate_factor
-        run.levels.append(await run_level(fleet, plan.rate_streams, rate, on_progress))
-        on_progress(fleet_report.describe(run.levels[-1]))
-        if not run.levels[-1].sustained:
-            break
 
 
 async def _run(

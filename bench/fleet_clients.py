@@ -32,7 +32,10 @@ from bench.sse_client import EventsConnection, Poller
 
 SSE, LONG_POLL, RESUME = "sse", "long-poll", "resume"
 KINDS = (SSE, LONG_POLL, RESUME)
-CONNECT_AT_ONCE = 64
+CONNECTING = 128
+"""Connections being opened at once, over all client processes: each catches up from its stream's start
+on one of a gateway's few Redis connections (`redis_max_connections`), and a request that waits too
+long for one is refused."""
 POLL_WAIT_SECONDS = (
     30.0  # the gateway's `poll_wait_max` by default: a poll at the tip waits for the next step
 )
@@ -147,17 +150,35 @@ async def _long_poll(
 FOLLOWERS = {SSE: _sse, LONG_POLL: _long_poll, RESUME: _resuming}
 
 
-async def _follow_all(
-    follows: list[Follow], live: Any, seconds: float
-) -> tuple[dict[str, Received], list[str]]:
-    gate = asyncio.Semaphore(CONNECT_AT_ONCE)
-    received = {follow.job_id: Received(follow.kind) for follow in follows}
+async def _settled(
+    follow: Follow, received: Received, gate: asyncio.Semaphore, settle: Callable[[], None]
+) -> None:
+    """Follow the job, settling once: when live, or when it failed before."""
+    settled = False
 
     def on_live() -> None:
-        with live.get_lock():
-            live.value += 1
+        nonlocal settled
+        if not settled:
+            settled = True
+            settle()
 
-    tasks = [asyncio.ensure_future(FOLLOWERS[f.kind](f, received[f.job_id], gate, on_live)) for f in follows]
+    try:
+        await FOLLOWERS[follow.kind](follow, received, gate, on_live)
+    finally:
+        on_live()
+
+
+async def _follow_all(
+    follows: list[Follow], settled: Any, seconds: float, at_once: int
+) -> tuple[dict[str, Received], list[str]]:
+    gate = asyncio.Semaphore(at_once)
+    received = {follow.job_id: Received(follow.kind) for follow in follows}
+
+    def settle() -> None:
+        with settled.get_lock():
+            settled.value += 1
+
+    tasks = [asyncio.ensure_future(_settled(f, received[f.job_id], gate, settle)) for f in follows]
     _, pending = await asyncio.wait(tasks, timeout=seconds)
     for task in pending:
         task.cancel()
@@ -172,11 +193,12 @@ async def _follow_all(
     return received, failures
 
 
-def client_process(follows: list[Follow], live: Any, results: Any, seconds: float) -> None:
-    """One client process: follow its jobs for at most `seconds`, then put a `ClientReport` on `results`.
-    `live` (a shared counter) counts the follows that are live: answered, resumed, or polled once."""
+def client_process(follows: list[Follow], settled: Any, results: Any, seconds: float, at_once: int) -> None:
+    """One client process: follow its jobs for at most `seconds`, opening `at_once` connections at a
+    time, then put a `ClientReport` on `results`. `settled` (a shared counter) counts the follows that
+    are live (answered, resumed, or polled once) or failed before."""
     began = time.process_time()
-    received, failures = uvloop.run(_follow_all(follows, live, seconds))
+    received, failures = uvloop.run(_follow_all(follows, settled, seconds, at_once))
     results.put(ClientReport(received, failures, time.process_time() - began))
 
 
@@ -188,12 +210,13 @@ class Clients:
         `ports` whose turn it is; each process stops by itself after `seconds` at most."""
         context = mp.get_context("spawn")
         self.count = len(job_ids)
-        self.live: Synchronized[int] = context.Value("i", 0)
+        self.settled: Synchronized[int] = context.Value("i", 0)
         self.results: mp.queues.Queue[ClientReport] = context.Queue()
         follows = [Follow(job_id, kind_of(n), ports[n % len(ports)]) for n, job_id in enumerate(job_ids)]
         shares = [follows[n::processes] for n in range(processes)]
+        at_once = max(1, CONNECTING // processes)
         self.processes: list[SpawnProcess] = [
-            context.Process(target=client_process, args=(share, self.live, self.results, seconds))
+            context.Process(target=client_process, args=(share, self.settled, self.results, seconds, at_once))
             for share in shares
             if share
         ]
@@ -201,12 +224,13 @@ class Clients:
             process.start()
         self.handles = [psutil.Process(process.pid) for process in self.processes]
 
-    async def until_live(self, timeout: float) -> None:
-        """Until every follow is live, or fail once `timeout` s passed or a process died."""
+    async def until_settled(self, timeout: float) -> None:
+        """Until every follow is live or has failed (its report tells which), or fail once `timeout` s
+        passed or a process died."""
         deadline = time.monotonic() + timeout
-        while self.live.value < self.count:
+        while self.settled.value < self.count:
             if time.monotonic() > deadline or any(not process.is_alive() for process in self.processes):
-                raise RuntimeError(f"only {self.live.value} of {self.count} clients were live")
+                raise RuntimeError(f"only {self.settled.value} of {self.count} clients were live")
             await asyncio.sleep(0.1)
 
     async def reports(self, timeout: float) -> list[ClientReport]:

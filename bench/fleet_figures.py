@@ -151,4 +151,5 @@ class FleetRun:
     idle_redis_cpu_per_second: float = 0.0
     limits: list[Limit] = field(default_factory=list)
     levels: list[FleetLevel] = field(default_factory=list)
+    stopped: str | None = None  # why the run ended before its plan's last level
     minutes: float = 0.0

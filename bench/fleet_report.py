@@ -127,6 +127,7 @@ def section(run: FleetRun) -> list[str]:
         "",
         *_delivery_rows(run),
         "",
+        *([f"The run stopped early: {run.stopped}.", ""] if run.stopped else []),
     ]
 
 

@@ -265,9 +265,12 @@ def main() -> None:
             )
             results.relay = asyncio.run(relay)
             children.pop().stop()  # the gateway: the fleet starts gateways of its own
-            results.fleet = fleet.measure(
-                url, plan.fleet, logs, command, lambda text: progress.console.print(f"fleet: {text}")
-            )
+            try:  # the phases before it are written whatever becomes of it
+                results.fleet = fleet.measure(
+                    url, plan.fleet, logs, command, lambda text: progress.console.print(f"fleet: {text}")
+                )
+            except RuntimeError as exc:
+                notes.append(f"- The fleet's phase could not run: {exc}")
     finally:
         for child in children:
             child.stop()

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from bench.delivery import Delivery, account, delta_seq, lags
-from bench.fleet import QUICK, main_parser, plan_of
+from bench.fleet import QUICK, main_parser, next_level, plan_of
 from bench.fleet_clients import KINDS, LONG_POLL, RESUME, SSE, kind_of
 from bench.fleet_figures import FleetLevel, FleetRun, Window, us_per
 from bench.fleet_report import HEADING, raw, section
@@ -182,3 +183,13 @@ def test_a_run_alone_replaces_its_section_in_place_and_keeps_the_rest(tmp_path: 
     assert [line for line in lines if line.startswith("| 1000 |")][-1].endswith("| yes |")
     raw_kept = json.loads((tmp_path / "results.json").read_text())
     assert raw_kept["relay"] == [1] and len(raw_kept["fleet"]["levels"]) == 1
+
+
+def test_the_levels_run_the_streams_at_the_fixed_rate_then_raise_it_until_one_is_not_sustained() -> None:
+    plan = replace(QUICK, streams=(250, 1000), rate=2000.0, rate_streams=250, rate_factor=2.0, rate_levels=3)
+    assert next_level(plan, []) == (250, 2000.0)
+    assert next_level(plan, [level(0.050)]) == (1000, 2000.0)
+    assert next_level(plan, [level(0.050), level(0.050)]) == (250, 4000.0)  # fixed levels never stop it
+    assert next_level(plan, [level()] * 3) == (250, 8000.0)
+    assert next_level(plan, [level()] * 3 + [level(0.050)]) is None
+    assert next_level(plan, [level()] * 5) is None  # rate_levels reached
