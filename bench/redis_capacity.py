@@ -34,6 +34,7 @@ import redis
 import redis.asyncio as aioredis
 
 from bench import capacity_report, redis_probe, relay_load, system
+from bench.redis_probe import Probe
 from bench.relay_load import RelayLevel
 from bench.stats import percentile
 from bench.synthetic_producer import WORKER_ID, SyntheticProducer
@@ -47,7 +48,6 @@ from tests.redis_cleanup import delete_prefix
 from worker.publisher import Publisher
 
 OUT = Path(__file__).resolve().parent
-IDLE_SECONDS = 2.0
 RANDOM_JOB = "capacity-__rand_int__"  # redis-benchmark draws a number for it at each command
 RANDOM_JOBS = 10**9  # ... among so many that each script appends to a stream of its own
 BENCHMARK_CLIENTS = 4  # pipelines in flight at once: enough to keep Redis's one thread busy
@@ -155,24 +155,6 @@ class Capacity:
     steps: list[StepCost]
     saturation: list[Saturation]
     relay: list[RelayCost]
-
-
-class Probe:
-    """Redis CPU seconds spent on a piece of work, less what the idle server spends meanwhile."""
-
-    def __init__(self, client: redis.Redis) -> None:
-        self.client = client
-        self.idle_rate = 0.0
-
-    def measure_idle(self) -> float:
-        before = redis_probe.snapshot(self.client)
-        time.sleep(IDLE_SECONDS)
-        after = redis_probe.snapshot(self.client)
-        self.idle_rate = (after.cpu_seconds - before.cpu_seconds) / (after.taken - before.taken)
-        return self.idle_rate
-
-    def busy(self, before: redis_probe.Snapshot, after: redis_probe.Snapshot) -> float:
-        return after.cpu_seconds - before.cpu_seconds - self.idle_rate * (after.taken - before.taken)
 
 
 async def _step_all(publisher: Publisher, producer: SyntheticProducer, job_ids: list[str]) -> None:
@@ -322,7 +304,7 @@ def main() -> None:
         capacity.idle_cpu_per_second = probe.measure_idle()
         asyncio.run(worker_steps(probe, settings, plan, capacity))
         gateway = system.start_gateway(settings, logs)
-        relay_load.wait_answering(settings, gateway)
+        system.wait_answering(settings, gateway)
         capacity.relay = asyncio.run(relay_costs(probe, settings, gateway, plan))
     finally:
         if gateway is not None:

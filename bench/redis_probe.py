@@ -1,5 +1,5 @@
-"""What Redis itself says: command counts, CPU and clients (INFO deltas), and its XADD ceiling
-(`redis-benchmark` on this machine, in the same run as the figures it bounds)."""
+"""What Redis itself says: command counts and times, CPU and clients (INFO deltas), and its ceilings
+(`redis-benchmark` on this machine, in the same run as the figures they bound)."""
 
 from __future__ import annotations
 
@@ -7,11 +7,17 @@ import csv
 import shutil
 import subprocess
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, cast
 from urllib.parse import urlparse
 
 import redis
+from redis.typing import EncodableT, FieldT
+
+from shared.events import DeltaEvent
+
+IDLE_SECONDS = 2.0
+BENCHMARK_CLIENTS = 50
 
 
 @dataclass(frozen=True)
@@ -20,6 +26,7 @@ class Snapshot:
     cpu_seconds: float
     connected_clients: int
     taken: float
+    usec: dict[str, int] = field(default_factory=dict)  # time in each command, as Redis counts it
 
 
 def info(client: redis.Redis, section: str) -> dict[str, Any]:
@@ -37,17 +44,45 @@ def snapshot(client: redis.Redis) -> Snapshot:
         cpu_seconds=float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"]),
         connected_clients=int(clients["connected_clients"]),
         taken=time.monotonic(),
+        usec={name.removeprefix("cmdstat_"): int(value["usec"]) for name, value in stats.items()},
     )
 
 
-def calls_between(before: Snapshot, after: Snapshot) -> dict[str, int]:
-    names = set(before.calls) | set(after.calls)
-    delta = {name: after.calls.get(name, 0) - before.calls.get(name, 0) for name in names}
+def _between(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
+    delta = {name: after.get(name, 0) - before.get(name, 0) for name in set(before) | set(after)}
     return {name: count for name, count in sorted(delta.items()) if count}
+
+
+def calls_between(before: Snapshot, after: Snapshot) -> dict[str, int]:
+    return _between(before.calls, after.calls)
+
+
+def usec_between(before: Snapshot, after: Snapshot) -> dict[str, int]:
+    """µs Redis spent in each command between the snapshots; a script's commands count both on their
+    own and in the script's time."""
+    return _between(before.usec, after.usec)
 
 
 def cpu_percent(before: Snapshot, after: Snapshot) -> float:
     return 100 * (after.cpu_seconds - before.cpu_seconds) / max(after.taken - before.taken, 1e-9)
+
+
+class Probe:
+    """Redis CPU seconds spent on a piece of work, less what the idle server spends meanwhile."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        self.client = client
+        self.idle_rate = 0.0
+
+    def measure_idle(self) -> float:
+        before = snapshot(self.client)
+        time.sleep(IDLE_SECONDS)
+        after = snapshot(self.client)
+        self.idle_rate = (after.cpu_seconds - before.cpu_seconds) / (after.taken - before.taken)
+        return self.idle_rate
+
+    def busy(self, before: Snapshot, after: Snapshot) -> float:
+        return after.cpu_seconds - before.cpu_seconds - self.idle_rate * (after.taken - before.taken)
 
 
 @dataclass(frozen=True)
@@ -57,7 +92,56 @@ class Ceiling:
     p50_ms: float
 
 
-def xadd_ceiling(url: str, key: str, pipeline: int, requests: int, clients: int = 50) -> Ceiling:
+@dataclass(frozen=True)
+class Limit:
+    """A physical limit: `redis-benchmark` sending one command as fast as Redis takes it, and Redis's own
+    CPU per command there (idle share taken off)."""
+
+    name: str
+    pipeline: int
+    requests: int
+    per_second: float
+    redis_cpu: float
+
+    @property
+    def redis_us(self) -> float:
+        return 1e6 * self.redis_cpu / self.requests
+
+
+def stream_limits(probe: Probe, url: str, written: str, read: str, requests: int) -> list[Limit]:
+    """XADD of an event as a worker writes it (MAXLEN ~ as the worker, to the stream `written`), pipelined
+    by 16; and XREAD of one such entry of one stream (`read`, written here), alone and pipelined by 16.
+    Both keys are deleted after."""
+    delta = DeltaEvent(seq=2, text=" token", token_ids=[0]).model_dump_json()
+    fields = ("type", "delta", "data", delta, "at", str(time.time_ns() // 1_000_000))
+    entry: dict[FieldT, EncodableT] = dict(zip(fields[::2], fields[1::2], strict=True))
+    for entry_id in ("1-1", "2-1"):
+        probe.client.xadd(read, entry, id=entry_id)
+    commands = (
+        ("XADD", 16, ("XADD", written, "MAXLEN", "~", "100000", "*", *fields)),
+        ("XREAD of one stream", 1, ("XREAD", "COUNT", "1", "STREAMS", read, "1-1")),
+        ("XREAD of one stream", 16, ("XREAD", "COUNT", "1", "STREAMS", read, "1-1")),
+    )
+    found = []
+    for name, pipeline, command in commands:
+        before = snapshot(probe.client)
+        ceiling = benchmark(url, command, pipeline, requests, BENCHMARK_CLIENTS)
+        found.append(
+            Limit(
+                name,
+                pipeline,
+                requests,
+                ceiling.requests_per_second,
+                probe.busy(before, snapshot(probe.client)),
+            )
+        )
+    probe.client.delete(written, read)
+    return found
+
+
+def xadd_ceiling(
+    url: str, key: str, pipeline: int, requests: int, clients: int = BENCHMARK_CLIENTS
+) -> Ceiling:
     """`redis-benchmark` running XADD (the worker's command, MAXLEN ~ like the worker) on one of our keys.
 
     The same command as `-t xadd`, but on a key under the bench's prefix, so nothing else is written.

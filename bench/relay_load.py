@@ -21,7 +21,6 @@ from multiprocessing.sharedctypes import Synchronized
 from pathlib import Path
 from typing import Any
 
-import httpx
 import psutil
 import redis
 import redis.asyncio as aioredis
@@ -266,18 +265,6 @@ def describe(level: RelayLevel) -> str:
     )
 
 
-def wait_answering(settings: Settings, gateway: Child) -> None:
-    """Until the gateway answers HTTP (its /health says 503 here: this phase runs no worker)."""
-    deadline = time.monotonic() + system.START_TIMEOUT_SECONDS
-    while gateway.process.poll() is None and time.monotonic() < deadline:
-        try:
-            httpx.get(f"{system.base_url(settings)}/metrics", timeout=2).raise_for_status()
-            return
-        except httpx.HTTPError:
-            time.sleep(0.2)
-    raise RuntimeError("the gateway did not start; see its log")
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--streams", type=int, nargs="+", default=[100, 1000], help="SSE clients per level")
@@ -289,7 +276,7 @@ def main() -> None:
     settings = system.bench_settings(url)
     gateway = system.start_gateway(settings, logs)
     try:
-        wait_answering(settings, gateway)
+        system.wait_answering(settings, gateway)
         levels = run_levels(
             settings,
             gateway,

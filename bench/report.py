@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from bench import first_token
+from bench import first_token, fleet_report
 from bench.cancel import CancelSample
 from bench.commands import StepCost
 from bench.engine_baseline import EngineRun
@@ -21,6 +21,7 @@ from bench.stats import PhaseSummary, percentile
 
 if TYPE_CHECKING:  # bench.fair_share writes its figures here when run alone (`write_fair_share`)
     from bench.fair_share import FairShare
+    from bench.fleet_figures import FleetRun
 
 FAIR_SHARE_TARGET = 0.90
 """Jobs started per second with tenants, at least this share of the single queue's (issue 21)."""
@@ -50,6 +51,7 @@ class Results:
     peer_streampool: PeerRun | None = None
     peer_input_len: int = 0
     peer_output_len: int = 0
+    fleet: FleetRun | None = None
     minutes: float = 0.0
 
 
@@ -337,6 +339,23 @@ def write_fair_share(fair: FairShare, out: Path) -> Path:
     return path
 
 
+def fleet_section(fleet: FleetRun | None) -> list[str]:
+    if fleet is None:
+        return [fleet_report.HEADING, "", "Not measured in this run.", ""]
+    return fleet_report.section(fleet)
+
+
+def write_fleet(fleet: FleetRun, out: Path) -> Path:
+    """Put a run of `python -m bench.fleet` alone into results.json (its `fleet`) and RESULTS.md (its
+    section) in place, as `write_fair_share` does; answers RESULTS.md's path."""
+    raw_path, path = out / "results.json", out / "RESULTS.md"
+    raw = json.loads(raw_path.read_text())
+    raw["fleet"] = fleet_report.raw(fleet)
+    raw_path.write_text(json.dumps(raw, indent=1, default=str))
+    path.write_text("\n".join(_put_section(path.read_text().splitlines(), fleet_section(fleet))) + "\n")
+    return path
+
+
 def _first_token_tables(results: Results) -> list[str]:
     in_process, full = _in_process_ttft(results), [sample.ttft for sample in results.first_tokens]
     quantiles = (50, 90, 99)
@@ -401,6 +420,8 @@ def write(results: Results, out: Path, extra_notes: list[str]) -> Path:
     raw = dataclasses.asdict(results)
     for level in raw["relay"]:
         level["lags"] = {f"p{q}": percentile(level["lags"], q) for q in (50, 90, 99, 99.9, 100)}
+    if results.fleet is not None:
+        raw["fleet"] = fleet_report.raw(results.fleet)
     (out / "results.json").write_text(json.dumps(raw, indent=1, default=str))
     text = "\n".join(render(results, plots, extra_notes)) + "\n"
     path = out / "RESULTS.md"
@@ -580,6 +601,7 @@ def render(results: Results, plots: list[str], extra_notes: list[str]) -> list[s
         *_peer_table(results),
         "",
         *fair_share_section(results.fair_share),
+        *fleet_section(results.fleet),
         "## Notes",
         "",
         *extra_notes,

@@ -3,7 +3,8 @@ bench/RESULTS.md. The in-process engine runs before the system and again after i
 compared with both, so that a machine that drifts during the run shows as the gap between them), and is
 shut down before the worker starts: on 2 cores two engines must never run during a measurement. vLLM's
 own server is measured the same way around streampool (A, B, A): before the worker starts, and again
-once it has stopped."""
+once it has stopped. The fleet (`bench.fleet`: workers on the synthetic engine, several gateways, a
+client for every job) runs last, once no engine is alive."""
 
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ from bench import (
     engine_baseline,
     fair_share,
     first_token,
+    fleet,
     full_path,
     peer,
     pickup,
@@ -38,6 +40,7 @@ from bench import (
     system,
     vllm_server,
 )
+from bench.fleet_figures import FleetPlan
 from bench.jobclient import client
 from bench.report import Results, write
 from shared.config import Settings
@@ -64,6 +67,7 @@ class Plan:
     benchmark_requests: tuple[int, int]  # unpipelined, pipelined
     peer_plan: peer.PeerPlan  # vLLM's benchmark client against vLLM's server and streampool
     fair_share: fair_share.FairPlan
+    fleet: FleetPlan
 
 
 FULL = Plan(
@@ -78,6 +82,7 @@ FULL = Plan(
     (200_000, 1_000_000),
     peer_plan=peer.PeerPlan(128, 128, [(1, 8), (8, 32), (32, 96)]),
     fair_share=fair_share.FULL,
+    fleet=fleet.FULL,
 )
 QUICK = Plan(
     [(1, 1), (8, 1), (32, 1)],
@@ -91,6 +96,7 @@ QUICK = Plan(
     (50_000, 300_000),
     peer_plan=peer.PeerPlan(64, 32, [(1, 2), (8, 8), (32, 32)]),
     fair_share=fair_share.QUICK,
+    fleet=fleet.QUICK,
 )
 
 
@@ -258,6 +264,13 @@ def main() -> None:
                 ),
             )
             results.relay = asyncio.run(relay)
+            children.pop().stop()  # the gateway: the fleet starts gateways of its own
+            try:  # the phases before it are written whatever becomes of it
+                results.fleet = fleet.measure(
+                    url, plan.fleet, logs, command, lambda text: progress.console.print(f"fleet: {text}")
+                )
+            except RuntimeError as exc:
+                notes.append(f"- The fleet's phase could not run: {exc}")
     finally:
         for child in children:
             child.stop()

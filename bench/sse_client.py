@@ -68,9 +68,18 @@ class EventsConnection(asyncio.Protocol):
 
     @classmethod
     async def open(
-        cls, port: int, job_id: str, on_event: Callable[[str, str, float], None]
+        cls,
+        port: int,
+        job_id: str,
+        on_event: Callable[[str, str, float], None],
+        last_event_id: str | None = None,
     ) -> EventsConnection:
-        request = f"GET /v1/jobs/{job_id}/events HTTP/1.0\r\nHost: bench\r\nAccept: text/event-stream\r\n\r\n"
+        """Follow the job from its stream's start, or from after `last_event_id` as a client resuming."""
+        resume = f"Last-Event-ID: {last_event_id}\r\n" if last_event_id is not None else ""
+        request = (
+            f"GET /v1/jobs/{job_id}/events HTTP/1.0\r\nHost: bench\r\nAccept: text/event-stream\r\n"
+            f"{resume}\r\n"
+        )
         loop = asyncio.get_running_loop()
         _, connection = await loop.create_connection(
             lambda: cls(request.encode(), on_event), "127.0.0.1", port
@@ -110,6 +119,30 @@ class EventsConnection(asyncio.Protocol):
     def close(self) -> None:
         if self.transport is not None:
             self.transport.close()
+
+
+class Poller:
+    """Long-poll pages of one job's events (`GET /v1/jobs/{id}/events?after=&wait=`), one at a time over
+    one kept-alive HTTP/1.1 connection."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self._connection: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
+
+    async def page(self, job_id: str, after: str | None, wait: float, limit: int) -> tuple[bytes, float]:
+        """The page's JSON after the cursor `after` (None: from the start), and when it came (time.time())."""
+        if self._connection is None:
+            self._connection = await asyncio.open_connection("127.0.0.1", self.port)
+        reader, writer = self._connection
+        query = f"wait={wait:g}&limit={limit}" + (f"&after={after}" if after is not None else "")
+        writer.write(f"GET /v1/jobs/{job_id}/events?{query} HTTP/1.1\r\nHost: bench\r\n\r\n".encode())
+        headers = await _head(reader, "long-poll")
+        body = await reader.readexactly(int(headers["content-length"]))
+        return body, time.time()
+
+    def close(self) -> None:
+        if self._connection is not None:
+            self._connection[1].close()
 
 
 class Submitter:

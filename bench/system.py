@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
+import httpx
 import psutil
 import redis
 
@@ -106,6 +107,18 @@ def wait_ready(settings: Settings, children: list[Child], workers: int) -> None:
     processes = [child.process for child in children]
     if not wait_healthy(base_url(settings), processes, workers, START_TIMEOUT_SECONDS):
         raise RuntimeError(f"not ready in {START_TIMEOUT_SECONDS} s, or a process exited; see their logs")
+
+
+def wait_answering(settings: Settings, gateway: Child) -> None:
+    """Until the gateway answers HTTP (its /health says 503 while no worker runs)."""
+    deadline = time.monotonic() + START_TIMEOUT_SECONDS
+    while gateway.process.poll() is None and time.monotonic() < deadline:
+        try:
+            httpx.get(f"{base_url(settings)}/metrics", timeout=2).raise_for_status()
+            return
+        except httpx.HTTPError:
+            time.sleep(0.2)
+    raise RuntimeError("the gateway did not start; see its log")
 
 
 def start_redis(log_dir: Path) -> tuple[subprocess.Popen[bytes], str]:

@@ -1,0 +1,155 @@
+"""What one level of the fleet measured, as figures per unit of work (pure, no I/O): µs of CPU per
+event, so that a figure holds on a machine of another size.
+
+A level is measured in two windows of the same running jobs: first with no client following them
+(Redis then spends its CPU on the workers' steps alone: the appends and the lease and cancel checks
+of the step script), then with every job followed. Redis's CPU per event in the second, less the
+first's, is the relay's share (the gateways' reads, and serving them their blocked reads).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from bench.delivery import Delivery
+from bench.stats import percentile
+
+if TYPE_CHECKING:  # a run keeps the limits of its Redis beside its levels
+    from bench.redis_probe import Limit
+
+LAG_TARGET_SECONDS = 0.020
+STEP_COMMANDS = ("evalsha", "eval")
+"""The workers' scripts: steps (and heartbeats' lease renewals); their XADDs count inside them too."""
+RELAY_COMMANDS = ("xread", "xrange", "xrevrange")
+QUANTILES = (50.0, 99.0, 99.9)
+
+
+def us_per(cpu_seconds: float, units: int) -> float:
+    """µs of CPU per unit; NaN for no units, so that a missing figure shows as such."""
+    return 1e6 * cpu_seconds / units if units else math.nan
+
+
+@dataclass(frozen=True)
+class Window:
+    """One measuring window: events the workers appended (Redis's XADD calls, each one delta of one
+    step), and the CPU seconds each kind of process spent meanwhile (Redis's less what it spends idle)."""
+
+    seconds: float
+    events: int
+    redis_cpu: float
+    gateway_cpu: float
+    worker_cpu: float
+    client_cpu: float
+    machine_busy: float  # share of every core busy, whoever ran
+    calls: dict[str, int] = field(default_factory=dict)
+    usec: dict[str, int] = field(default_factory=dict)  # µs in each command, as Redis counts it
+
+    @property
+    def events_per_second(self) -> float:
+        return self.events / self.seconds if self.seconds else math.nan
+
+    def per_event(self, cpu_seconds: float) -> float:
+        return us_per(cpu_seconds, self.events)
+
+    def commands_per_event(self, names: Iterable[str]) -> float:
+        """µs Redis counts in the commands `names`, per event."""
+        return self.per_event(sum(self.usec.get(name, 0) for name in names) / 1e6)
+
+
+@dataclass
+class FleetLevel:
+    """`streams` running jobs over `workers` workers, `steps_per_second` asked of each, every job
+    followed by a client through one of `gateways` gateway processes."""
+
+    streams: int
+    workers: int
+    gateways: int
+    steps_per_second: float
+    unfollowed: Window
+    followed: Window
+    delivery: Delivery
+    lags: dict[str, list[float]] = field(repr=False)  # seconds, by the clients' kind (fleet_clients.KINDS)
+    failures: list[str]
+
+    @property
+    def asked_rate(self) -> float:
+        return self.streams * self.steps_per_second
+
+    @property
+    def achieved(self) -> float:
+        """The events/s the workers made while followed, as a share of the rate asked: the synthetic
+        engine waits its step time after each step's publishing, so a step takes a little longer."""
+        return self.followed.events_per_second / self.asked_rate
+
+    @property
+    def redis_step_us(self) -> float:
+        """Redis CPU per event of the workers' steps, nobody following."""
+        return self.unfollowed.per_event(self.unfollowed.redis_cpu)
+
+    @property
+    def redis_total_us(self) -> float:
+        """Redis CPU per relayed event, everything included."""
+        return self.followed.per_event(self.followed.redis_cpu)
+
+    @property
+    def redis_relay_us(self) -> float:
+        return self.redis_total_us - self.redis_step_us
+
+    @property
+    def gateway_us(self) -> float:
+        return self.followed.per_event(self.followed.gateway_cpu)
+
+    @property
+    def worker_us(self) -> float:
+        return self.followed.per_event(self.followed.worker_cpu)
+
+    @property
+    def client_us(self) -> float:
+        """The load generator's own share: what it takes from the cores the rest is measured on."""
+        return self.followed.per_event(self.followed.client_cpu)
+
+    @property
+    def all_lags(self) -> list[float]:
+        return [lag for lags in self.lags.values() for lag in lags]
+
+    def lag(self, q: float, kind: str | None = None) -> float:
+        return percentile(self.all_lags if kind is None else self.lags.get(kind, []), q)
+
+    @property
+    def sustained(self) -> bool:
+        """Lag p99 within its target, and every event delivered once and in order."""
+        return self.lag(99) <= LAG_TARGET_SECONDS and self.delivery.exact and not self.failures
+
+
+@dataclass(frozen=True)
+class FleetPlan:
+    """What a run measures: `fleet.FULL`, `fleet.QUICK`, or either with some of it changed by flags."""
+
+    workers: int
+    gateways: int
+    client_processes: int
+    rate: float  # events a second in all, at each level of `streams`
+    streams: tuple[int, ...]
+    rate_streams: int  # the streams of the levels that raise the rate
+    rate_factor: float
+    rate_levels: int  # at most so many of them
+    seconds: float  # the followed window
+    unfollowed_seconds: float
+    limit_requests: int  # sent by redis-benchmark for each physical limit
+
+
+@dataclass
+class FleetRun:
+    """One run: its command, plan, the Redis limits beside it, and its levels in the order run."""
+
+    command: str
+    measured: str
+    plan: FleetPlan
+    idle_redis_cpu_per_second: float = 0.0
+    limits: list[Limit] = field(default_factory=list)
+    levels: list[FleetLevel] = field(default_factory=list)
+    stopped: str | None = None  # why the run ended before its plan's last level
+    minutes: float = 0.0

@@ -1,0 +1,143 @@
+"""The fleet's section of bench/RESULTS.md, its part of results.json, and its one line per level."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+from bench.fleet_clients import KINDS
+from bench.fleet_figures import QUANTILES, RELAY_COMMANDS, STEP_COMMANDS, FleetLevel, FleetRun
+
+HEADING = "## 9. The data plane at a fleet's rates (synthetic engine)"
+FAILURES_KEPT = 20  # of a level's failed follows, in results.json (all are counted)
+
+
+def _ms(seconds: float) -> str:
+    return "n/a" if math.isnan(seconds) else f"{seconds * 1000:.1f}"
+
+
+def _us(value: float) -> str:
+    return "n/a" if math.isnan(value) else f"{value:.1f}"
+
+
+def _lags(level: FleetLevel, kind: str | None = None) -> str:
+    return " / ".join(_ms(level.lag(q, kind)) for q in QUANTILES)
+
+
+def describe(level: FleetLevel) -> str:
+    d = level.delivery
+    return (
+        f"{level.streams} streams x {level.steps_per_second:.3g} steps/s "
+        f"({level.asked_rate:,.0f} events/s asked, {level.achieved:.0%} made): "
+        f"Redis {_us(level.redis_total_us)} us/event (steps "
+        f"{_us(level.redis_step_us)}, relay {_us(level.redis_relay_us)}), gateway {_us(level.gateway_us)}, "
+        f"worker {_us(level.worker_us)}; lag p50/p99/p99.9 {_lags(level)} ms; sent {d.sent}, delivered "
+        f"{d.delivered}, duplicated {d.duplicated}, reordered {d.reordered}, unexpected {d.unexpected}, "
+        f"{len(level.failures)} failed follows; sustained: {'yes' if level.sustained else 'no'}"
+    )
+
+
+def _cost_rows(run: FleetRun) -> list[str]:
+    lines = [
+        "| streams | steps/s asked | events/s asked / made | Redis µs/event: all / steps / relay "
+        "| Redis commandstats µs/event: scripts / reads | XREADs per event | gateway µs/event "
+        "| worker µs/event | clients µs/event | machine busy |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for level in run.levels:
+        followed = level.followed
+        reads = followed.calls.get("xread", 0) / followed.events if followed.events else math.nan
+        lines.append(
+            f"| {level.streams} | {level.steps_per_second:.3g} | {level.asked_rate:,.0f} / "
+            f"{followed.events_per_second:,.0f} | {_us(level.redis_total_us)} / {_us(level.redis_step_us)} / "
+            f"{_us(level.redis_relay_us)} | {_us(followed.commands_per_event(STEP_COMMANDS))} / "
+            f"{_us(followed.commands_per_event(RELAY_COMMANDS))} | {reads:.2f} | {_us(level.gateway_us)} "
+            f"| {_us(level.worker_us)} | {_us(level.client_us)} | {followed.machine_busy:.0%} |"
+        )
+    return lines
+
+
+def _delivery_rows(run: FleetRun) -> list[str]:
+    lines = [
+        "| streams | events/s asked | lag p50 / p99 / p99.9, ms | "
+        + " | ".join(f"{kind}: events, lag p50 / p99 / p99.9 ms" for kind in KINDS)
+        + " | sent | delivered | duplicated | reordered | failed follows | sustained |",
+        "| --- | --- | --- | " + " | ".join("---" for _ in KINDS) + " | --- | --- | --- | --- | --- | --- |",
+    ]
+    for level in run.levels:
+        d = level.delivery
+        kinds = " | ".join(f"{len(level.lags.get(kind, []))}, {_lags(level, kind)}" for kind in KINDS)
+        lines.append(
+            f"| {level.streams} | {level.asked_rate:,.0f} | {_lags(level)} | {kinds} | {d.sent} "
+            f"| {d.delivered} | {d.duplicated} | {d.reordered} | {len(level.failures)} "
+            f"| {'yes' if level.sustained else 'no'} |"
+        )
+    return lines
+
+
+def section(run: FleetRun) -> list[str]:
+    """The section, from a run of `python -m bench.fleet` or of `make bench`."""
+    plan = run.plan
+    limits = [
+        "| command | pipeline | per second | Redis CPU µs per command |",
+        "| --- | --- | --- | --- |",
+        *(
+            f"| {limit.name} | {limit.pipeline} | {limit.per_second:,.0f} | {_us(limit.redis_us)} |"
+            for limit in run.limits
+        ),
+    ]
+    return [
+        HEADING,
+        "",
+        f"Measured by `{run.command}` ({run.measured}, {run.minutes:.1f} minutes): {plan.workers} workers"
+        f" on the synthetic engine, {plan.gateways} gateway processes, a client for every job in"
+        f" {plan.client_processes} processes (one in ten long-polls, one in ten drops its SSE connection"
+        " after its first delta and resumes with `Last-Event-ID`, the rest follow over SSE), a private"
+        " Redis. Each level runs `streams` jobs spread evenly over the workers, each worker's jobs stepping"
+        " together at the rate asked on the worker's own clock, the workers started one after the other so"
+        f" that their steps are out of phase. Redis is measured for {plan.unfollowed_seconds:g} s with"
+        " nobody following the jobs (its CPU per event there is the steps': append, lease and cancel"
+        f" checks, heartbeats), then for {plan.seconds:g} s with every job followed (all); relay = all -"
+        " steps. Redis CPU is its own (INFO cpu) less what it spends idle"
+        f" ({1e6 * run.idle_redis_cpu_per_second:.0f} µs/s); commandstats is the time Redis counts inside"
+        " commands (scripts: EVALSHA and EVAL, their XADDs included; reads: XREAD, XRANGE, XREVRANGE),"
+        " without parsing requests and writing replies, and timed by the clock, so that on a busy machine it"
+        " can run past Redis's CPU. An event is one XADD (one job's delta of one step);"
+        " gateway and worker µs are their processes' CPU over the same window. Lag: from the step's"
+        " sending (its entries' `at`, whole ms, taken at the middle of the ms) to the client's receipt, for"
+        " the events sent in the followed window. Sent, delivered, duplicated and reordered count every"
+        " delta of the level, each client's against its job's stream. The levels:"
+        f" {', '.join(map(str, plan.streams))} streams at {plan.rate:,.0f} events/s, then"
+        f" {plan.rate_streams} streams at a rate raised {plan.rate_factor:g}x a level until a level is not"
+        " sustained (lag p99 past 20 ms, an event lost, duplicated or reordered, or a follow failed). The"
+        " rate made falls short of the rate asked by the synthetic engine's own pacing (it waits its step"
+        " time after each step is published) and by a machine short of CPU. Clients µs: the load"
+        " generator's own CPU, taken from the same cores. Machine busy: every core's share, whoever ran.",
+        "",
+        "Physical limits of the same Redis, `redis-benchmark` in the same run (50 connections; XADD of an"
+        " event as a worker writes it; XREAD of one entry of one stream):",
+        "",
+        *limits,
+        "",
+        "Costs per event:",
+        "",
+        *_cost_rows(run),
+        "",
+        "Delivery, and lag in all and by the clients' kind (the events sent in the followed window):",
+        "",
+        *_delivery_rows(run),
+        "",
+        *([f"The run stopped early: {run.stopped}.", ""] if run.stopped else []),
+    ]
+
+
+def raw(run: FleetRun) -> dict[str, Any]:
+    """The run for results.json, each level's lags as percentiles."""
+    data = dataclasses.asdict(run)
+    for level, item in zip(run.levels, data["levels"], strict=True):
+        item["lags"] = {kind: {f"p{q:g}": level.lag(q, kind) for q in QUANTILES} for kind in KINDS}
+        item["lags"]["all"] = {f"p{q:g}": level.lag(q) for q in QUANTILES}
+        item["failure_count"] = len(level.failures)
+        item["failures"] = level.failures[:FAILURES_KEPT]
+    return data

@@ -1,0 +1,169 @@
+"""The fleet's processes and jobs: its gateways (for the whole run), a level's workers (started with
+the level's step rate) and their running jobs, and a measuring window over all of them."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from pathlib import Path
+
+import psutil
+
+from bench import redis_probe, system
+from bench.fleet_figures import FleetPlan, Window
+from bench.redis_probe import Probe
+from shared.config import Settings
+from shared.jobstore import JobStore
+from shared.requests import JobRequest
+
+BATCH = 200  # jobs submitted, cancelled or read at once
+START_TIMEOUT_SECONDS = 120.0  # for a share of the jobs to run
+TOKENS_MARGIN_SECONDS = 120.0  # a job asks for tokens to outlast its level's windows by this much
+
+
+def _cpu_seconds(processes: list[psutil.Process]) -> float:
+    total = 0.0
+    for process in processes:
+        try:
+            times = process.cpu_times()
+        except psutil.NoSuchProcess:
+            continue
+        total += times.user + times.system
+    return total
+
+
+def _machine_cpu() -> tuple[float, float]:
+    """The machine's CPU seconds so far, busy and in all, every core's added up."""
+    times = psutil.cpu_times()
+    total = float(sum(times))
+    return total - times.idle - getattr(times, "iowait", 0.0), total
+
+
+class Fleet:
+    """The gateways, on ports of their own, and the workers of the level that runs."""
+
+    def __init__(
+        self, settings: Settings, logs: Path, plan: FleetPlan, probe: Probe, store: JobStore
+    ) -> None:
+        self.settings = settings
+        self.logs = logs
+        self.plan = plan
+        self.probe = probe
+        self.store = store
+        self.gateways: list[system.Child] = []
+        self.workers: list[system.Child] = []
+        self.ports = [settings.port, *(system.free_port() for _ in range(plan.gateways - 1))]
+
+    def start_gateways(self) -> None:
+        for n, port in enumerate(self.ports):
+            settings = self.settings.model_copy(update={"port": port})
+            self.gateways.append(system.start(f"gateway-{n}", ["cli", "gateway"], settings, self.logs))
+        for gateway, port in zip(self.gateways, self.ports, strict=True):
+            system.wait_answering(self.settings.model_copy(update={"port": port}), gateway)
+
+    async def start_jobs(self, streams: int, steps_per_second: float) -> list[str]:
+        """Start the workers one at a time, each given its share of `streams` jobs once it is ready, so
+        that each claims its own (those before it are full) and its clock starts apart from theirs:
+        their steps are out of phase. The running jobs, in order."""
+        jobs = math.ceil(streams / self.plan.workers)
+        asked = self.plan.unfollowed_seconds + self.plan.seconds + TOKENS_MARGIN_SECONDS
+        max_tokens = math.ceil(steps_per_second * asked)
+        job_ids: list[str] = []
+        for n in range(self.plan.workers):
+            settings = self.settings.model_copy(
+                update={
+                    "engine": "synthetic",
+                    "synthetic_step_seconds": 1 / steps_per_second,
+                    "synthetic_mean_tokens": 0,  # a job ends at max_tokens, or when cancelled
+                    "worker_max_jobs": jobs,
+                    "max_model_len": max(2048, max_tokens + 64),
+                    "metrics_port": system.free_port(),
+                }
+            )
+            self.workers.append(system.start(f"worker-{n}", ["cli", "worker"], settings, self.logs))
+            system.wait_ready(self.settings, [*self.gateways, *self.workers], n + 1)
+            share = await self._submit(min(jobs, streams - len(job_ids)), max_tokens)
+            await self._wait_running(share)
+            job_ids += share
+        return job_ids
+
+    async def _submit(self, count: int, max_tokens: int) -> list[str]:
+        request = JobRequest(prompt="fleet", max_tokens=max_tokens)
+        model, job_ids = self.settings.model_name, list[str]()
+        for start in range(0, count, BATCH):
+            submitting = (
+                self.store.submit(request, model=model, max_queued=0)
+                for _ in range(min(BATCH, count - start))
+            )
+            job_ids += [submission.job_id for submission in await asyncio.gather(*submitting)]
+        return job_ids
+
+    async def _wait_running(self, job_ids: list[str]) -> None:
+        deadline = time.monotonic() + START_TIMEOUT_SECONDS
+        while time.monotonic() < deadline:
+            pipe = self.store.redis.pipeline(transaction=False)
+            for job_id in job_ids:
+                pipe.hget(self.store.keys.job(job_id), "status")
+            if all(status == "running" for status in await pipe.execute()):
+                return
+            await asyncio.sleep(0.2)
+        raise RuntimeError(f"{len(job_ids)} jobs were not all running after {START_TIMEOUT_SECONDS:g} s")
+
+    async def cancel(self, job_ids: list[str]) -> None:
+        for start in range(0, len(job_ids), BATCH):
+            await asyncio.gather(*(self.store.cancel(job_id) for job_id in job_ids[start : start + BATCH]))
+
+    async def sent(self, job_ids: list[str]) -> dict[str, dict[int, int]]:
+        """Each job's deltas as its stream holds them: seq to `at` (ms)."""
+        sent: dict[str, dict[int, int]] = {}
+        for start in range(0, len(job_ids), BATCH):
+            batch = job_ids[start : start + BATCH]
+            pipe = self.store.redis.pipeline(transaction=False)
+            for job_id in batch:
+                pipe.xrange(self.store.keys.stream(job_id))
+            for job_id, entries in zip(batch, await pipe.execute(), strict=True):
+                sent[job_id] = {
+                    int(entry_id.split("-")[0]): int(fields["at"])
+                    for entry_id, fields in entries
+                    if fields["type"] == "delta"
+                }
+        return sent
+
+    def stop_workers(self) -> None:
+        while self.workers:
+            self.workers.pop().stop()
+
+    def stop(self) -> None:
+        self.stop_workers()
+        while self.gateways:
+            self.gateways.pop().stop()
+
+    def _cpu(self) -> tuple[float, float]:
+        return (
+            _cpu_seconds([gateway.handle for gateway in self.gateways]),
+            _cpu_seconds([worker.handle for worker in self.workers]),
+        )
+
+    async def window(self, seconds: float, clients: list[psutil.Process]) -> tuple[Window, float, float]:
+        """Measure for `seconds`: the window, and when it opened and closed (epoch seconds)."""
+        before, (gateways, workers) = redis_probe.snapshot(self.probe.client), self._cpu()
+        (busy, total), client_cpu, opened = _machine_cpu(), _cpu_seconds(clients), time.time()
+        await asyncio.sleep(seconds)
+        closed = time.time()
+        after = redis_probe.snapshot(self.probe.client)
+        gateways_after, workers_after = self._cpu()
+        busy_after, total_after = _machine_cpu()
+        calls = redis_probe.calls_between(before, after)
+        window = Window(
+            seconds=after.taken - before.taken,
+            events=calls.get("xadd", 0),
+            redis_cpu=self.probe.busy(before, after),
+            gateway_cpu=gateways_after - gateways,
+            worker_cpu=workers_after - workers,
+            client_cpu=_cpu_seconds(clients) - client_cpu,
+            machine_busy=(busy_after - busy) / (total_after - total),
+            calls=calls,
+            usec=redis_probe.usec_between(before, after),
+        )
+        return window, opened, closed

@@ -1,0 +1,195 @@
+"""The fleet harness's pure parts (bench/delivery.py, bench/fleet_figures.py, bench/fleet_report.py): how
+what a client received is checked against its stream, and the figures per unit of work."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from bench.delivery import Delivery, account, delta_seq, lags
+from bench.fleet import QUICK, main_parser, next_level, plan_of
+from bench.fleet_clients import KINDS, LONG_POLL, RESUME, SSE, kind_of
+from bench.fleet_figures import FleetLevel, FleetRun, Window, us_per
+from bench.fleet_report import HEADING, raw, section
+from bench.redis_probe import Limit
+from bench.report import Results, render, write_fleet
+from shared.events import DeltaEvent
+
+
+def test_every_delta_once_and_in_order_is_exact() -> None:
+    delivery = account([2, 3, 4, 5], [2, 3, 4, 5])
+    assert delivery == Delivery(sent=4, delivered=4)
+    assert delivery.exact
+
+
+def test_a_delta_received_twice_counts_as_duplicated_not_as_delivered_twice() -> None:
+    delivery = account([2, 3, 4], [2, 3, 3, 4, 2])
+    assert (delivery.delivered, delivery.duplicated, delivery.reordered) == (3, 2, 0)
+    assert not delivery.exact
+
+
+def test_a_delta_received_after_a_later_one_counts_as_reordered() -> None:
+    delivery = account([2, 3, 4, 5], [2, 4, 3, 5])
+    assert (delivery.delivered, delivery.duplicated, delivery.reordered) == (4, 0, 1)
+
+
+def test_a_delta_never_received_is_lost_and_one_the_stream_lacks_is_unexpected() -> None:
+    delivery = account([2, 3, 4], [2, 4, 9])
+    assert (delivery.lost, delivery.unexpected, delivery.reordered) == (1, 1, 0)
+    assert not delivery.exact
+
+
+def test_a_level_adds_up_its_jobs() -> None:
+    total = account([2, 3], [2, 3]) + account([2, 3], [3, 2, 2]) + account([2], [])
+    assert total == Delivery(sent=5, delivered=4, duplicated=1, reordered=1)
+
+
+def test_a_lag_runs_from_the_middle_of_the_sending_ms_to_the_first_receipt() -> None:
+    sent_at_ms = {2: 1_000_000, 3: 1_000_010}
+    found = lags([2, 3, 3], [1000.0205, 1000.0305, 1000.5], sent_at_ms, 999.0, 1001.0)
+    assert found == pytest.approx([0.020, 0.020])
+
+
+def test_only_the_deltas_sent_in_the_window_have_their_lag_taken() -> None:
+    sent_at_ms = {2: 1_000_000, 3: 1_002_000, 4: 1_004_000}
+    found = lags([2, 3, 4], [1005.0, 1005.0, 1005.0], sent_at_ms, 1001.0, 1003.0)
+    assert found == pytest.approx([2.9995])
+
+
+def test_a_deltas_seq_is_read_from_its_json_as_the_worker_writes_it() -> None:
+    event = DeltaEvent(seq=1234, text='{"type":"delta","seq":9}', token_ids=[5])
+    assert delta_seq(event.model_dump_json()) == 1234
+    with pytest.raises(ValueError):
+        delta_seq('{"type":"done","seq":7}')
+
+
+def test_one_client_in_ten_long_polls_and_one_in_ten_resumes() -> None:
+    kinds = [kind_of(index) for index in range(100)]
+    assert (kinds.count(LONG_POLL), kinds.count(RESUME), kinds.count(SSE)) == (10, 10, 80)
+
+
+def window(events: int, redis_cpu: float, gateway_cpu: float = 0.0, **more: object) -> Window:
+    values: dict[str, object] = {
+        "seconds": 2.0,
+        "events": events,
+        "redis_cpu": redis_cpu,
+        "gateway_cpu": gateway_cpu,
+        "worker_cpu": 0.5,
+        "client_cpu": 0.1,
+        "machine_busy": 0.5,
+    }
+    values.update(more)
+    return Window(**values)  # type: ignore[arg-type]
+
+
+def level(lag_seconds: float = 0.005, delivery: Delivery | None = None) -> FleetLevel:
+    return FleetLevel(
+        streams=1000,
+        workers=2,
+        gateways=2,
+        steps_per_second=4.0,
+        unfollowed=window(8000, redis_cpu=0.08),
+        followed=window(
+            7000,
+            redis_cpu=0.21,
+            gateway_cpu=0.35,
+            calls={"xadd": 7000, "xread": 1400},
+            usec={"evalsha": 70_000, "xadd": 20_000, "xread": 35_000, "xrange": 7_000},
+        ),
+        delivery=delivery or Delivery(sent=9000, delivered=9000),
+        lags={SSE: [lag_seconds] * 80, LONG_POLL: [lag_seconds] * 10, RESUME: [lag_seconds] * 10},
+        failures=[],
+    )
+
+
+def test_figures_are_cpu_per_event() -> None:
+    assert us_per(0.21, 7000) == pytest.approx(30.0)
+    assert math.isnan(us_per(0.1, 0))
+    figures = level()
+    assert figures.redis_step_us == pytest.approx(10.0)  # 0.08 s over 8,000 events, nobody following
+    assert figures.redis_total_us == pytest.approx(30.0)  # 0.21 s over 7,000 events, all followed
+    assert figures.redis_relay_us == pytest.approx(20.0)
+    assert figures.gateway_us == pytest.approx(50.0)
+    assert figures.worker_us == pytest.approx(0.5e6 / 7000)
+
+
+def test_commandstats_count_the_scripts_without_their_nested_appends_and_the_reads() -> None:
+    followed = level().followed
+    assert followed.commands_per_event(("evalsha", "eval")) == pytest.approx(10.0)
+    assert followed.commands_per_event(("xread", "xrange", "xrevrange")) == pytest.approx(6.0)
+
+
+def test_the_rate_made_is_the_followed_windows_events_over_the_rate_asked() -> None:
+    figures = level()
+    assert figures.asked_rate == 4000
+    assert figures.achieved == pytest.approx(3500 / 4000)
+
+
+def test_a_level_is_sustained_only_with_lag_p99_within_20_ms_and_an_exact_delivery() -> None:
+    assert level(0.015).sustained
+    assert not level(0.025).sustained
+    assert not level(0.005, Delivery(sent=9000, delivered=9000, duplicated=1)).sustained
+    assert not level(0.005, Delivery(sent=9000, delivered=8999)).sustained
+
+
+def run_of(*levels: FleetLevel) -> FleetRun:
+    limit = Limit("XADD", 16, 100_000, 500_000.0, 0.15)
+    return FleetRun("python -m bench.fleet --quick", "today", QUICK, 0.001, [limit], list(levels))
+
+
+def test_the_section_has_a_row_per_level_in_each_table_and_the_limits_per_command() -> None:
+    text = section(run_of(level(), level(0.025)))
+    assert text[0] == HEADING
+    rows = [line for line in text if line.startswith("| 1000 |")]
+    assert len(rows) == 4
+    assert "| XADD | 16 | 500,000 | 1.5 |" in text
+    assert rows[0].startswith("| 1000 | 4 | 4,000 / 3,500 | 30.0 / 10.0 / 20.0 | 10.0 / 6.0 | 0.20 | 50.0 |")
+    assert rows[-1].endswith("| 9000 | 9000 | 0 | 0 | 0 | no |")
+
+
+def test_results_json_keeps_the_lags_as_percentiles_by_kind() -> None:
+    data = raw(run_of(level()))
+    lags_kept = data["levels"][0]["lags"]
+    assert set(lags_kept) == {*KINDS, "all"}
+    assert lags_kept["all"] == {"p50": 0.005, "p99": 0.005, "p99.9": 0.005}
+
+
+def test_flags_change_the_plan_they_name_and_leave_the_rest() -> None:
+    plan = plan_of(main_parser().parse_args(["--quick", "--workers", "3", "--streams", "100", "200"]))
+    assert (plan.workers, plan.streams, plan.rate) == (3, (100, 200), QUICK.rate)
+
+
+def test_make_bench_puts_the_fleet_section_before_the_notes() -> None:
+    text = render(Results("make bench", "full", {}, 128, fleet=run_of(level())), ["a", "b"], [])
+    assert text.index(HEADING) < text.index("## Notes")
+    alone = render(Results("make bench", "full", {}, 128), ["a", "b"], [])
+    assert alone[alone.index(HEADING) + 2] == "Not measured in this run."
+
+
+def test_a_run_alone_replaces_its_section_in_place_and_keeps_the_rest(tmp_path: Path) -> None:
+    (tmp_path / "results.json").write_text(json.dumps({"relay": [1]}))
+    kept = ["# results", "", "## 8. Fair sharing", "", "figures", "", "## Notes", "", "- a note"]
+    (tmp_path / "RESULTS.md").write_text("\n".join(kept) + "\n")
+    write_fleet(run_of(level(0.025)), tmp_path)
+    write_fleet(run_of(level(0.005)), tmp_path)
+    lines = (tmp_path / "RESULTS.md").read_text().splitlines()
+    assert lines.count(HEADING) == 1
+    assert lines.index("## 8. Fair sharing") < lines.index(HEADING) < lines.index("## Notes")
+    assert lines[-1] == "- a note"
+    assert [line for line in lines if line.startswith("| 1000 |")][-1].endswith("| yes |")
+    raw_kept = json.loads((tmp_path / "results.json").read_text())
+    assert raw_kept["relay"] == [1] and len(raw_kept["fleet"]["levels"]) == 1
+
+
+def test_the_levels_run_the_streams_at_the_fixed_rate_then_raise_it_until_one_is_not_sustained() -> None:
+    plan = replace(QUICK, streams=(250, 1000), rate=2000.0, rate_streams=250, rate_factor=2.0, rate_levels=3)
+    assert next_level(plan, []) == (250, 2000.0)
+    assert next_level(plan, [level(0.050)]) == (1000, 2000.0)
+    assert next_level(plan, [level(0.050), level(0.050)]) == (250, 4000.0)  # fixed levels never stop it
+    assert next_level(plan, [level()] * 3) == (250, 8000.0)
+    assert next_level(plan, [level()] * 3 + [level(0.050)]) is None
+    assert next_level(plan, [level()] * 5) is None  # rate_levels reached
