@@ -167,17 +167,11 @@ class StreamHub:
         self._woken = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._listener: asyncio.Task[None] | None = None
-        self._listening = False
 
     @property
     def streams(self) -> int:
         """How many streams the reader watches."""
         return len(self._watched)
-
-    @property
-    def listening(self) -> bool:
-        """Whether the notices reach the hub (else it finds new entries only by its sweeps)."""
-        return self._listening
 
     async def close(self) -> None:
         for task in (self._task, self._listener):
@@ -221,6 +215,7 @@ class StreamHub:
         if not self._watched:  # nothing to hear of: the notices stop, and the reader ends
             if self._listener is not None:
                 self._listener.cancel()
+                self._listener = None  # a stream followed next gets a listener of its own at once
             self._woken.set()
 
     def _notice(self, streams: str) -> None:
@@ -244,18 +239,15 @@ class StreamHub:
             try:
                 async with self._reader.pubsub(ignore_subscribe_messages=True) as pubsub:
                     await pubsub.subscribe(self._notices)
-                    self._listening, retry_in = True, RETRY_FIRST_SECONDS
+                    retry_in = RETRY_FIRST_SECONDS
                     self._sweep()
                     while self._watched:
                         message = await pubsub.get_message(timeout=SWEEP_SECONDS)
                         if message is not None and message["type"] == "message":
                             self._notice(message["data"])
             except (RedisError, OSError):
-                self._listening = False
                 await asyncio.sleep(retry_in)
                 retry_in = min(2 * retry_in, RETRY_LAST_SECONDS)
-            finally:
-                self._listening = False
 
     async def _run(self) -> None:
         """Read the due streams while anyone subscribes; on a Redis failure, retry with backoff from

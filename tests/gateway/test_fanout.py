@@ -161,3 +161,20 @@ async def test_a_long_poll_with_nothing_new_answers_empty_once_its_wait_is_over(
     assert loop.time() - began >= 0.3
     assert (entries, state, done) == ([], JobState.running, False)
     assert relay.hub.streams == 0  # the poll's subscription ended with it
+
+
+async def test_a_stream_followed_right_after_the_last_one_left_is_heard_at_once(
+    redis_client: aioredis.Redis, relay: Relay, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The last follower's leaving stops the notices' listener; a follower coming in the same moment
+    gets a listener of its own, not the one on its way out (no sweep would make up for it here)."""
+    monkeypatch.setattr(fanout, "SWEEP_SECONDS", 60.0)
+    first, second = relay.keys.stream(uuid.uuid4().hex), relay.keys.stream(uuid.uuid4().hex)
+    async with relay.hub.subscribe(first, START, 1 << 20):
+        await eventually(lambda: stream_reader_listening(redis_client, relay.keys), "the hub listens")
+    async with relay.hub.subscribe(second, START, 1 << 20) as subscription:
+        await eventually(lambda: stream_reader_listening(redis_client, relay.keys), "the hub listens again")
+        entry_id = await redis_client.xadd(second, {"type": "done", "data": "{}"})
+        await notify(redis_client, relay.keys, second)
+        await asyncio.wait_for(subscription.wait(30), 30)
+        assert [entry.id for entry in subscription.take()] == [entry_id]
