@@ -23,9 +23,10 @@ Each mechanism exists once:
 waits for Redis in `on_startup`, where arq reads INFO first and ends if Redis does not answer; a
 Redis outage pauses the loop instead of ending it; an idle worker waits for a wake-up message,
 published with every enqueue, rather than poll every few milliseconds), `run_job`, `handle_sig` (a
-stop always stops the intake first, also with no drain time, so that running jobs hand themselves
-over rather than fail) and `close` (no health-check key to delete, and a Redis that does not answer
-keeps neither `on_shutdown` from running nor the process from ending cleanly). It can also stop
+stop always stops the intake first, also with no drain time: `stopping`, which the worker's /health
+reports) and `close` (no health-check key to delete, a stop's cancelled runs are no error, and a
+Redis that does not answer keeps neither `on_shutdown` from running nor the process from ending
+cleanly). It can also stop
 itself for good (`fail`: its engine died), as on a signal but marked failed, so that its process
 exits non-zero and its supervisor starts a new one.
 """
