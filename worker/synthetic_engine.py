@@ -56,23 +56,37 @@ def read_model_card(folder: Path, model: str, max_model_len: int) -> ModelCard:
     )
 
 
+def next_step_at(last: float, now: float, seconds: float) -> float:
+    """When the step after the one fired at `last` fires, asked for at `now`: a period after `last`,
+    at once when that has passed (the waiters were late), a whole period from now when the clock has
+    been idle longer than that."""
+    if now - last > 2 * seconds:
+        return now + seconds
+    return max(last + seconds, now)
+
+
 class StepClock:
-    """One clock for every running request: a step fires `seconds` after the first request waits for
-    it, and every request waiting then moves on together. Idle, it keeps no timer."""
+    """One clock for every running request, on a fixed period as a GPU's engine steps: a step fires
+    `seconds` after the one before, however long its waiters took over their outputs (a worker
+    publishing them), and every request waiting then moves on together. A waiter that comes later
+    than that (a worker slower than its engine) has its step at once; one that comes to an idle clock
+    waits a whole step. Idle, it keeps no timer."""
 
     def __init__(self, seconds: float) -> None:
         self._seconds = seconds
         self._next: asyncio.Future[None] | None = None
+        self._last = -math.inf  # when the last step fired, by the loop's clock
 
     async def step(self) -> None:
         if self._next is None:
             loop = asyncio.get_running_loop()
             self._next = loop.create_future()
-            loop.call_later(self._seconds, self._fire)
+            loop.call_at(next_step_at(self._last, loop.time(), self._seconds), self._fire)
         # One waiter cancelled (its request aborted) must not cancel the step of the others.
         await asyncio.shield(self._next)
 
     def _fire(self) -> None:
+        self._last = asyncio.get_running_loop().time()
         fired, self._next = self._next, None
         if fired is not None and not fired.done():
             fired.set_result(None)

@@ -10,7 +10,7 @@ from shared.config import DEFAULT_MODEL_DIR, WorkerSettings
 from shared.errors import EngineError
 from shared.requests import ChatMessage, JobRequest
 from worker.engine import EngineDelta, abort, generate, render
-from worker.synthetic_engine import SyntheticEngine, read_model_card
+from worker.synthetic_engine import SyntheticEngine, next_step_at, read_model_card
 
 STEP_SECONDS = 0.001
 
@@ -170,3 +170,16 @@ async def test_abort_of_a_job_of_several_prompts_ends_every_request(engine: Synt
     await asyncio.wait_for(task, 5)
     assert {delta.index for delta in seen if delta.finish_reason == "abort"} == {0, 1}
     assert engine.running_requests() == 0
+
+
+@pytest.mark.parametrize(
+    ("now", "fires_at"),
+    [
+        (10.01, 10.03),  # the waiters took 10 ms over their outputs: the step keeps its period
+        (10.03, 10.03),
+        (10.05, 10.05),  # 20 ms late (a worker slower than its engine): at once
+        (10.07, 10.10),  # idle for longer than two periods: a whole step from now
+    ],
+)
+def test_steps_keep_a_fixed_period_whatever_their_waiters_take(now: float, fires_at: float) -> None:
+    assert next_step_at(10.0, now, 0.03) == pytest.approx(fires_at)
