@@ -32,6 +32,7 @@ from tests.processes import Processes, free_port
 from tests.replicated_redis import ReplicatedRedis
 
 SHORT = {"prompt": "The capital of France is", "max_tokens": 4, "temperature": 0}
+RUNNING = {"prompt": LONG_PROMPT, "max_tokens": 240, "ignore_eos": True, "temperature": 0}
 PROBE_SECONDS = 0.05
 # Longer than a failover takes here (about 2 s): a running job's steps are sent again until the new
 # master takes them, rather than the job being handed back.
@@ -161,10 +162,11 @@ async def assert_completed_once(gateway: httpx.AsyncClient, job_id: str) -> None
 async def test_jobs_running_and_queued_through_a_failover_complete_once_and_followed_streams_go_on(
     deployment: Deployment, gateway: httpx.AsyncClient
 ) -> None:
-    running = [await submit(gateway, prompt=LONG_PROMPT, max_tokens=120, temperature=0) for _ in range(2)]
+    # Long enough to be running still once both have streamed a few tokens and the master dies, on a
+    # slow machine too: the engine's first steps after its start can take seconds.
+    running = [await submit(gateway, **RUNNING) for _ in range(2)]
     following = [asyncio.create_task(read_sse(gateway, job_id)) for job_id in running]
-    for job_id in running:
-        await wait_for_tokens(gateway, job_id, 5)
+    await asyncio.gather(*(wait_for_tokens(gateway, job_id, 5) for job_id in running))
     queued = [await submit(gateway, **SHORT) for _ in range(2)]
 
     answers, stop = Answers(), asyncio.Event()
