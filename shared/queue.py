@@ -126,8 +126,10 @@ class QueueWorker(Worker):
     async def run_job(self, job_id: str, score: int) -> None:
         """The project's run of a job this worker claimed (arq's reads and writes keys of its own)."""
         if not await self.run_claimed(job_id):
+            # Shielded: the stop that often comes with an unstarted job (`fail`) cancels the runs
+            # still going, and a claim not let go of keeps the job from every worker until it lapses.
             with contextlib.suppress(RedisError, OSError):  # else the claim lapses by itself
-                await self.unclaim(self.pool, job_id=job_id)
+                await asyncio.shield(self.unclaim(self.pool, job_id=job_id))
 
     async def close(self) -> None:
         """Wait for the running jobs, then `on_shutdown`, then close the connections."""
