@@ -1,13 +1,18 @@
 """One Redis reader per gateway process, fanning new stream entries out to every follower.
 
 A follower catches up on its own with plain reads; once it has read all there is, it
-subscribes here. Every script that appends to job streams then publishes a notice naming the
-streams it appended to (a worker's step names all of its jobs' at once: `Keys.notices`). The
-hub listens to the notices, and reads only the streams it watches that a notice named, all in
-one XREAD from their cursors: Redis's work grows with the entries relayed, not with the streams
-followed. Connections do not grow with open streams either: the hub has one for the notices and
-one for its reads. A notice missed (the listening connection dropped) costs nothing: on every
-(re)subscription, and every `SWEEP_SECONDS` in any case, the hub reads every stream it watches.
+subscribes here. Every script that appends to job streams then publishes a notice of what it
+appended (`shared.notices`; a worker's step one message for all of its jobs): a line per entry,
+the entry itself, or only its stream's name. The hub listens to the notices and hands an entry
+to a stream's followers straight from its line when it is the one after the stream's cursor: in
+steady flow, live events cost Redis one PUBLISH a step and no read at all, whatever the number
+of streams followed (as Centrifugo relays over Redis: pub/sub for what is live, the stream for
+catch-up and replay). A stream whose line is its name, or whose entry is not the next (the hub
+missed one), is read from its cursor instead, with every other such stream, in one XREAD; an
+entry it already has is dropped. Connections do not grow with open streams: the hub has one for
+the notices and one for its reads. A notice missed entirely (the listening connection dropped)
+costs nothing: on every (re)subscription, and every `SWEEP_SECONDS` in any case, the hub reads
+every stream it watches.
 
 The hub reads a stream from after its first follower's cursor, and a later follower fills the
 gap from its own cursor by itself; so a follower's cursor must name a point the stream has reached
@@ -42,6 +47,7 @@ from redis.asyncio.connection import AbstractConnection
 from redis.exceptions import RedisError
 
 from gateway.entries import Entry, entries_bytes
+from shared.notices import LINE, UNIT
 
 log = logging.getLogger(__name__)
 
@@ -138,6 +144,23 @@ def _bulk(value: str) -> bytes:
     return b"$%d\r\n%s\r\n" % (len(data), data)
 
 
+def _id_key(entry_id: str) -> tuple[int, int]:
+    """A stream id (or a cursor such as '12', short for '12-0') as a key that sorts as Redis does."""
+    ms, _, seq = entry_id.partition("-")
+    return int(ms), int(seq or 0)
+
+
+def _next_id(cursor: str) -> str | None:
+    """The id of the entry right after `cursor` in a job stream, whose ids are '<seq>-1' with seqs
+    one apart; None when the cursor is not of that kind (the stream is read from it instead)."""
+    seq, _, part = cursor.partition("-")
+    if not seq.isdigit():
+        return None
+    if part == "1":
+        return f"{int(seq) + 1}-1"
+    return f"{seq}-1" if part in ("", "0") else None
+
+
 @dataclass(eq=False)
 class _Watched:
     """A stream the reader watches: its followers, and the cursor the next read starts after."""
@@ -145,10 +168,19 @@ class _Watched:
     name: bytes  # packed
     cursor: str
     after: bytes  # the cursor, packed
+    next_id: str | None  # the id of the entry after the cursor, if a notice line may be taken as it
     subscriptions: set[Subscription] = field(default_factory=set)
 
+    @classmethod
+    def at(cls, stream: str, cursor: str) -> _Watched:
+        return cls(_bulk(stream), cursor, _bulk(cursor), _next_id(cursor))
+
     def advance(self, cursor: str) -> None:
-        self.cursor, self.after = cursor, _bulk(cursor)
+        self.cursor, self.after, self.next_id = cursor, _bulk(cursor), _next_id(cursor)
+
+    def holds(self, entry_id: str) -> bool:
+        """Whether the entry was handed out already: its id is not past the cursor."""
+        return _id_key(entry_id) <= _id_key(self.cursor)
 
 
 def _entry(entry_id: str, fields: list[str]) -> Entry:
@@ -189,7 +221,7 @@ class StreamHub:
         about `max_bytes` of them waiting to be taken."""
         watched = self._watched.get(stream)
         if watched is None:
-            watched = self._watched[stream] = _Watched(_bulk(stream), cursor, _bulk(cursor))
+            watched = self._watched[stream] = _Watched.at(stream, cursor)
             self._due.add(stream)
             self._woken.set()
         subscription = Subscription(stream, watched.cursor, max_bytes)
@@ -218,12 +250,24 @@ class StreamHub:
                 self._listener = None  # a stream followed next gets a listener of its own at once
             self._woken.set()
 
-    def _notice(self, streams: str) -> None:
-        """The streams a script appended to, space-separated: those watched here are read next."""
+    def _notice(self, notice: str) -> None:
+        """What a script appended, a line per entry: of the streams watched here, each entry that
+        comes right after its stream's cursor goes to the followers now; the other streams are read
+        next, except where the entry was handed out already."""
         watched = self._watched
-        due = [stream for stream in streams.split(" ") if stream in watched]
-        if due:
-            self._due.update(due)
+        for line in notice.split(LINE):
+            stream, _, fields = line.partition(UNIT)
+            target = watched.get(stream)
+            if target is None:
+                continue
+            if fields:
+                entry_id, kind, at, data = fields.split(UNIT, 3)
+                if entry_id == target.next_id:
+                    self._deliver(target, [Entry(entry_id, kind, data, at)])
+                    continue
+                if target.holds(entry_id):
+                    continue
+            self._due.add(stream)
             self._woken.set()
 
     def _sweep(self) -> None:
@@ -276,9 +320,22 @@ class StreamHub:
                 log.warning("stream reader: Redis answers again; following %d streams", len(self._watched))
                 retry_in = RETRY_FIRST_SECONDS
             for stream, entries in reply or ():
-                if len(entries) == HUB_READ_COUNT:
-                    self._due.add(stream)  # there may be more
-                self._deliver(stream, [_entry(entry_id, fields) for entry_id, fields in entries])
+                self._take_read(stream, entries)
+
+    def _take_read(self, stream: str, entries: list[Any]) -> None:
+        """Hand out what a read brought of `stream` (raw: id, fields), but what is out already."""
+        if len(entries) == HUB_READ_COUNT:
+            self._due.add(stream)  # there may be more
+        watched = self._watched.get(stream)
+        if watched is None:
+            # Every follower of it left while the read was in flight. A follower that came
+            # since has a watch of its own, from its own cursor, which this read did not use.
+            return
+        if watched.holds(entries[0][0]):  # notices handed them out while the read was in flight
+            entries = [entry for entry in entries if not watched.holds(entry[0])]
+            if not entries:
+                return
+        self._deliver(watched, [_entry(entry_id, fields) for entry_id, fields in entries])
 
     async def _read(self, due: Collection[_Watched]) -> list[Any] | None:
         """One XREAD of the due streams from their cursors; the raw reply."""
@@ -301,12 +358,8 @@ class StreamHub:
         if self._connection is not None:
             await self._connection.disconnect(nowait=True)
 
-    def _deliver(self, stream: str, entries: list[Entry]) -> None:
-        watched = self._watched.get(stream)
-        if watched is None:
-            # Every follower of it left while the read was in flight. A follower that came
-            # since has a watch of its own, from its own cursor, which this read did not use.
-            return
+    def _deliver(self, watched: _Watched, entries: list[Entry]) -> None:
+        """Hand entries that follow the stream's cursor to its followers, and move the cursor on."""
         watched.advance(entries[-1].id)
         size = -1  # measured for the first follower found behind, if any
         for subscription in list(watched.subscriptions):

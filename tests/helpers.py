@@ -251,4 +251,4 @@ async def stream_reader_listening(redis: aioredis.Redis, keys: Keys) -> bool:
 async def notify(redis: aioredis.Redis, keys: Keys, *streams: str) -> None:
     """The notice every script that appends to job streams sends (`Keys.notices`), for a test that
     writes entries itself."""
-    await redis.publish(keys.notices, " ".join(streams))
+    await redis.publish(keys.notices, "\n".join(streams))

@@ -34,18 +34,18 @@ local function xadd(call, stream, maxlen, id, kind, data, at)
 end
 
 -- Append an event to a job's stream unless the stream holds its seq already, and answer the seq of
--- the stream's last event after it. `last` is that seq before (`last_seq`), or nil when it was not
--- read: an event sent for the first time is new, so the stream is read only should Redis refuse
--- the event's id (the stream holds the event after all). `at`: when the event was sent (ms), nil
--- for now by Redis's clock.
+-- the stream's last event after it, and whether the event was appended. `last` is that seq before
+-- (`last_seq`), or nil when it was not read: an event sent for the first time is new, so the stream
+-- is read only should Redis refuse the event's id (the stream holds the event after all). `at`:
+-- when the event was sent (ms), nil for now by Redis's clock.
 local function append_event(stream, maxlen, last, kind, data, at)
   local seq = event_seq(data)
   local id = string.format('%d-1', seq)
   if last == nil then
-    if type(xadd(redis.pcall, stream, maxlen, id, kind, data, at)) ~= 'table' then return seq end
+    if type(xadd(redis.pcall, stream, maxlen, id, kind, data, at)) ~= 'table' then return seq, true end
     last = last_seq(stream)
   end
-  if seq <= last then return last end
+  if seq <= last then return last, false end
   xadd(redis.call, stream, maxlen, id, kind, data, at)
-  return seq
+  return seq, true
 end

@@ -67,6 +67,7 @@ class StepArgs(NamedTuple):
     maxlen: int
     sent_at: int  # ms, by the worker's clock
     notices: str  # `Keys.notices`
+    notice: str  # the call's every entry, `shared.notices.notice_line` each, a line apart
 
 
 class StepJobArgs(NamedTuple):

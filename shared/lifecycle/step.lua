@@ -12,25 +12,40 @@
 -- again, or the first of its job since a round trip failed) the stream is read first: the script
 -- is atomic, so it holds either all of a step sent before or none, and events it holds (by seq:
 -- `append_event.lua`) are not appended twice.
--- `sent_at`: when the worker sent the steps, in ms by its clock (each entry's `at`). The streams
--- appended to are named in one message on `notices`, for the gateways' stream readers.
+-- `sent_at`: when the worker sent the steps, in ms by its clock (each entry's `at`). `notice`: the
+-- message that tells the gateways' stream readers what the call appended (`Keys.notices`), made
+-- by the worker as if every event of the call is appended: a line per entry, the entry itself
+-- (`arguments.notice_line`), for the readers to relay as it is. It goes out as it came when every
+-- event was appended, as at nearly every step, and costs Redis no more than its sending; else the
+-- message names the streams appended to, a line each, and the readers read them.
 -- The one script with positional ARGV, as `arguments.StepArgs` names the first ones (it runs for
 -- every running job at every engine step, and decoding a table would cost more than the rest of
 -- it); then per job, in the order of its four KEYS (stream, cancel, lease, record): its `check`,
 -- its number of events, and (type, data) per event.
-local worker, maxlen, sent_at, notices = unpack(ARGV, 1, 4)
-local FIRST_JOB = 5
+local worker, maxlen, sent_at, notices, notice = unpack(ARGV, 1, 5)
+local FIRST_JOB = 6
 local advanced = {}  -- the streams appended to
+local whole = true  -- every event of the call was appended: `notice` tells it all
 
 local function step(stream, cancel, lease, record, check, first, last_arg)
-  if redis.call('GET', lease) ~= worker or redis.call('EXISTS', record) == 0 then return 'lost' end
+  if redis.call('GET', lease) ~= worker or redis.call('EXISTS', record) == 0 then
+    whole = false
+    return 'lost'
+  end
   local last = nil
   if check ~= '' then
     last = last_seq(stream)
-    if last_arg > first and is_behind(last, ARGV[first + 1]) then return {'behind', last} end
+    if last_arg > first and is_behind(last, ARGV[first + 1]) then
+      whole = false
+      return {'behind', last}
+    end
   end
-  for i = first, last_arg, 2 do last = append_event(stream, maxlen, last, ARGV[i], ARGV[i + 1], sent_at) end
-  if last_arg > first then advanced[#advanced + 1] = stream end
+  local appended, any = false, false
+  for i = first, last_arg, 2 do
+    last, appended = append_event(stream, maxlen, last, ARGV[i], ARGV[i + 1], sent_at)
+    if appended then any = true else whole = false end
+  end
+  if any then advanced[#advanced + 1] = stream end
   local asked = redis.call('GET', cancel)
   if asked then return {'cancel', asked} end
   return 'go'
@@ -45,5 +60,9 @@ for job = 1, #KEYS / 4 do
   answers[job] = step(KEYS[keys + 1], KEYS[keys + 2], KEYS[keys + 3], KEYS[keys + 4], ARGV[at], first, last_arg)
   at = last_arg + 1
 end
-if #advanced > 0 then redis.call('PUBLISH', notices, table.concat(advanced, ' ')) end
+if whole and notice ~= '' then
+  redis.call('PUBLISH', notices, notice)
+elseif #advanced > 0 then
+  redis.call('PUBLISH', notices, table.concat(advanced, '\n'))
+end
 return answers

@@ -29,6 +29,7 @@ from shared.lifecycle.arguments import (
     TenantUsageArgs,
     UnclaimArgs,
 )
+from shared.notices import LINE, notice_line
 from shared.replication import Wait
 from shared.tenants import DEFAULT_SHARE, Tenant, TenantUsage
 
@@ -357,19 +358,21 @@ class Transitions:
     def _step_parts(
         self, worker_id: str, steps: Sequence[JobStep], maxlen: int
     ) -> tuple[list[str], list[Any]]:
+        sent_at = str(time.time_ns() // 1_000_000)
         keys: list[str] = []
-        argv: list[Any] = [*StepArgs(worker_id, maxlen, time.time_ns() // 1_000_000, self.keys.notices)]
+        argv: list[Any] = []
+        lines: list[str] = []
         for step in steps:
             job_id = step.job_id
-            keys += [
-                self.keys.stream(job_id),
-                self.keys.cancel(job_id),
-                self.keys.lease(job_id),
-                self.keys.job(job_id),
-            ]
+            stream = self.keys.stream(job_id)
+            keys += [stream, self.keys.cancel(job_id), self.keys.lease(job_id), self.keys.job(job_id)]
             argv += StepJobArgs("1" if step.check else "", len(step.events))
-            argv += [part for event in step.events for part in (event.type, event.model_dump_json())]
-        return keys, argv
+            for event in step.events:
+                data = event.model_dump_json()
+                argv += (event.type, data)
+                lines.append(notice_line(stream, f"{event.seq}-1", event.type, sent_at, data))
+        notice = LINE.join(lines)
+        return keys, [*StepArgs(worker_id, maxlen, int(sent_at), self.keys.notices, notice), *argv]
 
     def finish_command(
         self,

@@ -15,11 +15,18 @@ from gateway.entries import Entry
 from gateway.fanout import Subscription
 from gateway.relay import START, Relay, StreamLimits
 from shared.config import GatewaySettings
-from shared.events import JobState
+from shared.events import DeltaEvent, DoneEvent, Event, JobState, Usage
+from shared.jobstore import JobStore
 from shared.keys import ANONYMOUS_OWNER
+from shared.lifecycle import scripts
+from shared.lifecycle.transitions import JobStep
+from shared.requests import JobRequest
+from tests.conftest import make_settings
 from tests.helpers import eventually, notify, stream_reader_listening
 
 LIMITS = StreamLimits.of(GatewaySettings())
+MODEL = "smol"
+FIRST_DELTA = 2  # a job's stream holds its `queued` and `running` events first
 
 
 async def _append(redis_client: aioredis.Redis, relay: Relay, job_id: str, kind: str = "delta") -> str:
@@ -178,3 +185,117 @@ async def test_a_stream_followed_right_after_the_last_one_left_is_heard_at_once(
         await notify(redis_client, relay.keys, second)
         await asyncio.wait_for(subscription.wait(30), 30)
         assert [entry.id for entry in subscription.take()] == [entry_id]
+
+
+class ReadCount:
+    """How many streams the hub's XREADs named, from now on."""
+
+    def __init__(self, relay: Relay, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.named = 0
+        read = relay.hub._read
+
+        async def counted(due: Collection[Any]) -> Any:
+            self.named += len(due)
+            return await read(due)
+
+        monkeypatch.setattr(relay.hub, "_read", counted)
+
+
+@pytest.fixture
+async def store(relay: Relay, redis_url: str) -> JobStore:
+    """A job store that writes where the relay reads."""
+    await relay.redis.script_load(scripts.STEP.source)  # a worker's publisher sends steps by EVALSHA
+    return JobStore(relay.redis, relay.keys, make_settings(redis_url))
+
+
+async def _started_jobs(store: JobStore, workers: list[str], each: int) -> dict[str, list[str]]:
+    """`each` jobs running on every worker of `workers`: their ids by worker."""
+    jobs: dict[str, list[str]] = {}
+    for worker in workers:
+        for _ in range(each):
+            job_id = (await store.submit(JobRequest(prompt="Hi"), model=MODEL, max_queued=0)).job_id
+            assert await store.start(job_id, worker, MODEL, lease_seconds=60) is not None
+            jobs.setdefault(worker, []).append(job_id)
+    return jobs
+
+
+async def _step(store: JobStore, worker: str, steps: dict[str, list[Event]]) -> None:
+    """One step call of `worker` for all of its jobs, as its publisher sends it."""
+    command = store.transitions.step_command(
+        worker_id=worker, steps=[JobStep(job_id, events) for job_id, events in steps.items()], maxlen=1000
+    )
+    answers = await store.redis.execute_command(*command)
+    assert answers == ["go"] * len(steps)
+
+
+async def _followed(relay: Relay, job_ids: list[str]) -> list[asyncio.Task[list[str]]]:
+    """A follower of each job from its start, once the hub has read every stream it was given."""
+    followers = [asyncio.create_task(_follow_all(relay, job_id)) for job_id in job_ids]
+    await _until_watched(relay, len(job_ids))
+    await eventually(lambda: asyncio.sleep(0, not relay.hub._due), "the new streams read", interval=0.01)
+    return followers
+
+
+async def _stored(relay: Relay, job_id: str) -> list[str]:
+    return [entry_id for entry_id, _ in await relay.redis.xrange(relay.keys.stream(job_id))]
+
+
+def _delta(seq: int) -> DeltaEvent:
+    return DeltaEvent(seq=seq, text=f" {seq}", token_ids=[seq])
+
+
+def _done(seq: int) -> DoneEvent:
+    return DoneEvent(seq=seq, finish_reason="length", usage=Usage(prompt_tokens=1, completion_tokens=seq))
+
+
+async def test_steps_of_many_workers_reach_every_follower_once_and_in_order_with_no_read(
+    store: JobStore, relay: Relay, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Four workers step their jobs at once, round after round: each step's notice carries its
+    entries, and the hub hands them out without reading a stream."""
+    monkeypatch.setattr(fanout, "SWEEP_SECONDS", 60.0)
+    jobs = await _started_jobs(store, [f"worker-{n}" for n in range(4)], each=10)
+    every_job = [job_id for job_ids in jobs.values() for job_id in job_ids]
+    followers = await _followed(relay, every_job)
+    reads = ReadCount(relay, monkeypatch)
+    rounds = 20
+    for seq in range(FIRST_DELTA, FIRST_DELTA + rounds + 1):
+        event = _delta(seq) if seq < FIRST_DELTA + rounds else _done(seq)
+        steps = [_step(store, worker, dict.fromkeys(job_ids, [event])) for worker, job_ids in jobs.items()]
+        await asyncio.gather(*steps)
+    received = await asyncio.wait_for(asyncio.gather(*followers), 30)
+    for job_id, ids in zip(every_job, received, strict=True):
+        assert ids == await _stored(relay, job_id)
+        assert len(ids) == FIRST_DELTA + rounds + 1
+    assert reads.named == 0
+
+
+async def test_an_entry_after_one_the_hub_missed_has_its_stream_read_from_the_cursor(
+    store: JobStore, relay: Relay, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(fanout, "SWEEP_SECONDS", 60.0)
+    (job_id,) = (await _started_jobs(store, ["worker-1"], each=1))["worker-1"]
+    (follower,) = await _followed(relay, [job_id])
+    reads = ReadCount(relay, monkeypatch)
+    missed = _delta(FIRST_DELTA)
+    await relay.redis.xadd(  # as a step whose notice was lost
+        relay.keys.stream(job_id), {"type": "delta", "data": missed.model_dump_json()}, id=f"{missed.seq}-1"
+    )
+    await _step(store, "worker-1", {job_id: [_done(FIRST_DELTA + 1)]})
+    assert await asyncio.wait_for(follower, 30) == await _stored(relay, job_id)
+    assert reads.named == 1  # the one stream, once
+
+
+async def test_a_notice_heard_twice_hands_its_entries_out_once(store: JobStore, relay: Relay) -> None:
+    """The hub may hear an entry from a notice and from a read (a read in flight, a sweep): each
+    entry reaches a follower once, whichever comes first."""
+    (job_id,) = (await _started_jobs(store, ["worker-1"], each=1))["worker-1"]
+    (follower,) = await _followed(relay, [job_id])
+    async with relay.redis.pubsub(ignore_subscribe_messages=True) as pubsub:
+        await pubsub.subscribe(relay.keys.notices)
+        await _step(store, "worker-1", {job_id: [_delta(FIRST_DELTA), _delta(FIRST_DELTA + 1)]})
+        heard = await eventually(lambda: pubsub.get_message(timeout=1), "the step's notice")
+    await relay.redis.publish(relay.keys.notices, heard["data"])
+    await notify(relay.redis, relay.keys, relay.keys.stream(job_id))  # and its stream read too
+    await _step(store, "worker-1", {job_id: [_done(FIRST_DELTA + 2)]})
+    assert await asyncio.wait_for(follower, 30) == await _stored(relay, job_id)
