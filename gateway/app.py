@@ -23,13 +23,15 @@ from gateway.body_limit import BodyLimit
 from gateway.deps import Services
 from gateway.errors import install_error_handlers
 from gateway.fanout import StreamHub
+from gateway.files.storage import FileStorage
+from gateway.files.store import Files
 from gateway.generation import OpenRuns
 from gateway.metrics import GatewayMetrics
 from gateway.processes import serve_processes
 from gateway.prompt_limit import PromptLimit
 from gateway.relay import Relay
 from gateway.request_metrics import RequestMetrics
-from gateway.routes import health, jobs, openai, playground, responses, scale_out, tgi, usage, vllm
+from gateway.routes import files, health, jobs, openai, playground, responses, scale_out, tgi, usage, vllm
 from gateway.server_send import KeepServerSend
 from gateway.webhooks.deliveries import Deliveries
 from gateway.webhooks.sender import WebhookSender
@@ -79,6 +81,7 @@ def create_app(settings: GatewaySettings) -> FastAPI:
             ),
             webhook_targets=webhook_targets,
             deliveries=deliveries,
+            files=Files(redis, keys, FileStorage.of_settings(settings)),
         )
         timeout = httpx.Timeout(settings.webhook_timeout_seconds)
         webhook_http = httpx.AsyncClient(timeout=timeout, follow_redirects=False)  # a redirect is no 2xx
@@ -106,7 +109,10 @@ def create_app(settings: GatewaySettings) -> FastAPI:
     app.state.api_keys = api_keys
     app.state.metrics = metrics
     app.state.open_runs = OpenRuns()
-    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes, metrics=metrics)
+    # An upload streams its body to the file storage, bounded by `max_file_bytes` as it goes.
+    app.add_middleware(
+        BodyLimit, max_bytes=settings.max_body_bytes, metrics=metrics, streamed=frozenset({files.FILES_PATH})
+    )
     # Added after the body limit, so outside it: it sees every answer, the body limit's refusals included.
     app.add_middleware(RequestMetrics, metrics=metrics)
     app.add_middleware(KeepServerSend)  # last, so outside the others: the `send` it keeps skips them all
@@ -120,6 +126,7 @@ def create_app(settings: GatewaySettings) -> FastAPI:
     app.include_router(playground.router)
     app.include_router(health.router)
     app.include_router(usage.router)
+    app.include_router(files.router)
     return app
 
 
