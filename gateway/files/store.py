@@ -78,7 +78,7 @@ class Files:
             raise JobNotFound(f"no file {file_id}")
         return FileObject.model_validate(fields)
 
-    async def list(
+    async def of_owner(
         self, owner: str, after: str | None, limit: int, ascending: bool, purpose: str | None
     ) -> tuple[list[FileObject], bool]:
         """The owner's files after `after` (in the order asked for, newest first by default), at most
