@@ -262,7 +262,7 @@ class BatchRun:
             fed, offset = line.number, line.end
         if fed == progress.fed:
             return False
-        await self.batches.move(self.batch_id, ("in_progress",), "in_progress", fed=fed, fed_offset=offset)
+        await self.batches.advance(self.batch_id, fed, offset)
         return True
 
     async def _submit(self, line: Line) -> bool:
@@ -290,11 +290,7 @@ class BatchRun:
         except BackendUnavailable:
             raise
         except StreampoolError as exc:
-            status, answer = self.driver.failure(exc)
-            refusal = json.dumps({"status_code": status, "body": answer})
-            await self.driver.store.redis.hset(
-                self.driver.store.keys.batch_refusals(self.batch_id), str(line.number), refusal
-            )  # type: ignore[misc]
+            await self.batches.refuse(self.batch_id, line.number, *self.driver.failure(exc))
         return True
 
     async def _stop(self, ending: str, status: str) -> None:

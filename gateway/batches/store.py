@@ -144,6 +144,18 @@ class Batches:
             int(total or 0), int(fed or 0), int(offset or 0), int(completed or 0), int(failed or 0), refused
         )
 
+    async def advance(self, batch_id: str, fed: int, fed_offset: int) -> None:
+        """Record how far the feeding has come, whatever the batch's status (a cancel that came meanwhile
+        cancels the jobs of the lines counted here)."""
+        with redis_errors():
+            await self.redis.hset(self.keys.batch(batch_id), mapping={"fed": fed, "fed_offset": fed_offset})  # type: ignore[misc]
+
+    async def refuse(self, batch_id: str, line: int, status: int, body: dict[str, Any]) -> None:
+        """Keep a line admission refused as its error file entry: its status and OpenAI's error body."""
+        refusal = json.dumps({"status_code": status, "body": body})
+        with redis_errors():
+            await self.redis.hset(self.keys.batch_refusals(batch_id), str(line), refusal)  # type: ignore[misc]
+
     async def move(self, batch_id: str, allowed: tuple[str, ...], to: str, **fields: Any) -> bool:
         """Move the batch from one of the `allowed` states to `to`, with `fields`, in one step (a batch
         that ends is announced to its webhook in the same step); False if it was in none of them."""
