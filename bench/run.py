@@ -4,7 +4,8 @@ compared with both, so that a machine that drifts during the run shows as the ga
 shut down before the worker starts: on 2 cores two engines must never run during a measurement. vLLM's
 own server is measured the same way around streampool (A, B, A): before the worker starts, and again
 once it has stopped. The fleet (`bench.fleet`: workers on the synthetic engine, several gateways, a
-client for every job) runs last, once no engine is alive."""
+client for every job) runs once no engine is alive, and a batch beside interactive work
+(`bench.batch`, synthetic engine) last."""
 
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ import uvloop
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from bench import (
+    batch,
     cancel,
     commands,
     engine_baseline,
@@ -68,6 +70,7 @@ class Plan:
     peer_plan: peer.PeerPlan  # vLLM's benchmark client against vLLM's server and streampool
     fair_share: fair_share.FairPlan
     fleet: FleetPlan
+    batch: batch.BatchPlan
 
 
 FULL = Plan(
@@ -83,6 +86,7 @@ FULL = Plan(
     peer_plan=peer.PeerPlan(128, 128, [(1, 8), (8, 32), (32, 96)]),
     fair_share=fair_share.FULL,
     fleet=fleet.FULL,
+    batch=batch.FULL,
 )
 QUICK = Plan(
     [(1, 1), (8, 1), (32, 1)],
@@ -97,6 +101,7 @@ QUICK = Plan(
     peer_plan=peer.PeerPlan(64, 32, [(1, 2), (8, 8), (32, 32)]),
     fair_share=fair_share.QUICK,
     fleet=fleet.QUICK,
+    batch=batch.QUICK,
 )
 
 
@@ -271,6 +276,15 @@ def main() -> None:
                 )
             except RuntimeError as exc:
                 notes.append(f"- The fleet's phase could not run: {exc}")
+            progress.console.print("batch beside interactive work (synthetic engine)")
+            try:
+                figures = batch.measure(url, plan.batch, logs)
+                rows = [row.strip("| ").replace(" | ", ": ") for row in figures.lines()]
+                notes.append(
+                    "- A batch beside interactive work (`python -m bench.batch`): " + "; ".join(rows) + "."
+                )
+            except RuntimeError as exc:
+                notes.append(f"- The batch phase could not run: {exc}")
     finally:
         for child in children:
             child.stop()

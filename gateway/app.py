@@ -19,17 +19,33 @@ from fastapi import FastAPI
 
 from gateway.admission import Admission
 from gateway.auth import ApiKeys, AuthNotConfigured
+from gateway.batch_driver import BatchDriver
+from gateway.batches.store import Batches
 from gateway.body_limit import BodyLimit
 from gateway.deps import Services
 from gateway.errors import install_error_handlers
 from gateway.fanout import StreamHub
+from gateway.files.storage import FileStorage
+from gateway.files.store import Files
 from gateway.generation import OpenRuns
 from gateway.metrics import GatewayMetrics
 from gateway.processes import serve_processes
 from gateway.prompt_limit import PromptLimit
 from gateway.relay import Relay
 from gateway.request_metrics import RequestMetrics
-from gateway.routes import health, jobs, openai, playground, responses, scale_out, tgi, usage, vllm
+from gateway.routes import (
+    batches,
+    files,
+    health,
+    jobs,
+    openai,
+    playground,
+    responses,
+    scale_out,
+    tgi,
+    usage,
+    vllm,
+)
 from gateway.server_send import KeepServerSend
 from gateway.webhooks.deliveries import Deliveries
 from gateway.webhooks.sender import WebhookSender
@@ -79,7 +95,10 @@ def create_app(settings: GatewaySettings) -> FastAPI:
             ),
             webhook_targets=webhook_targets,
             deliveries=deliveries,
+            files=Files(redis, keys, FileStorage.of_settings(settings)),
+            batches=Batches(redis, keys, settings.retention_seconds),
         )
+        services = app.state.services
         timeout = httpx.Timeout(settings.webhook_timeout_seconds)
         webhook_http = httpx.AsyncClient(timeout=timeout, follow_redirects=False)  # a redirect is no 2xx
         sender = WebhookSender(
@@ -91,12 +110,23 @@ def create_app(settings: GatewaySettings) -> FastAPI:
             consumer=f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}",
         )
         sending = asyncio.create_task(sender.run(), name="webhook sender")
+        driver = BatchDriver(
+            settings,
+            services.batches,
+            services.files,
+            services.admission,
+            store,
+            openai.OPENAI_ERRORS.failure,
+        )
+        driving = asyncio.create_task(driver.run(), name="batch driver")
         try:
             yield
         finally:
-            sending.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await sending
+            for task in (sending, driving):
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+            await driver.close()
             await sender.close()
             await webhook_http.aclose()
             await hub.close()
@@ -106,7 +136,10 @@ def create_app(settings: GatewaySettings) -> FastAPI:
     app.state.api_keys = api_keys
     app.state.metrics = metrics
     app.state.open_runs = OpenRuns()
-    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes, metrics=metrics)
+    # An upload streams its body to the file storage, bounded by `max_file_bytes` as it goes.
+    app.add_middleware(
+        BodyLimit, max_bytes=settings.max_body_bytes, metrics=metrics, streamed=frozenset({files.FILES_PATH})
+    )
     # Added after the body limit, so outside it: it sees every answer, the body limit's refusals included.
     app.add_middleware(RequestMetrics, metrics=metrics)
     app.add_middleware(KeepServerSend)  # last, so outside the others: the `send` it keeps skips them all
@@ -120,6 +153,8 @@ def create_app(settings: GatewaySettings) -> FastAPI:
     app.include_router(playground.router)
     app.include_router(health.router)
     app.include_router(usage.router)
+    app.include_router(files.router)
+    app.include_router(batches.router)
     return app
 
 

@@ -17,12 +17,16 @@ from shared.errors import BodyTooLarge
 
 
 class BodyLimit:
-    """ASGI middleware: bodies above `max_bytes` never reach a route."""
+    """ASGI middleware: bodies above `max_bytes` never reach a route, but those POSTed to a path of
+    `streamed`, whose route reads its body as a stream and bounds it itself (a file upload)."""
 
-    def __init__(self, app: ASGIApp, max_bytes: int, metrics: GatewayMetrics) -> None:
+    def __init__(
+        self, app: ASGIApp, max_bytes: int, metrics: GatewayMetrics, streamed: frozenset[str] = frozenset()
+    ) -> None:
         self.app = app
         self.max_bytes = max_bytes
         self.metrics = metrics
+        self.streamed = streamed
 
     def _too_large(self) -> BodyTooLarge:
         self.metrics.jobs_rejected.labels(reason="body_too_large").inc()
@@ -31,7 +35,7 @@ class BodyLimit:
         )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
+        if scope["type"] != "http" or (scope["method"] == "POST" and scope["path"] in self.streamed):
             await self.app(scope, receive, send)
             return
         declared = Headers(scope=scope).get("content-length", "")

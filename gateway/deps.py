@@ -11,6 +11,8 @@ from fastapi import Depends, Path, Request
 
 from gateway.admission import Admission
 from gateway.auth import Owner
+from gateway.batches.store import Batches
+from gateway.files.store import Files
 from gateway.metrics import GatewayMetrics
 from gateway.relay import Hold, Relay, StreamLimits
 from gateway.webhooks.deliveries import Deliveries
@@ -34,6 +36,8 @@ class Services:
     admission: Admission
     webhook_targets: WebhookTargets
     deliveries: Deliveries
+    files: Files
+    batches: Batches
 
     def hold_reader(self, owner: str) -> Hold:
         """A place among this gateway's open readers for a request that holds its connection open on

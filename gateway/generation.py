@@ -20,6 +20,8 @@ from fastapi import Request
 from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.types import Receive, Scope, Send
 
+from gateway.compat.openai_answers import Answer, completion
+from gateway.compat.openai_bodies import ChatBody, CompletionBody
 from gateway.deps import Services
 from gateway.entries import Entry
 from gateway.relay import START, Hold
@@ -34,6 +36,7 @@ from shared.events import (
     Usage,
     event_adapter,
 )
+from shared.requests import JobRequest
 
 DISCONNECT_POLL_SECONDS = 0.5
 JOB_ID_HEADER = "X-Streampool-Job-Id"  # names the job behind an answer that streams it or waits for it
@@ -158,24 +161,38 @@ class JobRun:
                 await asyncio.wait({collecting})
 
     async def _collect(self) -> Result:
-        result = Result()
-        texts: dict[int, list[str]] = {}
+        collected = Collected()
         async for event in self.events():
-            if isinstance(event, DeltaEvent):
-                choice = result.choice(event.index)
-                texts.setdefault(event.index, []).append(event.text)
-                choice.token_ids.extend(event.token_ids)
-                choice.logprobs.extend(event.logprobs or [])
-            elif isinstance(event, DoneEvent):
-                result.usage = event.usage
-                for index, reason in enumerate(event.finish_reasons or [event.finish_reason]):
-                    result.choice(index).finish_reason = reason
-                for index, stop_reason in enumerate(event.stop_reasons or []):
-                    result.choice(index).stop_reason = stop_reason
+            collected.add(event)
             raise_for_failure(event)
-        for index, parts in texts.items():
-            result.choice(index).text = "".join(parts)
-        return result
+        return collected.result()
+
+
+class Collected:
+    """A whole generation assembled from its events, in order."""
+
+    def __init__(self) -> None:
+        self._result = Result()
+        self._texts: dict[int, list[str]] = {}
+
+    def add(self, event: Event) -> None:
+        result = self._result
+        if isinstance(event, DeltaEvent):
+            choice = result.choice(event.index)
+            self._texts.setdefault(event.index, []).append(event.text)
+            choice.token_ids.extend(event.token_ids)
+            choice.logprobs.extend(event.logprobs or [])
+        elif isinstance(event, DoneEvent):
+            result.usage = event.usage
+            for index, reason in enumerate(event.finish_reasons or [event.finish_reason]):
+                result.choice(index).finish_reason = reason
+            for index, stop_reason in enumerate(event.stop_reasons or []):
+                result.choice(index).stop_reason = stop_reason
+
+    def result(self) -> Result:
+        for index, parts in self._texts.items():
+            self._result.choice(index).text = "".join(parts)
+        return self._result
 
 
 class HeldEventSource(EventSourceResponse):
@@ -240,3 +257,19 @@ async def chunk_frames(
     finally:
         metrics.streams_open.dec()
     yield ServerSentEvent(data="[DONE]", sep=sep)
+
+
+def whole_answer(
+    body: CompletionBody | ChatBody, job: JobRequest, answer: Answer, result: Result
+) -> dict[str, Any]:
+    """OpenAI's answer (not streamed) to `body`, whose job `job` generated `result`: a route's, or a
+    batch's line's."""
+    choices = [
+        (
+            body.echoed + choice.text,
+            choice.logprobs if job.logprobs is not None else None,
+            choice.finish_reason,
+        )
+        for choice in result.choices
+    ]
+    return completion(answer, choices, result.usage)

@@ -18,6 +18,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from shared.redis_url import is_sentinel, parse_sentinel_url
 
 DEFAULT_MODEL_DIR = Path.home() / ".cache" / "streampool" / "models" / "SmolLM2-135M-Instruct"
+DEFAULT_FILES_DIR = Path.home() / ".cache" / "streampool" / "files"
 
 
 def _comma_separated(value: object) -> object:
@@ -253,6 +254,52 @@ class GatewaySettings(RedisSettings):
         "stream's length: beyond it the oldest are given up (`failed`)",
     )
 
+    # Files and batches
+    files_dir: Path = Field(
+        DEFAULT_FILES_DIR,
+        description="folder holding uploaded and written files (batch input, output and error files) when "
+        "`files_url` is unset; every gateway of a deployment mounts the same one",
+    )
+    files_url: str = Field(
+        "",
+        description="S3-compatible object storage for the files instead of `files_dir`: `s3://bucket` or "
+        "`s3://bucket/prefix`, with `files_s3_*` below",
+    )
+    files_s3_endpoint: str | None = Field(
+        None, description="the object storage's endpoint URL (unset: AWS's for `files_s3_region`)"
+    )
+    files_s3_region: str = Field("us-east-1", description="the object storage's region")
+    files_s3_access_key_id: str | None = Field(None, description="access key id for the object storage")
+    files_s3_secret_access_key: str | None = Field(
+        None, description="secret access key for the object storage"
+    )
+    max_file_bytes: int = Field(
+        200 * 1_048_576,
+        ge=1024,
+        description="largest file `POST /v1/files` accepts, bytes (OpenAI's: 200 MB)",
+    )
+    max_file_lines: int = Field(
+        50_000, ge=1, description="most lines (requests) a batch input file may hold (OpenAI's: 50,000)"
+    )
+    batch_window_seconds: int = Field(
+        86_400,
+        ge=1,
+        description="how long the completion window `24h` lasts: a batch not done by then expires with "
+        "what it has finished",
+    )
+    batch_in_flight: int = Field(
+        512,
+        ge=1,
+        description="most jobs of one batch queued or running at once: the next lines are submitted as "
+        "these end, so a batch of any size holds this many jobs in Redis",
+    )
+    batch_lease_seconds: float = Field(
+        10.0,
+        gt=0,
+        description="a batch's lease on the gateway that drives it, renewed while it lives; once it lapses "
+        "(the gateway is gone) another gateway takes the batch over",
+    )
+
     @field_validator("webhook_allowed_prefixes", mode="before")
     @classmethod
     def _comma_separated(cls, value: object) -> object:
@@ -318,6 +365,13 @@ class WorkerSettings(RedisSettings):
         "priority (lower first) and may preempt a running job for a more urgent one",
     )
     worker_max_jobs: int = Field(256, ge=1, description="jobs one worker runs at once (vLLM batches them)")
+    batch_reserved_share: float = Field(
+        0.25,
+        ge=0,
+        lt=1,
+        description="share of a worker's `worker_max_jobs` slots that jobs of batches never take, so that "
+        "an interactive job starts at once however many batch jobs wait",
+    )
     worker_poll_delay: float = Field(
         0.5,
         gt=0,

@@ -212,6 +212,8 @@ class JobStore:
         waiting: str | None = None,
         tenant: Tenant | None = None,
         turn: Turn | None = None,
+        job_id: str | None = None,
+        batch: str | None = None,
     ) -> Submission:
         """Write record (with its owner and model), `queued` event and queue entry in one atomic round trip.
 
@@ -228,10 +230,14 @@ class JobStore:
         `max_queued` jobs in the model's queue refuse another (`Overloaded`); 0 sets no limit. A `tenant`
         at one of its limits refuses it too (`RateLimited`), checked in the same atomic step.
 
+        `job_id`: the job's id, given where the caller must find the job again (a batch's line, whose
+        id `shared.batches.line_job_id` derives): a job of that id that exists is answered as a replay.
+        `batch`: the id of the batch the job is a line of (it waits in the batch band).
+
         Acknowledged only once the replicas `acks` asks for hold the job; short of them,
         `BackendUnavailable` says the job may exist (a retry with the same idempotency key finds it).
         """
-        job_id = uuid.uuid4().hex
+        job_id = job_id or uuid.uuid4().hex
         now = time.time()
         with redis_errors():
             wait = await self.acks.wait()
@@ -254,6 +260,7 @@ class JobStore:
                     },
                     tenant=tenant,
                     priority=request.priority or 0,
+                    batch=batch,
                 ),
                 wait,
             )

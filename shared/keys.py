@@ -54,6 +54,12 @@ class ModelKeys:
         return f"{self.root}:share:queue:"
 
     @property
+    def batch_share_tenants(self) -> str:
+        """Sorted set: as `share_tenants`, for the batch band (`shared.batches`): shares named
+        `batch:<tenant>`, served only when no interactive share has a job to give (`claim.lua`)."""
+        return f"{self.root}:share:batch-tenants"
+
+    @property
     def card(self) -> str:
         """Hash (`digest`, `card`): the model's tokenizer and context, for gateways to count prompt tokens."""
         return f"{self.root}:card"
@@ -195,6 +201,38 @@ class Keys:
     def stream_reader_name(self) -> str:
         """CLIENT SETNAME of a gateway's one stream reader connection."""
         return f"{self.prefix}:stream-reader"
+
+    def file(self, file_id: str) -> str:
+        """Hash: an uploaded or written file's metadata (`gateway.files.store`); its bytes live in
+        the file storage, outside Redis."""
+        return f"{self.prefix}:file:{file_id}"
+
+    def files(self, owner: str) -> str:
+        """Sorted set: the ids of an owner's files, scored by creation (ms)."""
+        return f"{self.prefix}:files:{owner}"
+
+    def batch(self, batch_id: str) -> str:
+        """Hash: a batch's record (`gateway.batches.store`), which its jobs' ends count (`batch_end.lua`)."""
+        return f"{self.prefix}:batch:{batch_id}"
+
+    def batches(self, owner: str) -> str:
+        """Sorted set: the ids of an owner's batches, scored by creation (ms)."""
+        return f"{self.prefix}:batches:{owner}"
+
+    def batch_lease(self, batch_id: str) -> str:
+        """String with a TTL: the gateway driving the batch (validating, feeding, writing its files),
+        renewed while it does; once it lapses another gateway takes the batch over."""
+        return f"{self.prefix}:batch:{batch_id}:lease"
+
+    def batch_refusals(self, batch_id: str) -> str:
+        """Hash: input line number -> the error (JSON) of a line admission refused: its error file entry."""
+        return f"{self.prefix}:batch:{batch_id}:refusals"
+
+    @property
+    def batches_active(self) -> str:
+        """Sorted set: the batches not yet ended, scored by creation (ms): what the gateways' batch
+        drivers look after."""
+        return f"{self.prefix}:batches-active"
 
     def job_keys(self, job_id: str) -> list[str]:
         """Keys that live and expire with a job."""

@@ -53,10 +53,11 @@ OUTAGE_RETRY_SECONDS = 0.5
 
 class Claim(Protocol):
     """The claim script (the job lifecycle's) for the worker's model: up to `wanted` queued jobs no
-    other worker holds, each now claimed by this one, as (id, score)."""
+    other worker holds (of them at most `batch_wanted` of batches), each now claimed by this one, as
+    (id, score)."""
 
     async def __call__(
-        self, redis: aioredis.Redis, *, read_limit: int, wanted: int
+        self, redis: aioredis.Redis, *, read_limit: int, wanted: int, batch_wanted: int
     ) -> list[tuple[str, int]]: ...
 
 
@@ -75,9 +76,17 @@ class QueueWorker(Worker):
     """arq's Worker with the intake described at the top of this module."""
 
     def __init__(
-        self, *args: Any, run: RunJob, claim: Claim, unclaim: Unclaim, wakeup_channel: str, **kwargs: Any
+        self,
+        *args: Any,
+        run: RunJob,
+        claim: Claim,
+        unclaim: Unclaim,
+        wakeup_channel: str,
+        batch_reserved: int = 0,
+        **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
+        self.batch_reserved = batch_reserved
         self.run_claimed = run
         self.claim = claim
         self.unclaim = unclaim
@@ -188,8 +197,14 @@ class QueueWorker(Worker):
                 await asyncio.sleep(OUTAGE_RETRY_SECONDS)
 
     async def _claim_and_start(self) -> None:
+        # Batches' jobs take a free slot only while more than the reserved ones are free: whatever
+        # runs, `batch_reserved` slots stay for interactive jobs (`shared.batches`).
+        free = self.max_jobs - self.job_counter
         claimed = await self.claim(
-            self.pool, read_limit=self.queue_read_limit, wanted=self.max_jobs - self.job_counter
+            self.pool,
+            read_limit=self.queue_read_limit,
+            wanted=free,
+            batch_wanted=max(0, free - self.batch_reserved),
         )
         for job_id, score in claimed:
             if job_id in self.tasks:
@@ -221,6 +236,7 @@ def queue_worker(
     wakeup_channel: str,
     max_jobs: int,
     poll_delay: float,
+    batch_reserved: int = 0,
     drain_seconds: float = 0,
     on_startup: Callable[[], Awaitable[None]] | None = None,
     on_shutdown: Callable[[], Awaitable[None]] | None = None,
@@ -228,7 +244,8 @@ def queue_worker(
 ) -> QueueWorker:
     """A worker running `run` for each job of `queue` it claims, `max_jobs` at once, on the
     connections of `pool` (`shared.redis_client.connection_pool`): arq's own pool would reach neither
-    Sentinels with a password of their own nor a plain URL's master anew after a failover. An idle
+    Sentinels with a password of their own nor a plain URL's master anew after a failover; of its
+    slots, `batch_reserved` never run a batch's job. An idle
     worker looks at the queue on a message on `wakeup_channel`, or every `poll_delay` seconds.
 
     On SIGTERM or SIGINT it takes no new jobs, gives running ones `drain_seconds`, then cancels them.
@@ -259,4 +276,5 @@ def queue_worker(
         claim=claim,
         unclaim=unclaim,
         wakeup_channel=wakeup_channel,
+        batch_reserved=batch_reserved,
     )

@@ -20,18 +20,19 @@ WEBHOOK_URL = "webhook_url"
 API = "api"
 JOB_API = "job"
 RESPONSE_API = "response"
+BATCH_API = "batch"  # a batch's end: its record keeps the same fields a job's does (`batch_move.lua`)
 RESPONSE_ID_PREFIX = "resp_"
 EVENT_ID_PREFIX = "evt_"
 TRUNCATED = "length"
 """The finish reason of a generation the token limit cut: a response is then `incomplete`."""
 
 
-def event_type(api: str, state: JobState, finish_reason: str | None) -> str:
-    """`<api>.<state>` (`job.completed`, `response.cancelled`, ...); a response the token limit cut
-    is `response.incomplete`, as OpenAI names it."""
-    if api == RESPONSE_API and state is JobState.completed and finish_reason == TRUNCATED:
+def event_type(api: str, state: str, finish_reason: str | None) -> str:
+    """`<api>.<state>` (`job.completed`, `response.cancelled`, `batch.expired`, ...); a response the
+    token limit cut is `response.incomplete`, as OpenAI names it."""
+    if api == RESPONSE_API and state == JobState.completed.value and finish_reason == TRUNCATED:
         return "response.incomplete"
-    return f"{api}.{state.value}"
+    return f"{api}.{state}"
 
 
 def subject_id(api: str, job_id: str) -> str:
@@ -45,7 +46,7 @@ def event_id(job_id: str) -> str:
 
 
 class WebhookEventData(BaseModel):
-    id: str = Field(description="the job's id, or the response's (`resp_...`)")
+    id: str = Field(description="the job's id, the response's (`resp_...`) or the batch's (`batch_...`)")
 
 
 class WebhookEvent(BaseModel):
@@ -55,7 +56,10 @@ class WebhookEvent(BaseModel):
         description="the event's id, also its `webhook-id` header: a receiver drops a repeat by it"
     )
     object: Literal["event"] = "event"
-    type: str = Field(description="job.completed | job.failed | job.cancelled, or response.<status>")
+    type: str = Field(
+        description="job.completed | job.failed | job.cancelled, response.<status>, or batch.completed | "
+        "batch.failed | batch.cancelled | batch.expired"
+    )
     created_at: int = Field(description="when the job ended, unix seconds")
     data: WebhookEventData
 

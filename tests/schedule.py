@@ -44,6 +44,7 @@ GROUPS = {
     "tests/faults/test_gateway_shutdown.py": "synthetic-system",
     "tests/gateway/test_client_refusals.py": "client-refusals",  # a gateway process of its own
     "tests/e2e/test_models.py": "models",  # a gateway and synthetic workers of its own
+    "tests/e2e/test_batches.py": "batches",  # gateways and a synthetic worker of its own
 }
 """Each module's group: what the comment names is set up once per group, not once per process."""
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import os
 import socket
 import time
@@ -89,6 +90,7 @@ class WorkerApp:
             wakeup_channel=model.wakeup,
             max_jobs=settings.worker_max_jobs,
             poll_delay=settings.worker_poll_delay,
+            batch_reserved=math.ceil(settings.worker_max_jobs * settings.batch_reserved_share),
             # On SIGTERM or SIGINT: no new jobs; running ones get this long, then hand themselves over.
             drain_seconds=settings.drain_seconds,
             on_startup=self.startup,

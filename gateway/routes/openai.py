@@ -19,13 +19,12 @@ from gateway.compat.openai_answers import (
     ChunkStream,
     CompletionResponse,
     OpenAIErrorBody,
-    completion,
     error_object,
 )
 from gateway.compat.openai_bodies import CHAT_COMPLETIONS_PATH, COMPLETIONS_PATH, ChatBody, CompletionBody
 from gateway.deps import Services, ServicesDep
 from gateway.errors import STATUS_CODES, ErrorShape, ShapedRoute, documented_compatible, status_of
-from gateway.generation import JOB_ID_HEADER, JobRun, chunk_frames, event_source
+from gateway.generation import JOB_ID_HEADER, JobRun, chunk_frames, event_source, whole_answer
 from gateway.relay import Hold
 from shared.errors import (
     InvalidRequest,
@@ -139,12 +138,4 @@ async def _answer_held(
         frames = chunk_frames(run, chunks.feed, lambda exc: OPENAI_ERRORS.failure(exc)[1], SEPARATOR)
         return event_source(run, frames, hold.hand_over(), sep=SEPARATOR)
     result = await run.result()
-    choices = [
-        (
-            body.echoed + choice.text,
-            choice.logprobs if job.logprobs is not None else None,
-            choice.finish_reason,
-        )
-        for choice in result.choices
-    ]
-    return JSONResponse(completion(answer, choices, result.usage), headers={JOB_ID_HEADER: run.job_id})
+    return JSONResponse(whole_answer(body, job, answer, result), headers={JOB_ID_HEADER: run.job_id})

@@ -17,7 +17,6 @@ import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
 from shared.errors import JobNotFound
-from shared.events import JobState
 from shared.keys import Keys
 from shared.lifecycle.scripts import LuaScript
 from shared.redis_client import redis_errors
@@ -47,7 +46,7 @@ class Announcement:
     url: str
     api: str
     owner: str
-    state: JobState
+    state: str  # a job's `JobState`, or a batch's end (`shared.batches.ENDED`)
     finish_reason: str | None
     ended_at: float
 
@@ -60,7 +59,7 @@ class Announcement:
             fields["url"],
             fields["api"],
             fields["owner"],
-            JobState(fields["state"]),
+            fields["state"],
             fields["finish_reason"] or None,
             float(fields["ended_at"]),
         )
@@ -228,7 +227,7 @@ class Deliveries:
             return WebhookDelivery(url=webhook_url)
         return WebhookDelivery(
             url=fields["url"],
-            event=event_type(fields["api"], JobState(fields["state"]), fields.get("finish_reason") or None),
+            event=event_type(fields["api"], fields["state"], fields.get("finish_reason") or None),
             event_id=event_id(job_id),
             status=DeliveryStatus(fields["status"]),
             attempts=int(fields.get("attempts") or 0),

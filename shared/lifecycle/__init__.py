@@ -39,19 +39,21 @@ name in turn, each once and before its callers. A helper takes what it works on 
     ----------------  ------------------------------------------------------  ----------------------
     end_job           every end: the job's keys expire after the retention,  finish, release,
                       its webhook hears of it (announce_end), it leaves its  cancel, end_unrun
-                      tenant's counters with its usage (tenant_move)
+                      tenant's counters with its usage (tenant_move), its
+                      batch counts it (batch_end)
     end_unrun         a queued job ends without running (a cancel, a         start, cancel
                       deadline): empty output, out of the queue, end_job
     enqueue           a job on its model's queue (arq's queue set), its      submit, release
                       tenant's share of it (fair: `claim.lua`), a wake-up
     leave_queue       out of the queue and its share                         start, cancel, end_unrun
     share_member      a job's queue score and share member (one format;      enqueue, leave_queue,
-                      `shared.keys.share_member` reads it)                   claim
+                      `shared.keys.share_member` reads it), a share's band   claim
     append_event      a stream's events under ids made of their seqs         submit, start, step,
                                                                              release, finish, cancel
     tenant_admit      a tenant's limits against its counters                 submit, tenant_usage
     tenant_move       a job between its tenant's counters (`shared.tenants`)  start, release, end_job
     announce_end      a job's end on the webhooks stream                     end_job
+    batch_end         a batch's job's end in its batch's request counts      end_job
     hset_fields       a table of record fields into the record               submit, finish, cancel
     clock_ms          Redis's clock in ms (the one reading of TIME)          append_event, tenant_*
 

@@ -136,8 +136,10 @@ class ClaimArgs(TypedDict):
     lease_prefix: str  # a lease's key is prefix + job id + suffix (`Keys.lease_affixes`)
     lease_suffix: str
     share_prefix: str
+    job_prefix: str  # a record's key is prefix + job id (`Keys.job`)
     read_limit: int
     wanted: int
+    batch_wanted: int  # the most jobs of the batch band to take (`shared.batches`)
 
 
 class UnclaimArgs(TypedDict):
@@ -148,3 +150,12 @@ class UnclaimArgs(TypedDict):
 class TenantUsageArgs(TypedDict):
     tenant: str
     job_prefix: str
+
+
+class BatchMoveArgs(TypedDict):
+    id: str  # the batch's
+    allowed: list[str]  # the states it may move from
+    to: str
+    fields: dict[str, str]  # written into the record with the move
+    ends: bool  # `to` is an end: the batch leaves the active ones, its webhook hears of it
+    retention: int  # seconds an ended batch's record stays readable

@@ -18,9 +18,13 @@
 -- is one whose share expired with it (its keys expired while it waited, and no job of its tenant came
 -- since): once no share has anything to give, up to `read_limit` of those are taken from the queue's
 -- head, so that the worker's start finds their jobs gone and drops them from the queue.
+-- Two bands, each fair in this way among its shares with a clock of its own: the interactive one
+-- (`share_tenants`, clock `clock`), then the batch band (`batch_share_tenants`, clock `batch_clock`:
+-- a batch's jobs, `shared.batches`), from which at most `batch_wanted` jobs are taken, and only
+-- once no interactive share has a job to give: a batch never goes before interactive work.
 -- The leases and shares are named here from prefixes: single-instance Redis, not Redis Cluster.
 -- Takes `arguments.ClaimArgs`.
-local queue, tenants, state = unpack(KEYS)
+local queue, tenants, batch_tenants, state = unpack(KEYS)
 local args = cjson.decode(ARGV[1])
 local lease_prefix, lease_suffix, share_prefix = args.lease_prefix, args.lease_suffix, args.share_prefix
 local holder = 'claim:' .. args.worker
@@ -28,9 +32,6 @@ local room = 2 * args.wanted
 local SCAN = 16
 
 local claimed = {}
-local skipped = {}  -- tenants with nothing to give in this call (only jobs just claimed elsewhere)
-local clock_was = tonumber(redis.call('HGET', state, 'clock')) or 0
-local clock = clock_was
 
 -- true: taken; false: another worker claimed it a moment ago; nil: no longer queued.
 local function take(id)
@@ -40,18 +41,6 @@ local function take(id)
   claimed[#claimed + 1] = id
   claimed[#claimed + 1] = score
   return true
-end
-
-local function lowest_tenant()
-  local offset = 0
-  while true do
-    local got = redis.call('ZRANGE', tenants, offset, offset + SCAN - 1, 'WITHSCORES')
-    if #got == 0 then return nil end
-    for i = 1, #got, 2 do
-      if not skipped[got[i]] then return got[i], tonumber(got[i + 1]) end
-    end
-    offset = offset + SCAN
-  end
 end
 
 local function take_first(share_queue)
@@ -69,31 +58,58 @@ local function take_first(share_queue)
   end
 end
 
-while #claimed < room do
-  local tenant, pass = lowest_tenant()
-  if not tenant then break end
-  local share_queue = share_prefix .. tenant
-  if take_first(share_queue) then
-    -- A pass below the clock is a tenant's that had only just-claimed jobs while others were
-    -- served: like a tenant that joins, it starts at the clock and has saved no turns.
-    clock = math.max(clock, pass)
-    local stride = tonumber(redis.call('HGET', state, 'stride:' .. tenant)) or 1
-    redis.call('ZADD', tenants, clock + stride, tenant)
-  else
-    if redis.call('EXISTS', share_queue) == 0 then
-      redis.call('ZREM', tenants, tenant)
-      redis.call('HSET', state, 'pass:' .. tenant, pass)
+-- Serve one band's shares (`band`, the sorted set of its tenants; `clock_field`, its clock in
+-- `state`) until `#claimed` reaches `up_to`.
+local function serve(band, clock_field, up_to)
+  local skipped = {}  -- tenants with nothing to give in this call (only jobs just claimed elsewhere)
+  local clock_was = tonumber(redis.call('HGET', state, clock_field)) or 0
+  local clock = clock_was
+
+  local function lowest_tenant()
+    local offset = 0
+    while true do
+      local got = redis.call('ZRANGE', band, offset, offset + SCAN - 1, 'WITHSCORES')
+      if #got == 0 then return nil end
+      for i = 1, #got, 2 do
+        if not skipped[got[i]] then return got[i], tonumber(got[i + 1]) end
+      end
+      offset = offset + SCAN
     end
-    skipped[tenant] = true
   end
+
+  while #claimed < up_to do
+    local tenant, pass = lowest_tenant()
+    if not tenant then break end
+    local share_queue = share_prefix .. tenant
+    if take_first(share_queue) then
+      -- A pass below the clock is a tenant's that had only just-claimed jobs while others were
+      -- served: like a tenant that joins, it starts at the clock and has saved no turns.
+      clock = math.max(clock, pass)
+      local stride = tonumber(redis.call('HGET', state, 'stride:' .. tenant)) or 1
+      redis.call('ZADD', band, clock + stride, tenant)
+    else
+      if redis.call('EXISTS', share_queue) == 0 then
+        redis.call('ZREM', band, tenant)
+        redis.call('HSET', state, 'pass:' .. tenant, pass)
+      end
+      skipped[tenant] = true
+    end
+  end
+  if clock ~= clock_was then redis.call('HSET', state, clock_field, clock) end
 end
-if clock ~= clock_was then redis.call('HSET', state, 'clock', clock) end
+
+serve(tenants, 'clock', room)
+if #claimed < room and args.batch_wanted > 0 then
+  serve(batch_tenants, 'batch_clock', math.min(room, #claimed + 2 * args.batch_wanted))
+end
 
 if #claimed < room then
   local head = redis.call('ZRANGE', queue, 0, args.read_limit - 1)
   for _, id in ipairs(head) do
     if #claimed >= room then break end
-    take(id)
+    -- A batch's job waits in its band's share: never taken here, past the band's bound.
+    local share = redis.call('HGET', args.job_prefix .. id, 'share')
+    if not share or share_band(share) ~= 'batch' then take(id) end
   end
 end
 return claimed

@@ -8,8 +8,8 @@
 -- now, for the wait. Takes `arguments.ReleaseArgs`.
 --
 -- `queue` and `wakeup` are those of the job's model (its record's `model`), and so are
--- `share_tenants`, `share_state` and `share_prefix`: a requeued job goes back into its share too,
--- and counts as its tenant's queued job, not a running one, until a worker resumes it.
+-- `share_tenants`, `share_state`, `batch_share_tenants` and `share_prefix`: a requeued job goes back
+-- into its share too, and counts as its tenant's queued job, not a running one, until a worker resumes it.
 --
 -- Failing a job needs its output, which the caller computes from the stream: the first call of a
 -- job out of attempts answers {'exhausted'} and drops the lease (so that nothing writes to the
@@ -19,7 +19,7 @@
 -- the stream still ends there.
 -- Answers {'held'}, {'requeued'}, {'exhausted'}, {'failed'} or {'not_running', status or 'missing'}.
 local record, stream, cancel, lease, running, queue, webhooks, webhook,
-      share_tenants, share_state = unpack(KEYS)
+      share_tenants, share_state, batch_share_tenants = unpack(KEYS)
 local args = cjson.decode(ARGV[1])
 local id, failure = args.id, args.failure
 local job = {id = id, record = record, stream = stream, cancel = cancel, webhooks = webhooks, webhook = webhook,
@@ -45,8 +45,8 @@ if tonumber(redis.call('HGET', record, 'attempts') or '1') < args.max_attempts t
   redis.call('EXPIRE', stream, args.lifetime)
   local created_at, share, priority = unpack(redis.call('HMGET', record, 'created_at', 'share', 'priority'))
   enqueue({id = id, created_at = created_at, share = share, priority = priority, lifetime = args.lifetime},
-          {queue = queue, share_tenants = share_tenants, share_state = share_state, share_prefix = args.share_prefix,
-           wakeup = args.wakeup})
+          {queue = queue, share_tenants = share_tenants, batch_share_tenants = batch_share_tenants,
+           share_state = share_state, share_prefix = args.share_prefix, wakeup = args.wakeup})
   tenant_move(job, 'running', 'queued', args.lifetime)
   return {'requeued'}
 end

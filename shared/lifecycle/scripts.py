@@ -24,6 +24,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import NoScriptError
 
 from shared.lifecycle.arguments import (
+    BatchMoveArgs,
     CancelArgs,
     ClaimArgs,
     FinishArgs,
@@ -145,3 +146,4 @@ CANCEL: LuaScript[CancelArgs] = LuaScript.load("cancel")
 DELETE: LuaScript[list[Any]] = LuaScript.load("delete")  # no ARGV
 TENANT_USAGE: LuaScript[TenantUsageArgs] = LuaScript.load("tenant_usage")
 UNCLAIM: LuaScript[UnclaimArgs] = LuaScript.load("unclaim")
+BATCH_MOVE: LuaScript[BatchMoveArgs] = LuaScript.load("batch_move")

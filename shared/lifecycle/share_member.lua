@@ -14,3 +14,9 @@ end
 local function share_member_job(member)
   return string.sub(member, 17)  -- after '<15 digits>:'
 end
+
+-- The band a share serves in: 'batch' for a batch's jobs (`batch:<tenant>`), else 'interactive'.
+local function share_band(share)
+  if string.sub(share, 1, 6) == 'batch:' then return 'batch' end
+  return 'interactive'
+end

@@ -9,12 +9,17 @@
 -- limit} (the job's tenant is at a limit: `tenant_admit.lua`; nothing written).
 -- The idempotency key holds '<job id> <request digest>'; a value without a digest (written
 -- before digests were kept) matches any request.
+-- A job id given by its caller (a batch's line: `shared.batches.line_job_id`) whose record exists
+-- answers {'existing', id}, as a replayed idempotency key does: submitting it again writes nothing.
 -- KEYS: the job's record, stream, idempotency key ('' for none) and its model's queue; the
--- tenant's counters ('' each for a job of no tenant); the model's `share_tenants` and `share_state`.
+-- tenant's counters ('' each for a job of no tenant); the model's `share_tenants`, `share_state`
+-- and `batch_share_tenants`.
 local record, stream, idempotency, queue, tenant_queued, tenant_running, tenant_requests,
-      tenant_tokens, share_tenants, share_state = unpack(KEYS)
+      tenant_tokens, share_tenants, share_state, batch_share_tenants = unpack(KEYS)
 local args = cjson.decode(ARGV[1])
 local id, tenant, share = args.id, args.tenant, args.share
+
+if redis.call('EXISTS', record) == 1 then return {'existing', id} end
 
 if idempotency ~= '' then
   local existing = redis.call('GET', idempotency)
@@ -43,8 +48,8 @@ redis.call('EXPIRE', stream, args.lifetime)
 redis.call('HSET', share_state, 'stride:' .. share.name, share.stride)
 enqueue({id = id, created_at = args.created_at, share = share.name, priority = share.priority,
          lifetime = args.lifetime},
-        {queue = queue, share_tenants = share_tenants, share_state = share_state, share_prefix = share.prefix,
-         wakeup = args.wakeup})
+        {queue = queue, share_tenants = share_tenants, batch_share_tenants = batch_share_tenants,
+         share_state = share_state, share_prefix = share.prefix, wakeup = args.wakeup})
 if tenant then tenant_admitted(tenant_queued, tenant_requests, id, args.lifetime) end
 if idempotency ~= '' then redis.call('SET', idempotency, id .. ' ' .. args.digest, 'EX', args.lifetime) end
 return {'created', id, args.created_at}

@@ -11,6 +11,7 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
+from shared.batches import batch_share
 from shared.events import ErrorEvent, Event, JobState, StatusEvent
 from shared.keys import Keys, ModelKeys
 from shared.lifecycle import scripts
@@ -201,7 +202,8 @@ class NewJob:
     `annotations`: fields the record keeps beside the job, for the API layer that made it; `tenant`:
     whose limits the job must fit, whose counters it joins and whose share of the queue it waits in
     (None: no tenant's; it waits in the default tenant's share); `priority`: its order within that
-    share, lower first."""
+    share, lower first; `batch`: the batch the job is a line of, whose band it waits in (that
+    tenant's share of the batch band: `shared.batches`) and whose record counts its end."""
 
     job_id: str
     created_at: float
@@ -217,6 +219,7 @@ class NewJob:
     annotations: dict[str, str] = field(default_factory=dict)
     tenant: Tenant | None = None
     priority: int = 0
+    batch: str | None = None
 
 
 class Transitions:
@@ -256,7 +259,10 @@ class Transitions:
         queue = self.keys.model(job.model)
         tenant = job.tenant
         share = tenant or DEFAULT_SHARE
+        share_name = batch_share(share.name) if job.batch else share.name
         fields = {**(self.keys.tenant_record_fields(tenant.name) if tenant else {}), **job.annotations}
+        if job.batch:
+            fields["batch"] = self.keys.batch(job.batch)
         keys = [
             self.keys.job(job.job_id),
             self.keys.stream(job.job_id),
@@ -265,6 +271,7 @@ class Transitions:
             *self._tenant_keys(tenant),
             queue.share_tenants,
             queue.share_state,
+            queue.batch_share_tenants,
         ]
         args: SubmitArgs = {
             "id": job.job_id,
@@ -280,7 +287,7 @@ class Transitions:
             "wakeup": queue.wakeup,
             "tenant": TenantArgs(name=tenant.name, limits=tenant.script_limits()) if tenant else None,
             "share": {
-                "name": share.name,
+                "name": share_name,
                 "prefix": queue.share_queue_prefix,
                 "stride": repr(1 / share.weight),
                 "priority": job.priority,
@@ -516,6 +523,7 @@ class Transitions:
             *self._announce_keys(job_id),
             queue.share_tenants,
             queue.share_state,
+            queue.batch_share_tenants,
         ]
         args: ReleaseArgs = {
             "notices": self.keys.notices,
@@ -545,9 +553,11 @@ async def claim(
     lease_seconds: float,
     read_limit: int,
     wanted: int,
+    batch_wanted: int = 0,
 ) -> list[tuple[str, int]]:
     """Up to `wanted` of `model`'s queued jobs that no other worker has taken, picked fairly among
-    the tenants' shares (`claim.lua`), each claimed for `worker_id`: (id, submission ms) pairs.
+    the tenants' shares (`claim.lua`), each claimed for `worker_id`: (id, submission ms) pairs. Of
+    them at most `batch_wanted` are batches' jobs, and only once no interactive job waits.
 
     A function of its own, not a method: the worker's queue loop runs it on its own connections.
     """
@@ -558,10 +568,13 @@ async def claim(
         "lease_prefix": lease_prefix,
         "lease_suffix": lease_suffix,
         "share_prefix": model.share_queue_prefix,
+        "job_prefix": keys.job(""),
         "read_limit": read_limit,
         "wanted": wanted,
+        "batch_wanted": batch_wanted,
     }
-    answer = await scripts.CLAIM(redis, [model.queue, model.share_tenants, model.share_state], args)
+    keys_used = [model.queue, model.share_tenants, model.batch_share_tenants, model.share_state]
+    answer = await scripts.CLAIM(redis, keys_used, args)
     return [(job_id, int(float(score))) for job_id, score in zip(answer[::2], answer[1::2], strict=True)]
 
 

@@ -194,3 +194,43 @@ def test_the_open_responses_suites_basic_request_streamed_on_the_engine_validate
     assert response.status == "completed"
     assert text == job_record(system.base_url, response.id)["output"]["text"]
     assert (response.temperature, response.top_p, response.presence_penalty) == (0.0, 1.0, 0.0)
+
+
+def test_a_batch_answers_each_custom_id_once_with_what_a_direct_greedy_request_answers(
+    sync_openai: openai.OpenAI, system: System
+) -> None:
+    """A batch's jobs run on the engine as any job does: each line's output is the text the same
+    request gets directly (greedy), once, under its custom_id."""
+    model = system.settings.model_name
+    questions = ["What is the capital of France?", "Name a primary color.", "What is 2 + 2?"]
+    bodies = [
+        {
+            "model": model,
+            "messages": [{"role": "user", "content": question}],
+            "max_tokens": 12,
+            "temperature": 0,
+        }
+        for question in questions
+    ]
+    lines = [
+        {"custom_id": f"q{n}", "method": "POST", "url": "/v1/chat/completions", "body": body}
+        for n, body in enumerate(bodies)
+    ]
+    data = "".join(json.dumps(line) + "\n" for line in lines).encode()
+    input_file = sync_openai.files.create(file=("questions.jsonl", data), purpose="batch")
+    batch = sync_openai.batches.create(
+        input_file_id=input_file.id, endpoint="/v1/chat/completions", completion_window="24h"
+    )
+    deadline = time.monotonic() + JOB_DEADLINE_SECONDS
+    while (batch := sync_openai.batches.retrieve(batch.id)).status not in ("completed", "failed", "expired"):
+        assert time.monotonic() < deadline, f"batch {batch.id} still {batch.status}"
+        time.sleep(0.2)
+    assert batch.status == "completed" and batch.output_file_id and batch.error_file_id is None
+    output = [json.loads(line) for line in sync_openai.files.content(batch.output_file_id).text.splitlines()]
+    assert [line["custom_id"] for line in output] == ["q0", "q1", "q2"]
+    for line, body in zip(output, bodies, strict=True):
+        direct = sync_openai.chat.completions.create(**body)
+        assert line["response"]["status_code"] == 200
+        assert (
+            line["response"]["body"]["choices"][0]["message"]["content"] == direct.choices[0].message.content
+        )

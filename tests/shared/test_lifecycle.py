@@ -51,6 +51,7 @@ SCRIPTS = {
     "delete",
     "tenant_usage",
     "unclaim",
+    "batch_move",
 }
 HELPERS = {
     "clock_ms",
@@ -64,6 +65,7 @@ HELPERS = {
     "tenant_move",
     "end_job",
     "end_unrun",
+    "batch_end",
 }
 FOLDER = Path(scripts.__file__).parent
 
@@ -78,7 +80,9 @@ def test_every_script_ships_as_a_lua_file_and_gets_the_helpers_it_uses() -> None
 
     # the scripts that may end a job end it through one helper: its keys expire, its webhook hears
     # of it, its tenant's counters count it
-    assert calling("end_job") == calling("announce_end") == {"start", "release", "finish", "cancel"}
+    assert calling("end_job") == calling("batch_end") == {"start", "release", "finish", "cancel"}
+    # and a batch's end is announced as a job's is
+    assert calling("announce_end") == {"start", "release", "finish", "cancel", "batch_move"}
     assert calling("tenant_move") == {"start", "release", "finish", "cancel"}
     # submit alone checks the tenant's limits; the usage read counts running jobs as submit does
     assert calling("tenant_admit") == calling("tenant_running_jobs") == {"submit", "tenant_usage"}

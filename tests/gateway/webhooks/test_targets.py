@@ -118,11 +118,11 @@ def test_a_keys_default_outside_the_prefixes_stops_the_gateway() -> None:
 
 
 def test_event_types_follow_openais_names() -> None:
-    assert event_type("job", JobState.completed, "length") == "job.completed"
-    assert event_type("job", JobState.cancelled, None) == "job.cancelled"
-    assert event_type("response", JobState.completed, "length") == "response.incomplete"
-    assert event_type("response", JobState.completed, "stop") == "response.completed"
-    assert event_type("response", JobState.failed, None) == "response.failed"
+    assert event_type("job", JobState.completed.value, "length") == "job.completed"
+    assert event_type("job", JobState.cancelled.value, None) == "job.cancelled"
+    assert event_type("response", JobState.completed.value, "length") == "response.incomplete"
+    assert event_type("response", JobState.completed.value, "stop") == "response.completed"
+    assert event_type("response", JobState.failed.value, None) == "response.failed"
     assert subject_id("response", "ab12") == "resp_ab12" and subject_id("job", "ab12") == "ab12"
 
 

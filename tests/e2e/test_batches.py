@@ -1,0 +1,410 @@
+"""OpenAI's Files and Batch APIs through the real `openai` package, against gateway processes and a
+worker on the synthetic engine of the module's own (keys of two owners, short leases): the subject is
+what the gateways do with files and batches (their storage, their lifecycle, their crashes), not
+generation; a batch on the real engine is in test_openai_client.py.
+
+A batch's line n runs as the job `line_job_id(batch, n)`: what ran is read from those records and from
+the tenant's totals, which count every job's end once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+import redis
+
+from cli.launcher import wait_healthy
+from shared.batches import line_job_id
+from shared.config import Settings
+from tests.conftest import SYSTEM_START_TIMEOUT, make_settings
+from tests.helpers import eventually_sync
+from tests.processes import Processes, free_port
+from tests.redis_cleanup import delete_prefix
+
+MODEL = "smol"
+KEYS = ("key-a", "key-b")
+ENDED = {"completed", "failed", "expired", "cancelled"}
+BATCH_DEADLINE_SECONDS = 90.0
+
+
+@dataclass
+class Deployment:
+    """Gateways (by name) and one synthetic worker on one Redis prefix, and what they share."""
+
+    settings: Settings
+    processes: Processes
+    gateways: dict[str, str]
+    redis: redis.Redis
+    clients: list[openai.OpenAI]
+
+    def start_gateway(self, name: str, **overrides: Any) -> str:
+        settings = self.settings.model_copy(update={"port": free_port(), **overrides})
+        process = self.processes.start(name, "gateway", settings)
+        base_url = f"http://127.0.0.1:{settings.port}"
+        assert wait_healthy(base_url, [process], 1, SYSTEM_START_TIMEOUT), f"logs in {self.processes.log_dir}"
+        self.gateways[name] = base_url
+        return base_url
+
+    def client(self, name: str = "a", key: str = KEYS[0]) -> openai.OpenAI:
+        # No retries: a failure must show as it happened, not as the third attempt.
+        made = openai.OpenAI(base_url=f"{self.gateways[name]}/v1", api_key=key, max_retries=0, timeout=60)
+        self.clients.append(made)
+        return made
+
+    def holder(self, batch_id: str) -> str | None:
+        """The name of the gateway process driving the batch now, by the pid its lease names."""
+        lease = self.redis.get(f"{self.settings.key_prefix}:batch:{batch_id}:lease")
+        if not lease:
+            return None
+        pid = int(str(lease).split("-")[-2])
+        return next((name for name, child in self.processes.children.items() if child.pid == pid), None)
+
+    def field(self, batch_id: str, name: str) -> str | None:
+        value = self.redis.hget(f"{self.settings.key_prefix}:batch:{batch_id}", name)
+        return str(value) if value is not None else None
+
+    def jobs_ended(self, tenant: str) -> int:
+        """Every job of the tenant that ever ended, each counted once by the script that ended it."""
+        return int(self.redis.hget(f"{self.settings.key_prefix}:tenants:totals", f"{tenant}:jobs") or 0)
+
+
+@pytest.fixture(scope="module")
+def deployment(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
+    """Two gateways and a synthetic worker serving `smol` at 100 steps a second, each answer as long as
+    its `max_tokens`; batches' leases of two seconds, so that a takeover comes soon."""
+    logs = tmp_path_factory.mktemp("batch-logs")
+    settings = make_settings(
+        redis_url,
+        host="127.0.0.1",
+        api_keys=",".join(KEYS),
+        engine="synthetic",
+        served_model_name=MODEL,
+        default_model=MODEL,
+        synthetic_step_seconds=0.01,
+        synthetic_mean_tokens=0,
+        worker_poll_delay=0.05,
+        files_dir=tmp_path_factory.mktemp("files"),
+        batch_lease_seconds=2.0,
+        metrics_port=free_port(),
+    )
+    processes = Processes(logs)
+    deployment = Deployment(
+        settings, processes, {}, redis.Redis.from_url(redis_url, decode_responses=True), []
+    )
+    try:
+        processes.start("worker", "worker", settings)
+        deployment.start_gateway("a")
+        deployment.start_gateway("b")
+        yield deployment
+    finally:
+        for client in deployment.clients:
+            client.close()
+        deployment.redis.close()
+        processes.stop_all()
+        delete_prefix(redis_url, settings.key_prefix)
+
+
+def request_line(custom_id: str, max_tokens: int = 4, **overrides: Any) -> dict[str, Any]:
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": f"say {custom_id}"}],
+        "max_tokens": max_tokens,
+    }
+    return {
+        "custom_id": custom_id,
+        "method": "POST",
+        "url": "/v1/chat/completions",
+        "body": body,
+        **overrides,
+    }
+
+
+def upload(client: openai.OpenAI, lines: list[dict[str, Any]]) -> str:
+    data = "".join(json.dumps(line) + "\n" for line in lines).encode()
+    return client.files.create(file=("input.jsonl", data), purpose="batch").id
+
+
+def run_batch(client: openai.OpenAI, lines: list[dict[str, Any]]) -> openai.types.Batch:
+    return client.batches.create(
+        input_file_id=upload(client, lines), endpoint="/v1/chat/completions", completion_window="24h"
+    )
+
+
+def ended(client: openai.OpenAI, batch_id: str) -> openai.types.Batch:
+    return eventually_sync(
+        lambda: (batch := client.batches.retrieve(batch_id)).status in ENDED and batch,
+        f"batch {batch_id} ends",
+        BATCH_DEADLINE_SECONDS,
+        interval=0.1,
+    )
+
+
+def file_lines(client: openai.OpenAI, file_id: str | None) -> list[dict[str, Any]]:
+    if file_id is None:
+        return []
+    return [json.loads(line) for line in client.files.content(file_id).text.splitlines()]
+
+
+def tenant_of(key: str) -> str:
+    from gateway.auth import key_tenant
+
+    return key_tenant(key)
+
+
+def test_a_batch_completes_with_each_request_once_in_input_order_and_refusals_in_the_error_file(
+    deployment: Deployment,
+) -> None:
+    client = deployment.client()
+    lines = [request_line(f"r{n}") for n in range(30)]
+    lines.insert(
+        7, request_line("no-tools", tools=None) | {"body": {**lines[0]["body"], "tools": [{"x": 1}]}}
+    )
+    batch = run_batch(client, lines)
+    assert batch.status == "validating" and batch.request_counts is not None
+
+    done = ended(client, batch.id)
+
+    assert done.status == "completed", done
+    assert done.request_counts is not None
+    assert (done.request_counts.total, done.request_counts.completed, done.request_counts.failed) == (
+        31,
+        30,
+        1,
+    )
+    assert done.in_progress_at and done.finalizing_at and done.completed_at
+    output = file_lines(client, done.output_file_id)
+    assert [line["custom_id"] for line in output] == [f"r{n}" for n in range(30)]
+    assert all(line["response"]["status_code"] == 200 and line["error"] is None for line in output)
+    assert all(line["response"]["body"]["choices"][0]["finish_reason"] == "length" for line in output)
+    (refused,) = file_lines(client, done.error_file_id)
+    assert refused["custom_id"] == "no-tools"
+    assert refused["response"]["status_code"] == 400
+    assert refused["response"]["body"]["error"]["param"] == "tools"
+    assert client.batches.list(limit=100).data[0].id == batch.id
+
+
+def test_lines_that_are_no_request_of_the_batch_fail_it_with_their_errors_before_any_job(
+    deployment: Deployment,
+) -> None:
+    client = deployment.client()
+    lines = [
+        request_line("a"),
+        request_line("a"),  # duplicate custom_id
+        request_line("b", url="/v1/completions"),
+        request_line("c") | {"body": {**request_line("c")["body"], "model": "no-such-model"}},
+        {"custom_id": "d", "method": "POST", "url": "/v1/chat/completions"},
+    ]
+    batch = run_batch(client, lines)
+
+    done = ended(client, batch.id)
+
+    assert done.status == "failed" and done.failed_at and done.errors and done.errors.data
+    found = {(error.line, error.code) for error in done.errors.data}
+    expected = {(2, "duplicate_custom_id"), (3, "mismatched_endpoint"), (4, "model_not_found")}
+    assert expected <= found and (5, "missing_required_parameter") in found
+    assert done.output_file_id is None and done.error_file_id is None
+    assert not any(
+        deployment.redis.exists(f"{deployment.settings.key_prefix}:job:{line_job_id(batch.id, n)}")
+        for n in range(1, 6)
+    )
+
+
+def test_files_and_batches_of_another_key_are_not_found(deployment: Deployment) -> None:
+    owner, other = deployment.client(key=KEYS[0]), deployment.client(key=KEYS[1])
+    batch = run_batch(owner, [request_line("x")])
+    for read in (
+        lambda: other.files.retrieve(batch.input_file_id),
+        lambda: other.files.content(batch.input_file_id),
+        lambda: other.files.delete(batch.input_file_id),
+        lambda: other.batches.retrieve(batch.id),
+        lambda: other.batches.cancel(batch.id),
+        lambda: other.batches.create(
+            input_file_id=batch.input_file_id, endpoint="/v1/chat/completions", completion_window="24h"
+        ),
+    ):
+        with pytest.raises(openai.NotFoundError):
+            read()
+    assert batch.id not in [listed.id for listed in other.batches.list().data]
+    assert batch.input_file_id not in [listed.id for listed in other.files.list().data]
+    assert ended(owner, batch.id).status == "completed"
+
+
+def test_an_upload_that_is_no_jsonl_is_refused_and_leaves_no_file(deployment: Deployment) -> None:
+    client = deployment.client()
+    before = {listed.id for listed in client.files.list().data}
+    with pytest.raises(openai.BadRequestError, match="line 2"):
+        client.files.create(file=("bad.jsonl", b'{"custom_id": "a"}\n[1, 2]\n'), purpose="batch")
+    assert {listed.id for listed in client.files.list().data} == before
+    uploaded = client.files.create(file=("ok.jsonl", b'{"a": 1}\n'), purpose="batch")
+    assert client.files.content(uploaded.id).content == b'{"a": 1}\n'
+    assert client.files.delete(uploaded.id).deleted
+    with pytest.raises(openai.NotFoundError):
+        client.files.retrieve(uploaded.id)
+
+
+def test_a_cancel_mid_batch_stops_its_lines_cancels_its_running_jobs_and_keeps_what_finished(
+    deployment: Deployment,
+) -> None:
+    client = deployment.client()
+    # Each job takes two seconds: the first end lets the cancel find the rest running or unfed.
+    lines = [request_line(f"r{n}", max_tokens=4 if n < 3 else 200) for n in range(600)]
+    batch = run_batch(client, lines)
+    eventually_sync(
+        lambda: (
+            (
+                client.batches.retrieve(batch.id).request_counts
+                or openai.types.BatchRequestCounts(completed=0, failed=0, total=0)
+            ).completed
+            >= 3
+        ),
+        "the batch's first jobs end",
+        BATCH_DEADLINE_SECONDS,
+    )
+
+    cancelling = client.batches.cancel(batch.id)
+    done = ended(client, batch.id)
+
+    assert cancelling.status == "cancelling" and cancelling.cancelling_at
+    assert done.status == "cancelled" and done.cancelled_at and done.request_counts
+    assert done.request_counts.completed + done.request_counts.failed == done.request_counts.total == 600
+    output, errors = file_lines(client, done.output_file_id), file_lines(client, done.error_file_id)
+    assert len(output) == done.request_counts.completed >= 3
+    assert {line["error"]["code"] for line in errors} == {"batch_cancelled"}
+    assert sorted(line["custom_id"] for line in output + errors) == sorted(f"r{n}" for n in range(600))
+    fed = int(deployment.field(batch.id, "fed") or 0)
+    assert fed < 600  # the cancel stopped the feeding
+    states = {
+        deployment.redis.hget(f"{deployment.settings.key_prefix}:job:{line_job_id(batch.id, n)}", "status")
+        for n in range(1, fed + 1)
+    }
+    assert "cancelled" in states and states <= {"completed", "cancelled"}
+
+
+def test_gateways_killed_while_reading_the_input_and_while_writing_the_output_leave_one_whole_batch(
+    deployment: Deployment,
+) -> None:
+    """One gateway is SIGKILLed while it feeds the batch's lines, another while it writes its files:
+    the last one finishes it; every line ran once, and each custom_id is in the output once."""
+    deployment.start_gateway("c")
+    client = deployment.client("c")
+    tenant = tenant_of(KEYS[0])
+    ended_before = deployment.jobs_ended(tenant)
+    lines = [request_line(f"r{n}", max_tokens=8) for n in range(1500)]
+    batch = run_batch(client, lines)
+
+    def feeding() -> str | None:
+        fed = int(deployment.field(batch.id, "fed") or 0)
+        return deployment.holder(batch.id) if 0 < fed < 1500 else None
+
+    reader = eventually_sync(feeding, "a gateway feeds the batch", BATCH_DEADLINE_SECONDS, interval=0.01)
+    deployment.processes.kill(reader)
+    survivors = [name for name in deployment.gateways if name != reader]
+    client = deployment.client(survivors[0])
+
+    def writing() -> str | None:
+        return deployment.holder(batch.id) if deployment.field(batch.id, "status") == "finalizing" else None
+
+    writer = eventually_sync(writing, "a gateway writes the files", BATCH_DEADLINE_SECONDS, interval=0.005)
+    deployment.processes.kill(writer)
+    client = deployment.client(next(name for name in survivors if name != writer))
+    done = ended(client, batch.id)
+
+    assert done.status == "completed" and done.request_counts
+    assert (done.request_counts.completed, done.request_counts.failed) == (1500, 0)
+    output = file_lines(client, done.output_file_id)
+    assert [line["custom_id"] for line in output] == [f"r{n}" for n in range(1500)]
+    assert [line["response"]["request_id"] for line in output] == [
+        line_job_id(batch.id, n) for n in range(1, 1501)
+    ]
+    assert deployment.jobs_ended(tenant) - ended_before == 1500  # no line ran twice
+    outputs = [
+        listed
+        for listed in client.files.list(purpose="batch_output").data
+        if listed.id == done.output_file_id
+    ]
+    assert len(outputs) == 1
+
+
+def test_a_batch_past_its_window_expires_with_what_finished(deployment: Deployment) -> None:
+    deployment.start_gateway("short-window", batch_window_seconds=3)
+    client = deployment.client("short-window")
+    lines = [request_line(f"r{n}", max_tokens=4 if n < 5 else 2000) for n in range(20)]
+    batch = run_batch(client, lines)
+
+    done = ended(client, batch.id)
+
+    assert done.status == "expired" and done.expired_at and done.request_counts
+    assert done.request_counts.completed == 5
+    assert done.request_counts.completed + done.request_counts.failed == 20
+    output, errors = file_lines(client, done.output_file_id), file_lines(client, done.error_file_id)
+    assert [line["custom_id"] for line in output] == [f"r{n}" for n in range(5)]
+    assert [line["custom_id"] for line in errors] == [f"r{n}" for n in range(5, 20)]
+    assert {line["error"]["code"] for line in errors} == {"batch_expired"}
+
+
+@pytest.fixture
+def s3_server(tmp_path: Path) -> Iterator[str]:
+    """moto's standalone S3 server, a process of its own; its endpoint URL."""
+    port = free_port()
+    log = open(tmp_path / "moto.log", "wb")  # noqa: SIM115 - closed below
+    server = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, "AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test"},
+    )
+    endpoint = f"http://127.0.0.1:{port}"
+    try:
+        import httpx
+
+        eventually_sync(lambda: _answers(httpx, endpoint), "moto's server answers", 30, interval=0.1)
+        httpx.put(f"{endpoint}/batch-files")  # create the bucket (S3's CreateBucket)
+        yield endpoint
+    finally:
+        server.send_signal(signal.SIGTERM)
+        server.wait(10)
+        log.close()
+
+
+def _answers(httpx: Any, endpoint: str) -> bool:
+    try:
+        return bool(httpx.get(endpoint, timeout=1).status_code < 500)
+    except httpx.HTTPError:
+        return False
+
+
+def test_files_and_a_batch_live_in_s3_compatible_storage(deployment: Deployment, s3_server: str) -> None:
+    deployment.start_gateway(
+        "s3",
+        files_url="s3://batch-files/streampool",
+        files_s3_endpoint=s3_server,
+        files_s3_access_key_id="test",
+        files_s3_secret_access_key="test",
+    )
+    client = deployment.client("s3")
+    # The other gateways store files in their folder: this batch must be driven where its file is.
+    for name in [name for name in deployment.gateways if name != "s3"]:
+        deployment.processes.stop(name)
+        del deployment.gateways[name]
+    batch = run_batch(client, [request_line(f"r{n}") for n in range(10)])
+
+    done = ended(client, batch.id)
+
+    assert done.status == "completed"
+    assert [line["custom_id"] for line in file_lines(client, done.output_file_id)] == [
+        f"r{n}" for n in range(10)
+    ]
+    import httpx
+
+    listing = httpx.get(f"{s3_server}/batch-files?list-type=2&prefix=streampool/").text
+    assert batch.input_file_id in listing and str(done.output_file_id) in listing
