@@ -1,4 +1,7 @@
-"""How much of one Redis core a deployment uses, from Redis CPU costs measured by `bench.redis_capacity`.
+"""How much of one Redis core a deployment uses: per event, from `bench.fleet`'s figures for the data
+plane as it is (`redis_cores_per_event`); per step and per followed stream, from the figures
+`bench.redis_capacity` measured when a step was one script per job and a gateway's reader named every
+stream it followed in each read (the rest of this docstring).
 
 Redis runs commands on one thread, so one core is its ceiling. The load is the sum of what each
 worker's steps cost (one pipeline per engine step, one step script per running job in it) and what
@@ -58,6 +61,15 @@ def redis_cores(costs: RedisCosts, workload: Workload, workers: int) -> float:
 def workers_per_redis(costs: RedisCosts, workload: Workload, utilization: float) -> int:
     """How many such workers one Redis carries with its core at most `utilization` busy."""
     return math.floor(utilization / redis_cores(costs, workload, 1))
+
+
+def redis_cores_per_event(cost_per_event: float, workload: Workload, workers: int) -> float:
+    """Share of one Redis core that `workers` such workers keep busy, every job's stream followed, at
+    `cost_per_event` Redis CPU seconds per relayed event, everything included (the step's append and
+    checks, and the relay), as `bench.fleet` measures it: the data plane's cost goes with the events,
+    not with the streams followed, since a step is one script call for all of a worker's jobs and a
+    gateway reads no stream in steady flow (the step's notice carries its entries)."""
+    return workers * workload.events_per_second * cost_per_event
 
 
 def gateways_for(events_per_second: float, gateway_cpu_per_event: float, utilization: float) -> int:

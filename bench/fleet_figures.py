@@ -139,6 +139,7 @@ class FleetPlan:
     seconds: float  # the followed window
     unfollowed_seconds: float
     limit_requests: int  # sent by redis-benchmark for each physical limit
+    gateway_processes: int = 1  # each gateway's processes on its one port (`streampool gateway --processes`)
 
 
 @dataclass

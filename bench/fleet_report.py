@@ -6,8 +6,10 @@ import dataclasses
 import math
 from typing import Any
 
+from bench.capacity_model import redis_cores_per_event
+from bench.capacity_report import TYPICAL, UTILIZATION
 from bench.fleet_clients import KINDS
-from bench.fleet_figures import QUANTILES, RELAY_COMMANDS, STEP_COMMANDS, FleetLevel, FleetRun
+from bench.fleet_figures import QUANTILES, RELAY_COMMANDS, STEP_COMMANDS, FleetLevel, FleetPlan, FleetRun
 
 HEADING = "## 9. The data plane at a fleet's rates (synthetic engine)"
 FAILURES_KEPT = 20  # of a level's failed follows, in results.json (all are counted)
@@ -76,6 +78,41 @@ def _delivery_rows(run: FleetRun) -> list[str]:
     return lines
 
 
+def _gateways(plan: FleetPlan) -> str:
+    if plan.gateway_processes == 1:
+        return f"{plan.gateways} gateway processes"
+    return f"{plan.gateways} gateways of {plan.gateway_processes} processes each on its port (`--processes`)"
+
+
+def _sizing_rows(run: FleetRun) -> list[str]:
+    """What the costs at the level with the most streams followed mean for GPU workers, by the capacity
+    model (`capacity_model.redis_cores_per_event`)."""
+    fixed = [level for level in run.levels if level.asked_rate == run.plan.rate] or run.levels
+    level = max(fixed, key=lambda level: level.streams)
+    rows = [
+        "| GPU worker | events/s a worker | Redis µs/event | Redis core a worker"
+        f" | workers a Redis core carries at {100 * UTILIZATION:.0f} % | gateway µs/event"
+        " | gateway processes a worker |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for workload in TYPICAL:
+        share = redis_cores_per_event(level.redis_total_us / 1e6, workload, 1)
+        gateways = workload.events_per_second * level.gateway_us / 1e6 / UTILIZATION
+        rows.append(
+            f"| {workload.jobs} jobs x {workload.tokens_per_second:g} tokens/s"
+            f" | {workload.events_per_second:,.0f} | {_us(level.redis_total_us)} | {share:.3f}"
+            f" | {math.floor(UTILIZATION / share)}"
+            f" | {_us(level.gateway_us)} | {gateways:.1f} |"
+        )
+    return [
+        f"What it means for sizing (`bench/capacity_model.py`), at the costs of the {level.streams}-stream"
+        " level: every job's stream followed, Redis and each gateway process kept at"
+        f" {100 * UTILIZATION:.0f} % of a core, a Llama-3-8B class model on one GPU, `stream_step` 1:",
+        "",
+        *rows,
+    ]
+
+
 def section(run: FleetRun) -> list[str]:
     """The section, from a run of `python -m bench.fleet` or of `make bench`."""
     plan = run.plan
@@ -91,7 +128,7 @@ def section(run: FleetRun) -> list[str]:
         HEADING,
         "",
         f"Measured by `{run.command}` ({run.measured}, {run.minutes:.1f} minutes): {plan.workers} workers"
-        f" on the synthetic engine, {plan.gateways} gateway processes, a client for every job in"
+        f" on the synthetic engine, {_gateways(plan)}, a client for every job in"
         f" {plan.client_processes} processes (one in ten long-polls, one in ten drops its SSE connection"
         " after its first delta and resumes with `Last-Event-ID`, the rest follow over SSE), a private"
         " Redis. Each level runs `streams` jobs spread evenly over the workers, each worker's jobs stepping"
@@ -127,6 +164,8 @@ def section(run: FleetRun) -> list[str]:
         "Delivery, and lag in all and by the clients' kind (the events sent in the followed window):",
         "",
         *_delivery_rows(run),
+        "",
+        *_sizing_rows(run),
         "",
         *([f"The run stopped early: {run.stopped}.", ""] if run.stopped else []),
     ]

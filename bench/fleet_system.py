@@ -23,13 +23,19 @@ TOKENS_MARGIN_SECONDS = 120.0  # a job asks for tokens to outlast its level's wi
 
 
 def _cpu_seconds(processes: list[psutil.Process]) -> float:
+    """The CPU time of the processes and of their children (a gateway's `--processes`)."""
     total = 0.0
     for process in processes:
         try:
-            times = process.cpu_times()
+            tree = [process, *process.children(recursive=True)]
         except psutil.NoSuchProcess:
             continue
-        total += times.user + times.system
+        for member in tree:
+            try:
+                times = member.cpu_times()
+            except psutil.NoSuchProcess:
+                continue
+            total += times.user + times.system
     return total
 
 
@@ -57,7 +63,8 @@ class Fleet:
 
     def start_gateways(self) -> None:
         for n, port in enumerate(self.ports):
-            settings = self.settings.model_copy(update={"port": port})
+            update = {"port": port, "processes": self.plan.gateway_processes}
+            settings = self.settings.model_copy(update=update)
             self.gateways.append(system.start(f"gateway-{n}", ["cli", "gateway"], settings, self.logs))
         for gateway, port in zip(self.gateways, self.ports, strict=True):
             system.wait_answering(self.settings.model_copy(update={"port": port}), gateway)

@@ -63,11 +63,20 @@ is asked."""
 JobIdPath = Annotated[str, Path(description="job id: 32 lowercase hex digits")]
 
 
-async def _owned_job_id(job_id: JobIdPath, owner: Owner, services: ServicesDep) -> str:
+async def _job_id(job_id: JobIdPath) -> str:
     if not JOB_ID.fullmatch(job_id):
         raise JobNotFound(f"no job {job_id}")
-    await services.store.check_owner(job_id, owner)
     return job_id
+
+
+async def _owned_job_id(job_id: JobIdPath, owner: Owner, services: ServicesDep) -> str:
+    await services.store.check_owner(await _job_id(job_id), owner)
+    return job_id
+
+
+JobId = Annotated[str, Depends(_job_id)]
+"""The path's job id, of the form job ids have; whose it is, the route checks itself (the relay, in
+the round trip that reads the stream's state)."""
 
 
 OwnedJobId = Annotated[str, Depends(_owned_job_id)]

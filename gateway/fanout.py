@@ -27,9 +27,9 @@ fails, the reader retries with backoff and carries on from every stream's cursor
 open streams resume by themselves once Redis is back.
 
 redis-py packs a command's arguments anew at every call, in Python, which for 1,000 streams cost
-the reader more than the entries it brought back; the hub keeps each stream's name and cursor
-packed (RESP bulk strings) and repacks a cursor only when it moves, and reads the reply raw,
-without redis-py's per-entry dictionaries.
+the reader more than the entries it brought back; the hub keeps each stream's name packed (a RESP
+bulk string), packs the cursors of the streams it reads only, and reads the reply raw, without
+redis-py's per-entry dictionaries.
 """
 
 from __future__ import annotations
@@ -167,16 +167,15 @@ class _Watched:
 
     name: bytes  # packed
     cursor: str
-    after: bytes  # the cursor, packed
     next_id: str | None  # the id of the entry after the cursor, if a notice line may be taken as it
     subscriptions: set[Subscription] = field(default_factory=set)
 
     @classmethod
     def at(cls, stream: str, cursor: str) -> _Watched:
-        return cls(_bulk(stream), cursor, _bulk(cursor), _next_id(cursor))
+        return cls(_bulk(stream), cursor, _next_id(cursor))
 
     def advance(self, cursor: str) -> None:
-        self.cursor, self.after, self.next_id = cursor, _bulk(cursor), _next_id(cursor)
+        self.cursor, self.next_id = cursor, _next_id(cursor)
 
     def holds(self, entry_id: str) -> bool:
         """Whether the entry was handed out already: its id is not past the cursor."""
@@ -347,7 +346,7 @@ class StreamHub:
                 b"*%d\r\n" % (4 + 2 * len(due)),
                 *map(_bulk, ("XREAD", "COUNT", str(HUB_READ_COUNT), "STREAMS")),
                 *[stream.name for stream in due],
-                *[stream.after for stream in due],
+                *[_bulk(stream.cursor) for stream in due],
             ]
         )
         await connection.send_packed_command(command)

@@ -200,10 +200,10 @@ class Relay:
         refused. A finished job has nothing after its terminal event, so there such a cursor is
         simply at the end.
         """
-        state, info = await self._state_and_stream(job_id)
+        state, info = await self._state_and_stream(job_id, owner)
         if not state.terminal and _past(cursor, info):
             with self.open_streams.hold(owner, limits):
-                state, info = await self._until_reached(job_id, cursor, info)
+                state, info = await self._until_reached(job_id, owner, cursor, info)
             if _past(cursor, info):
                 raise InvalidRequest(
                     f"cursor {cursor} is past the job's last event {info['last-generated-id']}: "
@@ -217,7 +217,7 @@ class Relay:
         return state, _id_tuple(cursor) >= _id_tuple(info["last-generated-id"])
 
     async def _until_reached(
-        self, job_id: str, cursor: str, info: dict[str, Any]
+        self, job_id: str, owner: str, cursor: str, info: dict[str, Any]
     ) -> tuple[JobState, dict[str, Any]]:
         """The job's state and stream once the stream has reached `cursor`, the job has ended, or
         `AHEAD_WAIT_SECONDS` have passed.
@@ -233,24 +233,25 @@ class Relay:
         while True:
             async with self.hub.subscribe(stream, info["last-generated-id"], DEFAULT_BATCH_BYTES) as woken:
                 while not woken.lagged:  # a dropped subscription is made again
-                    state, info = await self._state_and_stream(job_id)
+                    state, info = await self._state_and_stream(job_id, owner)
                     if state.terminal or not _past(cursor, info) or loop.time() >= deadline:
                         return state, info
                     await woken.wait(deadline - loop.time())
                     woken.take()
 
-    async def _state_and_stream(self, job_id: str) -> tuple[JobState, dict[str, Any]]:
-        """The job's state and XINFO of its stream; 404 for an unknown job.
+    async def _state_and_stream(self, job_id: str, owner: str) -> tuple[JobState, dict[str, Any]]:
+        """The job's state and XINFO of its stream; 404 for an unknown job or another owner's, which
+        the events route leaves to this one round trip (a long-poll makes one a batch of events).
 
         The status is read before the stream: the script that ends a job writes both, so a job read
         as ended has its terminal event in what follows. (Not in MULTI: a Redis out of memory
         refuses every command queued in one, reads included.)"""
         with redis_errors():
             async with self.redis.pipeline(transaction=False) as pipe:
-                pipe.hget(self.keys.job(job_id), "status")
+                pipe.hmget(self.keys.job(job_id), ["status", "owner"])
                 pipe.xinfo_stream(self.keys.stream(job_id))
-                status, info = await pipe.execute(raise_on_error=False)
-        if status is None or isinstance(info, Exception):
+                (status, recorded), info = await pipe.execute(raise_on_error=False)
+        if status is None or recorded != owner or isinstance(info, Exception):
             raise JobNotFound(f"no job {job_id}")
         return JobState(status), info
 

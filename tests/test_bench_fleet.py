@@ -193,3 +193,12 @@ def test_the_levels_run_the_streams_at_the_fixed_rate_then_raise_it_until_one_is
     assert next_level(plan, [level()] * 3) == (250, 8000.0)
     assert next_level(plan, [level()] * 3 + [level(0.050)]) is None
     assert next_level(plan, [level()] * 5) is None  # rate_levels reached
+
+
+def test_the_sizing_takes_the_costs_per_event_of_the_level_with_the_most_streams() -> None:
+    """256 jobs x 30 tokens/s is 7,680 events/s; at 30 µs of Redis an event a worker takes 0.230 of a
+    core, so three fit in 70 %; at 50 µs of gateway CPU an event it takes 0.5 of a gateway process."""
+    text = section(run_of(replace(level(), streams=250), level()))
+    row = next(line for line in text if line.startswith("| 256 jobs x 30 tokens/s |"))
+    assert row == "| 256 jobs x 30 tokens/s | 7,680 | 30.0 | 0.230 | 3 | 50.0 | 0.5 |"
+    assert any("at the costs of the 1000-stream level" in line for line in text)

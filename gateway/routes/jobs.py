@@ -9,7 +9,7 @@ from fastapi import APIRouter, Header, Query, Request, Response
 from fastapi.responses import JSONResponse
 
 from gateway.auth import REQUIRE_KEY, Owner
-from gateway.deps import OwnedJobId, ServicesDep
+from gateway.deps import JobId, OwnedJobId, ServicesDep
 from gateway.errors import documented
 from gateway.generation import JOB_ID_HEADER
 from gateway.relay import NOT_HELD, START, StreamLimits, parse_cursor
@@ -142,7 +142,7 @@ async def job_webhook(job_id: OwnedJobId, services: ServicesDep) -> WebhookDeliv
     responses={200: {"content": EVENTS_CONTENT}, **documented(404, 410, 429)},
 )
 async def job_events(
-    job_id: OwnedJobId,
+    job_id: JobId,
     owner: Owner,
     request: Request,
     services: ServicesDep,

@@ -136,7 +136,7 @@ async def test_waiting_long_polls_hold_no_redis_connection_each(redis_url: str, 
     jobs = [uuid.uuid4().hex for _ in range(20)]
     cursors = [await _append(pool, polling, job_id, "status") for job_id in jobs]
     for job_id in jobs:
-        await pool.hset(polling.keys.job(job_id), "status", "running")
+        await pool.hset(polling.keys.job(job_id), mapping={"status": "running", "owner": ANONYMOUS_OWNER})
     try:
         pages = [
             asyncio.create_task(polling.page(job_id, cursor, 10, 30, ANONYMOUS_OWNER, LIMITS))
@@ -161,7 +161,7 @@ async def test_waiting_long_polls_hold_no_redis_connection_each(redis_url: str, 
 async def test_a_long_poll_with_nothing_new_answers_empty_once_its_wait_is_over(relay: Relay) -> None:
     job_id = uuid.uuid4().hex
     cursor = await _append(relay.redis, relay, job_id, "status")
-    await relay.redis.hset(relay.keys.job(job_id), "status", "running")
+    await relay.redis.hset(relay.keys.job(job_id), mapping={"status": "running", "owner": ANONYMOUS_OWNER})
     loop = asyncio.get_running_loop()
     began = loop.time()
     entries, state, done = await relay.page(job_id, cursor, 10, 0.3, ANONYMOUS_OWNER, LIMITS)
