@@ -263,7 +263,7 @@ class Relay:
         one already at the end of a finished job ends at once."""
         state, at_end = await self.check(job_id, cursor, owner, limits)
         hold = self.open_streams.hold(owner, limits)
-        following = self.follow(job_id, cursor, limits.batch_bytes)
+        following = self.follow(job_id, cursor, limits.batch_bytes, at_end=at_end)
         if state.terminal and at_end:
             following.stop()
         return following, hold
@@ -304,7 +304,7 @@ class Relay:
         answers it at once (the client polls again, elsewhere, from the same cursor). A waiting
         poll counts as an open stream.
         """
-        following = self.follow(job_id, cursor, limits.batch_bytes)
+        following = self.follow(job_id, cursor, limits.batch_bytes, at_end=True)
         with self.open_streams.hold(owner, limits), self.open_streams.open(following):
             async with aclosing(following.batches(wait)) as batches:
                 async for batch in batches:
@@ -323,14 +323,18 @@ class Relay:
             raise JobNotFound(f"no job {job_id}")
         return JobState(status).terminal and not await self.read(job_id, cursor, 1)
 
-    def follow(self, job_id: str, cursor: str, batch_bytes: int = DEFAULT_BATCH_BYTES) -> Following:
+    def follow(
+        self, job_id: str, cursor: str, batch_bytes: int = DEFAULT_BATCH_BYTES, *, at_end: bool = False
+    ) -> Following:
         """Every entry after `cursor`, as it is appended, up to and including the terminal event,
         about `batch_bytes` at most at a time; whoever answers with it holds its place among the open
         readers (`OpenStreams.hold`).
 
         `cursor` is the start, or one `check` has let through (`open` does both): the hub must
-        never be asked to watch a stream from past its end."""
-        return Following(self, job_id, cursor, batch_bytes)
+        never be asked to watch a stream from past its end. `at_end`: a read just found nothing after
+        `cursor`, so the follow subscribes at once, without reading the stream first (the hub reads
+        a stream it begins to watch, and what came since that read is in that one)."""
+        return Following(self, job_id, cursor, batch_bytes, at_end)
 
 
 class Following:
@@ -338,12 +342,13 @@ class Following:
     gives as many as have arrived together. A cursor already at or past the terminal event
     ends the follow at once; `stop` ends it early (the client left, or the gateway stops)."""
 
-    def __init__(self, relay: Relay, job_id: str, cursor: str, batch_bytes: int) -> None:
+    def __init__(self, relay: Relay, job_id: str, cursor: str, batch_bytes: int, at_end: bool) -> None:
         self.relay = relay
         self.job_id = job_id
         self.cursor = cursor
         self.batch_bytes = batch_bytes
         self.stopped = False
+        self._at_end = at_end  # the first catch-up read is skipped (`Relay.follow`)
         self._subscription: Subscription | None = None
 
     def stop(self) -> None:
@@ -392,7 +397,11 @@ class Following:
         """What the stream already holds after the cursor, with plain (non-blocking) reads of about
         `batch_bytes` each: each read's count follows the size of the entries the last one brought
         (a delta with 20 logprobs a token is ten times a plain one), so that a reader that cannot
-        keep up holds a bounded number of bytes, not of entries."""
+        keep up holds a bounded number of bytes, not of entries. Nothing at first for a follow
+        known to be at the end (`Relay.follow`); a follow dropped for lagging reads from then on."""
+        if self._at_end:
+            self._at_end = False
+            return
         cursor, count = self.cursor, FIRST_READ
         while not self.stopped:
             entries = await self.relay.read(self.job_id, cursor, count)

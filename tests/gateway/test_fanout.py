@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import uuid
-from collections.abc import Collection
+from collections.abc import AsyncIterator, Collection
 from typing import Any
 
 import pytest
@@ -168,6 +169,34 @@ async def test_a_long_poll_with_nothing_new_answers_empty_once_its_wait_is_over(
     assert loop.time() - began >= 0.3
     assert (entries, state, done) == ([], JobState.running, False)
     assert relay.hub.streams == 0  # the poll's subscription ended with it
+
+
+async def test_a_long_poll_at_the_tip_waits_on_the_hub_without_reading_the_stream_itself(
+    relay: Relay, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The poll's check found the cursor at the stream's end: what comes after it, the hub brings
+    (one round trip a poll fewer), also what came between the check and the subscription."""
+    job_id = uuid.uuid4().hex
+    cursor = await _append(relay.redis, relay, job_id, "status")
+    await relay.redis.hset(relay.keys.job(job_id), mapping={"status": "running", "owner": ANONYMOUS_OWNER})
+    reads: list[str] = []
+    read, subscribe = relay.read, relay.hub.subscribe
+
+    async def counted(job_id: str, cursor: str, count: int) -> list[Entry]:
+        reads.append(cursor)
+        return await read(job_id, cursor, count)
+
+    @contextlib.asynccontextmanager
+    async def late(stream: str, cursor: str, max_bytes: int) -> AsyncIterator[Subscription]:
+        await relay.redis.xadd(stream, {"type": "delta", "data": "{}"})  # no notice: only a read finds it
+        async with subscribe(stream, cursor, max_bytes) as subscription:
+            yield subscription
+
+    monkeypatch.setattr(relay, "read", counted)
+    monkeypatch.setattr(relay.hub, "subscribe", late)
+    entries, state, done = await relay.page(job_id, cursor, 10, 30, ANONYMOUS_OWNER, LIMITS)
+    assert [entry.id for entry in entries] == (await _stored(relay, job_id))[1:]
+    assert (state, done, reads) == (JobState.running, False, [])
 
 
 async def test_a_stream_followed_right_after_the_last_one_left_is_heard_at_once(
