@@ -20,9 +20,10 @@ script answers `existing` for a record that is there.
 from __future__ import annotations
 
 import hashlib
-from typing import Any, Literal
+from typing import Any, Generic, Literal, TypeVar
 
 from pydantic import BaseModel, Field
+from typing_extensions import Self
 
 BATCH_SHARE_PREFIX = "batch:"
 FILE_ID_PREFIX = "file-"
@@ -62,12 +63,27 @@ class FileObject(BaseModel):
     status_details: str | None = None
 
 
-class FileList(BaseModel):
+Item = TypeVar("Item", "FileObject", "BatchObject")
+
+
+class Page(BaseModel, Generic[Item]):
+    """A page of a list, as OpenAI's cursor pages (`SyncCursorPage`) read it."""
+
     object: Literal["list"] = "list"
-    data: list[FileObject]
+    data: list[Item]
     first_id: str | None = None
     last_id: str | None = None
     has_more: bool = False
+
+    @classmethod
+    def of(cls, items: list[Item], more: bool) -> Self:
+        """`items`, and whether more follow the last."""
+        first, last = (items[0].id, items[-1].id) if items else (None, None)
+        return cls(data=items, first_id=first, last_id=last, has_more=more)
+
+
+class FileList(Page[FileObject]):
+    pass
 
 
 class FileDeleted(BaseModel):
@@ -123,12 +139,8 @@ class BatchObject(BaseModel):
     metadata: dict[str, str] | None = None
 
 
-class BatchList(BaseModel):
-    object: Literal["list"] = "list"
-    data: list[BatchObject]
-    first_id: str | None = None
-    last_id: str | None = None
-    has_more: bool = False
+class BatchList(Page[BatchObject]):
+    pass
 
 
 class BatchCreate(BaseModel):

@@ -4,12 +4,12 @@ in bytes and lines, so that a gateway never holds more than a chunk and one line
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from email.message import Message
 
 from python_multipart.multipart import MultipartParser, parse_options_header
 
-from gateway.files.jsonl import LineError, LineSplitter
+from gateway.files.jsonl import Line, LineError, LineSplitter
 from shared.errors import BodyTooLarge, InvalidRequest
 
 FILE_FIELD = "file"
@@ -87,21 +87,22 @@ class Upload:
         self._size += len(chunk)
         if self._size > self.max_bytes:
             raise BodyTooLarge(f"the file is larger than {self.max_bytes} bytes (max_file_bytes)")
+        self._check(self.lines.feed(chunk))
+        return chunk
+
+    def _check(self, lines: Iterable[Line]) -> None:
+        """Each line JSON, and no more of them than `max_lines`."""
         try:
-            for line in self.lines.feed(chunk):
-                self._check_line(line.number)
+            for line in lines:
+                if line.number > self.max_lines:
+                    raise InvalidRequest(
+                        f"the file holds more than {self.max_lines} lines (max_file_lines)", param="file"
+                    )
                 line.parsed()
         except LineError as exc:
             raise InvalidRequest(
                 f"the file is no JSONL batch input: {exc}", param="file", line=exc.line
             ) from None
-        return chunk
-
-    def _check_line(self, number: int) -> None:
-        if number > self.max_lines:
-            raise InvalidRequest(
-                f"the file holds more than {self.max_lines} lines (max_file_lines)", param="file"
-            )
 
     async def file_chunks(self) -> AsyncIterator[bytes]:
         """The file part's bytes as they arrive, each line checked; the form's other fields are read
@@ -113,14 +114,7 @@ class Upload:
         self._parser.finalize()
         for part in self._take():
             yield self._checked(part)
-        try:
-            for line in self.lines.finish():
-                self._check_line(line.number)
-                line.parsed()
-        except LineError as exc:
-            raise InvalidRequest(
-                f"the file is no JSONL batch input: {exc}", param="file", line=exc.line
-            ) from None
+        self._check(self.lines.finish())
         if self.filename is None:
             raise InvalidRequest("file: a file is required", param="file")
         if self.lines.number == 0:

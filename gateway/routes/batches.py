@@ -45,13 +45,7 @@ async def list_batches(
     limit: Annotated[int, Query(ge=1, le=100)] = 20,
 ) -> BatchList:
     """The key's batches, newest first; a page of `limit` after the batch `after`."""
-    batches, more = await services.batches.of_owner(owner, after, limit)
-    return BatchList(
-        data=batches,
-        first_id=batches[0].id if batches else None,
-        last_id=batches[-1].id if batches else None,
-        has_more=more,
-    )
+    return BatchList.of(*await services.batches.of_owner(owner, after, limit))
 
 
 @router.post("/{batch_id}/cancel", response_model=BatchObject)

@@ -70,13 +70,7 @@ async def list_files(
     purpose: Annotated[str | None, Query(max_length=64)] = None,
 ) -> FileList:
     """The key's files, newest first unless `order=asc`; a page of `limit` after the file `after`."""
-    files, more = await services.files.of_owner(owner, after, limit, order == "asc", purpose)
-    return FileList(
-        data=files,
-        first_id=files[0].id if files else None,
-        last_id=files[-1].id if files else None,
-        has_more=more,
-    )
+    return FileList.of(*await services.files.of_owner(owner, after, limit, order == "asc", purpose))
 
 
 @router.get("/{file_id}", response_model=FileObject)
