@@ -31,7 +31,7 @@ def help_flags(command: str, capsys: pytest.CaptureFixture[str]) -> set[str]:
     with pytest.raises(SystemExit) as exit_info:
         cli.main([command, "--help"])
     assert exit_info.value.code == 0
-    return set(re.findall(r"(?<![\w-])--[a-z][a-z-]*", capsys.readouterr().out))
+    return set(re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", capsys.readouterr().out))
 
 
 def test_flags_map_to_settings_fields(monkeypatch: pytest.MonkeyPatch) -> None:
