@@ -4,7 +4,8 @@ compared with both, so that a machine that drifts during the run shows as the ga
 shut down before the worker starts: on 2 cores two engines must never run during a measurement. vLLM's
 own server is measured the same way around streampool (A, B, A): before the worker starts, and again
 once it has stopped. The fleet (`bench.fleet`: workers on the synthetic engine, several gateways, a
-client for every job) runs last, once no engine is alive."""
+client for every job) runs last, once no engine is alive. `--only-generate` runs the row of
+`/inference/v1/generate` beside vLLM's server alone, and puts it into RESULTS.md in place."""
 
 from __future__ import annotations
 
