@@ -247,11 +247,11 @@ def only_generate(quick: bool, redis_url: str | None) -> None:
             serving, placement = system.start_system(settings, logs, redis_server, children)
             side = generate_side("streampool", system.base_url(settings), settings, plan, logs, progress)
             results.generate_streampool = uvloop.run(side)
-            while children:
-                children.pop().stop()
+            children.pop().stop()  # the worker, then the gateway once it has every core again, as in `main`
             if placement is not None:
                 for process in serving:
                     cpu_placement.bind(process, placement[0])
+            children.pop().stop()
             results.generate_vllm += vllm_side(settings, plan, logs, progress, 2, [generate_side])
     finally:
         for child in children:
