@@ -51,6 +51,8 @@ class Results:
     peer_streampool: PeerRun | None = None
     peer_input_len: int = 0
     peer_output_len: int = 0
+    generate_vllm: list[PeerRun] = field(default_factory=list)  # /inference/v1/generate, as peer_vllm
+    generate_streampool: PeerRun | None = None
     fleet: FleetRun | None = None
     minutes: float = 0.0
 
@@ -162,16 +164,16 @@ class PeerComparison:
         return self.ratio("ttft_p50") <= 1.10
 
 
-def _peer_comparisons(results: Results) -> list[PeerComparison]:
-    if results.peer_streampool is None or not results.peer_vllm:
+def _peer_comparisons(vllm_runs: list[PeerRun], streampool: PeerRun | None) -> list[PeerComparison]:
+    if streampool is None or not vllm_runs:
         return []
     return [
-        PeerComparison(level.concurrency, [run.levels[index] for run in results.peer_vllm], level)
-        for index, level in enumerate(results.peer_streampool.levels)
+        PeerComparison(level.concurrency, [run.levels[index] for run in vllm_runs], level)
+        for index, level in enumerate(streampool.levels)
     ]
 
 
-def _peer_table(results: Results) -> list[str]:
+def _peer_table(vllm_runs: list[PeerRun], streampool: PeerRun | None) -> list[str]:
     lines = [
         "| concurrency | requests done / failed, vLLM (runs) / streampool | output tok/s vLLM (runs) "
         "| output tok/s streampool | ratio | TTFT p50 vLLM / streampool (diff), ms "
@@ -179,7 +181,7 @@ def _peer_table(results: Results) -> list[str]:
         "| ITL p99 vLLM / streampool, ms |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
-    for c in _peer_comparisons(results):
+    for c in _peer_comparisons(vllm_runs, streampool):
         runs = " / ".join(f"{level.output_tokens_per_second:.1f}" for level in c.vllm_runs)
         counts = " / ".join(f"{level.completed}-{level.failed}" for level in [*c.vllm_runs, c.streampool])
         sp = c.streampool
@@ -194,10 +196,18 @@ def _peer_table(results: Results) -> list[str]:
     return lines
 
 
-def _peer_targets(results: Results) -> list[str]:
-    comparisons = _peer_comparisons(results)
+CHAT_ROW = ""
+"""How the targets of the row of vLLM's benchmark client (section 7) begin: as they always have."""
+GENERATE_ROW = "tokens in, tokens out (`/inference/v1/generate`): "
+"""How the targets of the row of `/inference/v1/generate` (section 7b) begin."""
+
+
+def _peer_targets(vllm_runs: list[PeerRun], streampool: PeerRun | None, row: str, section: str) -> list[str]:
+    """The three targets of one row beside vLLM's server, the same for every route."""
+    comparisons = _peer_comparisons(vllm_runs, streampool)
+    labels = _peer_target_labels(row, section)
     if not comparisons:
-        return ["| streampool beside vLLM's server (section 7) | not run | **missed** |"]
+        return [f"| {labels[0]} | not run | **missed** |"]
 
     tps = ", ".join(f"{c.concurrency}: {c.ratio('output_tokens_per_second'):.3f}" for c in comparisons)
     itl = ", ".join(f"{c.concurrency}: {c.ratio('itl_p50'):.3f}" for c in comparisons)
@@ -207,13 +217,60 @@ def _peer_targets(results: Results) -> list[str]:
         for c in comparisons
     )
     return [
-        "| output tokens/s streampool / vLLM's server >= 0.97 at 1, 8, 32 requests (section 7) "
-        f"| {tps} | {_verdict(all(c.throughput_met() for c in comparisons))} |",
-        f"| ITL p50 streampool / vLLM's server <= 1.03 | {itl} "
-        f"| {_verdict(all(c.itl_met() for c in comparisons))} |",
-        "| TTFT p50 streampool minus vLLM's server <= 10 ms at 1, ratio <= 1.10 at 8 and 32 "
-        f"| {ttft} | {_verdict(all(c.ttft_met() for c in comparisons))} |",
+        f"| {labels[0]} | {tps} | {_verdict(all(c.throughput_met() for c in comparisons))} |",
+        f"| {labels[1]} | {itl} | {_verdict(all(c.itl_met() for c in comparisons))} |",
+        f"| {labels[2]} | {ttft} | {_verdict(all(c.ttft_met() for c in comparisons))} |",
     ]
+
+
+def _peer_target_labels(row: str, section: str) -> list[str]:
+    return [
+        f"{row}output tokens/s streampool / vLLM's server >= 0.97 at 1, 8, 32 requests (section {section})",
+        f"{row}ITL p50 streampool / vLLM's server <= 1.03",
+        f"{row}TTFT p50 streampool minus vLLM's server <= 10 ms at 1, ratio <= 1.10 at 8 and 32",
+    ]
+
+
+GENERATE_HEADING = "## 7b. Tokens in, tokens out beside vLLM's own server (`/inference/v1/generate`)"
+
+
+def generate_section(results: Results) -> list[str]:
+    """Section 7b, from a run of `make bench` or of `python -m bench.run --only-generate`."""
+    if results.generate_streampool is None:
+        return [GENERATE_HEADING, "", "Not measured in this run.", ""]
+    return [
+        GENERATE_HEADING,
+        "",
+        f"Measured by `{results.command}` ({results.mode} mode). The same arrangement as section 7 (vLLM's"
+        " server, streampool, vLLM's server again; in `make bench`, right after section 7's client on the"
+        " same servers),"
+        " with `bench/generate_client.py` on both sides, as vLLM's benchmark client has no backend for this"
+        f" route: streamed requests of {results.peer_input_len} random token ids from the model's"
+        f" vocabulary (seed 0), {results.peer_output_len} output tokens each (`ignore_eos`), temperature 0,"
+        " one warm-up request per level. TTFT to the first chunk with token ids; ITL is each later"
+        " chunk's gap spread over its tokens (a chunk without tokens, such as one that only ends a"
+        " choice, is no gap); percentiles are nearest-rank. Done-failed counts per side.",
+        "",
+        *_peer_table(results.generate_vllm, results.generate_streampool),
+        "",
+    ]
+
+
+def write_generate(results: Results, out: Path) -> Path:
+    """Put a run of the generate row alone into results.json (its `generate_vllm` and
+    `generate_streampool`) and RESULTS.md (section 7b and its targets) in place, as `write_fair_share`
+    does; answers RESULTS.md's path."""
+    raw_path, path = out / "results.json", out / "RESULTS.md"
+    raw = json.loads(raw_path.read_text())
+    raw["generate_vllm"] = [dataclasses.asdict(run) for run in results.generate_vllm]
+    raw["generate_streampool"] = dataclasses.asdict(results.generate_streampool or PeerRun(""))
+    raw_path.write_text(json.dumps(raw, indent=1, default=str))
+    lines = _put_section(path.read_text().splitlines(), generate_section(results), FAIR_SHARE_HEADING)
+    targets = _peer_targets(results.generate_vllm, results.generate_streampool, GENERATE_ROW, "7b")
+    for row, label in zip(targets, _peer_target_labels(GENERATE_ROW, "7b"), strict=False):
+        lines = _put_target(lines, row, label)
+    path.write_text("\n".join(lines) + "\n")
+    return path
 
 
 FAIR_SHARE_TARGET_LABEL = (
@@ -294,9 +351,9 @@ def fair_share_section(fair: FairShare | None) -> list[str]:
     return [*lines, ""]
 
 
-def _put_section(lines: list[str], section: list[str]) -> list[str]:
+def _put_section(lines: list[str], section: list[str], before: str = "## Notes") -> list[str]:
     """`lines` with `section` in place of the one under the same heading (up to the next heading, or to
-    a paragraph written by hand, which stays), or else before the notes."""
+    a paragraph written by hand, which stays), or else before the heading `before` (the notes')."""
     heading = section[0]
     if heading in lines:
         begins = lines.index(heading)
@@ -309,7 +366,7 @@ def _put_section(lines: list[str], section: list[str]) -> list[str]:
             len(lines),
         )
     else:
-        begins = ends = lines.index("## Notes") if "## Notes" in lines else len(lines)
+        begins = ends = lines.index(before) if before in lines else len(lines)
     return [*lines[:begins], *section, *lines[ends:]]
 
 
@@ -493,7 +550,8 @@ def _targets(results: Results, facts: dict[str, Any]) -> list[str]:
         f"p50/p99 to the `cancelled` event | {_verdict(0 <= facts['cancel_steps_max'] <= 2)} |",
         f"| Redis round trips per engine step per worker = 1 | {rtt} "
         f"| {_verdict(all(c.round_trips_per_step <= 1.05 for c in results.step_costs))} |",
-        *_peer_targets(results),
+        *_peer_targets(results.peer_vllm, results.peer_streampool, CHAT_ROW, "7"),
+        *_peer_targets(results.generate_vllm, results.generate_streampool, GENERATE_ROW, "7b"),
         _fair_share_target(results.fair_share),
     ]
 
@@ -591,15 +649,17 @@ def render(results: Results, plots: list[str], extra_notes: list[str]) -> list[s
         "",
         "## 7. streampool beside vLLM's own server, vLLM's benchmark client on both",
         "",
-        "vLLM's server (`python -m vllm.entrypoints.openai.api_server`, the worker's engine arguments), then",
+        "vLLM's server (`python -m vllm.entrypoints.openai.api_server`, the worker's engine arguments and",
+        "`--enable-scale-out`), then",
         "streampool (gateway, Redis, worker), then vLLM's server again: one engine alive at a time. The",
         "client is `vllm.benchmarks.serve` unchanged: `openai` backend on /v1/completions, random dataset",
         f"(seed 0) of {results.peer_input_len}-token prompts, {results.peer_output_len} output tokens each"
         " (`ignore_eos`), temperature 0, one warm-up request per level. vLLM's figures are the mean of its",
         "two runs (each run in brackets; their gap is the machine's drift). Done-failed counts per side.",
         "",
-        *_peer_table(results),
+        *_peer_table(results.peer_vllm, results.peer_streampool),
         "",
+        *generate_section(results),
         *fair_share_section(results.fair_share),
         *fleet_section(results.fleet),
         "## Notes",

@@ -5,7 +5,8 @@ shut down before the worker starts: on 2 cores two engines must never run during
 own server is measured the same way around streampool (A, B, A): before the worker starts, and again
 once it has stopped. The fleet (`bench.fleet`: workers on the synthetic engine, several gateways, a
 client for every job) runs once no engine is alive, and a batch beside interactive work
-(`bench.batch`, synthetic engine) last."""
+(`bench.batch`, synthetic engine) last. `--only-generate` runs the row of `/inference/v1/generate`
+beside vLLM's server alone, and puts it into RESULTS.md in place."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import shlex
 import sys
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -35,6 +37,7 @@ from bench import (
     first_token,
     fleet,
     full_path,
+    generate_client,
     peer,
     pickup,
     redis_probe,
@@ -44,7 +47,7 @@ from bench import (
 )
 from bench.fleet_figures import FleetPlan
 from bench.jobclient import client
-from bench.report import Results, write
+from bench.report import Results, write, write_generate
 from shared.config import Settings
 from shared.jobstore import JobStore
 from shared.keys import Keys
@@ -133,13 +136,17 @@ def _has(distribution: str) -> bool:
 async def engine_phases(
     settings: Settings, plan: Plan, results: Results, logs: Path, progress: Progress, worker: psutil.Process
 ) -> None:
-    """vLLM's benchmark client, full path, pickup, fair sharing, cancel and Redis cost per step, against
-    one gateway and one worker (`worker`: its process, which the fair sharing phase holds at times)."""
+    """vLLM's benchmark client, tokens in and tokens out, full path, pickup, fair sharing, cancel and Redis
+    cost per step, against one gateway and one worker (`worker`: its process, which the fair sharing phase
+    holds at times)."""
     streams = sum(c * r for c, r in plan.levels)
     sync_redis = redis.Redis.from_url(settings.redis_url, decode_responses=True)
     async_redis = aioredis.Redis.from_url(settings.redis_url, decode_responses=True)
     store = JobStore(async_redis, Keys(settings.key_prefix), settings)
     results.peer_streampool = await peer_side(
+        "streampool", system.base_url(settings), settings, plan, logs, progress
+    )
+    results.generate_streampool = await generate_side(
         "streampool", system.base_url(settings), settings, plan, logs, progress
     )
     async with client(system.base_url(settings)) as http:
@@ -186,9 +193,26 @@ async def peer_side(
     )
 
 
-def vllm_side(settings: Settings, plan: Plan, logs: Path, progress: Progress, run: int) -> peer.PeerRun:
+async def generate_side(
+    side: str, base_url: str, settings: Settings, plan: Plan, logs: Path, progress: Progress
+) -> peer.PeerRun:
+    """`/inference/v1/generate` at the levels of vLLM's benchmark client, by `generate_client`."""
+    task = progress.add_task(f"tokens in, tokens out, {side}: levels", total=len(plan.peer_plan.levels))
+    return await generate_client.run(
+        side, base_url, settings.model, settings.model_name, plan.peer_plan, lambda: progress.advance(task)
+    )
+
+
+Side = Callable[[str, str, Settings, Plan, Path, Progress], Awaitable[peer.PeerRun]]
+"""One row's client against one server: `peer_side` or `generate_side`."""
+
+
+def vllm_side(
+    settings: Settings, plan: Plan, logs: Path, progress: Progress, run: int, rows: list[Side]
+) -> list[peer.PeerRun]:
     """vLLM's own server, the only engine alive, with this process (its client) on the cores the server
-    keeps off its model runner's, as streampool's gateway and Redis are during its turn."""
+    keeps off its model runner's, as streampool's gateway and Redis are during its turn; each row's
+    client in turn against it."""
     port = system.free_port()
     server = vllm_server.start_server(settings, port, logs, f"vllm-server-{run}")
     me, placement = psutil.Process(), None
@@ -196,14 +220,53 @@ def vllm_side(settings: Settings, plan: Plan, logs: Path, progress: Progress, ru
         progress.console.print(f"waiting for vLLM's server (run {run})")
         vllm_server.wait_ready(port, server)
         placement = system.share_worker_cores(server, [me])
-        side = peer_side(
-            f"vLLM's server, run {run}", f"http://127.0.0.1:{port}", settings, plan, logs, progress
-        )
-        return uvloop.run(side)
+        url = f"http://127.0.0.1:{port}"
+
+        async def sides() -> list[peer.PeerRun]:
+            side = f"vLLM's server, run {run}"
+            return [await row(side, url, settings, plan, logs, progress) for row in rows]
+
+        return uvloop.run(sides())
     finally:
         vllm_server.stop(server)
         if placement is not None:
             cpu_placement.bind(me, placement[0])
+
+
+def only_generate(quick: bool, redis_url: str | None) -> None:
+    """The row of `/inference/v1/generate` alone (vLLM's server, streampool, vLLM's server again), its
+    section and targets put into RESULTS.md and results.json in place (`report.write_generate`)."""
+    plan = QUICK if quick else FULL
+    logs = Path(tempfile.mkdtemp(prefix="streampool-bench-generate-"))
+    redis_server, url = (None, redis_url) if redis_url else system.start_redis(logs)
+    settings = system.bench_settings(url)
+    command = shlex.join(["python", "-m", "bench.run", *sys.argv[1:]])
+    results = Results(command, "quick" if quick else "full", {}, plan.max_tokens)
+    results.peer_input_len, results.peer_output_len = plan.peer_plan.input_len, plan.peer_plan.output_len
+    children: list[system.Child] = []
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    try:
+        with Progress(*columns) as progress:
+            results.generate_vllm += vllm_side(settings, plan, logs, progress, 1, [generate_side])
+            progress.console.print("waiting for the gateway and the worker's engine")
+            serving, placement = system.start_system(settings, logs, redis_server, children)
+            side = generate_side("streampool", system.base_url(settings), settings, plan, logs, progress)
+            results.generate_streampool = uvloop.run(side)
+            children.pop().stop()  # the worker, then the gateway once it has every core again, as in `main`
+            if placement is not None:
+                for process in serving:
+                    cpu_placement.bind(process, placement[0])
+            children.pop().stop()
+            results.generate_vllm += vllm_side(settings, plan, logs, progress, 2, [generate_side])
+    finally:
+        for child in children:
+            child.stop()
+        delete_prefix(url, settings.key_prefix)
+        if redis_server is not None:
+            redis_server.terminate()
+            redis_server.wait()
+    path = write_generate(results, OUT)
+    print(f"wrote section 7b of {path} and its targets (logs: {logs})")
 
 
 def in_process(settings: Settings, plan: Plan, progress: Progress, when: str) -> engine_baseline.EngineRun:
@@ -219,7 +282,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="a smoke run of a few minutes")
     parser.add_argument("--redis-url", help="use this Redis instead of a private redis-server")
+    parser.add_argument(
+        "--only-generate",
+        action="store_true",
+        help="only the row of /inference/v1/generate beside vLLM's server, written into RESULTS.md in place",
+    )
     args = parser.parse_args()
+    if args.only_generate:
+        only_generate(args.quick, args.redis_url)
+        return
     plan = QUICK if args.quick else FULL
     began = time.monotonic()
     logs = Path(tempfile.mkdtemp(prefix="streampool-bench-"))
@@ -234,7 +305,9 @@ def main() -> None:
     try:
         with Progress(*columns) as progress:
             results.in_process.append(in_process(settings, plan, progress, "before the system"))
-            results.peer_vllm.append(vllm_side(settings, plan, logs, progress, 1))
+            chat, generate = vllm_side(settings, plan, logs, progress, 1, [peer_side, generate_side])
+            results.peer_vllm.append(chat)
+            results.generate_vllm.append(generate)
             leftovers = [f"{p.name()} ({p.status()})" for p in psutil.Process().children(recursive=True)]
             notes.append(f"- This process's children when the worker started: {', '.join(leftovers)}.")
             progress.console.print("waiting for the gateway and the worker's engine")
@@ -249,7 +322,9 @@ def main() -> None:
             if placement is not None:  # the relay phase has every core
                 for process in serving:
                     cpu_placement.bind(process, placement[0])
-            results.peer_vllm.append(vllm_side(settings, plan, logs, progress, 2))
+            chat, generate = vllm_side(settings, plan, logs, progress, 2, [peer_side, generate_side])
+            results.peer_vllm.append(chat)
+            results.generate_vllm.append(generate)
             results.in_process.append(in_process(settings, plan, progress, "after the system"))
             task = progress.add_task("redis-benchmark XADD ceiling", total=2)
             key = Keys(settings.key_prefix).stream("redis-benchmark")

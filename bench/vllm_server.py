@@ -39,7 +39,8 @@ def server_flags(settings: Settings, port: int) -> list[str]:
     from worker.vllm_engine import engine_args  # heavy: imports vllm
 
     args = engine_args(settings)
-    flags = ["--host", "127.0.0.1", "--port", str(port), "--disable-uvicorn-access-log"]
+    # --enable-scale-out: the tokens-in/tokens-out route (`/inference/v1/generate`), 403 without it.
+    flags = ["--host", "127.0.0.1", "--port", str(port), "--disable-uvicorn-access-log", "--enable-scale-out"]
     for field in dataclasses.fields(args):
         value = getattr(args, field.name)
         default = (
