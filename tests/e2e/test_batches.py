@@ -4,7 +4,8 @@ what the gateways do with files and batches (their storage, their lifecycle, the
 generation; a batch on the real engine is in test_openai_client.py.
 
 A batch's line n runs as the job `line_job_id(batch, n)`: what ran is read from those records and from
-the tenant's totals, which count every job's end once.
+the tenant's totals, which count every job's end once. A third key's keys-file entry gives it a
+webhook secret and a default webhook, a receiver on loopback: its batches' ends are announced there.
 """
 
 from __future__ import annotations
@@ -17,22 +18,30 @@ import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import openai
 import pytest
 import redis
+from openai.types.responses import Response
+from openai.types.webhooks import (
+    BatchCancelledWebhookEvent,
+    BatchCompletedWebhookEvent,
+    BatchFailedWebhookEvent,
+)
 
 from cli.launcher import wait_healthy
 from shared.batches import line_job_id
 from shared.config import Settings
 from tests.conftest import SYSTEM_START_TIMEOUT, make_settings
+from tests.gateway.webhooks.receiver import Delivery, Receiver, new_secret, receiving
 from tests.helpers import eventually_sync
 from tests.processes import Processes, free_port
 from tests.redis_cleanup import delete_prefix
 
 MODEL = "smol"
 KEYS = ("key-a", "key-b")
+HOOKED_KEY = "key-hooked"
 ENDED = {"completed", "failed", "expired", "cancelled"}
 BATCH_DEADLINE_SECONDS = 90.0
 
@@ -79,14 +88,30 @@ class Deployment:
 
 
 @pytest.fixture(scope="module")
-def deployment(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
+def receiver() -> Iterator[Receiver]:
+    """The webhook receiver of `HOOKED_KEY`'s batches."""
+    with receiving(new_secret()) as receiver:
+        yield receiver
+
+
+@pytest.fixture(scope="module")
+def deployment(
+    redis_url: str, tmp_path_factory: pytest.TempPathFactory, receiver: Receiver
+) -> Iterator[Deployment]:
     """Two gateways and a synthetic worker serving `smol` at 100 steps a second, each answer as long as
     its `max_tokens`; batches' leases of two seconds, so that a takeover comes soon."""
     logs = tmp_path_factory.mktemp("batch-logs")
+    keys_file = tmp_path_factory.mktemp("batch-keys") / "keys.toml"
+    keys_file.write_text(
+        f'[[keys]]\nkey = "{HOOKED_KEY}"\nwebhook_secret = "{receiver.secret}"\n'
+        f'webhook_url = "{receiver.url}"\n'
+    )
     settings = make_settings(
         redis_url,
         host="127.0.0.1",
         api_keys=",".join(KEYS),
+        api_keys_file=keys_file,
+        webhook_allowed_prefixes=[receiver.url],
         engine="synthetic",
         served_model_name=MODEL,
         default_model=MODEL,
@@ -134,9 +159,18 @@ def upload(client: openai.OpenAI, lines: list[dict[str, Any]]) -> str:
     return client.files.create(file=("input.jsonl", data), purpose="batch").id
 
 
-def run_batch(client: openai.OpenAI, lines: list[dict[str, Any]]) -> openai.types.Batch:
+def response_line(custom_id: str) -> dict[str, Any]:
+    body = {"model": MODEL, "input": f"say {custom_id}", "max_output_tokens": 4}
+    return {"custom_id": custom_id, "method": "POST", "url": "/v1/responses", "body": body}
+
+
+def run_batch(
+    client: openai.OpenAI,
+    lines: list[dict[str, Any]],
+    endpoint: Literal["/v1/chat/completions", "/v1/responses"] = "/v1/chat/completions",
+) -> openai.types.Batch:
     return client.batches.create(
-        input_file_id=upload(client, lines), endpoint="/v1/chat/completions", completion_window="24h"
+        input_file_id=upload(client, lines), endpoint=endpoint, completion_window="24h"
     )
 
 
@@ -288,6 +322,55 @@ def test_a_cancel_mid_batch_stops_its_lines_cancels_its_running_jobs_and_keeps_w
         for n in range(1, fed + 1)
     }
     assert "cancelled" in states and states <= {"completed", "cancelled"}
+
+
+def test_a_batchs_end_is_announced_by_a_signed_webhook(deployment: Deployment, receiver: Receiver) -> None:
+    """A batch that completes, one that fails validation and one cancelled before it ran: each end
+    reaches the key's default webhook once, signed, as OpenAI's batch webhook event."""
+    client = deployment.client(key=HOOKED_KEY)
+    completing = run_batch(client, [request_line(f"r{n}") for n in range(3)])
+    failing = run_batch(client, [request_line("a"), request_line("a")])
+    cancelled = run_batch(client, [request_line(f"r{n}", max_tokens=2000) for n in range(50)])
+    client.batches.cancel(cancelled.id)
+    ends = {batch.id: ended(client, batch.id) for batch in (completing, failing, cancelled)}
+    assert [batch.status for batch in ends.values()] == ["completed", "failed", "cancelled"]
+
+    def announced() -> dict[str, Delivery]:
+        by_batch = {delivery.event["data"]["id"]: delivery for delivery in receiver.got()}
+        return by_batch if set(ends) <= set(by_batch) else {}
+
+    by_batch = eventually_sync(announced, "the three ends are announced", BATCH_DEADLINE_SECONDS)
+
+    assert len(receiver.got()) == 3 and all(delivery.verified for delivery in receiver.got())
+    for batch_id, event_type, at in (
+        (completing.id, BatchCompletedWebhookEvent, ends[completing.id].completed_at),
+        (failing.id, BatchFailedWebhookEvent, ends[failing.id].failed_at),
+        (cancelled.id, BatchCancelledWebhookEvent, ends[cancelled.id].cancelled_at),
+    ):
+        delivery = by_batch[batch_id]
+        event = event_type.model_validate(delivery.event)
+        assert event.data.id == batch_id and event.object == "event"
+        assert event.id == delivery.headers["webhook-id"] and at is not None
+        assert abs(event.created_at - at) <= 1
+
+
+def test_a_batch_on_the_responses_endpoint_answers_each_line_with_a_response_object(
+    deployment: Deployment,
+) -> None:
+    client = deployment.client()
+    custom_ids = [f"r{n}" for n in range(10)]
+    batch = run_batch(client, [response_line(custom_id) for custom_id in custom_ids], "/v1/responses")
+
+    done = ended(client, batch.id)
+
+    assert done.status == "completed" and done.endpoint == "/v1/responses", done
+    output = file_lines(client, done.output_file_id)
+    assert [line["custom_id"] for line in output] == custom_ids  # each once, in input order
+    assert all(line["response"]["status_code"] == 200 and line["error"] is None for line in output)
+    responses = [Response.model_validate(line["response"]["body"]) for line in output]
+    assert all(response.object == "response" and response.model == MODEL for response in responses)
+    assert all(response.status == "incomplete" and response.output_text for response in responses)
+    assert done.error_file_id is None
 
 
 def test_gateways_killed_while_reading_the_input_and_while_writing_the_output_leave_one_whole_batch(
