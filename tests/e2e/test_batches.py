@@ -95,7 +95,7 @@ def receiver() -> Iterator[Receiver]:
 
 
 @pytest.fixture(scope="module")
-def deployment(
+def batches(
     redis_url: str, tmp_path_factory: pytest.TempPathFactory, receiver: Receiver
 ) -> Iterator[Deployment]:
     """Two gateways and a synthetic worker serving `smol` at 100 steps a second, each answer as long as
@@ -123,18 +123,16 @@ def deployment(
         metrics_port=free_port(),
     )
     processes = Processes(logs)
-    deployment = Deployment(
-        settings, processes, {}, redis.Redis.from_url(redis_url, decode_responses=True), []
-    )
+    batches = Deployment(settings, processes, {}, redis.Redis.from_url(redis_url, decode_responses=True), [])
     try:
         processes.start("worker", "worker", settings)
-        deployment.start_gateway("a")
-        deployment.start_gateway("b")
-        yield deployment
+        batches.start_gateway("a")
+        batches.start_gateway("b")
+        yield batches
     finally:
-        for client in deployment.clients:
+        for client in batches.clients:
             client.close()
-        deployment.redis.close()
+        batches.redis.close()
         processes.stop_all()
         delete_prefix(redis_url, settings.key_prefix)
 
@@ -196,9 +194,9 @@ def tenant_of(key: str) -> str:
 
 
 def test_a_batch_completes_with_each_request_once_in_input_order_and_refusals_in_the_error_file(
-    deployment: Deployment,
+    batches: Deployment,
 ) -> None:
-    client = deployment.client()
+    client = batches.client()
     lines = [request_line(f"r{n}") for n in range(30)]
     lines.insert(
         7, request_line("no-tools", tools=None) | {"body": {**lines[0]["body"], "tools": [{"x": 1}]}}
@@ -228,9 +226,9 @@ def test_a_batch_completes_with_each_request_once_in_input_order_and_refusals_in
 
 
 def test_lines_that_are_no_request_of_the_batch_fail_it_with_their_errors_before_any_job(
-    deployment: Deployment,
+    batches: Deployment,
 ) -> None:
-    client = deployment.client()
+    client = batches.client()
     lines = [
         request_line("a"),
         request_line("a"),  # duplicate custom_id
@@ -248,13 +246,13 @@ def test_lines_that_are_no_request_of_the_batch_fail_it_with_their_errors_before
     assert expected <= found and (5, "missing_required_parameter") in found
     assert done.output_file_id is None and done.error_file_id is None
     assert not any(
-        deployment.redis.exists(f"{deployment.settings.key_prefix}:job:{line_job_id(batch.id, n)}")
+        batches.redis.exists(f"{batches.settings.key_prefix}:job:{line_job_id(batch.id, n)}")
         for n in range(1, 6)
     )
 
 
-def test_files_and_batches_of_another_key_are_not_found(deployment: Deployment) -> None:
-    owner, other = deployment.client(key=KEYS[0]), deployment.client(key=KEYS[1])
+def test_files_and_batches_of_another_key_are_not_found(batches: Deployment) -> None:
+    owner, other = batches.client(key=KEYS[0]), batches.client(key=KEYS[1])
     batch = run_batch(owner, [request_line("x")])
     for read in (
         lambda: other.files.retrieve(batch.input_file_id),
@@ -273,8 +271,8 @@ def test_files_and_batches_of_another_key_are_not_found(deployment: Deployment) 
     assert ended(owner, batch.id).status == "completed"
 
 
-def test_an_upload_that_is_no_jsonl_is_refused_and_leaves_no_file(deployment: Deployment) -> None:
-    client = deployment.client()
+def test_an_upload_that_is_no_jsonl_is_refused_and_leaves_no_file(batches: Deployment) -> None:
+    client = batches.client()
     before = {listed.id for listed in client.files.list().data}
     with pytest.raises(openai.BadRequestError, match="line 2"):
         client.files.create(file=("bad.jsonl", b'{"custom_id": "a"}\n[1, 2]\n'), purpose="batch")
@@ -287,9 +285,9 @@ def test_an_upload_that_is_no_jsonl_is_refused_and_leaves_no_file(deployment: De
 
 
 def test_a_cancel_mid_batch_stops_its_lines_cancels_its_running_jobs_and_keeps_what_finished(
-    deployment: Deployment,
+    batches: Deployment,
 ) -> None:
-    client = deployment.client()
+    client = batches.client()
     # Each job takes two seconds: the first end lets the cancel find the rest running or unfed.
     lines = [request_line(f"r{n}", max_tokens=4 if n < 3 else 200) for n in range(600)]
     batch = run_batch(client, lines)
@@ -315,19 +313,19 @@ def test_a_cancel_mid_batch_stops_its_lines_cancels_its_running_jobs_and_keeps_w
     assert len(output) == done.request_counts.completed >= 3
     assert {line["error"]["code"] for line in errors} == {"batch_cancelled"}
     assert sorted(line["custom_id"] for line in output + errors) == sorted(f"r{n}" for n in range(600))
-    fed = int(deployment.field(batch.id, "fed") or 0)
+    fed = int(batches.field(batch.id, "fed") or 0)
     assert fed < 600  # the cancel stopped the feeding
     states = {
-        deployment.redis.hget(f"{deployment.settings.key_prefix}:job:{line_job_id(batch.id, n)}", "status")
+        batches.redis.hget(f"{batches.settings.key_prefix}:job:{line_job_id(batch.id, n)}", "status")
         for n in range(1, fed + 1)
     }
     assert "cancelled" in states and states <= {"completed", "cancelled"}
 
 
-def test_a_batchs_end_is_announced_by_a_signed_webhook(deployment: Deployment, receiver: Receiver) -> None:
+def test_a_batchs_end_is_announced_by_a_signed_webhook(batches: Deployment, receiver: Receiver) -> None:
     """A batch that completes, one that fails validation and one cancelled before it ran: each end
     reaches the key's default webhook once, signed, as OpenAI's batch webhook event."""
-    client = deployment.client(key=HOOKED_KEY)
+    client = batches.client(key=HOOKED_KEY)
     completing = run_batch(client, [request_line(f"r{n}") for n in range(3)])
     failing = run_batch(client, [request_line("a"), request_line("a")])
     cancelled = run_batch(client, [request_line(f"r{n}", max_tokens=2000) for n in range(50)])
@@ -355,9 +353,9 @@ def test_a_batchs_end_is_announced_by_a_signed_webhook(deployment: Deployment, r
 
 
 def test_a_batch_on_the_responses_endpoint_answers_each_line_with_a_response_object(
-    deployment: Deployment,
+    batches: Deployment,
 ) -> None:
-    client = deployment.client()
+    client = batches.client()
     custom_ids = [f"r{n}" for n in range(10)]
     batch = run_batch(client, [response_line(custom_id) for custom_id in custom_ids], "/v1/responses")
 
@@ -374,32 +372,32 @@ def test_a_batch_on_the_responses_endpoint_answers_each_line_with_a_response_obj
 
 
 def test_gateways_killed_while_reading_the_input_and_while_writing_the_output_leave_one_whole_batch(
-    deployment: Deployment,
+    batches: Deployment,
 ) -> None:
     """One gateway is SIGKILLed while it feeds the batch's lines, another while it writes its files:
     the last one finishes it; every line ran once, and each custom_id is in the output once."""
-    deployment.start_gateway("c")
-    client = deployment.client("c")
+    batches.start_gateway("c")
+    client = batches.client("c")
     tenant = tenant_of(KEYS[0])
-    ended_before = deployment.jobs_ended(tenant)
+    ended_before = batches.jobs_ended(tenant)
     lines = [request_line(f"r{n}", max_tokens=8) for n in range(1500)]
     batch = run_batch(client, lines)
 
     def feeding() -> str | None:
-        fed = int(deployment.field(batch.id, "fed") or 0)
-        return deployment.holder(batch.id) if 0 < fed < 1500 else None
+        fed = int(batches.field(batch.id, "fed") or 0)
+        return batches.holder(batch.id) if 0 < fed < 1500 else None
 
     reader = eventually_sync(feeding, "a gateway feeds the batch", BATCH_DEADLINE_SECONDS, interval=0.01)
-    deployment.processes.kill(reader)
-    survivors = [name for name in deployment.gateways if name != reader]
-    client = deployment.client(survivors[0])
+    batches.processes.kill(reader)
+    survivors = [name for name in batches.gateways if name != reader]
+    client = batches.client(survivors[0])
 
     def writing() -> str | None:
-        return deployment.holder(batch.id) if deployment.field(batch.id, "status") == "finalizing" else None
+        return batches.holder(batch.id) if batches.field(batch.id, "status") == "finalizing" else None
 
     writer = eventually_sync(writing, "a gateway writes the files", BATCH_DEADLINE_SECONDS, interval=0.005)
-    deployment.processes.kill(writer)
-    client = deployment.client(next(name for name in survivors if name != writer))
+    batches.processes.kill(writer)
+    client = batches.client(next(name for name in survivors if name != writer))
     done = ended(client, batch.id)
 
     assert done.status == "completed" and done.request_counts
@@ -409,7 +407,7 @@ def test_gateways_killed_while_reading_the_input_and_while_writing_the_output_le
     assert [line["response"]["request_id"] for line in output] == [
         line_job_id(batch.id, n) for n in range(1, 1501)
     ]
-    assert deployment.jobs_ended(tenant) - ended_before == 1500  # no line ran twice
+    assert batches.jobs_ended(tenant) - ended_before == 1500  # no line ran twice
     outputs = [
         listed
         for listed in client.files.list(purpose="batch_output").data
@@ -418,9 +416,9 @@ def test_gateways_killed_while_reading_the_input_and_while_writing_the_output_le
     assert len(outputs) == 1
 
 
-def test_a_batch_past_its_window_expires_with_what_finished(deployment: Deployment) -> None:
-    deployment.start_gateway("short-window", batch_window_seconds=3)
-    client = deployment.client("short-window")
+def test_a_batch_past_its_window_expires_with_what_finished(batches: Deployment) -> None:
+    batches.start_gateway("short-window", batch_window_seconds=3)
+    client = batches.client("short-window")
     lines = [request_line(f"r{n}", max_tokens=4 if n < 5 else 2000) for n in range(20)]
     batch = run_batch(client, lines)
 
@@ -466,19 +464,19 @@ def _answers(httpx: Any, endpoint: str) -> bool:
         return False
 
 
-def test_files_and_a_batch_live_in_s3_compatible_storage(deployment: Deployment, s3_server: str) -> None:
-    deployment.start_gateway(
+def test_files_and_a_batch_live_in_s3_compatible_storage(batches: Deployment, s3_server: str) -> None:
+    batches.start_gateway(
         "s3",
         files_url="s3://batch-files/streampool",
         files_s3_endpoint=s3_server,
         files_s3_access_key_id="test",
         files_s3_secret_access_key="test",
     )
-    client = deployment.client("s3")
+    client = batches.client("s3")
     # The other gateways store files in their folder: this batch must be driven where its file is.
-    for name in [name for name in deployment.gateways if name != "s3"]:
-        deployment.processes.stop(name)
-        del deployment.gateways[name]
+    for name in [name for name in batches.gateways if name != "s3"]:
+        batches.processes.stop(name)
+        del batches.gateways[name]
     batch = run_batch(client, [request_line(f"r{n}") for n in range(10)])
 
     done = ended(client, batch.id)
