@@ -45,7 +45,6 @@ from shared.keys import Keys
 from shared.lifecycle import scripts
 from shared.lifecycle.transitions import claim
 from shared.tenants import Tenant
-from tests.redis_cleanup import delete_prefix
 
 NO_TENANT = 0
 """The single queue: jobs of no tenant."""
@@ -347,12 +346,7 @@ def main() -> None:
             )
         )
     finally:
-        for child in children:
-            child.stop()
-        delete_prefix(url, settings.key_prefix)
-        if redis_server is not None:
-            redis_server.terminate()
-            redis_server.wait()
+        system.tear_down(children, url, settings.key_prefix, redis_server)
     path = report.write_fair_share(results, HERE)
     print("\n".join(report.fair_share_section(results)))
     print(f"wrote section 8 of {path} and the fair_share part of results.json")

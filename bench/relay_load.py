@@ -33,7 +33,6 @@ from bench.system import Child
 from shared.config import Settings
 from shared.jobstore import JobStore
 from shared.keys import Keys
-from tests.redis_cleanup import delete_prefix
 
 CONNECT_AT_ONCE = 64
 CONNECT_TIMEOUT_SECONDS = 120
@@ -287,11 +286,7 @@ def main() -> None:
         )
         asyncio.run(levels)
     finally:
-        gateway.stop()
-        delete_prefix(url, settings.key_prefix)
-        if redis_server is not None:
-            redis_server.terminate()
-            redis_server.wait()
+        system.tear_down([gateway], url, settings.key_prefix, redis_server)
     print(f"logs: {logs}")
 
 

@@ -51,7 +51,6 @@ from bench.report import Results, write, write_generate
 from shared.config import Settings
 from shared.jobstore import JobStore
 from shared.keys import Keys
-from tests.redis_cleanup import delete_prefix
 from worker import cpu_placement
 
 OUT = Path(__file__).resolve().parent
@@ -259,12 +258,7 @@ def only_generate(quick: bool, redis_url: str | None) -> None:
             children.pop().stop()
             results.generate_vllm += vllm_side(settings, plan, logs, progress, 2, [generate_side])
     finally:
-        for child in children:
-            child.stop()
-        delete_prefix(url, settings.key_prefix)
-        if redis_server is not None:
-            redis_server.terminate()
-            redis_server.wait()
+        system.tear_down(children, url, settings.key_prefix, redis_server)
     path = write_generate(results, OUT)
     print(f"wrote section 7b of {path} and its targets (logs: {logs})")
 
@@ -361,13 +355,8 @@ def main() -> None:
             except RuntimeError as exc:
                 notes.append(f"- The batch phase could not run: {exc}")
     finally:
-        for child in children:
-            child.stop()
-        deleted = delete_prefix(url, settings.key_prefix)
+        deleted = system.tear_down(children, url, settings.key_prefix, redis_server)
         notes.append(f"- Keys deleted at the end under the run's prefix `{settings.key_prefix}`: {deleted}.")
-        if redis_server is not None:
-            redis_server.terminate()
-            redis_server.wait()
     results.minutes = (time.monotonic() - began) / 60
     path = write(results, OUT, notes)
     print(f"wrote {path} ({shlex.join(sys.argv)})")

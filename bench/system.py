@@ -18,6 +18,7 @@ import redis
 
 from cli.launcher import child_environment, wait_healthy
 from shared.config import Settings
+from tests.redis_cleanup import delete_prefix
 from worker import cpu_placement
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -167,3 +168,17 @@ def share_worker_cores(worker: Child, others: list[psutil.Process]) -> tuple[set
     for process in others:
         cpu_placement.bind(process, worker_cores)
     return allowed, worker_cores
+
+
+def tear_down(
+    children: list[Child], url: str, prefix: str, redis_server: subprocess.Popen[bytes] | None
+) -> int:
+    """Stop the run's processes, delete its keys (under `prefix`), and stop the private Redis it started,
+    if any; how many keys were deleted."""
+    for child in children:
+        child.stop()
+    deleted = delete_prefix(url, prefix)
+    if redis_server is not None:
+        redis_server.terminate()
+        redis_server.wait()
+    return deleted

@@ -14,7 +14,7 @@ from bench.peer import PeerLevel, PeerRun
 from bench.report import GENERATE_HEADING, GENERATE_ROW, Results, render, write_generate
 from bench.stats import StreamTiming
 from shared.requests import JobRequest
-from tests.test_bench_peer import level
+from tests.test_bench_peer import level, vllm_runs
 
 VOCABULARY = 49152
 
@@ -28,14 +28,7 @@ def results(streampool: list[PeerLevel]) -> Results:
     run = Results(
         "python -m bench.run --only-generate", "full", {}, 128, peer_input_len=128, peer_output_len=128
     )
-    run.generate_vllm = [
-        PeerRun(
-            "vLLM's server, run 1", [level(1, 30, 40, 30), level(8, 150, 100, 50), level(32, 300, 200, 100)]
-        ),
-        PeerRun(
-            "vLLM's server, run 2", [level(1, 32, 42, 32), level(8, 160, 110, 52), level(32, 310, 220, 104)]
-        ),
-    ]
+    run.generate_vllm = vllm_runs()
     run.generate_streampool = PeerRun("streampool", streampool)
     return run
 

@@ -10,9 +10,9 @@ def level(concurrency: int, rate: float, ttft: float, itl: float) -> PeerLevel:
     return PeerLevel(concurrency, 8, 0, 8 * 128, rate, ttft, ttft * 2, itl, itl * 2)
 
 
-def results(streampool: list[PeerLevel]) -> Results:
-    run = Results("make bench", "full", {}, 128, peer_input_len=128, peer_output_len=128)
-    run.peer_vllm = [
+def vllm_runs() -> list[PeerRun]:
+    """vLLM's server's two runs, before and after streampool's, at 1, 8 and 32 requests."""
+    return [
         PeerRun(
             "vLLM's server, run 1", [level(1, 30, 40, 30), level(8, 150, 100, 50), level(32, 300, 200, 100)]
         ),
@@ -20,6 +20,11 @@ def results(streampool: list[PeerLevel]) -> Results:
             "vLLM's server, run 2", [level(1, 32, 42, 32), level(8, 160, 110, 52), level(32, 310, 220, 104)]
         ),
     ]
+
+
+def results(streampool: list[PeerLevel]) -> Results:
+    run = Results("make bench", "full", {}, 128, peer_input_len=128, peer_output_len=128)
+    run.peer_vllm = vllm_runs()
     run.peer_streampool = PeerRun("streampool", streampool)
     return run
 
