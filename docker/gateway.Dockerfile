@@ -16,7 +16,8 @@ ENV PATH=/opt/venv/bin:$PATH \
     PYTHONUNBUFFERED=1 \
     PYTHONDONTWRITEBYTECODE=1
 RUN groupadd --system --gid 10001 streampool \
-    && useradd --system --uid 10001 --gid 10001 --create-home --home-dir /home/streampool streampool
+    && useradd --system --uid 10001 --gid 10001 --create-home --home-dir /home/streampool streampool \
+    && install -d -o 10001 -g 10001 /home/streampool/files
 COPY --from=build /opt/venv /opt/venv
 COPY docker/healthcheck.py /opt/streampool/healthcheck.py
 WORKDIR /home/streampool
