@@ -259,8 +259,9 @@ class StreamHub:
             target = watched.get(stream)
             if target is None:
                 continue
-            if fields:
-                entry_id, kind, at, data = fields.split(UNIT, 3)
+            parts = fields.split(UNIT, 3)
+            if len(parts) == 4:  # else the stream's name alone (or a line of no known form): read it
+                entry_id, kind, at, data = parts
                 if entry_id == target.next_id:
                     self._deliver(target, [Entry(entry_id, kind, data, at)])
                     continue
