@@ -15,7 +15,7 @@
 -- `sent_at`: when the worker sent the steps, in ms by its clock (each entry's `at`). `notice`: the
 -- message that tells the gateways' stream readers what the call appended (`Keys.notices`), made
 -- by the worker as if every event of the call is appended: a line per entry, the entry itself
--- (`arguments.notice_line`), for the readers to relay as it is. It goes out as it came when every
+-- (`shared.notices.notice_line`), for the readers to relay as it is. It goes out as it came when every
 -- event was appended, as at nearly every step, and costs Redis no more than its sending; else the
 -- message names the streams appended to, a line each, and the readers read them.
 -- The one script with positional ARGV, as `arguments.StepArgs` names the first ones (it runs for
