@@ -178,6 +178,7 @@ class GatewayServer(uvicorn.Server):
             host=settings.host,
             port=settings.port,
             log_config=None,
+            timeout_keep_alive=settings.keep_alive_seconds,
             timeout_graceful_shutdown=math.ceil(grace) + CANCEL_MARGIN_SECONDS,
         )
         super().__init__(config)

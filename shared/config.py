@@ -175,6 +175,13 @@ class GatewaySettings(RedisSettings):
         description="how long a stopping gateway lets OpenAI and TGI answers go on (their clients cannot "
         "resume elsewhere) before it cancels their jobs; native event streams end at once",
     )
+    keep_alive_seconds: int = Field(
+        75,
+        ge=1,
+        description="how long a gateway keeps an idle HTTP connection open; longer than its clients' and "
+        "load balancers' idle timeouts (httpx's 5 s, a cloud load balancer's 60 s), so that the client end "
+        "closes first and never sends a request on a connection the gateway is closing",
+    )
 
     # Models
     models: Names = Field(

@@ -82,13 +82,17 @@ class Answers:
     statuses: Counter[int] = field(default_factory=Counter)
     accepted: list[str] = field(default_factory=list)
     without_retry_after: list[str] = field(default_factory=list)
+    last_refusal: str = ""
+    unanswered: httpx.HTTPError | None = None
 
     def note(self, answer: httpx.Response) -> None:
         self.statuses[answer.status_code] += 1
         if answer.status_code == 202:
             self.accepted.append(answer.json()["id"])
-        if answer.status_code == 503 and "Retry-After" not in answer.headers:
-            self.without_retry_after.append(answer.text)
+        if answer.status_code == 503:
+            self.last_refusal = answer.text
+            if "Retry-After" not in answer.headers:
+                self.without_retry_after.append(answer.text)
 
     def assert_only_success_or_503(self) -> None:
         assert set(self.statuses) <= {200, 202, 503}, self.statuses
@@ -97,11 +101,16 @@ class Answers:
 
 
 async def press(gateway: httpx.AsyncClient, answers: Answers, stop: asyncio.Event, job_id: str) -> None:
-    """Submit a job and read a record, again and again, until `stop`."""
-    while not stop.is_set():
-        answers.note(await gateway.post("/v1/jobs", json=SHORT))
-        answers.note(await gateway.get(f"/v1/jobs/{job_id}"))
-        await asyncio.sleep(PROBE_SECONDS)
+    """Submit a job and read a record, again and again, until `stop`. A request that gets no answer at
+    all ends the pressing, and `accepting_again` with it."""
+    try:
+        while not stop.is_set():
+            answers.note(await gateway.post("/v1/jobs", json=SHORT))
+            answers.note(await gateway.get(f"/v1/jobs/{job_id}"))
+            await asyncio.sleep(PROBE_SECONDS)
+    except httpx.HTTPError as error:
+        answers.unanswered = error
+        raise
 
 
 async def fail_over(
@@ -118,7 +127,7 @@ async def fail_over(
         await asyncio.to_thread(deployment.redis.kill, master)
     await asyncio.to_thread(deployment.redis.wait_failover_from, master)
     await asyncio.to_thread(deployment.redis.restore_replica, master)
-    await accepting_again(answers, stop)
+    await accepting_again(deployment, answers, stop)
 
 
 async def partition(deployment: Deployment, answers: Answers, stop: asyncio.Event) -> None:
@@ -131,23 +140,30 @@ async def partition(deployment: Deployment, answers: Answers, stop: asyncio.Even
     await asyncio.to_thread(deployment.redis.wait_failover_from, master)
     await asyncio.sleep(PARTITION_SECONDS)
     await asyncio.to_thread(deployment.redis.rejoin, master)
-    await accepting_again(answers, stop)
+    await accepting_again(deployment, answers, stop)
 
 
 def current_master(deployment: Deployment) -> str:
     return "master" if deployment.redis.master_port() == deployment.redis.ports["master"] else "replica"
 
 
-async def accepting_again(answers: Answers, stop: asyncio.Event) -> None:
-    """Once `SUBMITTERS` more jobs are accepted, stop pressing."""
+async def accepting_again(deployment: Deployment, answers: Answers, stop: asyncio.Event) -> None:
+    """Once `SUBMITTERS` more jobs are accepted, stop pressing; if that never comes, say what the
+    gateway answered instead and what it logged."""
     accepted = len(answers.accepted)
 
     async def more() -> None:
         while len(answers.accepted) < accepted + SUBMITTERS:
+            assert answers.unanswered is None, f"a request got no answer: {answers.unanswered!r}"
             await asyncio.sleep(PROBE_SECONDS)
 
-    await asyncio.wait_for(more(), WAIT_TIMEOUT)
-    stop.set()
+    try:
+        await asyncio.wait_for(more(), WAIT_TIMEOUT)
+    except TimeoutError:
+        log = deployment.log("gateway")[-4000:]
+        pytest.fail(f"not accepting again: {answers.statuses}, last 503: {answers.last_refusal}\n{log}")
+    finally:
+        stop.set()
 
 
 async def assert_completed_once(gateway: httpx.AsyncClient, job_id: str) -> None:
