@@ -27,6 +27,7 @@ from openai.types.responses import Response
 from openai.types.webhooks import (
     BatchCancelledWebhookEvent,
     BatchCompletedWebhookEvent,
+    BatchExpiredWebhookEvent,
     BatchFailedWebhookEvent,
 )
 
@@ -339,7 +340,8 @@ def test_a_batchs_end_is_announced_by_a_signed_webhook(batches: Deployment, rece
 
     by_batch = eventually_sync(announced, "the three ends are announced", BATCH_DEADLINE_SECONDS)
 
-    assert len(receiver.got()) == 3 and all(delivery.verified for delivery in receiver.got())
+    ours = [delivery for delivery in receiver.got() if delivery.event["data"]["id"] in ends]
+    assert len(ours) == 3 and all(delivery.verified for delivery in ours)
     for batch_id, event_type, at in (
         (completing.id, BatchCompletedWebhookEvent, ends[completing.id].completed_at),
         (failing.id, BatchFailedWebhookEvent, ends[failing.id].failed_at),
@@ -416,9 +418,11 @@ def test_gateways_killed_while_reading_the_input_and_while_writing_the_output_le
     assert len(outputs) == 1
 
 
-def test_a_batch_past_its_window_expires_with_what_finished(batches: Deployment) -> None:
+def test_a_batch_past_its_window_expires_with_what_finished_and_says_so_by_webhook(
+    batches: Deployment, receiver: Receiver
+) -> None:
     batches.start_gateway("short-window", batch_window_seconds=3)
-    client = batches.client("short-window")
+    client = batches.client("short-window", key=HOOKED_KEY)
     lines = [request_line(f"r{n}", max_tokens=4 if n < 5 else 2000) for n in range(20)]
     batch = run_batch(client, lines)
 
@@ -431,6 +435,14 @@ def test_a_batch_past_its_window_expires_with_what_finished(batches: Deployment)
     assert [line["custom_id"] for line in output] == [f"r{n}" for n in range(5)]
     assert [line["custom_id"] for line in errors] == [f"r{n}" for n in range(5, 20)]
     assert {line["error"]["code"] for line in errors} == {"batch_expired"}
+
+    def announced() -> list[Delivery]:
+        return [delivery for delivery in receiver.got() if delivery.event["data"]["id"] == batch.id]
+
+    (delivery,) = eventually_sync(announced, "the expiry is announced", BATCH_DEADLINE_SECONDS)
+    event = BatchExpiredWebhookEvent.model_validate(delivery.event)
+    assert delivery.verified and event.type == "batch.expired" and done.expired_at is not None
+    assert abs(event.created_at - done.expired_at) <= 1
 
 
 @pytest.fixture
