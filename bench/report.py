@@ -157,6 +157,10 @@ class PeerComparison:
     def itl_met(self) -> bool:
         return self.ratio("itl_p50") <= 1.03
 
+    def itl_tail_met(self) -> bool:
+        """Within 1.5x under load (at one request at a time there is no neighbour to stall a stream)."""
+        return self.concurrency == 1 or self.ratio("itl_p99") <= ITL_TAIL_RATIO
+
     def ttft_met(self) -> bool:
         """Within 10 ms at one request at a time, within 10 % under load."""
         if self.concurrency == 1:
@@ -200,6 +204,7 @@ CHAT_ROW = ""
 """How the targets of the row of vLLM's benchmark client (section 7) begin: as they always have."""
 GENERATE_ROW = "tokens in, tokens out (`/inference/v1/generate`): "
 """How the targets of the row of `/inference/v1/generate` (section 7b) begin."""
+ITL_TAIL_RATIO = 1.5
 
 
 def _peer_targets(vllm_runs: list[PeerRun], streampool: PeerRun | None, row: str, section: str) -> list[str]:
@@ -211,6 +216,7 @@ def _peer_targets(vllm_runs: list[PeerRun], streampool: PeerRun | None, row: str
 
     tps = ", ".join(f"{c.concurrency}: {c.ratio('output_tokens_per_second'):.3f}" for c in comparisons)
     itl = ", ".join(f"{c.concurrency}: {c.ratio('itl_p50'):.3f}" for c in comparisons)
+    tail = ", ".join(f"{c.concurrency}: {c.ratio('itl_p99'):.3f}" for c in comparisons if c.concurrency > 1)
     ttft = ", ".join(
         f"{c.concurrency}: {c.streampool.ttft_p50 - c.vllm('ttft_p50'):+.1f} ms"
         + ("" if c.concurrency == 1 else f" ({c.ratio('ttft_p50'):.3f})")
@@ -220,6 +226,7 @@ def _peer_targets(vllm_runs: list[PeerRun], streampool: PeerRun | None, row: str
         f"| {labels[0]} | {tps} | {_verdict(all(c.throughput_met() for c in comparisons))} |",
         f"| {labels[1]} | {itl} | {_verdict(all(c.itl_met() for c in comparisons))} |",
         f"| {labels[2]} | {ttft} | {_verdict(all(c.ttft_met() for c in comparisons))} |",
+        f"| {labels[3]} | {tail} | {_verdict(all(c.itl_tail_met() for c in comparisons))} |",
     ]
 
 
@@ -228,6 +235,28 @@ def _peer_target_labels(row: str, section: str) -> list[str]:
         f"{row}output tokens/s streampool / vLLM's server >= 0.97 at 1, 8, 32 requests (section {section})",
         f"{row}ITL p50 streampool / vLLM's server <= 1.03",
         f"{row}TTFT p50 streampool minus vLLM's server <= 10 ms at 1, ratio <= 1.10 at 8 and 32",
+        f"{row}ITL p99 streampool / vLLM's server <= {ITL_TAIL_RATIO} at 8 and 32",
+    ]
+
+
+PEER_HEADING = "## 7. streampool beside vLLM's own server, vLLM's benchmark client on both"
+
+
+def peer_section(results: Results) -> list[str]:
+    """Section 7, from a run of `make bench` or of `python -m bench.run --only-completions`."""
+    return [
+        PEER_HEADING,
+        "",
+        f"Measured by `{results.command}` ({results.mode} mode). vLLM's server (`python -m"
+        " vllm.entrypoints.openai.api_server`, the worker's engine arguments and `--enable-scale-out`), then"
+        " streampool (gateway, Redis, worker), then vLLM's server again: one engine alive at a time. The"
+        " client is `vllm.benchmarks.serve` unchanged: `openai` backend on /v1/completions, random dataset"
+        f" (seed 0) of {results.peer_input_len}-token prompts, {results.peer_output_len} output tokens each"
+        " (`ignore_eos`), temperature 0, one warm-up request per level. vLLM's figures are the mean of its"
+        " two runs (each run in brackets; their gap is the machine's drift). Done-failed counts per side.",
+        "",
+        *_peer_table(results.peer_vllm, results.peer_streampool),
+        "",
     ]
 
 
@@ -256,19 +285,25 @@ def generate_section(results: Results) -> list[str]:
     ]
 
 
-def write_generate(results: Results, out: Path) -> Path:
-    """Put a run of the generate row alone into results.json (its `generate_vllm` and
-    `generate_streampool`) and RESULTS.md (section 7b and its targets) in place, as `write_fair_share`
-    does; answers RESULTS.md's path."""
+def write_side_by_side(results: Results, out: Path, row: str) -> Path:
+    """Put a run of one row beside vLLM's server alone (`row`: "completions", vLLM's benchmark client on
+    /v1/completions, or "generate", `/inference/v1/generate`) into results.json and RESULTS.md (its
+    section and targets) in place, as `write_fair_share` does; answers RESULTS.md's path."""
     raw_path, path = out / "results.json", out / "RESULTS.md"
     raw = json.loads(raw_path.read_text())
-    raw["generate_vllm"] = [dataclasses.asdict(run) for run in results.generate_vllm]
-    raw["generate_streampool"] = dataclasses.asdict(results.generate_streampool or PeerRun(""))
+    if row == "completions":
+        name, vllm_runs, streampool = "peer", results.peer_vllm, results.peer_streampool
+        section, before, label, number = peer_section(results), GENERATE_HEADING, CHAT_ROW, "7"
+    else:
+        name, vllm_runs, streampool = "generate", results.generate_vllm, results.generate_streampool
+        section, before, label, number = generate_section(results), FAIR_SHARE_HEADING, GENERATE_ROW, "7b"
+    raw[f"{name}_vllm"] = [dataclasses.asdict(run) for run in vllm_runs]
+    raw[f"{name}_streampool"] = dataclasses.asdict(streampool or PeerRun(""))
     raw_path.write_text(json.dumps(raw, indent=1, default=str))
-    lines = _put_section(path.read_text().splitlines(), generate_section(results), FAIR_SHARE_HEADING)
-    targets = _peer_targets(results.generate_vllm, results.generate_streampool, GENERATE_ROW, "7b")
-    for row, label in zip(targets, _peer_target_labels(GENERATE_ROW, "7b"), strict=False):
-        lines = _put_target(lines, row, label)
+    lines = _put_section(path.read_text().splitlines(), section, before)
+    targets = _peer_targets(vllm_runs, streampool, label, number)
+    for target, target_label in zip(targets, _peer_target_labels(label, number), strict=False):
+        lines = _put_target(lines, target, target_label)
     path.write_text("\n".join(lines) + "\n")
     return path
 
@@ -647,18 +682,7 @@ def render(results: Results, plots: list[str], extra_notes: list[str]) -> list[s
         "",
         *_step_costs(results),
         "",
-        "## 7. streampool beside vLLM's own server, vLLM's benchmark client on both",
-        "",
-        "vLLM's server (`python -m vllm.entrypoints.openai.api_server`, the worker's engine arguments and",
-        "`--enable-scale-out`), then",
-        "streampool (gateway, Redis, worker), then vLLM's server again: one engine alive at a time. The",
-        "client is `vllm.benchmarks.serve` unchanged: `openai` backend on /v1/completions, random dataset",
-        f"(seed 0) of {results.peer_input_len}-token prompts, {results.peer_output_len} output tokens each"
-        " (`ignore_eos`), temperature 0, one warm-up request per level. vLLM's figures are the mean of its",
-        "two runs (each run in brackets; their gap is the machine's drift). Done-failed counts per side.",
-        "",
-        *_peer_table(results.peer_vllm, results.peer_streampool),
-        "",
+        *peer_section(results),
         *generate_section(results),
         *fair_share_section(results.fair_share),
         *fleet_section(results.fleet),

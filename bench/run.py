@@ -5,8 +5,9 @@ shut down before the worker starts: on 2 cores two engines must never run during
 own server is measured the same way around streampool (A, B, A): before the worker starts, and again
 once it has stopped. The fleet (`bench.fleet`: workers on the synthetic engine, several gateways, a
 client for every job) runs once no engine is alive, and a batch beside interactive work
-(`bench.batch`, synthetic engine) last. `--only-generate` runs the row of `/inference/v1/generate`
-beside vLLM's server alone, and puts it into RESULTS.md in place."""
+(`bench.batch`, synthetic engine) last. `--only-completions` runs vLLM's benchmark client beside vLLM's
+server alone (section 7), `--only-generate` the row of `/inference/v1/generate`, and puts it into
+RESULTS.md in place."""
 
 from __future__ import annotations
 
@@ -17,10 +18,11 @@ import shlex
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
+from typing import Any
 
 import psutil
 import redis
@@ -47,7 +49,7 @@ from bench import (
 )
 from bench.fleet_figures import FleetPlan
 from bench.jobclient import client
-from bench.report import Results, write, write_generate
+from bench.report import Results, write, write_side_by_side
 from shared.config import Settings
 from shared.jobstore import JobStore
 from shared.keys import Keys
@@ -202,7 +204,7 @@ async def generate_side(
     )
 
 
-Side = Callable[[str, str, Settings, Plan, Path, Progress], Awaitable[peer.PeerRun]]
+Side = Callable[[str, str, Settings, Plan, Path, Progress], Coroutine[Any, Any, peer.PeerRun]]
 """One row's client against one server: `peer_side` or `generate_side`."""
 
 
@@ -232,35 +234,41 @@ def vllm_side(
             cpu_placement.bind(me, placement[0])
 
 
-def only_generate(quick: bool, redis_url: str | None) -> None:
-    """The row of `/inference/v1/generate` alone (vLLM's server, streampool, vLLM's server again), its
-    section and targets put into RESULTS.md and results.json in place (`report.write_generate`)."""
+def only_side_by_side(row: str, quick: bool, redis_url: str | None) -> None:
+    """One row beside vLLM's server alone (`row`: "completions", vLLM's benchmark client, or "generate",
+    `/inference/v1/generate`): vLLM's server, streampool, vLLM's server again; its section and targets
+    put into RESULTS.md and results.json in place (`report.write_side_by_side`)."""
     plan = QUICK if quick else FULL
-    logs = Path(tempfile.mkdtemp(prefix="streampool-bench-generate-"))
+    side: Side = peer_side if row == "completions" else generate_side
+    logs = Path(tempfile.mkdtemp(prefix=f"streampool-bench-{row}-"))
     redis_server, url = (None, redis_url) if redis_url else system.start_redis(logs)
     settings = system.bench_settings(url)
     command = shlex.join(["python", "-m", "bench.run", *sys.argv[1:]])
     results = Results(command, "quick" if quick else "full", {}, plan.max_tokens)
     results.peer_input_len, results.peer_output_len = plan.peer_plan.input_len, plan.peer_plan.output_len
+    vllm_runs = results.peer_vllm if row == "completions" else results.generate_vllm
     children: list[system.Child] = []
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     try:
         with Progress(*columns) as progress:
-            results.generate_vllm += vllm_side(settings, plan, logs, progress, 1, [generate_side])
+            vllm_runs += vllm_side(settings, plan, logs, progress, 1, [side])
             progress.console.print("waiting for the gateway and the worker's engine")
             serving, placement = system.start_system(settings, logs, redis_server, children)
-            side = generate_side("streampool", system.base_url(settings), settings, plan, logs, progress)
-            results.generate_streampool = uvloop.run(side)
+            ours = uvloop.run(side("streampool", system.base_url(settings), settings, plan, logs, progress))
+            if row == "completions":
+                results.peer_streampool = ours
+            else:
+                results.generate_streampool = ours
             children.pop().stop()  # the worker, then the gateway once it has every core again, as in `main`
             if placement is not None:
                 for process in serving:
                     cpu_placement.bind(process, placement[0])
             children.pop().stop()
-            results.generate_vllm += vllm_side(settings, plan, logs, progress, 2, [generate_side])
+            vllm_runs += vllm_side(settings, plan, logs, progress, 2, [side])
     finally:
         system.tear_down(children, url, settings.key_prefix, redis_server)
-    path = write_generate(results, OUT)
-    print(f"wrote section 7b of {path} and its targets (logs: {logs})")
+    path = write_side_by_side(results, OUT, row)
+    print(f"wrote the {row} row's section of {path} and its targets (logs: {logs})")
 
 
 def in_process(settings: Settings, plan: Plan, progress: Progress, when: str) -> engine_baseline.EngineRun:
@@ -276,14 +284,20 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="a smoke run of a few minutes")
     parser.add_argument("--redis-url", help="use this Redis instead of a private redis-server")
-    parser.add_argument(
+    alone = parser.add_mutually_exclusive_group()
+    alone.add_argument(
+        "--only-completions",
+        action="store_true",
+        help="only vLLM's benchmark client beside vLLM's server (section 7), put into RESULTS.md in place",
+    )
+    alone.add_argument(
         "--only-generate",
         action="store_true",
         help="only the row of /inference/v1/generate beside vLLM's server, written into RESULTS.md in place",
     )
     args = parser.parse_args()
-    if args.only_generate:
-        only_generate(args.quick, args.redis_url)
+    if args.only_completions or args.only_generate:
+        only_side_by_side("completions" if args.only_completions else "generate", args.quick, args.redis_url)
         return
     plan = QUICK if args.quick else FULL
     began = time.monotonic()

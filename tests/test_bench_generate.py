@@ -11,7 +11,7 @@ import pytest
 
 from bench.generate_client import body, level_figures, read_chunk, token_prompts
 from bench.peer import PeerLevel, PeerRun
-from bench.report import GENERATE_HEADING, GENERATE_ROW, Results, render, write_generate
+from bench.report import GENERATE_HEADING, GENERATE_ROW, Results, render, write_side_by_side
 from bench.stats import StreamTiming
 from shared.requests import JobRequest
 from tests.test_bench_peer import level, vllm_runs
@@ -88,9 +88,9 @@ def test_the_rows_targets_are_judged_as_the_chat_rows_on_the_mean_of_both_vllm_r
             [],
         )
     )
-    assert len(met) == 3 and all(row.endswith("**met** |") for row in met), met
+    assert len(met) == 4 and all(row.endswith("**met** |") for row in met), met
     slow = results([level(1, 29, 45, 31), level(8, 155, 105, 54), level(32, 305, 240, 102)])
-    assert all(row.endswith("**missed** |") for row in targets(render(slow, ["a", "b"], [])))
+    assert all(row.endswith("**missed** |") for row in targets(render(slow, ["a", "b"], []))[:3])
     text = render(slow, ["a", "b"], [])
     assert text.index(GENERATE_HEADING) < text.index("## 8. Fair sharing among tenants")
 
@@ -104,8 +104,10 @@ def test_a_run_alone_puts_section_7b_and_its_targets_in_place_and_keeps_the_rest
     )
     (tmp_path / "RESULTS.md").write_text(before)
     (tmp_path / "results.json").write_text(json.dumps({"pickup": [0.001]}))
-    write_generate(
-        results([level(1, 31, 41, 31), level(8, 155, 105, 51), level(32, 305, 210, 102)]), tmp_path
+    write_side_by_side(
+        results([level(1, 31, 41, 31), level(8, 155, 105, 51), level(32, 305, 210, 102)]),
+        tmp_path,
+        "generate",
     )
     text = (tmp_path / "RESULTS.md").read_text()
     assert text.index("vLLM's table.") < text.index(GENERATE_HEADING) < text.index("## 8. Fair sharing")
@@ -113,9 +115,11 @@ def test_a_run_alone_puts_section_7b_and_its_targets_in_place_and_keeps_the_rest
     raw = json.loads((tmp_path / "results.json").read_text())
     assert raw["pickup"] == [0.001] and raw["generate_streampool"]["levels"][2]["concurrency"] == 32
 
-    write_generate(
-        results([level(1, 20, 41, 31), level(8, 155, 105, 51), level(32, 305, 210, 102)]), tmp_path
+    write_side_by_side(
+        results([level(1, 20, 41, 31), level(8, 155, 105, 51), level(32, 305, 210, 102)]),
+        tmp_path,
+        "generate",
     )
     again = (tmp_path / "RESULTS.md").read_text()
-    assert again.count(GENERATE_HEADING) == 1 and len(targets(again.splitlines())) == 3
+    assert again.count(GENERATE_HEADING) == 1 and len(targets(again.splitlines())) == 4
     assert targets(again.splitlines())[0].endswith("**missed** |")  # 20 / 31 at 1
