@@ -14,6 +14,7 @@ import math
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator
 from contextlib import aclosing, contextmanager
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from typing import Any
 
 from fastapi import Request
@@ -120,25 +121,31 @@ class JobRun:
         self.request = request
         self.ended = False
 
-    async def entries(self) -> AsyncGenerator[Entry, None]:
-        """Every entry of the job's stream up to its terminal one; a client gone before that cancels
-        the job."""
+    async def entries(self) -> AsyncGenerator[Entry | None, None]:
+        """Every entry of the job's stream up to its terminal one, and None after each
+        `sse_ping_seconds` of silence (a streamed answer's turn for a keep-alive); a client gone before
+        the end cancels the job."""
         open_runs: OpenRuns = self.request.app.state.open_runs
+        following = self.services.relay.follow(self.job_id, START)
         try:
             with open_runs.open(self):
-                async for entry in self.services.relay.follow(self.job_id, START):
-                    if entry.terminal:
-                        self.ended = True
-                    yield entry
+                async with aclosing(following.batches(self.services.settings.sse_ping_seconds)) as batches:
+                    async for batch in batches:
+                        if not batch:
+                            yield None
+                        for entry in batch:
+                            if entry.terminal:
+                                self.ended = True
+                            yield entry
         finally:
             if not self.ended:
                 await asyncio.shield(self.cancel())
 
-    async def events(self) -> AsyncGenerator[Event, None]:
-        """The events of `entries`."""
+    async def events(self) -> AsyncGenerator[Event | None, None]:
+        """The events of `entries`, and its silences (None)."""
         async with aclosing(self.entries()) as entries:
             async for entry in entries:
-                yield event_adapter.validate_json(entry.data)
+                yield None if entry is None else event_adapter.validate_json(entry.data)
 
     async def cancel(self) -> None:
         self.ended = True
@@ -163,8 +170,9 @@ class JobRun:
     async def _collect(self) -> Result:
         collected = Collected()
         async for event in self.events():
-            collected.add(event)
-            raise_for_failure(event)
+            if event is not None:
+                collected.add(event)
+                raise_for_failure(event)
         return collected.result()
 
 
@@ -208,11 +216,22 @@ class HeldEventSource(EventSourceResponse):
             await super().__call__(scope, receive, send)
 
 
+def keep_alive(sep: str | None = None) -> ServerSentEvent:
+    """The keep-alive comment a streamed answer sends after `sse_ping_seconds` of silence, as
+    sse-starlette's pings are written.
+
+    Only after a silence, never on a clock as sse-starlette's own pings go (every 15 s, events flowing
+    or not; the answers turn them off): vLLM's benchmark client strips each read it gets, so a comment
+    that comes alone stays in its buffer and every event after it waits there until two come in one
+    read. Mid-stream, that made a stall of seconds in every stream at once."""
+    return ServerSentEvent(comment=f"ping - {datetime.now(timezone.utc)}", sep=sep)
+
+
 def event_source(
     run: JobRun, content: AsyncIterator[ServerSentEvent], hold: Hold, sep: str | None = None
 ) -> EventSourceResponse:
     """A run's answer as Server-Sent Events, naming its job, holding its reader's place (`hold`) until
-    it ends; `sep` ends the keep-alive comments' lines.
+    it ends; its keep-alives are `content`'s own (`keep_alive`).
 
     sse-starlette ends its streams as soon as the server starts to stop; these go on until they end
     or the gateway's grace period ends (`OpenRuns.cancel_after`), so its own grace is unbounded.
@@ -221,7 +240,7 @@ def event_source(
         content,
         hold,
         headers={JOB_ID_HEADER: run.job_id},
-        ping=run.services.settings.sse_ping_seconds,
+        ping=0,
         sep=sep,
         shutdown_grace_period=math.inf,
     )
@@ -238,9 +257,9 @@ async def chunk_frames(
     writes, never a silent close.
 
     The first chunk goes with the first token: a chunk sent earlier would make a client's time to
-    first token the queue's. Until then only sse-starlette's keep-alive comments go out, every
-    `sse_ping_seconds`. Not one per state the job passes: vLLM's benchmark client strips each read
-    it gets and keeps a comment that came alone in its buffer, where it swallows every later chunk.
+    first token the queue's. Until then only keep-alive comments go out, after each `sse_ping_seconds`
+    of silence (`keep_alive`). Not one per state the job passes: vLLM's benchmark client strips each
+    read it gets and keeps a comment that came alone in its buffer, where it swallows every later chunk.
     Closing this generator early (the client went away) closes the job's events, which cancels the job.
     """
     metrics = run.services.metrics
@@ -248,6 +267,9 @@ async def chunk_frames(
     try:
         async with aclosing(run.events()) as events:
             async for event in events:
+                if event is None:
+                    yield keep_alive(sep)
+                    continue
                 raise_for_failure(event)
                 for chunk in feed(event):
                     # Only `data:` lines, as OpenAI and vLLM stream them: no `event:` or `id:` fields.

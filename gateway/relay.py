@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import re
 from collections import Counter
-from collections.abc import AsyncGenerator, AsyncIterator, Iterator
+from collections.abc import AsyncGenerator, Iterator
 from contextlib import aclosing, contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -338,9 +338,9 @@ class Relay:
 
 
 class Following:
-    """One client's follow of one job stream: `async for` gives one entry at a time, `batches`
-    gives as many as have arrived together. A cursor already at or past the terminal event
-    ends the follow at once; `stop` ends it early (the client left, or the gateway stops)."""
+    """One client's follow of one job stream: `batches` gives the entries as many at a time as have
+    arrived together. A cursor already at or past the terminal event ends the follow at once; `stop`
+    ends it early (the client left, or the gateway stops)."""
 
     def __init__(self, relay: Relay, job_id: str, cursor: str, batch_bytes: int, at_end: bool) -> None:
         self.relay = relay
@@ -355,12 +355,6 @@ class Following:
         self.stopped = True
         if self._subscription is not None:
             self._subscription.interrupt()
-
-    async def __aiter__(self) -> AsyncIterator[Entry]:
-        async with aclosing(self.batches(IDLE_SECONDS)) as batches:
-            async for batch in batches:
-                for entry in batch:
-                    yield entry
 
     async def batches(self, idle_seconds: float) -> AsyncGenerator[list[Entry], None]:
         """New entries in order, in batches as they arrive; an empty batch after each

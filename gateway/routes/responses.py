@@ -36,7 +36,7 @@ from gateway.compat.responses_answers import (
 from gateway.compat.responses_bodies import RESPONSES_PATH, ResponsesBody, Stored
 from gateway.deps import JOB_ID, Services, ServicesDep
 from gateway.entries import Entry
-from gateway.generation import JOB_ID_HEADER, HeldEventSource, JobRun
+from gateway.generation import JOB_ID_HEADER, HeldEventSource, JobRun, keep_alive
 from gateway.relay import IDLE_SECONDS, NOT_HELD, START, Following, Hold, StreamLimits
 from gateway.routes.openai import ERRORS, OPENAI_ERRORS, SEPARATOR, STREAM, OpenAIRoute
 from shared.errors import (
@@ -127,15 +127,19 @@ def _frame(event: dict[str, Any]) -> ServerSentEvent:
 
 
 async def _frames(
-    entries: AsyncGenerator[Entry, None], events: ResponseEvents, after: int, services: Services
+    entries: AsyncGenerator[Entry | None, None], events: ResponseEvents, after: int, services: Services
 ) -> AsyncIterator[ServerSentEvent]:
-    """The response events of the job's entries numbered past `after`; a failure of the stream
-    itself (not of the job) ends it with an `error` event, never a silent close."""
+    """The response events of the job's entries numbered past `after`, and a keep-alive for each
+    silence (None); a failure of the stream itself (not of the job) ends it with an `error` event,
+    never a silent close."""
     last = after
     services.metrics.streams_open.inc()
     try:
         async with aclosing(entries):  # closing a foreground run's entries early cancels its job
             async for entry in entries:
+                if entry is None:
+                    yield keep_alive(SEPARATOR)
+                    continue
                 for event in events.feed(event_adapter.validate_json(entry.data), _written_at(entry)):
                     if event["sequence_number"] > after:
                         last = event["sequence_number"]
@@ -147,19 +151,22 @@ async def _frames(
         services.metrics.streams_open.dec()
 
 
-async def _followed(services: Services, following: Following) -> AsyncGenerator[Entry, None]:
+async def _followed(services: Services, following: Following) -> AsyncGenerator[Entry | None, None]:
     """The job's entries from its first, to its end or until the gateway stops (then the client
-    resumes elsewhere with `starting_after`); leaving leaves the job running."""
+    resumes elsewhere with `starting_after`), and None after each `sse_ping_seconds` of silence;
+    leaving leaves the job running."""
     with services.relay.open_streams.open(following):
-        async with aclosing(following.batches(IDLE_SECONDS)) as batches:
+        async with aclosing(following.batches(services.settings.sse_ping_seconds)) as batches:
             async for batch in batches:
+                if not batch:
+                    yield None
                 for entry in batch:
                     yield entry
 
 
 async def _forgetting(
-    services: Services, job_id: str, entries: AsyncGenerator[Entry, None]
-) -> AsyncGenerator[Entry, None]:
+    services: Services, job_id: str, entries: AsyncGenerator[Entry | None, None]
+) -> AsyncGenerator[Entry | None, None]:
     """The entries of a response made with `store: false`, whose job is deleted once they end."""
     try:
         async with aclosing(entries):
@@ -183,15 +190,16 @@ async def _forget(services: Services, job_id: str) -> None:
 
 
 def _stream(
-    head: Head, entries: AsyncGenerator[Entry, None], after: int, services: Services, hold: Hold
+    head: Head, entries: AsyncGenerator[Entry | None, None], after: int, services: Services, hold: Hold
 ) -> EventSourceResponse:
+    """The response's events as Server-Sent Events; its keep-alives are `_frames`' own."""
     if not head.stored.store:
         entries = _forgetting(services, head.job_id, entries)
     return HeldEventSource(
         _frames(entries, ResponseEvents(head), after, services),
         hold,
         headers={JOB_ID_HEADER: head.job_id},
-        ping=services.settings.sse_ping_seconds,
+        ping=0,
         sep=SEPARATOR,
     )
 

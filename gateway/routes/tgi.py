@@ -21,7 +21,7 @@ from gateway.auth import REQUIRE_KEY, Owner
 from gateway.compat import tgi
 from gateway.deps import Services, ServicesDep
 from gateway.errors import ErrorShape, ShapedRoute, documented
-from gateway.generation import JOB_ID_HEADER, JobRun, event_source
+from gateway.generation import JOB_ID_HEADER, JobRun, event_source, keep_alive
 from shared.errors import BackendUnavailable, InvalidRequest, PromptTooLong, StreampoolError
 
 
@@ -107,6 +107,9 @@ async def _token_events(
     try:
         async with aclosing(tgi.with_lookahead(run.events())) as events:
             async for event, next_at_hand in events:
+                if event is None:
+                    yield keep_alive()
+                    continue
                 messages = tokens.feed(event)
                 if not next_at_hand:
                     messages += tokens.flush()

@@ -14,7 +14,7 @@ import redis.asyncio as aioredis
 from gateway import fanout
 from gateway.entries import Entry
 from gateway.fanout import Subscription
-from gateway.relay import START, Relay, StreamLimits
+from gateway.relay import IDLE_SECONDS, START, Relay, StreamLimits
 from shared.config import GatewaySettings
 from shared.events import DeltaEvent, DoneEvent, Event, JobState, Usage
 from shared.jobstore import JobStore
@@ -45,7 +45,7 @@ async def _until_watched(relay: Relay, streams: int) -> None:
 
 
 async def _follow_all(relay: Relay, job_id: str, cursor: str = START) -> list[str]:
-    return [entry.id async for entry in relay.follow(job_id, cursor)]
+    return [entry.id async for batch in relay.follow(job_id, cursor).batches(IDLE_SECONDS) for entry in batch]
 
 
 async def test_many_followers_share_one_reader_which_reads_only_the_streams_a_notice_names(
@@ -92,8 +92,8 @@ async def test_a_follower_that_falls_behind_catches_up_without_gap_or_duplicate(
     monkeypatch.setattr(fanout, "SUBSCRIBER_BUFFER", 4)
     job_id = uuid.uuid4().hex
     await _append(redis_client, relay, job_id, "status")
-    follower = aiter(relay.follow(job_id, START))
-    received = [(await anext(follower)).id]
+    follower = relay.follow(job_id, START).batches(IDLE_SECONDS)
+    received = [entry.id for entry in await anext(follower)]
     reading = asyncio.create_task(anext(follower))  # catches up, subscribes, waits for more
     await _until_watched(relay, 1)
     for _ in range(40):
@@ -104,8 +104,8 @@ async def test_a_follower_that_falls_behind_catches_up_without_gap_or_duplicate(
         return relay.hub.streams == 0
 
     await eventually(dropped, "the hub drops the lagging follower", interval=0.01)
-    received.append((await reading).id)
-    received += [entry.id async for entry in follower]
+    received += [entry.id for entry in await reading]
+    received += [entry.id async for batch in follower for entry in batch]
     stored = [entry_id for entry_id, _ in await redis_client.xrange(relay.keys.stream(job_id))]
     assert received == stored
 

@@ -1,4 +1,5 @@
-"""When an OpenAI stream's chunks go out: the first with the first token, keep-alive comments before it.
+"""When a streamed answer's chunks go out: the first with the first token, keep-alive comments before it,
+and never a keep-alive while events flow.
 
 A gateway process runs with a heartbeat standing in for a worker, so its jobs stay queued; the
 test then writes the job's events itself, with XADD as the worker's publisher does, and watches
@@ -18,7 +19,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from shared.config import Settings
-from shared.events import DeltaEvent, DoneEvent, Event, JobState, StatusEvent, Usage
+from shared.events import DeltaEvent, DoneEvent, Event, JobState, StatusEvent, TokenLogprob, Usage
 from shared.keys import Keys
 from shared.model_card import ModelCard, publish_model_card
 from shared.prompt_tokens import PromptCounter
@@ -33,6 +34,12 @@ from tests.redis_cleanup import delete_prefix
 MESSAGES = [{"role": "user", "content": "Hi there!"}]
 PING_SECONDS = 0.1
 QUIET_SECONDS = 0.5  # how long a queued stream is watched for a chunk that must not come
+FLOWING_SECONDS = 0.02  # between two events of a flowing stream: a fifth of the keep-alive interval
+STREAMED = {  # a streamed request of each API whose answer is made from the job's events
+    "openai": ("/v1/chat/completions", {"model": MODEL, "messages": MESSAGES, "stream": True}),
+    "tgi": ("/generate_stream", {"inputs": "Hi there!", "parameters": {"max_new_tokens": 40}}),
+    "responses": ("/v1/responses", {"model": MODEL, "input": "Hi there!", "stream": True}),
+}
 JOB_ID_HEADER = "X-Streampool-Job-Id"
 
 
@@ -86,7 +93,7 @@ async def _read(response: httpx.Response, received: Received) -> None:
     pending = b""
     async for part in response.aiter_bytes():
         received.body += part
-        *whole, pending = (pending + part).split(b"\n\n")
+        *whole, pending = (pending + part.replace(b"\r\n", b"\n")).split(b"\n\n")  # TGI's end in \r\n
         now = time.monotonic()
         received.frames.extend((now, frame.decode()) for frame in whole)
 
@@ -184,3 +191,44 @@ async def test_continuous_usage_stats_put_the_usage_so_far_on_every_chunk(
         (prompt_tokens, prompt_tokens)
     }
     assert chunks[-1].choices == []
+
+
+@pytest.mark.parametrize("api", STREAMED)
+async def test_a_flowing_stream_gets_no_keep_alive_and_a_silent_one_does(
+    api: str, http: httpx.AsyncClient, settings: Settings, redis_client: aioredis.Redis
+) -> None:
+    """A keep-alive goes out only after `sse_ping_seconds` of silence. On a clock, as sse-starlette's
+    own pings go, one lands between two chunks of a flowing stream, and vLLM's benchmark client (which
+    strips each read) then holds every later chunk in its buffer: a stall of all streams at once."""
+    path, body = STREAMED[api]
+    async with http.stream("POST", path, json=body) as response:
+        assert response.status_code == 200, await response.aread()
+        job_id = response.headers[JOB_ID_HEADER]
+        received = Received()
+        reading = asyncio.create_task(_read(response, received))
+        try:
+            await _publish(redis_client, settings, job_id, StatusEvent(seq=1, state=JobState.running))
+            seq = 1
+            began = time.monotonic()
+            while time.monotonic() - began < 10 * PING_SECONDS:  # the clock's pings would come 10 times
+                seq += 1
+                token = TokenLogprob(token_id=1, token="a", logprob=-0.5)  # TGI's tokens come from these
+                delta = DeltaEvent(seq=seq, text="a", token_ids=[1], logprobs=[token])
+                await _publish(redis_client, settings, job_id, delta)
+                await asyncio.sleep(FLOWING_SECONDS)
+            flowed = len(received.frames)
+            await asyncio.sleep(3 * PING_SECONDS)
+            silent = received.frames[flowed:]
+            usage = Usage(prompt_tokens=3, completion_tokens=seq - 1)
+            await _publish(
+                redis_client, settings, job_id, DoneEvent(seq=seq + 1, finish_reason="length", usage=usage)
+            )
+            await asyncio.wait_for(reading, JOB_DEADLINE_SECONDS)
+        finally:
+            reading.cancel()
+    events = [frame for _, frame in received.frames if not frame.startswith(":")]
+    assert len(events) >= seq - 1, received.frames  # every token went out
+    assert any(frame.startswith(": ping") for _, frame in silent), "no keep-alive in a silence"
+    for (before, _), (at, frame) in zip(received.frames, received.frames[1:], strict=False):
+        if frame.startswith(":"):
+            assert at - before >= PING_SECONDS / 2, f"a keep-alive {at - before:.3f} s after a chunk"
