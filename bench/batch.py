@@ -33,6 +33,7 @@ import httpx
 from bench import system
 from bench.stats import percentile
 from bench.system import Child
+from shared.config import Settings
 from tests.redis_cleanup import delete_prefix
 
 MODEL = "smol"
@@ -51,9 +52,10 @@ class BatchPlan:
     memory_lines: int = 0  # the one-token batch whose feeding the gateway's memory is followed through
 
 
-FULL = BatchPlan(2000, 32, 100, 0.03, 256, memory_lines=50_000)
+FULL = BatchPlan(5000, 32, 100, 0.03, 256, memory_lines=50_000)  # the batch outlasts 100 samples
 QUICK = BatchPlan(2000, 16, 40, 0.03, 256)
 MEMORY_SAMPLE_SECONDS = 0.5
+RESERVED_SHARE: float = Settings.model_fields["batch_reserved_share"].default
 
 
 @dataclass(frozen=True)
@@ -183,6 +185,8 @@ async def batch(http: httpx.AsyncClient, plan: BatchPlan) -> tuple[float, list[f
     while (await batch_state(http, batch_id))["request_counts"]["completed"] < plan.max_jobs:
         await asyncio.sleep(0.05)  # until the worker is saturated by the batch
     busy = await ttfts(http, plan.interactive)
+    if (await batch_state(http, batch_id))["status"] != "in_progress":
+        raise RuntimeError("the batch ended before the interactive samples did: give it more lines")
     await until_ended(http, batch_id)
     return plan.lines / (time.perf_counter() - began), busy
 
@@ -226,7 +230,9 @@ async def measure_on(base_url: str, plan: BatchPlan, reserved_share: float, gate
     return BatchFigures(idle, busy, direct_rate, batch_rate, plan, reserved_share, memory)
 
 
-def measure(redis_url: str, plan: BatchPlan, logs: Path, reserved_share: float = 0.25) -> BatchFigures:
+def measure(
+    redis_url: str, plan: BatchPlan, logs: Path, reserved_share: float = RESERVED_SHARE
+) -> BatchFigures:
     """A gateway and a synthetic worker of their own on `redis_url`, measured, then stopped."""
     settings = system.bench_settings(
         redis_url,
@@ -255,7 +261,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="fewer samples, shorter jobs")
     parser.add_argument(
-        "--reserved-share", type=float, default=0.25, help="the workers' batch_reserved_share"
+        "--reserved-share", type=float, default=RESERVED_SHARE, help="the workers' batch_reserved_share"
     )
     parser.add_argument(
         "--memory-lines",

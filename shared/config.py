@@ -373,11 +373,12 @@ class WorkerSettings(RedisSettings):
     )
     worker_max_jobs: int = Field(256, ge=1, description="jobs one worker runs at once (vLLM batches them)")
     batch_reserved_share: float = Field(
-        0.25,
+        0.05,
         ge=0,
         lt=1,
-        description="share of a worker's `worker_max_jobs` slots that jobs of batches never take, so that "
-        "an interactive job starts at once however many batch jobs wait",
+        description="share of a worker's `worker_max_jobs` slots (at least one, when above 0) that jobs of "
+        "batches never take, so that an interactive job starts at once however many batch jobs wait; a "
+        "batch alone uses the rest",
     )
     worker_poll_delay: float = Field(
         0.5,
