@@ -5,9 +5,9 @@ are the queue's and the slots', not this machine's CPU), in one run:
 
 1. interactive time to first token (streamed chat, one request at a time) on the idle worker;
 2. the batch's jobs submitted directly (`POST /v1/jobs`, all at once): jobs per second until the last ends;
-3. the same jobs as a batch of a JSONL file (`/v1/files`, `/v1/batches`): jobs per second from its
-   creation until it is `completed`, and meanwhile, on the worker the batch keeps saturated, interactive
-   time to first token again;
+3. the same jobs as a batch of a JSONL file (`/v1/files`, `/v1/batches`): jobs per second from the
+   file's upload until the batch is `completed`, and meanwhile, on the worker the batch keeps
+   saturated, interactive time to first token again;
 4. with `--memory-lines N` (50,000 in a full run), a batch of N one-token lines: the gateway's resident
    memory as its lines are fed and done, which must stay flat (the driver reads the file as it feeds it, and a
    batch holds `batch_in_flight` jobs at most).
@@ -179,7 +179,8 @@ async def until_ended(http: httpx.AsyncClient, batch_id: str) -> None:
 
 
 async def batch(http: httpx.AsyncClient, plan: BatchPlan) -> tuple[float, list[float]]:
-    """Jobs per second of the same jobs as one batch, and interactive TTFTs taken while it runs."""
+    """Jobs per second of the same jobs as one batch (its upload included), and interactive TTFTs taken
+    while it runs."""
     began = time.perf_counter()
     batch_id = await start_batch(http, plan.lines, plan.max_tokens)
     while (await batch_state(http, batch_id))["request_counts"]["completed"] < plan.max_jobs:
