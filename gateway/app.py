@@ -142,7 +142,6 @@ def create_app(settings: GatewaySettings) -> FastAPI:
     )
     # Added after the body limit, so outside it: it sees every answer, the body limit's refusals included.
     app.add_middleware(RequestMetrics, metrics=metrics)
-    app.add_middleware(KeepServerSend)  # last, so outside the others: the `send` it keeps skips them all
     install_error_handlers(app)
     app.include_router(jobs.router)
     app.include_router(openai.router)
@@ -174,7 +173,7 @@ class GatewayServer(uvicorn.Server):
     def __init__(self, app: FastAPI, settings: GatewaySettings) -> None:
         grace = settings.shutdown_grace_seconds
         config = uvicorn.Config(
-            app,
+            KeepServerSend(app),  # outside the app's whole stack: the `send` it keeps skips all of it
             host=settings.host,
             port=settings.port,
             log_config=None,

@@ -21,10 +21,12 @@ every new entry from every follower of the stream. A new stream is read at once:
 have come between its follower's last read and the subscription, their notice gone by.
 
 A follower is woken once per batch of entries, not once per entry, and takes them all
-at once. One that does not keep up is dropped (`lagged`) and catches up from Redis on
-its own, so a slow client costs Redis reads, never unbounded gateway memory. When Redis
-fails, the reader retries with backoff and carries on from every stream's cursor, so
-open streams resume by themselves once Redis is back.
+at once; one that waits with nothing pending may take them without being woken at all, written
+to its client from the hub's callback (`Subscription.direct`: the native event streams). One
+that does not keep up is dropped (`lagged`) and catches up from Redis on its own, so a slow
+client costs Redis reads, never unbounded gateway memory. When Redis fails, the reader retries
+with backoff and carries on from every stream's cursor, so open streams resume by themselves
+once Redis is back.
 
 redis-py packs a command's arguments anew at every call, in Python, which for 1,000 streams cost
 the reader more than the entries it brought back; the hub keeps each stream's name packed (a RESP
@@ -37,7 +39,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Collection
+from collections.abc import AsyncIterator, Callable, Collection
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -69,7 +71,12 @@ class Subscription:
     pending: list[Entry] = field(default_factory=list)
     pending_bytes: int = 0  # of the batches offered while entries were pending already
     lagged: bool = False
+    direct: Callable[[list[Entry]], bool] | None = None
+    """Hands entries straight to the follower's client while it waits with nothing pending, from
+    the hub's callback, without waking its task; False when they must wait for its task instead
+    (`Following.write_directly`)."""
     _waiter: asyncio.Future[None] | None = None
+    _timeout: float = 0.0  # of the `wait` in progress
     _deadline: float = 0.0  # when the `wait` in progress times out, by the loop's clock
     _timer: asyncio.TimerHandle | None = None
 
@@ -88,6 +95,7 @@ class Subscription:
         if self.pending or self.lagged:
             return
         loop = asyncio.get_running_loop()
+        self._timeout = timeout
         self._deadline = loop.time() + timeout
         self._waiter = waiter = loop.create_future()
         if self._timer is None:
@@ -105,6 +113,11 @@ class Subscription:
         self._timer = None
         self.interrupt()
 
+    def _parked(self) -> bool:
+        """Whether the follower's task waits in `wait`, not yet woken: entries handed straight to
+        its client cannot overtake any it has yet to write."""
+        return self._waiter is not None and not self._waiter.done()
+
     def interrupt(self) -> None:
         """End a `wait` in progress now."""
         if self._waiter is not None:
@@ -117,7 +130,8 @@ class Subscription:
             self._timer = None
 
     def offer(self, entries: list[Entry], size: int) -> bool:
-        """Hand new entries over; False (and lagged) when that would overflow the buffer.
+        """Hand new entries over: straight to the client when the follower is parked and `direct`
+        takes them, else pending for its task; False (and lagged) when that would overflow the buffer.
 
         `size` (their bytes) is counted only while entries are pending, and the hub measures it only
         then: a follower that keeps up costs no per-entry work, and one that does not holds at most
@@ -127,6 +141,10 @@ class Subscription:
             self.pending_bytes += size
             if len(self.pending) + len(entries) > SUBSCRIBER_BUFFER or self.pending_bytes > self.max_bytes:
                 self.lagged = True
+        elif self._parked() and self.direct is not None and self.direct(entries):
+            # Delivered: the wait goes on, its silence counted from now.
+            self._deadline = asyncio.get_running_loop().time() + self._timeout
+            return True
         if not self.lagged:
             self.pending += entries
         self.interrupt()

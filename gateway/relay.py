@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import re
 from collections import Counter
-from collections.abc import AsyncGenerator, Iterator
+from collections.abc import AsyncGenerator, Callable, Iterator
 from contextlib import aclosing, contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -348,6 +348,9 @@ class Following:
         self.cursor = cursor
         self.batch_bytes = batch_bytes
         self.stopped = False
+        self.write_now: Callable[[list[Entry]], bool] | None = None
+        """Set by an answer that can write entries to its client at once (`EventStream`): live
+        entries then reach it from the hub's callback while `batches` waits (see `write_directly`)."""
         self._at_end = at_end  # the first catch-up read is skipped (`Relay.follow`)
         self._subscription: Subscription | None = None
 
@@ -423,6 +426,8 @@ class Following:
         # read sent before it subscribed); once past them, the hub only hands over new ones.
         ahead = cursor > hub_at
         while True:
+            if not ahead and self.write_now is not None:
+                subscription.direct = self.write_directly
             await subscription.wait(idle_seconds)
             if self.stopped:
                 return
@@ -437,6 +442,19 @@ class Following:
                 return
             else:
                 yield []
+
+    def write_directly(self, entries: list[Entry]) -> bool:
+        """Entries the hub hands over while `batches` waits with nothing pending, written to the client
+        at once (`write_now`), the cursor moved past them; False to have them yielded by `batches`
+        instead: a terminal entry (the follow ends with it), a follow stopped, or a client that cannot
+        take them now."""
+        if self.stopped or any(entry.terminal for entry in entries):
+            return False
+        assert self.write_now is not None
+        if not self.write_now(entries):
+            return False
+        self.cursor = entries[-1].id
+        return True
 
     async def _ended_while_idle(self) -> bool:
         """Whether a silent job has ended with nothing left to read; Redis down counts as not

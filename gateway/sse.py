@@ -9,8 +9,10 @@ made relay lag grow far past its target. `EventStream` keeps what sse-starlette 
 client - the same frames (`frame` is checked against sse-starlette's encoder in the
 tests), the same headers, a keep-alive comment after each `ping_seconds` of silence, the
 stream ended as soon as the client disconnects - and sends every entry that arrived
-together in one write. Shutting the gateway down ends every stream (the relay's `OpenStreams`), so
-that clients reconnect elsewhere with `Last-Event-ID` instead of holding the shutdown.
+together in one write; live entries are written from the stream hub's callback as it hears
+them, while the client's socket takes them (`server_send.body_writer`), without waking the
+stream's task. Shutting the gateway down ends every stream (the relay's `OpenStreams`), so that
+clients reconnect elsewhere with `Last-Event-ID` instead of holding the shutdown.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import json
 import re
 from contextlib import aclosing
 from datetime import datetime, timezone
+from functools import partial
 
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
@@ -27,7 +30,7 @@ from starlette.types import Receive, Scope, Send
 from gateway.entries import Entry
 from gateway.metrics import GatewayMetrics
 from gateway.relay import Following, Hold
-from gateway.server_send import server_send
+from gateway.server_send import BodyWriter, body_writer, server_send
 from shared.errors import StreampoolError
 
 SEPARATOR = "\r\n"  # sse-starlette's default line separator
@@ -108,6 +111,9 @@ class EventStream(Response):
             if scope["method"] == "HEAD":
                 await send(END)
                 return
+            write_now = body_writer(send)
+            if write_now is not None:
+                self.following.write_now = partial(self._write_now, write_now)
             listening = asyncio.create_task(self._stop_on_disconnect(receive))
             # The writes run in a task of their own: woken once per batch, a task resumes every frame
             # it is suspended in, and here that would be the dozen of the ASGI stack above this one.
@@ -133,6 +139,14 @@ class EventStream(Response):
                         self.metrics.observe_relay_lag(batch[0].at)
         except StreampoolError as exc:
             await send({"type": "http.response.body", "body": error_frame(exc), "more_body": True})
+
+    def _write_now(self, write_now: BodyWriter, batch: list[Entry]) -> bool:
+        """A batch the hub hands over while `_write` waits, written from the hub's callback."""
+        if not write_now(b"".join(map(entry_frame, batch))):
+            return False
+        if batch[0].at:
+            self.metrics.observe_relay_lag(batch[0].at)
+        return True
 
     async def _stop_on_disconnect(self, receive: Receive) -> None:
         while (await receive())["type"] != "http.disconnect":

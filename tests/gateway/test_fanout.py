@@ -8,6 +8,7 @@ import uuid
 from collections.abc import AsyncIterator, Collection
 from typing import Any
 
+import httpx
 import pytest
 import redis.asyncio as aioredis
 
@@ -23,7 +24,8 @@ from shared.lifecycle import scripts
 from shared.lifecycle.transitions import JobStep
 from shared.requests import JobRequest
 from tests.conftest import make_settings
-from tests.helpers import eventually, notify, stream_reader_listening
+from tests.gateway.keyed_gateway import KeyedGateway
+from tests.helpers import eventually, notify, read_sse, stream_reader_listening
 
 LIMITS = StreamLimits.of(GatewaySettings())
 MODEL = "smol"
@@ -297,6 +299,44 @@ async def test_steps_of_many_workers_reach_every_follower_once_and_in_order_with
         assert ids == await _stored(relay, job_id)
         assert len(ids) == FIRST_DELTA + rounds + 1
     assert reads.named == 0
+
+
+async def test_steps_of_many_workers_reach_every_sse_client_of_a_gateway_once_and_in_order(
+    gateway_process: KeyedGateway, redis_client: aioredis.Redis, redis_url: str
+) -> None:
+    """Through a gateway process, whose event streams take live entries from the hub's callback, written
+    to each client's socket at once (`server_send.body_writer`): four workers step their jobs at once,
+    round after round, while every job has a client."""
+    await redis_client.script_load(scripts.STEP.source)
+    store = JobStore(redis_client, gateway_process.keys, make_settings(redis_url))
+    jobs = await _started_jobs(store, [f"worker-{n}" for n in range(4)], each=10)
+    every_job = [job_id for job_ids in jobs.values() for job_id in job_ids]
+    async with httpx.AsyncClient(base_url=gateway_process.base_url, timeout=60) as http:
+        received: list[list[tuple[str, dict[str, Any]]]] = [[] for _ in every_job]
+        readers = [
+            asyncio.create_task(read_sse(http, job_id, into=into))
+            for job_id, into in zip(every_job, received, strict=True)
+        ]
+        rounds = 20
+        for seq in range(FIRST_DELTA, FIRST_DELTA + rounds + 1):
+            event = _delta(seq) if seq < FIRST_DELTA + rounds else _done(seq)
+            steps = [
+                _step(store, worker, dict.fromkeys(job_ids, [event])) for worker, job_ids in jobs.items()
+            ]
+            await asyncio.gather(*steps)
+            if seq == FIRST_DELTA:  # every client live before the other rounds
+                await eventually(
+                    lambda: asyncio.sleep(0, all(len(events) > FIRST_DELTA for events in received)),
+                    "the first round read",
+                )
+        await asyncio.wait_for(asyncio.gather(*readers), 60)
+    for job_id, events in zip(every_job, received, strict=True):
+        assert [entry_id for entry_id, _ in events] == await _stored_in(redis_client, gateway_process, job_id)
+        assert len(events) == FIRST_DELTA + rounds + 1
+
+
+async def _stored_in(redis_client: aioredis.Redis, gateway: KeyedGateway, job_id: str) -> list[str]:
+    return [entry_id for entry_id, _ in await redis_client.xrange(gateway.keys.stream(job_id))]
 
 
 async def test_an_entry_after_one_the_hub_missed_has_its_stream_read_from_the_cursor(

@@ -39,7 +39,10 @@ STREAMED = {  # a streamed request of each API whose answer is made from the job
     "openai": ("/v1/chat/completions", {"model": MODEL, "messages": MESSAGES, "stream": True}),
     "tgi": ("/generate_stream", {"inputs": "Hi there!", "parameters": {"max_new_tokens": 40}}),
     "responses": ("/v1/responses", {"model": MODEL, "input": "Hi there!", "stream": True}),
+    # The native stream, whose live events the stream hub writes itself (`server_send.body_writer`).
+    "native": ("/v1/jobs", {"model": MODEL, "prompt": "Hi there!", "max_tokens": 40}),
 }
+EVENT_STREAM = {"Accept": "text/event-stream"}
 JOB_ID_HEADER = "X-Streampool-Job-Id"
 
 
@@ -201,7 +204,7 @@ async def test_a_flowing_stream_gets_no_keep_alive_and_a_silent_one_does(
     own pings go, one lands between two chunks of a flowing stream, and vLLM's benchmark client (which
     strips each read) then holds every later chunk in its buffer: a stall of all streams at once."""
     path, body = STREAMED[api]
-    async with http.stream("POST", path, json=body) as response:
+    async with http.stream("POST", path, json=body, headers=EVENT_STREAM) as response:
         assert response.status_code == 200, await response.aread()
         job_id = response.headers[JOB_ID_HEADER]
         received = Received()
