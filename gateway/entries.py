@@ -27,6 +27,12 @@ class Entry(NamedTuple):
         """An entry as redis-py reads it: its id and its fields by name."""
         return cls(entry_id, fields["type"], fields["data"], fields.get("at", ""))
 
+    @classmethod
+    def of_pairs(cls, entry_id: str, fields: list[str]) -> Entry:
+        """An entry as a script reads it: its id and its fields as a flat list of names and values."""
+        named = iter(fields)
+        return cls.of(entry_id, dict(zip(named, named, strict=False)))
+
     @property
     def terminal(self) -> bool:
         return self.type in TERMINAL_EVENT_TYPES
