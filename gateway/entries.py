@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from operator import itemgetter
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 from shared.events import TERMINAL_EVENT_TYPES, JobState
 
@@ -37,8 +37,13 @@ class Entry(NamedTuple):
     def terminal(self) -> bool:
         return self.type in TERMINAL_EVENT_TYPES
 
-    def as_dict(self) -> dict[str, Any]:
-        return {"id": self.id, **json.loads(self.data)}
+    def as_json(self) -> str:
+        """The event's JSON object with its stream id put first, as a long-poll page lists it:
+        spliced, not decoded and encoded again (a delta with logprobs is large)."""
+        body = self.data.strip()[1:]
+        if body.lstrip().startswith("}"):
+            return f'{{"id":"{self.id}"}}'
+        return f'{{"id":"{self.id}",{body}'
 
     @property
     def state(self) -> JobState | None:

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import json
 import logging
-from typing import Annotated
+import re
+from collections.abc import Callable, Coroutine
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Query, Request, Response
-from fastapi.responses import JSONResponse
+from fastapi.routing import APIRoute
 
-from gateway.auth import REQUIRE_KEY, Owner
-from gateway.deps import JobId, OwnedJobId, ServicesDep
+from gateway.auth import REQUIRE_KEY, Owner, caller
+from gateway.deps import JobId, OwnedJobId, Services, ServicesDep, checked_job_id, services_of
+from gateway.entries import Entry
 from gateway.errors import documented
 from gateway.generation import JOB_ID_HEADER
 from gateway.relay import NOT_HELD, START, StreamLimits, parse_cursor
@@ -50,6 +54,13 @@ SUBMIT_STREAM_CONTENT = {
         }
     }
 }
+
+
+CURSOR_MAX_LENGTH = 41  # of `after` and `Last-Event-ID`
+WAIT_MOST = 3600  # s, of a long-poll's `wait`, before `poll_wait_max` bounds it further
+LIMIT_MOST = 1000  # events of a long-poll page
+LIMIT_DEFAULT = 100
+JSON = "application/json"
 
 
 def _wants_events(request: Request) -> bool:
@@ -136,23 +147,24 @@ async def job_webhook(job_id: OwnedJobId, services: ServicesDep) -> WebhookDeliv
     return await services.deliveries.record(job_id, annotations.get(WEBHOOK_URL))
 
 
-@router.get(
-    "/{job_id}/events",
-    response_model=EventsPage,
-    responses={200: {"content": EVENTS_CONTENT}, **documented(404, 410, 429)},
-)
 async def job_events(
     job_id: JobId,
     owner: Owner,
     request: Request,
     services: ServicesDep,
-    after: Annotated[str | None, Query(max_length=41, description="stream id to read after")] = None,
+    after: Annotated[
+        str | None, Query(max_length=CURSOR_MAX_LENGTH, description="stream id to read after")
+    ] = None,
     wait: Annotated[
         float,
-        Query(ge=0, le=3600, description="long-poll: seconds to wait for an event (at most poll_wait_max)"),
+        Query(
+            ge=0, le=WAIT_MOST, description="long-poll: seconds to wait for an event (at most poll_wait_max)"
+        ),
     ] = 0.0,
-    limit: Annotated[int, Query(ge=1, le=1000, description="long-poll: most events per page")] = 100,
-    last_event_id: Annotated[str | None, Header(max_length=41)] = None,
+    limit: Annotated[
+        int, Query(ge=1, le=LIMIT_MOST, description="long-poll: most events per page")
+    ] = LIMIT_DEFAULT,
+    last_event_id: Annotated[str | None, Header(max_length=CURSOR_MAX_LENGTH)] = None,
 ) -> Response:
     """SSE from the cursor to the terminal event, or (without `Accept: text/event-stream`) one page."""
     cursor, limits = parse_cursor(last_event_id or after), StreamLimits.of(services.settings)
@@ -160,12 +172,82 @@ async def job_events(
         # 404 / 410 / 422 / 429 before the stream starts
         followed, hold = await services.relay.open(job_id, cursor, owner, limits)
         return EventStream(followed, hold, services.metrics, services.settings.sse_ping_seconds)
+    return await _page(job_id, cursor, wait, limit, owner, services)
+
+
+async def _page(
+    job_id: str, cursor: str, wait: float, limit: int, owner: str, services: Services
+) -> Response:
+    """One long-poll page, as an `EventsPage`'s JSON."""
     wait = min(wait, services.settings.poll_wait_max)
+    limits = StreamLimits.of(services.settings)
     entries, state, done = await services.relay.page(job_id, cursor, limit, wait, owner, limits)
-    page = EventsPage(
-        events=[entry.as_dict() for entry in entries],
-        cursor=entries[-1].id if entries else cursor,
-        status=state,
-        done=done,
+    return Response(page_json(entries, entries[-1].id if entries else cursor, state, done), media_type=JSON)
+
+
+def page_json(entries: list[Entry], cursor: str, state: JobState, done: bool) -> str:
+    """An `EventsPage` as JSON, written from the entries' own JSON (`Entry.as_json`): a page goes out
+    once per batch of events, and decoding its events to validate and encode them again cost the
+    gateway more than the rest of the page."""
+    events = ",".join(entry.as_json() for entry in entries)
+    done_json = "true" if done else "false"
+    return (
+        f'{{"events":[{events}],"cursor":{json.dumps(cursor)},"status":"{state.value}","done":{done_json}}}'
     )
-    return JSONResponse(page.model_dump(mode="json"))
+
+
+PLAIN_WAIT = re.compile(r"(0|[1-9][0-9]{0,3})(\.[0-9]{1,6})?")
+PLAIN_LIMIT = re.compile(r"[1-9][0-9]{0,3}")
+
+
+def _plain_poll(request: Request) -> tuple[str | None, float, int, str | None] | None:
+    """A long-poll's `after`, `wait`, `limit` and `Last-Event-ID` where each is absent or of the plain
+    form FastAPI takes as `job_events` declares it, within its bounds; None for a request that is
+    anything else (an event stream's, or one whose values FastAPI is to refuse or read otherwise)."""
+    query, headers = request.query_params, request.headers
+    if _wants_events(request):
+        return None
+    after, last_event_id = query.get("after"), headers.get("last-event-id")
+    wait_text, limit_text = query.get("wait"), query.get("limit")
+    if any(len(cursor) > CURSOR_MAX_LENGTH for cursor in (after or "", last_event_id or "")):
+        return None
+    wait = float(wait_text) if wait_text is not None and PLAIN_WAIT.fullmatch(wait_text) else None
+    limit = int(limit_text) if limit_text is not None and PLAIN_LIMIT.fullmatch(limit_text) else None
+    if (wait_text is not None and (wait is None or wait > WAIT_MOST)) or (
+        limit_text is not None and (limit is None or limit > LIMIT_MOST)
+    ):
+        return None
+    return after, 0.0 if wait is None else wait, LIMIT_DEFAULT if limit is None else limit, last_event_id
+
+
+class EventsRoute(APIRoute):
+    """The events route. A long-poll comes once per batch of events: a plain one (`_plain_poll`) is
+    answered by the same steps as `job_events` takes (the caller's key, the job id's form, the
+    cursor, the page), without FastAPI's resolving of its parameters, which cost the gateway as much as
+    the page. Every other request goes through FastAPI, so that a refusal is answered as FastAPI
+    answers it, and its errors come in the same order."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        resolved = super().get_route_handler()
+
+        async def handler(request: Request) -> Response:
+            plain = _plain_poll(request)
+            if plain is None:
+                return await resolved(request)
+            after, wait, limit, last_event_id = plain
+            owner = await caller(request)
+            job_id = checked_job_id(request.path_params["job_id"])
+            cursor = parse_cursor(last_event_id or after)
+            return await _page(job_id, cursor, wait, limit, owner, services_of(request))
+
+        return handler
+
+
+router.add_api_route(
+    "/{job_id}/events",
+    job_events,
+    methods=["GET"],
+    response_model=EventsPage,
+    responses={200: {"content": EVENTS_CONTENT}, **documented(404, 410, 429)},
+    route_class_override=EventsRoute,
+)
