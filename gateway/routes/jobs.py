@@ -5,11 +5,12 @@ from __future__ import annotations
 import json
 import logging
 import re
-from collections.abc import Callable, Coroutine
-from typing import Annotated, Any
+from collections.abc import Callable
+from typing import Annotated, Any, NamedTuple
 
 from fastapi import APIRouter, Header, Query, Request, Response
 from fastapi.routing import APIRoute
+from starlette.types import Receive, Scope, Send
 
 from gateway.auth import REQUIRE_KEY, Owner, caller
 from gateway.deps import JobId, OwnedJobId, Services, ServicesDep, checked_job_id, services_of
@@ -196,51 +197,80 @@ def page_json(entries: list[Entry], cursor: str, state: JobState, done: bool) ->
     )
 
 
-PLAIN_WAIT = re.compile(r"(0|[1-9][0-9]{0,3})(\.[0-9]{1,6})?")
-PLAIN_LIMIT = re.compile(r"[1-9][0-9]{0,3}")
+PLAIN_VALUES = {
+    b"after": re.compile(rb"[0-9-]{0,%d}" % CURSOR_MAX_LENGTH),
+    b"wait": re.compile(rb"(0|[1-9][0-9]{0,3})(\.[0-9]{1,6})?"),
+    b"limit": re.compile(rb"[1-9][0-9]{0,3}"),
+}
+"""The values of a long-poll's query that `_plain_poll` reads itself: plain digits, as clients send
+them; FastAPI reads every other form."""
 
 
-def _plain_poll(request: Request) -> tuple[str | None, float, int, str | None] | None:
-    """A long-poll's `after`, `wait`, `limit` and `Last-Event-ID` where each is absent or of the plain
-    form FastAPI takes as `job_events` declares it, within its bounds; None for a request that is
-    anything else (an event stream's, or one whose values FastAPI is to refuse or read otherwise)."""
-    query, headers = request.query_params, request.headers
-    if _wants_events(request):
+class Poll(NamedTuple):
+    """A plain long-poll's values, as `job_events` would be given them."""
+
+    after: str | None
+    wait: float
+    limit: int
+    last_event_id: str | None
+
+
+def _plain_poll(scope: Scope) -> Poll | None:
+    """A long-poll's `after`, `wait`, `limit` and `Last-Event-ID`, where the query has no other
+    parameter and each is absent or plain (`PLAIN_VALUES`) and within the bounds `job_events`
+    declares, read as Starlette and FastAPI read them (the last of a repeated parameter, the first of
+    a repeated header); None for a request that is anything else: an event stream's, or one whose
+    values FastAPI is to refuse, or to read otherwise."""
+    values: dict[bytes, bytes] = {}
+    query: bytes = scope["query_string"]
+    for pair in query.split(b"&") if query else ():
+        name, _, value = pair.partition(b"=")
+        plain = PLAIN_VALUES.get(name)
+        if plain is None or not plain.fullmatch(value):
+            return None
+        values[name] = value
+    accept = last_event_id = None
+    for name, value in scope["headers"]:
+        if name == b"accept" and accept is None:
+            accept = value
+        elif name == b"last-event-id" and last_event_id is None:
+            last_event_id = value.decode("latin-1")
+    if (accept is not None and b"text/event-stream" in accept) or len(
+        last_event_id or ""
+    ) > CURSOR_MAX_LENGTH:
         return None
-    after, last_event_id = query.get("after"), headers.get("last-event-id")
-    wait_text, limit_text = query.get("wait"), query.get("limit")
-    if any(len(cursor) > CURSOR_MAX_LENGTH for cursor in (after or "", last_event_id or "")):
+    wait, limit = float(values.get(b"wait", 0)), int(values.get(b"limit", LIMIT_DEFAULT))
+    if wait > WAIT_MOST or limit > LIMIT_MOST:
         return None
-    wait = float(wait_text) if wait_text is not None and PLAIN_WAIT.fullmatch(wait_text) else None
-    limit = int(limit_text) if limit_text is not None and PLAIN_LIMIT.fullmatch(limit_text) else None
-    if (wait_text is not None and (wait is None or wait > WAIT_MOST)) or (
-        limit_text is not None and (limit is None or limit > LIMIT_MOST)
-    ):
-        return None
-    return after, 0.0 if wait is None else wait, LIMIT_DEFAULT if limit is None else limit, last_event_id
+    after = values.get(b"after")
+    return Poll(None if after is None else after.decode(), wait, limit, last_event_id)
 
 
 class EventsRoute(APIRoute):
     """The events route. A long-poll comes once per batch of events: a plain one (`_plain_poll`) is
     answered by the same steps as `job_events` takes (the caller's key, the job id's form, the
-    cursor, the page), without FastAPI's resolving of its parameters, which cost the gateway as much as
-    the page. Every other request goes through FastAPI, so that a refusal is answered as FastAPI
-    answers it, and its errors come in the same order."""
+    cursor, the page) without FastAPI's resolving of its parameters and wrapping of its call, which
+    cost the gateway as much as the page; what it raises is answered by the app's exception
+    handlers, as FastAPI's raising would be. Every other request goes through FastAPI, so that a
+    refusal is answered as FastAPI answers it, and its errors come in the same order."""
 
-    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
-        resolved = super().get_route_handler()
+    def __init__(self, path: str, endpoint: Callable[..., Any], **kwargs: Any) -> None:
+        super().__init__(path, endpoint, **kwargs)
+        resolving = self.app
 
-        async def handler(request: Request) -> Response:
-            plain = _plain_poll(request)
+        async def app(scope: Scope, receive: Receive, send: Send) -> None:
+            plain = _plain_poll(scope)
             if plain is None:
-                return await resolved(request)
-            after, wait, limit, last_event_id = plain
+                await resolving(scope, receive, send)
+                return
+            request = Request(scope, receive, send)
             owner = await caller(request)
-            job_id = checked_job_id(request.path_params["job_id"])
-            cursor = parse_cursor(last_event_id or after)
-            return await _page(job_id, cursor, wait, limit, owner, services_of(request))
+            job_id = checked_job_id(scope["path_params"]["job_id"])
+            cursor = parse_cursor(plain.last_event_id or plain.after)
+            page = await _page(job_id, cursor, plain.wait, plain.limit, owner, services_of(request))
+            await page(scope, receive, send)
 
-        return handler
+        self.app = app
 
 
 router.add_api_route(
