@@ -6,7 +6,8 @@
 -- first `args.count` entries after the cursor. XINFO STREAM answers the second but with the stream's
 -- first and last entries whole; here the stream's two ends are read, and XINFO only where they do not
 -- settle it: a cursor before the first entry (were entries trimmed off the head?), one past the last
--- (only XINFO knows the last id generated), or a stream without entries.
+-- (only XINFO knows the last id generated), or a stream without entries. A cursor at the last entry
+-- needs the last alone.
 -- `args.cursor`: the cursor as '<ms>-<seq>' in plain decimals. Answers false for no record,
 -- {status, owner} for a record without a stream, else {status, owner, last generated id, oldest,
 -- entries}: `oldest` the first entry kept when the stream has lost entries after the cursor (the
@@ -31,17 +32,20 @@ end
 
 local status, owner = unpack(redis.call('HMGET', record, 'status', 'owner'))
 if not status then return false end
-local first = redis.call('XRANGE', stream, '-', '+', 'COUNT', 1)[1]
 local last = redis.call('XREVRANGE', stream, '+', '-', 'COUNT', 1)[1]
+-- A cursor at the last entry (a poll at the tip, the most common) has nothing to read, and has lost
+-- nothing: entries are only ever trimmed off a stream's head (MAXLEN), never deleted, so its last
+-- entry is the last it generated.
+if last and last[1] == cursor then return {status, owner, cursor, '', {}} end
+
 -- The entries after the cursor, where it is not at the stream's last id (from which none follow).
 local function after(last_id)
   if args.count == 0 or not before(cursor, last_id) then return {} end
   return redis.call('XRANGE', stream, '(' .. cursor, '+', 'COUNT', args.count)
 end
 
--- Entries are only ever trimmed off a stream's head (MAXLEN), never deleted: its last entry is the
--- last it generated.
-if first and not before(cursor, first[1]) and not before(last[1], cursor) then
+local first = redis.call('XRANGE', stream, '-', '+', 'COUNT', 1)[1]
+if first and not before(cursor, first[1]) and before(cursor, last[1]) then
   return {status, owner, last[1], '', after(last[1])}
 end
 local info = redis.pcall('XINFO', 'STREAM', stream)
