@@ -2,6 +2,7 @@
 client for every job, on a private Redis.
 
     python -m bench.fleet [--quick] [--workers W] [--gateways G] [--rate R] [--streams N ...]
+                          [--clients {mixed,sse,long-poll,resume}]
 
 Each level runs `streams` jobs spread over the workers (`worker_max_jobs` each), every worker's jobs
 stepping together `steps_per_second` times a second on its own clock (`STREAMPOOL_ENGINE=synthetic`,
@@ -42,7 +43,7 @@ import uvloop
 
 from bench import fleet_report, redis_probe, report, system
 from bench.delivery import Delivery, account, lags
-from bench.fleet_clients import KINDS, ClientReport, Clients
+from bench.fleet_clients import CLIENT_MIXES, KINDS, ClientReport, Clients
 from bench.fleet_figures import FleetLevel, FleetPlan, FleetRun
 from bench.fleet_system import START_TIMEOUT_SECONDS, Fleet
 from bench.redis_probe import Probe
@@ -120,7 +121,7 @@ async def run_level(
         on_progress(f"{streams} streams: measuring the steps, nobody following")
         unfollowed, _, _ = await fleet.window(plan.unfollowed_seconds, [])
         client_seconds = START_TIMEOUT_SECONDS + plan.seconds + DRAIN_TIMEOUT_SECONDS + 2 * SETTLE_SECONDS
-        clients = Clients(job_ids, fleet.ports, plan.client_processes, client_seconds)
+        clients = Clients(job_ids, fleet.ports, plan.client_processes, client_seconds, plan.clients)
         try:
             on_progress(f"{streams} streams: connecting the clients")
             await clients.until_settled(START_TIMEOUT_SECONDS)
@@ -243,6 +244,12 @@ def main_parser() -> argparse.ArgumentParser:
     parser.add_argument("--seconds", type=float, help="the followed window of each level")
     parser.add_argument("--unfollowed-seconds", type=float, help="the window with nobody following")
     parser.add_argument("--limit-requests", type=int, help="redis-benchmark requests for each limit")
+    parser.add_argument(
+        "--clients",
+        choices=CLIENT_MIXES,
+        help="how the clients follow: the mix (default: one in ten long-polls, one in ten resumes, the rest"
+        " SSE), or every client one way, to measure that one's cost alone",
+    )
     return parser
 
 

@@ -1,10 +1,11 @@
 """The fleet's clients: one per job, in processes of their own, each recording the deltas it receives.
 
-Most follow over SSE (`sse_client.EventsConnection`, from the stream's start); every tenth long-polls
-(`sse_client.Poller`, waiting at the tip); and every tenth other drops its SSE connection once its first
-delta has come and resumes with `Last-Event-ID` from the last one it got, as a browser's EventSource
-does. Each records, per job, every delta's seq and arrival time (time.time()) in the order received,
-for `bench.delivery` to check against the stream.
+In the mix a run has by default (`MIXED`), most follow over SSE (`sse_client.EventsConnection`, from the
+stream's start); every tenth long-polls (`sse_client.Poller`, waiting at the tip); and every tenth other
+drops its SSE connection once its first delta has come and resumes with `Last-Event-ID` from the last one
+it got, as a browser's EventSource does. A run may instead have every client follow one way
+(`--clients`), so that one kind's cost is measured alone. Each records, per job, every delta's seq and
+arrival time (time.time()) in the order received, for `bench.delivery` to check against the stream.
 
 A process stops by itself: when every job it follows has ended, or at its deadline. `Clients` starts
 and gathers them from the harness's side.
@@ -32,6 +33,9 @@ from bench.sse_client import EventsConnection, Poller
 
 SSE, LONG_POLL, RESUME = "sse", "long-poll", "resume"
 KINDS = (SSE, LONG_POLL, RESUME)
+MIXED = "mixed"
+CLIENT_MIXES = (MIXED, *KINDS)
+"""What `--clients` may be: the mix, or one kind for every client."""
 CONNECTING = 128
 """Connections being opened at once, over all client processes: each catches up from its stream's start
 on one of a gateway's few Redis connections (`redis_max_connections`), and a request that waits too
@@ -43,8 +47,11 @@ POLL_LIMIT = 1000
 TERMINAL = frozenset({"done", "cancelled", "error"})
 
 
-def kind_of(index: int) -> str:
-    """How the client of the `index`th job follows it: one in ten long-polls, one in ten resumes."""
+def kind_of(index: int, clients: str = MIXED) -> str:
+    """How the client of the `index`th job follows it: in the mix, one in ten long-polls and one in ten
+    resumes; otherwise as `clients` says."""
+    if clients != MIXED:
+        return clients
     return LONG_POLL if index % 10 == 0 else RESUME if index % 10 == 5 else SSE
 
 
@@ -205,14 +212,18 @@ def client_process(follows: list[Follow], settled: Any, results: Any, seconds: f
 class Clients:
     """A level's client processes, one share of the jobs each, from the harness's side."""
 
-    def __init__(self, job_ids: list[str], ports: list[int], processes: int, seconds: float) -> None:
-        """Start them: the `n`th job's client follows it as `kind_of(n)` says, through the gateway of
-        `ports` whose turn it is; each process stops by itself after `seconds` at most."""
+    def __init__(
+        self, job_ids: list[str], ports: list[int], processes: int, seconds: float, clients: str = MIXED
+    ) -> None:
+        """Start them: the `n`th job's client follows it as `kind_of(n, clients)` says, through the
+        gateway of `ports` whose turn it is; each process stops by itself after `seconds` at most."""
         context = mp.get_context("spawn")
         self.count = len(job_ids)
         self.settled: Synchronized[int] = context.Value("i", 0)
         self.results: mp.queues.Queue[ClientReport] = context.Queue()
-        follows = [Follow(job_id, kind_of(n), ports[n % len(ports)]) for n, job_id in enumerate(job_ids)]
+        follows = [
+            Follow(job_id, kind_of(n, clients), ports[n % len(ports)]) for n, job_id in enumerate(job_ids)
+        ]
         shares = [follows[n::processes] for n in range(processes)]
         at_once = max(1, CONNECTING // processes)
         self.processes: list[SpawnProcess] = [

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from bench.delivery import Delivery
+from bench.fleet_clients import MIXED
 from bench.stats import percentile
 
 if TYPE_CHECKING:  # a run keeps the limits of its Redis beside its levels
@@ -140,6 +141,9 @@ class FleetPlan:
     unfollowed_seconds: float
     limit_requests: int  # sent by redis-benchmark for each physical limit
     gateway_processes: int = 1  # each gateway's processes on its one port (`streampool gateway --processes`)
+    clients: str = (
+        MIXED  # how the clients follow: the mix, or one kind for all (`fleet_clients.CLIENT_MIXES`)
+    )
 
 
 @dataclass

@@ -8,7 +8,7 @@ from typing import Any
 
 from bench.capacity_model import redis_cores_per_event
 from bench.capacity_report import TYPICAL, UTILIZATION
-from bench.fleet_clients import KINDS
+from bench.fleet_clients import KINDS, LONG_POLL, MIXED, RESUME, SSE
 from bench.fleet_figures import QUANTILES, RELAY_COMMANDS, STEP_COMMANDS, FleetLevel, FleetPlan, FleetRun
 
 HEADING = "## 9. The data plane at a fleet's rates (synthetic engine)"
@@ -84,6 +84,23 @@ def _gateways(plan: FleetPlan) -> str:
     return f"{plan.gateways} gateways of {plan.gateway_processes} processes each on its port (`--processes`)"
 
 
+CLIENTS_ALONE = {
+    SSE: "every one follows over SSE",
+    LONG_POLL: "every one long-polls, waiting at the tip",
+    RESUME: "every one drops its SSE connection after its first delta and resumes with `Last-Event-ID`",
+}
+
+
+def _clients(plan: FleetPlan) -> str:
+    """How the run's clients follow their jobs (`--clients`)."""
+    if plan.clients == MIXED:
+        return (
+            "one in ten long-polls, one in ten drops its SSE connection after its first delta and resumes"
+            " with `Last-Event-ID`, the rest follow over SSE"
+        )
+    return CLIENTS_ALONE[plan.clients] + f" (`--clients {plan.clients}`)"
+
+
 def _sizing_rows(run: FleetRun) -> list[str]:
     """What the costs at the level with the most streams followed mean for GPU workers, by the capacity
     model (`capacity_model.redis_cores_per_event`)."""
@@ -129,10 +146,9 @@ def section(run: FleetRun) -> list[str]:
         "",
         f"Measured by `{run.command}` ({run.measured}, {run.minutes:.1f} minutes): {plan.workers} workers"
         f" on the synthetic engine, {_gateways(plan)}, a client for every job in"
-        f" {plan.client_processes} processes (one in ten long-polls, one in ten drops its SSE connection"
-        " after its first delta and resumes with `Last-Event-ID`, the rest follow over SSE), a private"
-        " Redis. Each level runs `streams` jobs spread evenly over the workers, each worker's jobs stepping"
-        " together at the rate asked on the worker's own clock, the workers started one after the other so"
+        f" {plan.client_processes} processes ({_clients(plan)}), a private Redis. Each level runs `streams`"
+        " jobs spread evenly over the workers, each worker's jobs stepping together at the rate asked on"
+        " the worker's own clock, the workers started one after the other so"
         f" that their steps are out of phase. Redis is measured for {plan.unfollowed_seconds:g} s with"
         " nobody following the jobs (its CPU per event there is the steps': append, lease and cancel"
         f" checks, heartbeats), then for {plan.seconds:g} s with every job followed (all); relay = all -"

@@ -149,6 +149,11 @@ async def _caller(
         raise
 
 
+async def caller(request: Request) -> str:
+    """The caller's owner id as `Owner` resolves it, for a route that resolves its own parameters."""
+    return await _caller(request, await _bearer(request))
+
+
 async def _operator(request: Request) -> bool:
     # Read here rather than through `HTTPBearer`, which would document the route as refusing a
     # request without a token: it serves its other series to anyone.

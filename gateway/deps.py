@@ -45,10 +45,15 @@ class Services:
         return self.relay.open_streams.hold(owner, StreamLimits.of(self.settings))
 
 
-async def _services(request: Request) -> Services:
-    """Async, as every dependency here: FastAPI runs a plain function in its thread pool (a hop)."""
+def services_of(request: Request) -> Services:
+    """What the lifespan built, for the request's route."""
     services: Services = request.app.state.services
     return services
+
+
+async def _services(request: Request) -> Services:
+    """Async, as every dependency here: FastAPI runs a plain function in its thread pool (a hop)."""
+    return services_of(request)
 
 
 ServicesDep = Annotated[Services, Depends(_services)]
@@ -63,14 +68,19 @@ is asked."""
 JobIdPath = Annotated[str, Path(description="job id: 32 lowercase hex digits")]
 
 
-async def _job_id(job_id: JobIdPath) -> str:
+def checked_job_id(job_id: str) -> str:
+    """The job id, if it has the form job ids have; else 404 (see `JOB_ID`)."""
     if not JOB_ID.fullmatch(job_id):
         raise JobNotFound(f"no job {job_id}")
     return job_id
 
 
+async def _job_id(job_id: JobIdPath) -> str:
+    return checked_job_id(job_id)
+
+
 async def _owned_job_id(job_id: JobIdPath, owner: Owner, services: ServicesDep) -> str:
-    await services.store.check_owner(await _job_id(job_id), owner)
+    await services.store.check_owner(checked_job_id(job_id), owner)
     return job_id
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from operator import itemgetter
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 from shared.events import TERMINAL_EVENT_TYPES, JobState
 
@@ -27,12 +27,23 @@ class Entry(NamedTuple):
         """An entry as redis-py reads it: its id and its fields by name."""
         return cls(entry_id, fields["type"], fields["data"], fields.get("at", ""))
 
+    @classmethod
+    def of_pairs(cls, entry_id: str, fields: list[str]) -> Entry:
+        """An entry as a script reads it: its id and its fields as a flat list of names and values."""
+        named = iter(fields)
+        return cls.of(entry_id, dict(zip(named, named, strict=False)))
+
     @property
     def terminal(self) -> bool:
         return self.type in TERMINAL_EVENT_TYPES
 
-    def as_dict(self) -> dict[str, Any]:
-        return {"id": self.id, **json.loads(self.data)}
+    def as_json(self) -> str:
+        """The event's JSON object with its stream id put first, as a long-poll page lists it:
+        spliced, not decoded and encoded again (a delta with logprobs is large)."""
+        body = self.data.strip()[1:]
+        if body.lstrip().startswith("}"):
+            return f'{{"id":"{self.id}"}}'
+        return f'{{"id":"{self.id}",{body}'
 
     @property
     def state(self) -> JobState | None:

@@ -16,7 +16,7 @@ from collections import Counter
 from collections.abc import AsyncGenerator, Callable, Iterator
 from contextlib import aclosing, contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import NamedTuple
 
 import redis.asyncio as aioredis
 
@@ -26,6 +26,7 @@ from shared.config import GatewaySettings
 from shared.errors import BackendUnavailable, CursorExpired, InvalidRequest, JobNotFound, Overloaded
 from shared.events import JobState
 from shared.keys import ANONYMOUS_OWNER, Keys
+from shared.lifecycle import scripts
 from shared.redis_client import redis_errors
 
 CURSOR = re.compile(r"[0-9]{1,20}(-[0-9]{1,20})?")
@@ -43,19 +44,21 @@ def _id_tuple(stream_id: str) -> tuple[int, int]:
     return int(ms), int(seq or 0)
 
 
-def _oldest_readable(info: dict[str, Any]) -> tuple[int, int]:
-    """The smallest cursor that loses nothing: entries trimmed off the head sit below the first one kept.
+class AtCursor(NamedTuple):
+    """What a reader's cursor finds in its job's stream (`cursor_check.lua`): the last id the stream
+    generated; the first entry it keeps where it has lost entries after the cursor ('' where it has
+    not: entries trimmed off the head sit below the first one kept, and a cursor exactly at the last
+    trimmed entry lacks none but is refused too, as the stream no longer says which that was); and
+    the first entries after the cursor, as many as were asked for."""
 
-    A cursor exactly at the last trimmed entry is refused too: the stream no longer says which that was.
-    """
-    if int(info["entries-added"]) <= int(info["length"]) or not info.get("first-entry"):
-        return (0, 0)
-    return _id_tuple(info["first-entry"][0])
+    last: str
+    oldest: str
+    entries: list[Entry]
 
 
-def _past(cursor: str, info: dict[str, Any]) -> bool:
+def _past(cursor: str, found: AtCursor) -> bool:
     """Whether `cursor` is past the last entry the stream has had."""
-    return _id_tuple(cursor) > _id_tuple(info["last-generated-id"])
+    return _id_tuple(cursor) > _id_tuple(found.last)
 
 
 def parse_cursor(cursor: str | None) -> str:
@@ -184,13 +187,14 @@ class Relay:
         self.open_streams = OpenStreams()
 
     async def check(
-        self, job_id: str, cursor: str, owner: str, limits: StreamLimits
-    ) -> tuple[JobState, bool]:
-        """The job's state, and whether `cursor` is at or past the stream's last entry (nothing
-        left to read now); 404 for an unknown job, 410 for a cursor older than what is kept, 422
-        for a cursor past the end of a running job's stream that the stream does not reach within
-        `AHEAD_WAIT_SECONDS`, or before the job ends. Such a wait holds a place of `owner`'s among
-        the open readers (429 past the limits).
+        self, job_id: str, cursor: str, owner: str, limits: StreamLimits, count: int = 0
+    ) -> tuple[JobState, bool, list[Entry]]:
+        """The job's state, whether `cursor` is at or past the stream's last entry (nothing left to
+        read now), and up to `count` entries after it, read in the same round trip; 404 for an
+        unknown job, 410 for a cursor older than what is kept, 422 for a cursor past the end of a
+        running job's stream that the stream does not reach within `AHEAD_WAIT_SECONDS`, or before
+        the job ends. Such a wait holds a place of `owner`'s among the open readers (429 past the
+        limits).
 
         A cursor past the end names no event the stream holds: relayed to the hub, whose one read
         of a stream starts after its first follower's cursor, it would hide every new entry from
@@ -200,25 +204,25 @@ class Relay:
         refused. A finished job has nothing after its terminal event, so there such a cursor is
         simply at the end.
         """
-        state, info = await self._state_and_stream(job_id, owner)
-        if not state.terminal and _past(cursor, info):
+        state, found = await self._state_and_stream(job_id, owner, cursor, count)
+        if not state.terminal and _past(cursor, found):
             with self.open_streams.hold(owner, limits):
-                state, info = await self._until_reached(job_id, owner, cursor, info)
-            if _past(cursor, info):
+                state, found = await self._until_reached(job_id, owner, cursor, count, found)
+            if _past(cursor, found):
                 raise InvalidRequest(
-                    f"cursor {cursor} is past the job's last event {info['last-generated-id']}: "
+                    f"cursor {cursor} is past the job's last event {found.last}: "
                     "resume from the id of an event this job sent"
                 )
-        if _id_tuple(cursor) < _oldest_readable(info):
-            oldest = info["first-entry"][0]
+        if found.oldest:
             raise CursorExpired(
-                f"events after {cursor} are no longer all kept; the oldest kept is {oldest}", oldest=oldest
+                f"events after {cursor} are no longer all kept; the oldest kept is {found.oldest}",
+                oldest=found.oldest,
             )
-        return state, _id_tuple(cursor) >= _id_tuple(info["last-generated-id"])
+        return state, _id_tuple(cursor) >= _id_tuple(found.last), found.entries
 
     async def _until_reached(
-        self, job_id: str, owner: str, cursor: str, info: dict[str, Any]
-    ) -> tuple[JobState, dict[str, Any]]:
+        self, job_id: str, owner: str, cursor: str, count: int, found: AtCursor
+    ) -> tuple[JobState, AtCursor]:
         """The job's state and stream once the stream has reached `cursor`, the job has ended, or
         `AHEAD_WAIT_SECONDS` have passed.
 
@@ -231,29 +235,32 @@ class Relay:
         deadline = loop.time() + AHEAD_WAIT_SECONDS
         stream = self.keys.stream(job_id)
         while True:
-            async with self.hub.subscribe(stream, info["last-generated-id"], DEFAULT_BATCH_BYTES) as woken:
+            async with self.hub.subscribe(stream, found.last, DEFAULT_BATCH_BYTES) as woken:
                 while not woken.lagged:  # a dropped subscription is made again
-                    state, info = await self._state_and_stream(job_id, owner)
-                    if state.terminal or not _past(cursor, info) or loop.time() >= deadline:
-                        return state, info
+                    state, found = await self._state_and_stream(job_id, owner, cursor, count)
+                    if state.terminal or not _past(cursor, found) or loop.time() >= deadline:
+                        return state, found
                     await woken.wait(deadline - loop.time())
                     woken.take()
 
-    async def _state_and_stream(self, job_id: str, owner: str) -> tuple[JobState, dict[str, Any]]:
-        """The job's state and XINFO of its stream; 404 for an unknown job or another owner's, which
-        the events route leaves to this one round trip (a long-poll makes one a batch of events).
+    async def _state_and_stream(
+        self, job_id: str, owner: str, cursor: str, count: int
+    ) -> tuple[JobState, AtCursor]:
+        """The job's state and what `cursor` finds in its stream, up to `count` entries after it
+        included, in one script (`cursor_check.lua`: XINFO STREAM would answer with the stream's first
+        and last entries whole); 404 for an unknown job or another owner's, which the events route
+        leaves to this one round trip (a long-poll makes one a batch of events).
 
         The status is read before the stream: the script that ends a job writes both, so a job read
-        as ended has its terminal event in what follows. (Not in MULTI: a Redis out of memory
-        refuses every command queued in one, reads included.)"""
+        as ended has its terminal event in what follows."""
+        keys = [self.keys.job(job_id), self.keys.stream(job_id)]
+        ms, seq = _id_tuple(cursor)
         with redis_errors():
-            async with self.redis.pipeline(transaction=False) as pipe:
-                pipe.hmget(self.keys.job(job_id), ["status", "owner"])
-                pipe.xinfo_stream(self.keys.stream(job_id))
-                (status, recorded), info = await pipe.execute(raise_on_error=False)
-        if status is None or recorded != owner or isinstance(info, Exception):
+            answer = await scripts.CURSOR_CHECK(self.redis, keys, {"cursor": f"{ms}-{seq}", "count": count})
+        if not answer or len(answer) < 5 or answer[1] != owner:
             raise JobNotFound(f"no job {job_id}")
-        return JobState(status), info
+        status, _, last, oldest, entries = answer
+        return JobState(status), AtCursor(last, oldest, [Entry.of_pairs(*entry) for entry in entries])
 
     async def open(
         self, job_id: str, cursor: str, owner: str, limits: StreamLimits
@@ -261,7 +268,7 @@ class Relay:
         """A follow of the job from a client's cursor, checked first (see `check`), and its place among
         the owner's open readers (see `OpenStreams.hold`), for the answer that streams it to give back;
         one already at the end of a finished job ends at once."""
-        state, at_end = await self.check(job_id, cursor, owner, limits)
+        state, at_end, _ = await self.check(job_id, cursor, owner, limits)
         hold = self.open_streams.hold(owner, limits)
         following = self.follow(job_id, cursor, limits.batch_bytes, at_end=at_end)
         if state.terminal and at_end:
@@ -282,11 +289,10 @@ class Relay:
         """Up to `limit` entries after `cursor` (waiting up to `wait` s for one), the state, and done.
 
         The state is read before the entries: a job already ended has its terminal event
-        in the stream, so an empty read past it means the client has seen everything. A cursor
-        at the stream's end skips the read: a poll at the tip waits at once.
+        in the stream, so an empty read past it means the client has seen everything. The check
+        reads the entries too, in its one round trip; a cursor at the stream's end waits at once.
         """
-        state, at_end = await self.check(job_id, cursor, owner, limits)
-        entries = [] if at_end else await self.read(job_id, cursor, limit)
+        state, _, entries = await self.check(job_id, cursor, owner, limits, limit)
         if not entries and wait > 0 and not state.terminal:
             entries = (await self._first_batch(job_id, cursor, wait, owner, limits))[:limit]
         done = any(entry.terminal for entry in entries) or (state.terminal and not entries)

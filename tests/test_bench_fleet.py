@@ -72,6 +72,14 @@ def test_one_client_in_ten_long_polls_and_one_in_ten_resumes() -> None:
     assert (kinds.count(LONG_POLL), kinds.count(RESUME), kinds.count(SSE)) == (10, 10, 80)
 
 
+def test_clients_of_one_kind_are_all_of_it_and_the_report_says_so() -> None:
+    plan = plan_of(main_parser().parse_args(["--quick", "--clients", LONG_POLL]))
+    assert plan.clients == LONG_POLL and plan_of(main_parser().parse_args(["--quick"])).clients == "mixed"
+    assert {kind_of(index, plan.clients) for index in range(100)} == {LONG_POLL}
+    described = section(replace(run_of(level()), plan=plan))[2]
+    assert "every one long-polls" in described and "`--clients long-poll`" in described
+
+
 def window(events: int, redis_cpu: float, gateway_cpu: float = 0.0, **more: object) -> Window:
     values: dict[str, object] = {
         "seconds": 2.0,

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import json
 import logging
-from typing import Annotated
+import re
+from collections.abc import Callable
+from typing import Annotated, Any, NamedTuple
 
 from fastapi import APIRouter, Header, Query, Request, Response
-from fastapi.responses import JSONResponse
+from fastapi.routing import APIRoute
+from starlette.types import Receive, Scope, Send
 
-from gateway.auth import REQUIRE_KEY, Owner
-from gateway.deps import JobId, OwnedJobId, ServicesDep
+from gateway.auth import REQUIRE_KEY, Owner, caller
+from gateway.deps import JobId, OwnedJobId, Services, ServicesDep, checked_job_id, services_of
+from gateway.entries import Entry
 from gateway.errors import documented
 from gateway.generation import JOB_ID_HEADER
 from gateway.relay import NOT_HELD, START, StreamLimits, parse_cursor
@@ -50,6 +55,13 @@ SUBMIT_STREAM_CONTENT = {
         }
     }
 }
+
+
+CURSOR_MAX_LENGTH = 41  # of `after` and `Last-Event-ID`
+WAIT_MOST = 3600  # s, of a long-poll's `wait`, before `poll_wait_max` bounds it further
+LIMIT_MOST = 1000  # events of a long-poll page
+LIMIT_DEFAULT = 100
+JSON = "application/json"
 
 
 def _wants_events(request: Request) -> bool:
@@ -136,23 +148,24 @@ async def job_webhook(job_id: OwnedJobId, services: ServicesDep) -> WebhookDeliv
     return await services.deliveries.record(job_id, annotations.get(WEBHOOK_URL))
 
 
-@router.get(
-    "/{job_id}/events",
-    response_model=EventsPage,
-    responses={200: {"content": EVENTS_CONTENT}, **documented(404, 410, 429)},
-)
 async def job_events(
     job_id: JobId,
     owner: Owner,
     request: Request,
     services: ServicesDep,
-    after: Annotated[str | None, Query(max_length=41, description="stream id to read after")] = None,
+    after: Annotated[
+        str | None, Query(max_length=CURSOR_MAX_LENGTH, description="stream id to read after")
+    ] = None,
     wait: Annotated[
         float,
-        Query(ge=0, le=3600, description="long-poll: seconds to wait for an event (at most poll_wait_max)"),
+        Query(
+            ge=0, le=WAIT_MOST, description="long-poll: seconds to wait for an event (at most poll_wait_max)"
+        ),
     ] = 0.0,
-    limit: Annotated[int, Query(ge=1, le=1000, description="long-poll: most events per page")] = 100,
-    last_event_id: Annotated[str | None, Header(max_length=41)] = None,
+    limit: Annotated[
+        int, Query(ge=1, le=LIMIT_MOST, description="long-poll: most events per page")
+    ] = LIMIT_DEFAULT,
+    last_event_id: Annotated[str | None, Header(max_length=CURSOR_MAX_LENGTH)] = None,
 ) -> Response:
     """SSE from the cursor to the terminal event, or (without `Accept: text/event-stream`) one page."""
     cursor, limits = parse_cursor(last_event_id or after), StreamLimits.of(services.settings)
@@ -160,12 +173,111 @@ async def job_events(
         # 404 / 410 / 422 / 429 before the stream starts
         followed, hold = await services.relay.open(job_id, cursor, owner, limits)
         return EventStream(followed, hold, services.metrics, services.settings.sse_ping_seconds)
+    return await _page(job_id, cursor, wait, limit, owner, services)
+
+
+async def _page(
+    job_id: str, cursor: str, wait: float, limit: int, owner: str, services: Services
+) -> Response:
+    """One long-poll page, as an `EventsPage`'s JSON."""
     wait = min(wait, services.settings.poll_wait_max)
+    limits = StreamLimits.of(services.settings)
     entries, state, done = await services.relay.page(job_id, cursor, limit, wait, owner, limits)
-    page = EventsPage(
-        events=[entry.as_dict() for entry in entries],
-        cursor=entries[-1].id if entries else cursor,
-        status=state,
-        done=done,
+    return Response(page_json(entries, entries[-1].id if entries else cursor, state, done), media_type=JSON)
+
+
+def page_json(entries: list[Entry], cursor: str, state: JobState, done: bool) -> str:
+    """An `EventsPage` as JSON, written from the entries' own JSON (`Entry.as_json`): a page goes out
+    once per batch of events, and decoding its events to validate and encode them again cost the
+    gateway more than the rest of the page."""
+    events = ",".join(entry.as_json() for entry in entries)
+    done_json = "true" if done else "false"
+    return (
+        f'{{"events":[{events}],"cursor":{json.dumps(cursor)},"status":"{state.value}","done":{done_json}}}'
     )
-    return JSONResponse(page.model_dump(mode="json"))
+
+
+PLAIN_VALUES = {
+    b"after": re.compile(rb"[0-9-]{0,%d}" % CURSOR_MAX_LENGTH),
+    b"wait": re.compile(rb"(0|[1-9][0-9]{0,3})(\.[0-9]{1,6})?"),
+    b"limit": re.compile(rb"[1-9][0-9]{0,3}"),
+}
+"""The values of a long-poll's query that `_plain_poll` reads itself: plain digits, as clients send
+them; FastAPI reads every other form."""
+
+
+class Poll(NamedTuple):
+    """A plain long-poll's values, as `job_events` would be given them."""
+
+    after: str | None
+    wait: float
+    limit: int
+    last_event_id: str | None
+
+
+def _plain_poll(scope: Scope) -> Poll | None:
+    """A long-poll's `after`, `wait`, `limit` and `Last-Event-ID`, where the query has no other
+    parameter and each is absent or plain (`PLAIN_VALUES`) and within the bounds `job_events`
+    declares, read as Starlette and FastAPI read them (the last of a repeated parameter, the first of
+    a repeated header); None for a request that is anything else: an event stream's, or one whose
+    values FastAPI is to refuse, or to read otherwise."""
+    values: dict[bytes, bytes] = {}
+    query: bytes = scope["query_string"]
+    for pair in query.split(b"&") if query else ():
+        name, _, value = pair.partition(b"=")
+        plain = PLAIN_VALUES.get(name)
+        if plain is None or not plain.fullmatch(value):
+            return None
+        values[name] = value
+    accept = last_event_id = None
+    for name, value in scope["headers"]:
+        if name == b"accept" and accept is None:
+            accept = value
+        elif name == b"last-event-id" and last_event_id is None:
+            last_event_id = value.decode("latin-1")
+    if (accept is not None and b"text/event-stream" in accept) or len(
+        last_event_id or ""
+    ) > CURSOR_MAX_LENGTH:
+        return None
+    wait, limit = float(values.get(b"wait", 0)), int(values.get(b"limit", LIMIT_DEFAULT))
+    if wait > WAIT_MOST or limit > LIMIT_MOST:
+        return None
+    after = values.get(b"after")
+    return Poll(None if after is None else after.decode(), wait, limit, last_event_id)
+
+
+class EventsRoute(APIRoute):
+    """The events route. A long-poll comes once per batch of events: a plain one (`_plain_poll`) is
+    answered by the same steps as `job_events` takes (the caller's key, the job id's form, the
+    cursor, the page) without FastAPI's resolving of its parameters and wrapping of its call, which
+    cost the gateway as much as the page; what it raises is answered by the app's exception
+    handlers, as FastAPI's raising would be. Every other request goes through FastAPI, so that a
+    refusal is answered as FastAPI answers it, and its errors come in the same order."""
+
+    def __init__(self, path: str, endpoint: Callable[..., Any], **kwargs: Any) -> None:
+        super().__init__(path, endpoint, **kwargs)
+        resolving = self.app
+
+        async def app(scope: Scope, receive: Receive, send: Send) -> None:
+            plain = _plain_poll(scope)
+            if plain is None:
+                await resolving(scope, receive, send)
+                return
+            request = Request(scope, receive, send)
+            owner = await caller(request)
+            job_id = checked_job_id(scope["path_params"]["job_id"])
+            cursor = parse_cursor(plain.last_event_id or plain.after)
+            page = await _page(job_id, cursor, plain.wait, plain.limit, owner, services_of(request))
+            await page(scope, receive, send)
+
+        self.app = app
+
+
+router.add_api_route(
+    "/{job_id}/events",
+    job_events,
+    methods=["GET"],
+    response_model=EventsPage,
+    responses={200: {"content": EVENTS_CONTENT}, **documented(404, 410, 429)},
+    route_class_override=EventsRoute,
+)

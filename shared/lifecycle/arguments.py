@@ -159,3 +159,8 @@ class BatchMoveArgs(TypedDict):
     fields: dict[str, str]  # written into the record with the move
     ends: bool  # `to` is an end: the batch leaves the active ones, its webhook hears of it
     retention: int  # seconds an ended batch's record stays readable
+
+
+class CursorCheckArgs(TypedDict):
+    cursor: str  # a reader's cursor as '<ms>-<seq>', in decimals without leading zeros
+    count: int  # most entries after it to read; 0 for none

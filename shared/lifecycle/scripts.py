@@ -27,6 +27,7 @@ from shared.lifecycle.arguments import (
     BatchMoveArgs,
     CancelArgs,
     ClaimArgs,
+    CursorCheckArgs,
     FinishArgs,
     ReleaseArgs,
     RenewArgs,
@@ -147,3 +148,4 @@ DELETE: LuaScript[list[Any]] = LuaScript.load("delete")  # no ARGV
 TENANT_USAGE: LuaScript[TenantUsageArgs] = LuaScript.load("tenant_usage")
 UNCLAIM: LuaScript[UnclaimArgs] = LuaScript.load("unclaim")
 BATCH_MOVE: LuaScript[BatchMoveArgs] = LuaScript.load("batch_move")
+CURSOR_CHECK: LuaScript[CursorCheckArgs] = LuaScript.load("cursor_check")  # a read: the gateway's relay

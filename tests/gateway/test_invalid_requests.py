@@ -122,6 +122,46 @@ async def test_garbage_cursor_is_422(gateway: httpx.AsyncClient) -> None:
     assert answer.json()["error_type"] == "validation"
 
 
+@pytest.mark.parametrize(
+    "params",
+    [
+        {"limit": "0"},
+        {"limit": "1001"},
+        {"limit": "some"},
+        {"wait": "-1"},
+        {"wait": "3601"},
+        {"wait": "soon"},
+        {"after": "1" * 42},
+    ],
+)
+async def test_a_poll_with_a_value_out_of_its_bounds_is_422(
+    gateway: httpx.AsyncClient, params: dict[str, str]
+) -> None:
+    job = (await gateway.post("/v1/jobs", json={"prompt": "hi"})).json()
+    answer = await gateway.get(f"/v1/jobs/{job['id']}/events", params=params)
+    assert answer.status_code == 422
+    assert answer.json()["error_type"] == "validation"
+    assert answer.json()["detail"][0]["loc"][1] == next(iter(params))
+
+
+async def test_a_page_is_the_same_whichever_way_its_values_are_written(gateway: httpx.AsyncClient) -> None:
+    """Plain values are read by the route itself (`routes.jobs.EventsRoute`), others by FastAPI."""
+    job_id = (await gateway.post("/v1/jobs", json={"prompt": "hi"})).json()["id"]
+    await gateway.post(f"/v1/jobs/{job_id}/cancel")
+    events = f"/v1/jobs/{job_id}/events"
+    for plain, other in [
+        ({"limit": "1", "wait": "0"}, {"limit": "01", "wait": "0.0e0"}),
+        ({}, {"wait": " 0 "}),
+    ]:
+        answers = [await gateway.get(events, params=params) for params in (plain, other)]
+        assert [answer.status_code for answer in answers] == [200, 200]
+        assert answers[0].content == answers[1].content
+        assert answers[0].headers["content-type"] == answers[1].headers["content-type"] == "application/json"
+    first = (await gateway.get(events, params={"limit": "1"})).json()
+    assert (first["cursor"], first["done"]) == (first["events"][0]["id"], False)
+    assert (await gateway.get(events, params={"after": first["cursor"]})).json()["done"] is True
+
+
 async def test_submission_past_the_queue_limit_is_429_with_retry_after(
     gateway: httpx.AsyncClient, redis_client: aioredis.Redis, settings: Settings
 ) -> None:

@@ -7,8 +7,10 @@ import json
 import pytest
 
 from gateway.relay import START, Entry, parse_cursor
+from gateway.routes.jobs import page_json
 from shared.errors import InvalidRequest
 from shared.events import JobState
+from shared.requests import EventsPage
 
 MAX_ID = "18446744073709551615"  # Redis stream ids are two unsigned 64-bit integers
 
@@ -59,6 +61,33 @@ def test_entry_knows_the_state_it_moves_the_job_into(
     assert event.terminal is terminal
 
 
-def test_entry_as_dict_puts_the_stream_id_beside_the_event() -> None:
-    event = Entry("5-1", "delta", '{"type": "delta", "seq": 3}')
-    assert event.as_dict() == {"id": "5-1", "type": "delta", "seq": 3}
+@pytest.mark.parametrize(
+    ("data", "event"),
+    [
+        ('{"type": "delta", "seq": 3}', {"type": "delta", "seq": 3}),
+        ('{"type":"done","seq":4,"text":"\u00e9}"}', {"type": "done", "seq": 4, "text": "\u00e9}"}),
+        ("{}", {}),
+        (" { } ", {}),
+    ],
+)
+def test_entry_as_json_puts_the_stream_id_first_in_the_event(data: str, event: dict[str, object]) -> None:
+    as_json = Entry("5-1", "delta", data).as_json()
+    assert json.loads(as_json) == {"id": "5-1", **event}
+    assert as_json.startswith('{"id":"5-1"')
+
+
+@pytest.mark.parametrize("done", [False, True])
+def test_a_page_is_written_as_the_events_page_model_writes_it(done: bool) -> None:
+    entries = [
+        Entry("1-1", "status", json.dumps({"type": "status", "seq": 1, "state": "running"})),
+        Entry("2-1", "delta", json.dumps({"type": "delta", "seq": 2, "text": 'é\n"', "logprobs": [-0.1]})),
+    ]
+    for listed in (entries, []):
+        page = EventsPage(
+            events=[{"id": entry.id, **json.loads(entry.data)} for entry in listed],
+            cursor="2-1",
+            status=JobState.running,
+            done=done,
+        )
+        written = page_json(listed, "2-1", JobState.running, done)
+        assert json.loads(written) == page.model_dump(mode="json")

@@ -52,6 +52,7 @@ SCRIPTS = {
     "tenant_usage",
     "unclaim",
     "batch_move",
+    "cursor_check",
 }
 HELPERS = {
     "clock_ms",
