@@ -18,8 +18,9 @@ from bench.delivery import Delivery
 from bench.fleet_clients import MIXED
 from bench.stats import percentile
 
-if TYPE_CHECKING:  # a run keeps the limits of its Redis beside its levels
+if TYPE_CHECKING:  # a run keeps the limits of its Redis and of a gateway's writes beside its levels
     from bench.redis_probe import Limit
+    from bench.socket_limit import WriteCost
 
 LAG_TARGET_SECONDS = 0.020
 STEP_COMMANDS = ("evalsha", "eval")
@@ -158,3 +159,4 @@ class FleetRun:
     levels: list[FleetLevel] = field(default_factory=list)
     stopped: str | None = None  # why the run ended before its plan's last level
     minutes: float = 0.0
+    write_cost: WriteCost | None = None  # one event's write to a client's socket, alone

@@ -10,6 +10,7 @@ from bench.capacity_model import redis_cores_per_event
 from bench.capacity_report import TYPICAL, UTILIZATION
 from bench.fleet_clients import KINDS, LONG_POLL, MIXED, RESUME, SSE
 from bench.fleet_figures import QUANTILES, RELAY_COMMANDS, STEP_COMMANDS, FleetLevel, FleetPlan, FleetRun
+from bench.socket_limit import ROUNDS_PER_SECOND
 
 HEADING = "## 9. The data plane at a fleet's rates (synthetic engine)"
 FAILURES_KEPT = 20  # of a level's failed follows, in results.json (all are counted)
@@ -130,6 +131,21 @@ def _sizing_rows(run: FleetRun) -> list[str]:
     ]
 
 
+def _write_cost(run: FleetRun) -> list[str]:
+    """The gateway's physical limit (`bench.socket_limit`), beside its CPU per event in the tables."""
+    cost = run.write_cost
+    if cost is None:
+        return []
+    return [
+        f"A gateway's physical limit in the same run (`bench.socket_limit`): a process that only writes"
+        f" an event's chunk ({cost.chunk_bytes} bytes) to each of {cost.connections} loopback sockets in"
+        f" turn, {ROUNDS_PER_SECOND:g} rounds a second, spends {_us(cost.cpu_us_per_write)} µs of CPU"
+        " a write. On loopback the kernel delivers to the reading socket, and wakes its reader, in the"
+        " writer's system call: a write to a remote client costs less.",
+        "",
+    ]
+
+
 def section(run: FleetRun) -> list[str]:
     """The section, from a run of `python -m bench.fleet` or of `make bench`."""
     plan = run.plan
@@ -173,6 +189,7 @@ def section(run: FleetRun) -> list[str]:
         "",
         *limits,
         "",
+        *_write_cost(run),
         "Costs per event:",
         "",
         *_cost_rows(run),
