@@ -113,6 +113,19 @@ class Subscription:
         self._timer = None
         self.interrupt()
 
+    def _written(self, entries: list[Entry]) -> bool:
+        """Whether `direct` took the entries. One that fails is logged and not asked again: the
+        follower's task writes them, and meets the failure on its own, while the hub goes on
+        listening for every other follower."""
+        if self.direct is None:
+            return False
+        try:
+            return self.direct(entries)
+        except Exception:
+            log.exception("writing entries of %s to a client failed; its own task takes them", self.stream)
+            self.direct = None
+            return False
+
     def _parked(self) -> bool:
         """Whether the follower's task waits in `wait`, not yet woken: entries handed straight to
         its client cannot overtake any it has yet to write."""
@@ -141,7 +154,7 @@ class Subscription:
             self.pending_bytes += size
             if len(self.pending) + len(entries) > SUBSCRIBER_BUFFER or self.pending_bytes > self.max_bytes:
                 self.lagged = True
-        elif self._parked() and self.direct is not None and self.direct(entries):
+        elif self._parked() and self._written(entries):
             # Delivered: the wait goes on, its silence counted from now.
             self._deadline = asyncio.get_running_loop().time() + self._timeout
             return True

@@ -431,9 +431,10 @@ class Following:
         # Ahead of the hub's cursor, this follow may be handed entries it has already read (from a
         # read sent before it subscribed); once past them, the hub only hands over new ones.
         ahead = cursor > hub_at
+        direct = self.write_now is not None  # to hand to the hub, once past what the follow has read
         while True:
-            if not ahead and self.write_now is not None:
-                subscription.direct = self.write_directly
+            if direct and not ahead:
+                subscription.direct, direct = self.write_directly, False
             await subscription.wait(idle_seconds)
             if self.stopped:
                 return

@@ -70,6 +70,7 @@ def body_writer(send: Send) -> BodyWriter | None:
             or cycle.disconnected
             or cycle.response_complete
             or cycle.chunked_encoding is not True
+            or transport.is_closing()  # uvloop raises on a write to a closed transport
         ):
             return False
         transport.write(b"%x\r\n%b\r\n" % (len(body), body))

@@ -339,6 +339,39 @@ async def _stored_in(redis_client: aioredis.Redis, gateway: KeyedGateway, job_id
     return [entry_id for entry_id, _ in await redis_client.xrange(gateway.keys.stream(job_id))]
 
 
+async def test_a_client_write_that_fails_in_the_hubs_callback_leaves_the_entries_to_its_follower(
+    store: JobStore, relay: Relay, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A follower whose direct write raises (a stand-in: a client's transport failing under the hub's
+    callback) still gets every entry, from its own task; the hub goes on for the other followers."""
+    monkeypatch.setattr(fanout, "SWEEP_SECONDS", 60.0)
+    failing_job, other_job = (await _started_jobs(store, ["worker-1"], each=2))["worker-1"]
+    failing = relay.follow(failing_job, START)
+    attempts = 0
+
+    def fail(entries: list[Entry]) -> bool:
+        nonlocal attempts
+        attempts += 1
+        raise RuntimeError("the transport is closed")
+
+    failing.write_now = fail
+
+    async def follow_failing() -> list[str]:
+        return [entry.id async for batch in failing.batches(IDLE_SECONDS) for entry in batch]
+
+    followers = [asyncio.create_task(follow_failing()), asyncio.create_task(_follow_all(relay, other_job))]
+    await _until_watched(relay, 2)
+    await eventually(lambda: asyncio.sleep(0, not relay.hub._due), "the new streams read", interval=0.01)
+    for seq in range(FIRST_DELTA, FIRST_DELTA + 3):
+        event = _delta(seq) if seq < FIRST_DELTA + 2 else _done(seq)
+        await _step(store, "worker-1", {failing_job: [event], other_job: [event]})
+        await asyncio.sleep(0.05)  # each step handed over while the followers wait
+    failed_ids, other_ids = await asyncio.wait_for(asyncio.gather(*followers), 30)
+    assert failed_ids == await _stored(relay, failing_job)
+    assert other_ids == await _stored(relay, other_job)
+    assert attempts == 1  # not asked again
+
+
 async def test_an_entry_after_one_the_hub_missed_has_its_stream_read_from_the_cursor(
     store: JobStore, relay: Relay, monkeypatch: pytest.MonkeyPatch
 ) -> None:
