@@ -26,6 +26,11 @@ log = logging.getLogger(__name__)
 
 WORKER_LOST = "worker_lost"
 LAPSED = "its worker stopped renewing its lease (it died, froze or lost Redis)"
+KEYS_EXTENDED_EVERY = 0.25
+"""How often a running job's record and stream get a job lifetime again, in job lifetimes: a lease
+is extended at every heartbeat, those keys, which outlast it by far, only now and then (extending
+them at every heartbeat cost Redis twice the lease's own). A quarter, so that they outlive an
+extension lost with its Redis (a failover's new master had not received it) twice over."""
 
 
 class Leases:
@@ -38,19 +43,35 @@ class Leases:
         self.transitions = store.transitions
         self.lease_seconds = settings.lease_seconds
         self.max_attempts = settings.max_attempts
+        self.extended: dict[str, float] = {}  # job id -> when its keys were last extended (monotonic)
 
     async def renew(self, worker_id: str, job_ids: list[str]) -> list[str]:
-        """Extend the leases `worker_id` holds on `job_ids` (and their jobs' keys, which must outlive
-        the run); answers the jobs whose lease it lost."""
+        """Extend the leases `worker_id` holds on `job_ids`, and the keys of those of their jobs not
+        extended for a while (`KEYS_EXTENDED_EVERY`; a job's keys must outlive its run); answers the
+        jobs whose lease it lost. After a renewal that failed, every job's keys are extended again."""
         if not job_ids:
+            self.extended = {}
             return []
-        with redis_errors():
-            return await self.transitions.renew(
-                worker_id=worker_id,
-                job_ids=job_ids,
-                lease_seconds=self.lease_seconds,
-                lifetime_seconds=self.store_settings.job_lifetime_seconds,
-            )
+        lifetime = self.store_settings.job_lifetime_seconds
+        now = time.monotonic()
+        since = now - lifetime * KEYS_EXTENDED_EVERY  # keys extended before this are due again
+        due = [job_id for job_id in job_ids if self.extended.get(job_id, since) <= since]
+        try:
+            with redis_errors():
+                lost = await self.transitions.renew(
+                    worker_id=worker_id,
+                    job_ids=job_ids,
+                    lease_seconds=self.lease_seconds,
+                    lifetime_seconds=lifetime,
+                    extend=due,
+                )
+        except Exception:
+            self.extended = {}
+            raise
+        kept = set(job_ids).difference(lost)
+        self.extended = {job_id: at for job_id, at in self.extended.items() if job_id in kept}
+        self.extended.update((job_id, now) for job_id in due if job_id in kept)
+        return lost
 
     async def lapsed(self) -> list[tuple[str, str]]:
         """Jobs started by some worker, not ended, whose lease has lapsed, each with its model (of any
