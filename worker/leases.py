@@ -11,6 +11,7 @@ that lost one can no longer touch the job.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 
@@ -31,6 +32,9 @@ KEYS_EXTENDED_EVERY = 0.25
 is extended at every heartbeat, those keys, which outlast it by far, only now and then (extending
 them at every heartbeat cost Redis twice the lease's own). A quarter, so that they outlive an
 extension lost with its Redis (a failover's new master had not received it) twice over."""
+LEASES_READ_AT_ONCE = 1000
+"""Leases a reaper's MGET reads: enough that a command's own cost is shared out, few enough that no
+one command holds Redis up for long."""
 
 
 class Leases:
@@ -75,22 +79,28 @@ class Leases:
 
     async def lapsed(self) -> list[tuple[str, str]]:
         """Jobs started by some worker, not ended, whose lease has lapsed, each with its model (of any
-        model: a job whose model has no worker left is requeued all the same, to wait for one)."""
+        model: a job whose model has no worker left is requeued all the same, to wait for one).
+
+        Every worker looks every half lease at every running job: their leases are read by MGETs of
+        `LEASES_READ_AT_ONCE` (a lease is a string: a missing one reads as None), a command a slice
+        rather than one a job, and only the lapsed jobs' models are read."""
         with redis_errors():
             job_ids = sorted(await self.redis.smembers(self.keys.running))  # type: ignore[misc]
             if not job_ids:
                 return []
+            leases = [self.keys.lease(job_id) for job_id in job_ids]
             async with self.redis.pipeline(transaction=False) as pipe:
-                for job_id in job_ids:
-                    pipe.exists(self.keys.lease(job_id))
+                for start in range(0, len(leases), LEASES_READ_AT_ONCE):
+                    pipe.mget(leases[start : start + LEASES_READ_AT_ONCE])
+                holders = itertools.chain(*await pipe.execute())
+            unheld = [job_id for job_id, holder in zip(job_ids, holders, strict=True) if holder is None]
+            if not unheld:
+                return []
+            async with self.redis.pipeline(transaction=False) as pipe:
+                for job_id in unheld:
                     pipe.hget(self.keys.job(job_id), "model")
-                answers = await pipe.execute()
-        held, models = answers[::2], answers[1::2]
-        return [
-            (job_id, model or "")
-            for job_id, exists, model in zip(job_ids, held, models, strict=True)
-            if not exists
-        ]
+                models = await pipe.execute()
+        return [(job_id, model or "") for job_id, model in zip(unheld, models, strict=True)]
 
     async def release(
         self, job_id: str, model: str, reason: str, worker_id: str = "", attempt: int = 0
