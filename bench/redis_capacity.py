@@ -219,7 +219,7 @@ def saturate(
             worker_id=WORKER_ID, steps=[JobStep(RANDOM_JOB, [event])], maxlen=store.settings.stream_maxlen
         )
     )
-    command[5:7] = [keys.lease(job_id), keys.job(job_id)]  # after EVALSHA, sha, 4, stream, cancel
+    command[3], command[5] = keys.lease(job_id), keys.job(job_id)  # KEYS: lease, cancel, record, stream
     probe.client.script_load(scripts.STEP.source)
     before = redis_probe.snapshot(probe.client)
     ceiling = redis_probe.benchmark(

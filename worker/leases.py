@@ -11,6 +11,7 @@ that lost one can no longer touch the job.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 
@@ -26,6 +27,14 @@ log = logging.getLogger(__name__)
 
 WORKER_LOST = "worker_lost"
 LAPSED = "its worker stopped renewing its lease (it died, froze or lost Redis)"
+KEYS_EXTENDED_EVERY = 0.25
+"""How often a running job's record and stream get a job lifetime again, in job lifetimes: a lease
+is extended at every heartbeat, those keys, which outlast it by far, only now and then (extending
+them at every heartbeat cost Redis twice the lease's own). A quarter, so that they outlive an
+extension lost with its Redis (a failover's new master had not received it) twice over."""
+LEASES_READ_AT_ONCE = 1000
+"""Leases a reaper's MGET reads: enough that a command's own cost is shared out, few enough that no
+one command holds Redis up for long."""
 
 
 class Leases:
@@ -38,38 +47,60 @@ class Leases:
         self.transitions = store.transitions
         self.lease_seconds = settings.lease_seconds
         self.max_attempts = settings.max_attempts
+        self.extended: dict[str, float] = {}  # job id -> when its keys were last extended (monotonic)
 
     async def renew(self, worker_id: str, job_ids: list[str]) -> list[str]:
-        """Extend the leases `worker_id` holds on `job_ids` (and their jobs' keys, which must outlive
-        the run); answers the jobs whose lease it lost."""
+        """Extend the leases `worker_id` holds on `job_ids`, and the keys of those of their jobs not
+        extended for a while (`KEYS_EXTENDED_EVERY`; a job's keys must outlive its run); answers the
+        jobs whose lease it lost. After a renewal that failed, every job's keys are extended again."""
         if not job_ids:
+            self.extended = {}
             return []
-        with redis_errors():
-            return await self.transitions.renew(
-                worker_id=worker_id,
-                job_ids=job_ids,
-                lease_seconds=self.lease_seconds,
-                lifetime_seconds=self.store_settings.job_lifetime_seconds,
-            )
+        lifetime = self.store_settings.job_lifetime_seconds
+        now = time.monotonic()
+        since = now - lifetime * KEYS_EXTENDED_EVERY  # keys extended before this are due again
+        due = [job_id for job_id in job_ids if self.extended.get(job_id, since) <= since]
+        try:
+            with redis_errors():
+                lost = await self.transitions.renew(
+                    worker_id=worker_id,
+                    job_ids=job_ids,
+                    lease_seconds=self.lease_seconds,
+                    lifetime_seconds=lifetime,
+                    extend=due,
+                )
+        except Exception:
+            self.extended = {}
+            raise
+        kept = set(job_ids).difference(lost)
+        self.extended = {job_id: at for job_id, at in self.extended.items() if job_id in kept}
+        self.extended.update((job_id, now) for job_id in due if job_id in kept)
+        return lost
 
     async def lapsed(self) -> list[tuple[str, str]]:
         """Jobs started by some worker, not ended, whose lease has lapsed, each with its model (of any
-        model: a job whose model has no worker left is requeued all the same, to wait for one)."""
+        model: a job whose model has no worker left is requeued all the same, to wait for one).
+
+        Every worker looks every half lease at every running job: their leases are read by MGETs of
+        `LEASES_READ_AT_ONCE` (a lease is a string: a missing one reads as None), a command a slice
+        rather than one a job, and only the lapsed jobs' models are read."""
         with redis_errors():
             job_ids = sorted(await self.redis.smembers(self.keys.running))  # type: ignore[misc]
             if not job_ids:
                 return []
+            leases = [self.keys.lease(job_id) for job_id in job_ids]
             async with self.redis.pipeline(transaction=False) as pipe:
-                for job_id in job_ids:
-                    pipe.exists(self.keys.lease(job_id))
+                for start in range(0, len(leases), LEASES_READ_AT_ONCE):
+                    pipe.mget(leases[start : start + LEASES_READ_AT_ONCE])
+                holders = itertools.chain(*await pipe.execute())
+            unheld = [job_id for job_id, holder in zip(job_ids, holders, strict=True) if holder is None]
+            if not unheld:
+                return []
+            async with self.redis.pipeline(transaction=False) as pipe:
+                for job_id in unheld:
                     pipe.hget(self.keys.job(job_id), "model")
-                answers = await pipe.execute()
-        held, models = answers[::2], answers[1::2]
-        return [
-            (job_id, model or "")
-            for job_id, exists, model in zip(job_ids, held, models, strict=True)
-            if not exists
-        ]
+                models = await pipe.execute()
+        return [(job_id, model or "") for job_id, model in zip(unheld, models, strict=True)]
 
     async def release(
         self, job_id: str, model: str, reason: str, worker_id: str = "", attempt: int = 0

@@ -128,6 +128,7 @@ class RenewArgs(TypedDict):
     worker: str
     lease_ms: int
     lifetime: int
+    extend: list[int]  # positions (from 1) of the jobs whose record and stream get `lifetime` again
 
 
 class ClaimArgs(TypedDict):

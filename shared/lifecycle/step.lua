@@ -1,12 +1,12 @@
--- uses: append_event
+-- uses: append_event, read_keys
 -- running -> running, for each of a worker's jobs that took an engine step: append the step's
--- events if this worker still holds the job's lease and its record still exists, then check its
--- cancel key. One call carries every step of a worker's round trip, whatever the number of jobs:
--- Redis's cost of a call is paid once a round trip, not once a job. Answers one verdict a job, in
--- the order sent: 'go', 'lost' (another worker holds the job now, or its keys expired: nothing is
--- appended), {'behind', the seq of the stream's last event} (the stream lacks events sent before
--- this step's: a failover's new master had not received the job's last steps; nothing is appended)
--- or {'cancel', when the cancel was asked for}.
+-- events if this worker still holds the job's lease and its record still exists, and say whether
+-- a cancel was asked for (its cancel key). One call carries every step of a worker's round trip,
+-- whatever the number of jobs: Redis's cost of a call is paid once a round trip, not once a job.
+-- Answers one verdict a job, in the order sent: 'go', 'lost' (another worker holds the job now, or
+-- its keys expired: nothing is appended), {'behind', the seq of the stream's last event} (the
+-- stream lacks events sent before this step's: a failover's new master had not received the job's
+-- last steps; nothing is appended) or {'cancel', when the cancel was asked for}.
 -- A job's `check` is '' for a step sent after its job's last step was answered with no Redis
 -- failure between: its stream cannot have lost anything, and is not read. Otherwise (a step sent
 -- again, or the first of its job since a round trip failed) the stream is read first: the script
@@ -18,20 +18,30 @@
 -- (`shared.notices.notice_line`), for the readers to relay as it is. It goes out as it came when every
 -- event was appended, as at nearly every step, and costs Redis no more than its sending; else the
 -- message names the streams appended to, a line each, and the readers read them.
--- The one script with positional ARGV, as `arguments.StepArgs` names the first ones (it runs for
--- every running job at every engine step, and decoding a table would cost more than the rest of
--- it); then per job, in the order of its four KEYS (stream, cancel, lease, record): its `check`,
--- its number of events, and (type, data) per event.
+-- Every job's lease and cancel key are read by one MGET and its record by one EXISTS, before any
+-- append, rather than by three commands a job: the script is atomic, so what they hold then is what
+-- they hold at the appends, a cancel asked for included.
+-- KEYS: every job's lease and cancel key, a pair a job; then every job's record; then every job's
+-- stream; each in the jobs' order. The one script with positional ARGV, as `arguments.StepArgs`
+-- names the first ones (it runs for every running job at every engine step, and decoding a table
+-- would cost more than the rest of it); then per job, in the same order: its `check`, its number of
+-- events, and (type, data) per event.
 local worker, maxlen, sent_at, notices, notice = unpack(ARGV, 1, 5)
 local FIRST_JOB = 6
+local jobs = #KEYS / 4
+local RECORDS, STREAMS = 2 * jobs, 3 * jobs  -- job n: record KEYS[RECORDS + n], stream KEYS[STREAMS + n]
+local held = get_keys(1, 2 * jobs)  -- a job's lease, then its cancel key
+local every_record = count_existing(RECORDS + 1, RECORDS + jobs) == jobs
 local advanced = {}  -- the streams appended to
 local whole = true  -- every event of the call was appended: `notice` tells it all
 
-local function step(stream, cancel, lease, record, check, first, last_arg)
-  if redis.call('GET', lease) ~= worker or redis.call('EXISTS', record) == 0 then
+local function step(job, check, first, last_arg)
+  local lease = held[2 * job - 1]
+  if lease ~= worker or not (every_record or redis.call('EXISTS', KEYS[RECORDS + job]) == 1) then
     whole = false
     return 'lost'
   end
+  local stream = KEYS[STREAMS + job]
   local last = nil
   if check ~= '' then
     last = last_seq(stream)
@@ -46,18 +56,17 @@ local function step(stream, cancel, lease, record, check, first, last_arg)
     if appended then any = true else whole = false end
   end
   if any then advanced[#advanced + 1] = stream end
-  local asked = redis.call('GET', cancel)
+  local asked = held[2 * job]
   if asked then return {'cancel', asked} end
   return 'go'
 end
 
 local answers = {}
 local at = FIRST_JOB
-for job = 1, #KEYS / 4 do
-  local keys = 4 * (job - 1)
+for job = 1, jobs do
   local first = at + 2
   local last_arg = first + 2 * tonumber(ARGV[at + 1]) - 1
-  answers[job] = step(KEYS[keys + 1], KEYS[keys + 2], KEYS[keys + 3], KEYS[keys + 4], ARGV[at], first, last_arg)
+  answers[job] = step(job, ARGV[at], first, last_arg)
   at = last_arg + 1
 end
 if whole and notice ~= '' then

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
@@ -365,20 +365,27 @@ class Transitions:
     def _step_parts(
         self, worker_id: str, steps: Sequence[JobStep], maxlen: int
     ) -> tuple[list[str], list[Any]]:
+        """KEYS and ARGV as `step.lua` reads them: every job's lease and cancel key, then every job's
+        record, then every job's stream; the call's `StepArgs`, then every job's part."""
         sent_at = str(time.time_ns() // 1_000_000)
-        keys: list[str] = []
+        held: list[str] = []
+        records: list[str] = []
+        streams: list[str] = []
         argv: list[Any] = []
         lines: list[str] = []
         for step in steps:
             job_id = step.job_id
             stream = self.keys.stream(job_id)
-            keys += [stream, self.keys.cancel(job_id), self.keys.lease(job_id), self.keys.job(job_id)]
+            held += [self.keys.lease(job_id), self.keys.cancel(job_id)]
+            records.append(self.keys.job(job_id))
+            streams.append(stream)
             argv += StepJobArgs("1" if step.check else "", len(step.events))
             for event in step.events:
                 data = event.model_dump_json()
                 argv += (event.type, data)
                 lines.append(notice_line(stream, f"{event.seq}-1", event.type, sent_at, data))
         notice = LINE.join(lines)
+        keys = [*held, *records, *streams]
         return keys, [*StepArgs(worker_id, maxlen, int(sent_at), self.keys.notices, notice), *argv]
 
     def finish_command(
@@ -481,19 +488,27 @@ class Transitions:
         return DeleteResult(DeleteOutcome(outcome), JobState(state[0]) if state else None, acked)
 
     async def renew(
-        self, *, worker_id: str, job_ids: list[str], lease_seconds: float, lifetime_seconds: int
+        self,
+        *,
+        worker_id: str,
+        job_ids: list[str],
+        lease_seconds: float,
+        lifetime_seconds: int,
+        extend: Collection[str],
     ) -> list[str]:
-        """Extend the leases `worker_id` holds on `job_ids`, and their jobs' record and stream to
-        `lifetime_seconds`; answers the jobs whose lease it lost."""
-        keys = [
-            key
-            for job_id in job_ids
-            for key in (self.keys.lease(job_id), self.keys.job(job_id), self.keys.stream(job_id))
-        ]
+        """Extend the leases `worker_id` holds on `job_ids`, and the record and stream of those of them
+        in `extend` to `lifetime_seconds`; answers the jobs whose lease it lost."""
+        wanted = set(extend)
+        positions = [position for position, job_id in enumerate(job_ids, 1) if job_id in wanted]
+        keys = [self.keys.lease(job_id) for job_id in job_ids]
+        for position in positions:
+            job_id = job_ids[position - 1]
+            keys += [self.keys.job(job_id), self.keys.stream(job_id)]
         args: RenewArgs = {
             "worker": worker_id,
             "lease_ms": int(lease_seconds * 1000),
             "lifetime": lifetime_seconds,
+            "extend": positions,
         }
         lost = await scripts.RENEW(self.redis, keys, args)
         return [job_ids[position - 1] for position in lost]

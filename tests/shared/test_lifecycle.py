@@ -67,6 +67,7 @@ HELPERS = {
     "end_job",
     "end_unrun",
     "batch_end",
+    "read_keys",
 }
 FOLDER = Path(scripts.__file__).parent
 
@@ -95,6 +96,8 @@ def test_every_script_ships_as_a_lua_file_and_gets_the_helpers_it_uses() -> None
     assert calling("share_member") == {"submit", "start", "release", "cancel", "claim"}
     # every script that writes a job's stream writes it through the one helper that makes its ids
     assert calling("append_event") == {"submit", "start", "step", "release", "finish", "cancel"}
+    # the scripts that read a key of each of many jobs read them all in one command
+    assert calling("get_keys") == {"step", "renew"}
     # a helper a helper uses comes with it, once, before it
     finish = scripts.FINISH.source
     assert finish.count("local function last_seq(") == 1
@@ -296,14 +299,22 @@ async def test_start_and_renewals_give_a_running_jobs_keys_a_job_lifetime_again(
     for _ in range(3):  # heartbeats
         await near_their_end()
         lost = await store.transitions.renew(
-            worker_id="worker-1", job_ids=[job_id], lease_seconds=LEASE_SECONDS, lifetime_seconds=lifetime
+            worker_id="worker-1",
+            job_ids=[job_id],
+            lease_seconds=LEASE_SECONDS,
+            lifetime_seconds=lifetime,
+            extend=[job_id],
         )
         assert lost == []
         assert all(lifetime - 1 <= ttl <= lifetime for ttl in await ttls(store, job_id))
     # Another worker's renewal extends nothing of a job it does not hold.
     await near_their_end()
     lost = await store.transitions.renew(
-        worker_id="worker-2", job_ids=[job_id], lease_seconds=LEASE_SECONDS, lifetime_seconds=lifetime
+        worker_id="worker-2",
+        job_ids=[job_id],
+        lease_seconds=LEASE_SECONDS,
+        lifetime_seconds=lifetime,
+        extend=[job_id],
     )
     assert lost == [job_id]
     assert await ttls(store, job_id) == [1, 1]
@@ -314,6 +325,23 @@ async def test_a_step_after_the_jobs_keys_expired_writes_nothing_and_stops_the_j
     await store.redis.delete(store.keys.job(job_id), store.keys.stream(job_id))
     assert await step(store, job_id, [DeltaEvent(seq=2, text="a", token_ids=[1])]) == "lost"
     assert not await store.redis.exists(store.keys.stream(job_id))
+
+
+async def test_one_step_call_answers_each_job_by_its_own_lease_record_and_cancel_key(store: JobStore) -> None:
+    """The call reads every job's lease, cancel key and record at once (`step.lua`): each job is
+    answered by its own, and only the jobs answered 'go' or 'cancel' get their events."""
+    held, taken, gone, cancelled = [await started(store) for _ in range(4)]
+    await store.redis.set(store.keys.lease(taken), "worker-2")
+    await store.redis.delete(store.keys.job(gone))
+    await store.cancel(cancelled)  # asked of its worker: its next step hears of it
+    await store.redis.script_load(scripts.STEP.source)
+    jobs = [held, taken, gone, cancelled]
+    steps = [JobStep(job_id, [DeltaEvent(seq=2, text="a", token_ids=[1])]) for job_id in jobs]
+    command = store.transitions.step_command(worker_id="worker-1", steps=steps, maxlen=1000)
+    answers = [StepAnswer.of(answer) for answer in await store.redis.execute_command(*command)]
+    assert [answer.verdict for answer in answers] == [Verdict.go, Verdict.lost, Verdict.lost, Verdict.cancel]
+    assert answers[3].cancel_asked_at is not None
+    assert [await seqs(store, job_id) for job_id in jobs] == [[0, 1, 2], [0, 1], [0, 1], [0, 1, 2]]
 
 
 async def test_a_scripts_named_table_carries_text_of_any_kind_as_it_was(store: JobStore) -> None:

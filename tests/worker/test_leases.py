@@ -9,12 +9,13 @@ from datetime import datetime, timezone
 
 import pytest
 
+from shared.errors import BackendUnavailable
 from shared.events import DeltaEvent, JobState, event_adapter
 from shared.jobstore import JobStore
 from shared.lifecycle.transitions import ReleaseOutcome, Verdict
 from shared.requests import JobRequest
 from tests.shared.transitions import claimed
-from worker.leases import WORKER_LOST, Leases
+from worker.leases import KEYS_EXTENDED_EVERY, WORKER_LOST, Leases
 from worker.publisher import Publisher
 
 REQUEST = JobRequest(prompt="The capital of France is", max_tokens=8)
@@ -64,6 +65,38 @@ async def test_renew_extends_own_leases_and_reports_lost_ones_without_bringing_t
     assert await store.redis.pttl(store.keys.lease(mine)) > 100
     assert not await store.redis.exists(store.keys.lease(lapsed))
     assert await store.redis.get(store.keys.lease(taken)) == "worker-2"
+
+
+async def test_renewals_extend_a_jobs_keys_first_then_every_quarter_lifetime_and_after_a_failure(
+    store: JobStore, leases: Leases, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    job_id = await started(store)
+    keys = (store.keys.job(job_id), store.keys.stream(job_id))
+    every = store.settings.job_lifetime_seconds * KEYS_EXTENDED_EVERY
+
+    async def renewed() -> bool:
+        """Whether a renewal (which always extends the lease) extended the job's keys too."""
+        for key in keys:
+            await store.redis.expire(key, 100)
+        await store.redis.pexpire(store.keys.lease(job_id), 100)
+        assert await leases.renew("worker-1", [job_id]) == []
+        assert await store.redis.pttl(store.keys.lease(job_id)) > 100
+        return all([await store.redis.ttl(key) > 100 for key in keys])
+
+    assert await renewed()  # the first renewal of a job
+    assert not await renewed()  # the next ones, for a quarter of a lifetime: its lease alone
+    leases.extended[job_id] -= every  # as a quarter of a lifetime later
+    assert await renewed()
+    assert not await renewed()
+
+    async def unreachable(**_: object) -> list[str]:
+        raise ConnectionError("Redis is away")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(leases.transitions, "renew", unreachable)
+        with pytest.raises(BackendUnavailable):
+            await leases.renew("worker-1", [job_id])
+    assert await renewed()  # the renewal after a failed one: it may have been lost with its Redis
 
 
 async def test_reap_requeues_a_job_whose_lease_lapsed_for_another_worker_to_run(
