@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Iterable
 from email.message import Message
 
+from python_multipart.exceptions import FormParserError
 from python_multipart.multipart import MultipartParser, parse_options_header
 
 from gateway.files.jsonl import Line, LineError, LineSplitter
@@ -108,10 +109,10 @@ class Upload:
         """The file part's bytes as they arrive, each line checked; the form's other fields are read
         on the way."""
         async for chunk in self.body:
-            self._parser.write(chunk)
+            self._parse(chunk)
             for part in self._take():
                 yield self._checked(part)
-        self._parser.finalize()
+        self._parse(None)
         for part in self._take():
             yield self._checked(part)
         self._check(self.lines.finish())
@@ -123,6 +124,17 @@ class Upload:
         self.purpose = purpose.decode("utf-8", "replace") if purpose is not None else None
         if self.purpose != "batch":
             raise InvalidRequest("purpose: only 'batch' files are served here", param="purpose")
+
+    def _parse(self, chunk: bytes | None) -> None:
+        """Feed the parser a chunk, or tell it the body has ended (None); a body that is no multipart
+        form is the client's error (400), not the gateway's."""
+        try:
+            if chunk is None:
+                self._parser.finalize()
+            else:
+                self._parser.write(chunk)
+        except FormParserError as exc:
+            raise InvalidRequest(f"the body is no multipart/form-data: {exc}", param="file") from None
 
     def _take(self) -> list[bytes]:
         taken, self._out = self._out, []

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+import httpx
 import openai
 import pytest
 import redis
@@ -277,6 +278,19 @@ def test_an_upload_that_is_no_jsonl_is_refused_and_leaves_no_file(batches: Deplo
     before = {listed.id for listed in client.files.list().data}
     with pytest.raises(openai.BadRequestError, match="line 2"):
         client.files.create(file=("bad.jsonl", b'{"custom_id": "a"}\n[1, 2]\n'), purpose="batch")
+    assert {listed.id for listed in client.files.list().data} == before
+    boundary = "b0undary"
+    garbled = f"--{boundary}\r\n\x06 no header\r\n--{boundary}--\r\n".encode()  # a part's head unreadable
+    answer = httpx.post(
+        f"{batches.gateways['a']}/v1/files",
+        content=garbled,
+        headers={
+            "Authorization": f"Bearer {KEYS[0]}",
+            "Content-Type": f"multipart/form-data; boundary={boundary}",
+        },
+    )
+    assert answer.status_code == 400, answer.text
+    assert "multipart/form-data" in answer.json()["error"]["message"]
     assert {listed.id for listed in client.files.list().data} == before
     uploaded = client.files.create(file=("ok.jsonl", b'{"a": 1}\n'), purpose="batch")
     assert client.files.content(uploaded.id).content == b'{"a": 1}\n'
