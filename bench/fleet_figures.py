@@ -48,6 +48,7 @@ class Window:
     machine_busy: float  # share of every core busy, whoever ran
     calls: dict[str, int] = field(default_factory=dict)
     usec: dict[str, int] = field(default_factory=dict)  # µs in each command, as Redis counts it
+    gateway_system_cpu: float = 0.0  # the part of `gateway_cpu` spent in the kernel (socket writes)
 
     @property
     def events_per_second(self) -> float:
@@ -103,6 +104,10 @@ class FleetLevel:
     @property
     def gateway_us(self) -> float:
         return self.followed.per_event(self.followed.gateway_cpu)
+
+    @property
+    def gateway_system_us(self) -> float:
+        return self.followed.per_event(self.followed.gateway_system_cpu)
 
     @property
     def worker_us(self) -> float:

@@ -44,7 +44,7 @@ def describe(level: FleetLevel) -> str:
 def _cost_rows(run: FleetRun) -> list[str]:
     lines = [
         "| streams | steps/s asked | events/s asked / made | Redis µs/event: all / steps / relay "
-        "| Redis commandstats µs/event: scripts / reads | XREADs per event | gateway µs/event "
+        "| Redis commandstats µs/event: scripts / reads | XREADs per event | gateway µs/event: all / kernel "
         "| worker µs/event | clients µs/event | machine busy |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
@@ -55,8 +55,9 @@ def _cost_rows(run: FleetRun) -> list[str]:
             f"| {level.streams} | {level.steps_per_second:.3g} | {level.asked_rate:,.0f} / "
             f"{followed.events_per_second:,.0f} | {_us(level.redis_total_us)} / {_us(level.redis_step_us)} / "
             f"{_us(level.redis_relay_us)} | {_us(followed.commands_per_event(STEP_COMMANDS))} / "
-            f"{_us(followed.commands_per_event(RELAY_COMMANDS))} | {reads:.2f} | {_us(level.gateway_us)} "
-            f"| {_us(level.worker_us)} | {_us(level.client_us)} | {followed.machine_busy:.0%} |"
+            f"{_us(followed.commands_per_event(RELAY_COMMANDS))} | {reads:.2f} | {_us(level.gateway_us)} / "
+            f"{_us(level.gateway_system_us)} | {_us(level.worker_us)} | {_us(level.client_us)} "
+            f"| {followed.machine_busy:.0%} |"
         )
     return lines
 
@@ -170,10 +171,12 @@ def section(run: FleetRun) -> list[str]:
         f" checks, heartbeats), then for {plan.seconds:g} s with every job followed (all); relay = all -"
         " steps. Redis CPU is its own (INFO cpu) less what it spends idle"
         f" ({1e6 * run.idle_redis_cpu_per_second:.0f} µs/s); commandstats is the time Redis counts inside"
-        " commands (scripts: EVALSHA and EVAL, their XADDs included; reads: XREAD, XRANGE, XREVRANGE),"
+        " commands (scripts: EVALSHA and EVAL, the steps' with their XADDs, and the cursor checks of"
+        " follows and long-polls; reads: XREAD, XRANGE, XREVRANGE),"
         " without parsing requests and writing replies, and timed by the clock, so that on a busy machine it"
         " can run past Redis's CPU. An event is one XADD (one job's delta of one step);"
-        " gateway and worker µs are their processes' CPU over the same window. Lag: from the step's"
+        " gateway and worker µs are their processes' CPU over the same window (the gateway's kernel"
+        " part: mostly its writes to the clients' sockets). Lag: from the step's"
         " sending (its entries' `at`, whole ms, taken at the middle of the ms) to the client's receipt, for"
         " the events sent in the followed window. Sent, delivered, duplicated and reordered count every"
         " delta of the level, each client's against its job's stream. The levels:"

@@ -22,9 +22,10 @@ START_TIMEOUT_SECONDS = 120.0  # for a share of the jobs to run
 TOKENS_MARGIN_SECONDS = 120.0  # a job asks for tokens to outlast its level's windows by this much
 
 
-def _cpu_seconds(processes: list[psutil.Process]) -> float:
-    """The CPU time of the processes and of their children (a gateway's `--processes`)."""
-    total = 0.0
+def _cpu_times(processes: list[psutil.Process]) -> tuple[float, float]:
+    """The CPU time of the processes and of their children (a gateway's `--processes`): in all, and
+    the part spent in the kernel."""
+    total = system = 0.0
     for process in processes:
         try:
             tree = [process, *process.children(recursive=True)]
@@ -36,7 +37,12 @@ def _cpu_seconds(processes: list[psutil.Process]) -> float:
             except psutil.NoSuchProcess:
                 continue
             total += times.user + times.system
-    return total
+            system += times.system
+    return total, system
+
+
+def _cpu_seconds(processes: list[psutil.Process]) -> float:
+    return _cpu_times(processes)[0]
 
 
 def _machine_cpu() -> tuple[float, float]:
@@ -146,9 +152,9 @@ class Fleet:
         while self.gateways:
             self.gateways.pop().stop()
 
-    def _cpu(self) -> tuple[float, float]:
+    def _cpu(self) -> tuple[tuple[float, float], float]:
         return (
-            _cpu_seconds([gateway.handle for gateway in self.gateways]),
+            _cpu_times([gateway.handle for gateway in self.gateways]),
             _cpu_seconds([worker.handle for worker in self.workers]),
         )
 
@@ -166,7 +172,8 @@ class Fleet:
             seconds=after.taken - before.taken,
             events=calls.get("xadd", 0),
             redis_cpu=self.probe.busy(before, after),
-            gateway_cpu=gateways_after - gateways,
+            gateway_cpu=gateways_after[0] - gateways[0],
+            gateway_system_cpu=gateways_after[1] - gateways[1],
             worker_cpu=workers_after - workers,
             client_cpu=_cpu_seconds(clients) - client_cpu,
             machine_busy=(busy_after - busy) / (total_after - total),

@@ -105,6 +105,7 @@ def level(lag_seconds: float = 0.005, delivery: Delivery | None = None) -> Fleet
             7000,
             redis_cpu=0.21,
             gateway_cpu=0.35,
+            gateway_system_cpu=0.21,
             calls={"xadd": 7000, "xread": 1400},
             usec={"evalsha": 70_000, "xadd": 20_000, "xread": 35_000, "xrange": 7_000},
         ),
@@ -155,7 +156,7 @@ def test_the_section_has_a_row_per_level_in_each_table_and_the_limits_per_comman
     rows = [line for line in text if line.startswith("| 1000 |")]
     assert len(rows) == 4
     assert "| XADD | 16 | 500,000 | 1.5 |" in text
-    assert rows[0].startswith("| 1000 | 4 | 4,000 / 3,500 | 30.0 / 10.0 / 20.0 | 10.0 / 6.0 | 0.20 | 50.0 |")
+    assert rows[0].startswith("| 1000 | 4 | 4,000 / 3,500 | 30.0 / 10.0 / 20.0 | 10.0 / 6.0 | 0.20 | 50.0 / 30.0 |")
     assert rows[-1].endswith("| 9000 | 9000 | 0 | 0 | 0 | no |")
 
 
