@@ -105,8 +105,10 @@ def _clients(plan: FleetPlan) -> str:
 
 def _sizing_rows(run: FleetRun) -> list[str]:
     """What the costs at the level with the most streams followed mean for GPU workers, by the capacity
-    model (`capacity_model.redis_cores_per_event`)."""
+    model (`capacity_model.redis_cores_per_event`); none when no level ran."""
     fixed = [level for level in run.levels if level.asked_rate == run.plan.rate] or run.levels
+    if not fixed:
+        return []
     level = max(fixed, key=lambda level: level.streams)
     rows = [
         "| GPU worker | events/s a worker | Redis µs/event | Redis core a worker"

@@ -174,6 +174,7 @@ class GatewayServer(uvicorn.Server):
         grace = settings.shutdown_grace_seconds
         config = uvicorn.Config(
             KeepServerSend(app),  # outside the app's whole stack: the `send` it keeps skips all of it
+            http="httptools",  # whose `send` live events are written around (`server_send.body_writer`)
             host=settings.host,
             port=settings.port,
             log_config=None,

@@ -156,8 +156,17 @@ def test_the_section_has_a_row_per_level_in_each_table_and_the_limits_per_comman
     rows = [line for line in text if line.startswith("| 1000 |")]
     assert len(rows) == 4
     assert "| XADD | 16 | 500,000 | 1.5 |" in text
-    assert rows[0].startswith("| 1000 | 4 | 4,000 / 3,500 | 30.0 / 10.0 / 20.0 | 10.0 / 6.0 | 0.20 | 50.0 / 30.0 |")
+    costs = "| 1000 | 4 | 4,000 / 3,500 | 30.0 / 10.0 / 20.0 | 10.0 / 6.0 | 0.20 | 50.0 / 30.0 |"
+    assert rows[0].startswith(costs)
     assert rows[-1].endswith("| 9000 | 9000 | 0 | 0 | 0 | no |")
+
+
+def test_a_run_whose_first_level_could_not_run_still_writes_its_section_and_says_why() -> None:
+    run = run_of()
+    run.stopped = "1000 streams at 2,000 events/s could not be run: not ready in 300 s"
+    text = "\n".join(section(run))
+    assert run.stopped in text
+    assert "| GPU worker |" not in text  # no level, no sizing
 
 
 def test_results_json_keeps_the_lags_as_percentiles_by_kind() -> None:
