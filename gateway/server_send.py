@@ -10,8 +10,8 @@ too, so that the `send` it keeps is the server's own.
 
 `body_writer` goes one step further, for the events the stream hub hands out as it hears them: it
 writes a body chunk to the client's socket at once, from the hub's own callback, where awaiting
-`send` would mean waking a task per event (measured at 1,000 followed streams, the wake-up and the
-generators it resumes cost about a third of the gateway's CPU per event).
+`send` would mean waking a task per event (measured at 1,000 followed streams over SSE, not waking
+it cut the gateway's CPU per event by about a quarter).
 """
 
 from __future__ import annotations
