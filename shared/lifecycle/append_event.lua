@@ -28,8 +28,11 @@ local function is_behind(last, data)
 end
 
 -- XADD through `call` (redis.call, or redis.pcall to have a refusal answered rather than raised).
+-- `maxlen` false: the stream cannot pass its cap with this event (its seq is below it, and a stream
+-- holds no more events than its last seq + 1), so it is not trimmed, which spares three arguments.
 local function xadd(call, stream, maxlen, id, kind, data, at)
   if not at then at = string.format('%d', clock_ms()) end
+  if not maxlen then return call('XADD', stream, id, 'type', kind, 'data', data, 'at', at) end
   return call('XADD', stream, 'MAXLEN', '~', maxlen, id, 'type', kind, 'data', data, 'at', at)
 end
 

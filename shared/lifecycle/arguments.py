@@ -71,9 +71,10 @@ class StepArgs(NamedTuple):
 
 
 class StepJobArgs(NamedTuple):
-    """One job's part of the step's ARGV, in `step.lua`'s order; its (type, data) per event follow."""
+    """One job's part of the step's ARGV, in `step.lua`'s order; its (id, type, data) per event follow."""
 
     check: str  # '' for a step whose stream cannot have lost anything: it is not read
+    trim: str  # '' when every event's seq is below the stream's cap: the stream is not trimmed
     events: int
 
 

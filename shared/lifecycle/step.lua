@@ -24,8 +24,11 @@
 -- KEYS: every job's lease and cancel key, a pair a job; then every job's record; then every job's
 -- stream; each in the jobs' order. The one script with positional ARGV, as `arguments.StepArgs`
 -- names the first ones (it runs for every running job at every engine step, and decoding a table
--- would cost more than the rest of it); then per job, in the same order: its `check`, its number of
--- events, and (type, data) per event.
+-- would cost more than the rest of it); then per job, in the same order: its `check`, its `trim`
+-- ('' when every event's seq is below `maxlen`: its stream cannot pass the cap, and is not trimmed),
+-- its number of events, and (stream id, type, data) per event. The worker sends each event's id
+-- ('<seq>-1', `append_event.lua`): an event sent for the first time, as at nearly every step, is
+-- appended with no reading of its JSON, and only a stream that is read compares seqs.
 local worker, maxlen, sent_at, notices, notice = unpack(ARGV, 1, 5)
 local FIRST_JOB = 6
 local jobs = #KEYS / 4
@@ -35,7 +38,35 @@ local every_record = count_existing(RECORDS + 1, RECORDS + jobs) == jobs
 local advanced = {}  -- the streams appended to
 local whole = true  -- every event of the call was appended: `notice` tells it all
 
-local function step(job, check, first, last_arg)
+local function seq_of(id)
+  return tonumber(string.match(id, '^(%d+)'))
+end
+
+-- Append events first..last_arg of a job (id, type, data each) to `stream`, whose last event's seq
+-- is `last`, or nil when not read: an event sent for the first time is new, and the stream is read
+-- only should Redis refuse its id (the stream holds it after all). Answers whether any was appended.
+local function append(stream, cap, last, first, last_arg)
+  local any = false
+  for i = first, last_arg, 3 do
+    local id, kind, data = ARGV[i], ARGV[i + 1], ARGV[i + 2]
+    local appended = false
+    if last == nil then
+      appended = type(xadd(redis.pcall, stream, cap, id, kind, data, sent_at)) ~= 'table'
+      if not appended then last = last_seq(stream) end
+    end
+    if last ~= nil then
+      local seq = seq_of(id)
+      if seq > last then
+        xadd(redis.call, stream, cap, id, kind, data, sent_at)
+        last, appended = seq, true
+      end
+    end
+    if appended then any = true else whole = false end
+  end
+  return any
+end
+
+local function step(job, check, trim, first, last_arg)
   local lease = held[2 * job - 1]
   if lease ~= worker or not (every_record or redis.call('EXISTS', KEYS[RECORDS + job]) == 1) then
     whole = false
@@ -45,17 +76,12 @@ local function step(job, check, first, last_arg)
   local last = nil
   if check ~= '' then
     last = last_seq(stream)
-    if last_arg > first and is_behind(last, ARGV[first + 1]) then
+    if last_arg > first and seq_of(ARGV[first]) > last + 1 then
       whole = false
       return {'behind', last}
     end
   end
-  local appended, any = false, false
-  for i = first, last_arg, 2 do
-    last, appended = append_event(stream, maxlen, last, ARGV[i], ARGV[i + 1], sent_at)
-    if appended then any = true else whole = false end
-  end
-  if any then advanced[#advanced + 1] = stream end
+  if append(stream, trim ~= '' and maxlen, last, first, last_arg) then advanced[#advanced + 1] = stream end
   local asked = held[2 * job]
   if asked then return {'cancel', asked} end
   return 'go'
@@ -64,9 +90,9 @@ end
 local answers = {}
 local at = FIRST_JOB
 for job = 1, jobs do
-  local first = at + 2
-  local last_arg = first + 2 * tonumber(ARGV[at + 1]) - 1
-  answers[job] = step(job, ARGV[at], first, last_arg)
+  local first = at + 3
+  local last_arg = first + 3 * tonumber(ARGV[at + 2]) - 1
+  answers[job] = step(job, ARGV[at], ARGV[at + 1], first, last_arg)
   at = last_arg + 1
 end
 if whole and notice ~= '' then

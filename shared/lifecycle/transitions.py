@@ -379,11 +379,13 @@ class Transitions:
             held += [self.keys.lease(job_id), self.keys.cancel(job_id)]
             records.append(self.keys.job(job_id))
             streams.append(stream)
-            argv += StepJobArgs("1" if step.check else "", len(step.events))
+            trim = "1" if step.events and step.events[-1].seq >= maxlen else ""
+            argv += StepJobArgs("1" if step.check else "", trim, len(step.events))
             for event in step.events:
                 data = event.model_dump_json()
-                argv += (event.type, data)
-                lines.append(notice_line(stream, f"{event.seq}-1", event.type, sent_at, data))
+                entry_id = f"{event.seq}-1"
+                argv += (entry_id, event.type, data)
+                lines.append(notice_line(stream, entry_id, event.type, sent_at, data))
         notice = LINE.join(lines)
         keys = [*held, *records, *streams]
         return keys, [*StepArgs(worker_id, maxlen, int(sent_at), self.keys.notices, notice), *argv]

@@ -220,13 +220,15 @@ async def test_a_claim_holds_a_job_for_its_worker_until_its_start(store: JobStor
     await store.redis.delete(store.keys.lease(second))
 
 
-async def step(store: JobStore, job_id: str, events: list[DeltaEvent], *, check: bool = False) -> Any:
+async def step(
+    store: JobStore, job_id: str, events: list[DeltaEvent], *, check: bool = False, maxlen: int = 1000
+) -> Any:
     """The step script by EVALSHA, as the worker's pipeline sends it: loaded first, as the worker's
     publisher loads it (a fresh Redis has no scripts). `check`: as a step sent again, or the first of
     its job since a round trip failed."""
     await store.redis.script_load(scripts.STEP.source)
     command = store.transitions.step_command(
-        worker_id="worker-1", steps=[JobStep(job_id, list(events), check)], maxlen=1000
+        worker_id="worker-1", steps=[JobStep(job_id, list(events), check)], maxlen=maxlen
     )
     (answer,) = await store.redis.execute_command(*command)
     return answer
@@ -235,6 +237,22 @@ async def step(store: JobStore, job_id: str, events: list[DeltaEvent], *, check:
 async def seqs(store: JobStore, job_id: str) -> list[int]:
     entries = await store.redis.xrange(store.keys.stream(job_id))
     return [event_adapter.validate_json(fields["data"]).seq for _, fields in entries]
+
+
+async def test_steps_trim_a_stream_only_once_its_events_pass_the_cap(store: JobStore) -> None:
+    """A step below the cap sends no MAXLEN (a stream holds at most its last seq + 1 events); past it,
+    the stream is trimmed as XADD's `MAXLEN ~` trims: whole nodes of entries, never below the cap."""
+    job_id = await started(store)  # its stream holds seqs 0 and 1
+    cap = 150
+    for seq in range(2, cap):
+        assert await step(store, job_id, [DeltaEvent(seq=seq, text="a", token_ids=[1])], maxlen=cap) == "go"
+    assert await seqs(store, job_id) == list(range(cap))
+    for first in range(cap, 600, 2):
+        events = [DeltaEvent(seq=seq, text="a", token_ids=[1]) for seq in (first, first + 1)]
+        assert await step(store, job_id, events, maxlen=cap) == "go"
+    kept = await seqs(store, job_id)
+    assert kept[-1] == 599 and kept == list(range(kept[0], 600))
+    assert cap <= len(kept) < 600 - 100  # a node of 100 entries or more went
 
 
 async def test_a_step_sent_again_appends_only_what_the_stream_does_not_hold(store: JobStore) -> None:
