@@ -18,8 +18,9 @@ The levels: the followed streams from `streams` at a fixed total `rate` (events 
 rate falling as the streams grow), then `rate_streams` streams at a rate raised by `rate_factor` a level
 until a level is not sustained (lag p99 past 20 ms, or an event lost, duplicated or reordered). Beside
 them, `redis-benchmark` on the same Redis gives its physical limits: XADD pipelined, and XREAD of one
-entry of one stream; and `bench.socket_limit` a gateway's: the CPU one event's write to a client's
-socket costs a process that does nothing else.
+entry of one stream; `bench.step_limit` the step script's cost a job on a busy Redis, as
+`redis-benchmark` takes its limits; and `bench.socket_limit` a gateway's: the CPU one event's write
+to a client's socket costs a process that does nothing else.
 
 It writes its section of bench/RESULTS.md and its part of results.json in place; `make bench` runs it
 as its last phase.
@@ -42,7 +43,7 @@ import redis
 import redis.asyncio as aioredis
 import uvloop
 
-from bench import fleet_report, redis_probe, report, socket_limit, system
+from bench import fleet_report, redis_probe, report, socket_limit, step_limit, system
 from bench.delivery import Delivery, account, lags
 from bench.fleet_clients import CLIENT_MIXES, KINDS, ClientReport, Clients
 from bench.fleet_figures import FleetLevel, FleetPlan, FleetRun
@@ -211,6 +212,8 @@ def measure(
         on_progress("redis-benchmark: the physical limits")
         written, read = keys.stream("redis-benchmark-xadd"), keys.stream("redis-benchmark-xread")
         run.limits = redis_probe.stream_limits(probe, redis_url, written, read, plan.limit_requests)
+        on_progress("the step script on a busy Redis")
+        run.step_limit = step_limit.measure(probe, settings.key_prefix)
         on_progress("one event's write to a client's socket: the gateway's physical limit")
         run.write_cost = socket_limit.measure(max(plan.streams) // plan.gateways)
         uvloop.run(_run(settings, logs, plan, probe, run, on_progress))

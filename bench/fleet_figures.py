@@ -165,3 +165,4 @@ class FleetRun:
     stopped: str | None = None  # why the run ended before its plan's last level
     minutes: float = 0.0
     write_cost: WriteCost | None = None  # one event's write to a client's socket, alone
+    step_limit: Limit | None = None  # the step script's cost a job-step on a busy Redis (`step_limit`)

@@ -116,19 +116,27 @@ def _sizing_rows(run: FleetRun) -> list[str]:
         " | gateway processes a worker |",
         "| --- | --- | --- | --- | --- | --- | --- |",
     ]
+    costs = [(f"{_us(level.redis_total_us)} (the level's)", level.redis_total_us)]
+    if run.step_limit is not None:
+        busy = run.step_limit.redis_us + level.redis_relay_us
+        costs.append((f"{_us(busy)} (busy step {_us(run.step_limit.redis_us)} + the level's relay)", busy))
     for workload in TYPICAL:
-        share = redis_cores_per_event(level.redis_total_us / 1e6, workload, 1)
         gateways = workload.events_per_second * level.gateway_us / 1e6 / UTILIZATION
-        rows.append(
-            f"| {workload.jobs} jobs x {workload.tokens_per_second:g} tokens/s"
-            f" | {workload.events_per_second:,.0f} | {_us(level.redis_total_us)} | {share:.3f}"
-            f" | {math.floor(UTILIZATION / share)}"
-            f" | {_us(level.gateway_us)} | {gateways:.1f} |"
-        )
+        for label, redis_us in costs:
+            share = redis_cores_per_event(redis_us / 1e6, workload, 1)
+            rows.append(
+                f"| {workload.jobs} jobs x {workload.tokens_per_second:g} tokens/s"
+                f" | {workload.events_per_second:,.0f} | {label} | {share:.3f}"
+                f" | {math.floor(UTILIZATION / share)}"
+                f" | {_us(level.gateway_us)} | {gateways:.1f} |"
+            )
     return [
         f"What it means for sizing (`bench/capacity_model.py`), at the costs of the {level.streams}-stream"
         " level: every job's stream followed, Redis and each gateway process kept at"
-        f" {100 * UTILIZATION:.0f} % of a core, a Llama-3-8B class model on one GPU, `stream_step` 1:",
+        f" {100 * UTILIZATION:.0f} % of a core, a Llama-3-8B class model on one GPU, `stream_step` 1."
+        " Each worker twice: at the Redis cost the level measured, on a Redis mostly idle between its"
+        " calls, and at the step's cost on a busy Redis (`bench.step_limit`) plus the level's relay part,"
+        " since a Redis kept 70 % busy runs with its caches warm:",
         "",
         *rows,
     ]
@@ -157,7 +165,7 @@ def section(run: FleetRun) -> list[str]:
         "| --- | --- | --- | --- |",
         *(
             f"| {limit.name} | {limit.pipeline} | {limit.per_second:,.0f} | {_us(limit.redis_us)} |"
-            for limit in run.limits
+            for limit in [*run.limits, *([run.step_limit] if run.step_limit else [])]
         ),
     ]
     return [
@@ -190,7 +198,9 @@ def section(run: FleetRun) -> list[str]:
         " generator's own CPU, taken from the same cores. Machine busy: every core's share, whoever ran.",
         "",
         "Physical limits of the same Redis, `redis-benchmark` in the same run (50 connections; XADD of an"
-        " event as a worker writes it; XREAD of one entry of one stream):",
+        " event as a worker writes it; XREAD of one entry of one stream), and beside them the step script"
+        " on the same busy Redis (`bench.step_limit`: calls of 256 jobs, a delta each, every lease, cancel"
+        " key and record checked, sent back to back as `redis-benchmark` sends its commands):",
         "",
         *limits,
         "",

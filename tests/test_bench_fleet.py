@@ -218,5 +218,20 @@ def test_the_sizing_takes_the_costs_per_event_of_the_level_with_the_most_streams
     core, so three fit in 70 %; at 50 µs of gateway CPU an event it takes 0.5 of a gateway process."""
     text = section(run_of(replace(level(), streams=250), level()))
     row = next(line for line in text if line.startswith("| 256 jobs x 30 tokens/s |"))
-    assert row == "| 256 jobs x 30 tokens/s | 7,680 | 30.0 | 0.230 | 3 | 50.0 | 0.5 |"
+    assert row == "| 256 jobs x 30 tokens/s | 7,680 | 30.0 (the level's) | 0.230 | 3 | 50.0 | 0.5 |"
     assert any("at the costs of the 1000-stream level" in line for line in text)
+
+
+def test_a_busy_redis_step_cost_sizes_a_second_row_with_the_levels_relay_and_joins_the_limits() -> None:
+    """With the step's busy cost (`bench.step_limit`) of 5 µs and the level's relay of 20 µs, a GPU
+    worker costs 25 µs an event: 7,680 events/s take 0.192 of a core, so three fit in 70 %."""
+    run = run_of(level())
+    run.step_limit = Limit("step script, 256 jobs a call (per job-step)", 8, 1000, 120_000.0, 0.005)
+    text = section(run)
+    assert "| step script, 256 jobs a call (per job-step) | 8 | 120,000 | 5.0 |" in text
+    rows = [line for line in text if line.startswith("| 256 jobs x 30 tokens/s |")]
+    busy = "25.0 (busy step 5.0 + the level's relay)"
+    assert rows == [
+        "| 256 jobs x 30 tokens/s | 7,680 | 30.0 (the level's) | 0.230 | 3 | 50.0 | 0.5 |",
+        f"| 256 jobs x 30 tokens/s | 7,680 | {busy} | 0.192 | 3 | 50.0 | 0.5 |",
+    ]

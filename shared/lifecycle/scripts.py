@@ -139,7 +139,7 @@ async def _pipelined(redis: aioredis.Redis, *commands: tuple[Any, ...]) -> list[
 SUBMIT: LuaScript[SubmitArgs] = LuaScript.load("submit")
 CLAIM: LuaScript[ClaimArgs] = LuaScript.load("claim")
 START: LuaScript[StartArgs] = LuaScript.load("start")
-STEP: LuaScript[list[Any]] = LuaScript.load("step")  # StepArgs, then per job StepJobArgs and (id, type, data) per event
+STEP: LuaScript[list[Any]] = LuaScript.load("step")  # StepArgs, StepJobArgs a job, (id, type, data) an event
 RENEW: LuaScript[RenewArgs] = LuaScript.load("renew")
 RELEASE: LuaScript[ReleaseArgs] = LuaScript.load("release")
 FINISH: LuaScript[FinishArgs] = LuaScript.load("finish")
