@@ -76,7 +76,7 @@ def measure(probe: Probe, prefix: str, jobs: int = JOBS, calls: int = CALLS) -> 
         for start in range(0, calls, PIPELINE):
             with client.pipeline(transaction=False) as pipe:
                 for command in commands[start : start + PIPELINE]:
-                    pipe.execute_command(*command)
+                    pipe.execute_command(*command)  # type: ignore[no-untyped-call]
                 for answers in pipe.execute():
                     if any(answer != "go" for answer in answers):
                         raise RuntimeError(f"a step was not taken: {answers[:3]}")
