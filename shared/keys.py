@@ -134,6 +134,11 @@ class Keys:
         """Set: ids of jobs a worker has started and not yet ended or handed back, for the reapers."""
         return f"{self.prefix}:running"
 
+    @property
+    def reaper_turn(self) -> str:
+        """String: the worker whose turn it is to look for lapsed leases, until it expires."""
+        return f"{self.prefix}:reaper-turn"
+
     def idempotency(self, key: str, owner: str = ANONYMOUS_OWNER) -> str:
         """String: job id one owner submitted under an `Idempotency-Key` (hashed, so any value fits)."""
         return f"{self.prefix}:idempotency:{owner}:{hashlib.sha256(key.encode()).hexdigest()}"

@@ -157,14 +157,14 @@ class WorkerApp:
             engine.shutdown()
             raise
 
-        # Every worker reaps: a job whose worker died is released within half a lease of its lapse.
+        # Every worker reaps in turn: a job whose worker died is released within a lease of its lapse.
         async def watch_engine() -> None:  # an idle worker's engine may die too
             if engine.dead:
                 self.engine_died()
 
         periodic = [
             Periodic("heartbeat", heartbeat.beat, settings.heartbeat_seconds),
-            Periodic("reaper", leases.reap, settings.lease_seconds / 2),
+            Periodic("reaper", partial(leases.reap, worker_id), leases.reap_every),
             Periodic("engine watch", watch_engine, settings.heartbeat_seconds),
         ]
         for task in periodic:

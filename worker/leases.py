@@ -35,6 +35,10 @@ extension lost with its Redis (a failover's new master had not received it) twic
 LEASES_READ_AT_ONCE = 1000
 """Leases a reaper's MGET reads: enough that a command's own cost is shared out, few enough that no
 one command holds Redis up for long."""
+TURN_SHARE = 0.9
+"""A reaper's turn lasts this share of the reaping interval: it is over before its holder's next look,
+so that a look comes at least once an interval whoever holds the turn, and a holder that died holds
+it for less than an interval."""
 
 
 class Leases:
@@ -46,6 +50,7 @@ class Leases:
         self.store_settings = store.settings
         self.transitions = store.transitions
         self.lease_seconds = settings.lease_seconds
+        self.reap_every = settings.lease_seconds / 2
         self.max_attempts = settings.max_attempts
         self.extended: dict[str, float] = {}  # job id -> when its keys were last extended (monotonic)
 
@@ -148,8 +153,16 @@ class Leases:
             stream_tip=entries[-1][0] if entries else "",
         )
 
-    async def reap(self) -> None:
-        """Release every running job whose lease lapsed; each worker does this every half lease."""
+    async def reap(self, worker_id: str) -> None:
+        """Release every running job whose lease lapsed, when it is `worker_id`'s turn. Every worker
+        asks every half lease (`reap_every`), and one a turn looks: every lease is read by one worker
+        an interval rather than by each, whose cost would grow with workers times running jobs."""
+        with redis_errors():
+            turn = await self.redis.set(
+                self.keys.reaper_turn, worker_id, nx=True, px=max(1, int(1000 * TURN_SHARE * self.reap_every))
+            )
+        if not turn:
+            return
         for job_id, model in await self.lapsed():
             outcome = await self.release(job_id, model, LAPSED)
             if outcome in (ReleaseOutcome.requeued, ReleaseOutcome.failed):

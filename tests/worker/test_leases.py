@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
 from datetime import datetime, timezone
@@ -107,7 +108,7 @@ async def test_reap_requeues_a_job_whose_lease_lapsed_for_another_worker_to_run(
     assert await leases.lapsed() == [(job_id, MODEL)]
     async with store.redis.pubsub() as wakeups:
         await wakeups.subscribe(store.keys.model(MODEL).wakeup)
-        await leases.reap()
+        await leases.reap("worker-2")
         woken = [await wakeups.get_message(timeout=5) for _ in range(2)]  # subscribe's answer, then the job
     assert [message["data"] for message in woken if message] == [1, job_id]  # idle workers take it at once
 
@@ -121,6 +122,25 @@ async def test_reap_requeues_a_job_whose_lease_lapsed_for_another_worker_to_run(
     assert await claimed(store, worker="worker-2", model=MODEL) == [job_id]  # the lapsed run holds it no more
 
 
+async def test_one_worker_a_turn_looks_for_lapsed_leases_and_the_turn_passes_once_it_ends(
+    store: JobStore,
+) -> None:
+    """Every worker asks every interval; the one that takes the turn looks, the others do not until it
+    ends, a little before its holder's next look (so one that died holds it less than an interval)."""
+    first, second = Leases(store, store.settings), Leases(store, store.settings)
+    first.reap_every = second.reap_every = 0.3
+    await first.reap("worker-1")  # its turn: nothing has lapsed yet
+    job_id = await started(store)
+    await lapse(store, job_id)
+    await second.reap("worker-2")  # not its turn: the job stays where it is
+    assert await store.redis.sismember(store.keys.running, job_id)
+    assert 0 < await store.redis.pttl(store.keys.reaper_turn) <= 270
+    await asyncio.sleep(0.3)
+    await second.reap("worker-2")
+    assert not await store.redis.sismember(store.keys.running, job_id)
+    assert await store.redis.zscore(store.keys.model(MODEL).queue, job_id) is not None
+
+
 async def test_a_requeued_job_resumes_with_its_stream_and_the_next_attempt(
     store: JobStore, leases: Leases
 ) -> None:
@@ -128,7 +148,7 @@ async def test_a_requeued_job_resumes_with_its_stream_and_the_next_attempt(
     first_run = Publisher(store.redis, store, "worker-1")
     await first_run.step(job_id, [DeltaEvent(seq=2, text="Paris", token_ids=[42, 43])])
     await lapse(store, job_id)
-    await leases.reap()
+    await leases.reap("worker-2")
 
     resumed = await store.start(job_id, "worker-2", MODEL, lease_seconds=LEASE_SECONDS)
     assert resumed is not None and resumed.resumed and resumed.attempt == 2
@@ -155,7 +175,7 @@ async def test_a_job_out_of_attempts_fails_with_worker_lost_and_the_output_it_st
         job_id, [DeltaEvent(seq=2, text="Par", token_ids=[5])]
     )
     await lapse(store, job_id)
-    await Leases(store, store.settings).reap()
+    await Leases(store, store.settings).reap("worker-2")
 
     stream = await events(store, job_id)
     assert [event["seq"] for event in stream] == [0, 1, 2, 3]
