@@ -77,15 +77,18 @@ class StepClock:
         self._waiters: list[asyncio.Future[None]] = []  # the next step's; a timer runs while any wait
         self._last = -math.inf  # when the last step fired, by the loop's clock
 
-    async def step(self) -> None:
-        loop = asyncio.get_running_loop()
-        if not self._waiters:
+    def step(self) -> asyncio.Future[None]:
+        """The next step, to await."""
+        if self._waiters:  # their loop is the running one: asking asyncio for it costs a system call
+            loop = self._waiters[0].get_loop()
+        else:
+            loop = asyncio.get_running_loop()
             loop.call_at(next_step_at(self._last, loop.time(), self._seconds), self._fire)
         # A future of its own: a waiter cancelled (its request aborted) cancels no other's step. Cheaper
         # than shielding one shared future, which costs two more callbacks a waiter and a step.
         waiter = loop.create_future()
         self._waiters.append(waiter)
-        await waiter
+        return waiter
 
     def _fire(self) -> None:
         self._last = asyncio.get_running_loop().time()
