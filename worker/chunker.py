@@ -13,23 +13,21 @@ from shared.events import (
     JobState,
     Progress,
     StatusEvent,
-    TokenLogprob,
     Usage,
 )
 from worker.engine import EngineDelta
 
 
-@dataclass
+@dataclass(slots=True)
 class _Choice:
-    """One choice's output so far, and what it holds back for its next delta."""
+    """One choice's output so far, and the engine deltas it holds back for its next delta event."""
 
     text_parts: list[str] = field(default_factory=list)
     tokens: int = 0
     finish_reason: str | None = None
     stop_reason: int | str | None = None
-    held_text: list[str] = field(default_factory=list)
-    held_ids: list[int] = field(default_factory=list)
-    held_logprobs: list[TokenLogprob] | None = None
+    held: list[EngineDelta] = field(default_factory=list)
+    held_tokens: int = 0
 
 
 class Chunker:
@@ -97,32 +95,31 @@ class Chunker:
         """Take one step's tokens of one choice; a delta event once enough have gathered (or the
         choice ended)."""
         choice = self._choices[delta.index]
-        choice.held_text.append(delta.text)
+        tokens = len(delta.token_ids)
         choice.text_parts.append(delta.text)
-        choice.held_ids.extend(delta.token_ids)
-        choice.tokens += len(delta.token_ids)
-        if delta.logprobs is not None:
-            choice.held_logprobs = (choice.held_logprobs or []) + delta.logprobs
+        choice.tokens += tokens
+        choice.held.append(delta)
+        choice.held_tokens += tokens
         if delta.finished:
             choice.finish_reason = delta.finish_reason or "stop"
             choice.stop_reason = delta.stop_reason
-        if len(choice.held_ids) >= self.stream_step or delta.finished:
+        if choice.held_tokens >= self.stream_step or delta.finished:
             return self._flush(delta.index)
         return []
 
     def _flush(self, index: int) -> list[Event]:
         choice = self._choices[index]
-        if not choice.held_ids and not any(choice.held_text):
+        held, choice.held, choice.held_tokens = choice.held, [], 0
+        if len(held) == 1:  # as at every step when `stream_step` is 1: the delta's own, as they are
+            text, token_ids, logprobs = held[0].text, held[0].token_ids, held[0].logprobs
+        else:
+            text = "".join(delta.text for delta in held)
+            token_ids = [token_id for delta in held for token_id in delta.token_ids]
+            some = [delta.logprobs for delta in held if delta.logprobs is not None]
+            logprobs = [logprob for part in some for logprob in part] if some else None
+        if not token_ids and not text:
             return []
-        event = DeltaEvent(
-            seq=self._seq(),
-            index=index,
-            text="".join(choice.held_text),
-            token_ids=choice.held_ids,
-            logprobs=choice.held_logprobs,
-        )
-        choice.held_text, choice.held_ids, choice.held_logprobs = [], [], None
-        return [event]
+        return [DeltaEvent(seq=self._seq(), index=index, text=text, token_ids=token_ids, logprobs=logprobs)]
 
     def flush(self) -> list[Event]:
         """The held-back tokens of every choice, one delta event each that has any."""

@@ -170,7 +170,7 @@ class JobRunner:
             async for delta in deltas:
                 clock.output(len(delta.token_ids))
                 events = chunker.feed(delta)
-                if chunker.finished:
+                if delta.finished and chunker.finished:  # only a choice's last delta can end the job
                     return await self._complete(job_id, chunker, events)
                 verdict = await self.publisher.step(job_id, events)
                 if verdict is not Verdict.go:

@@ -31,7 +31,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -47,6 +47,7 @@ from shared.replication import Wait
 
 log = logging.getLogger(__name__)
 
+GO = Verdict.go.value  # a step's answer at nearly every step, read without making an answer of it
 RESEND_SECONDS = 0.1  # between sendings of steps that failed: a Redis restart takes about this long
 KEPT_EVENTS = 64
 """A job's last events kept to write again after a failover lost them: a replica trails its master
@@ -61,21 +62,17 @@ EndCommand = Callable[[list[Event]], tuple[Any, ...]]
 always, skips the events it holds, and leaves a job that ended alone)."""
 
 
-@dataclass
+@dataclass(slots=True)
 class _Step:
     """One job's share of a round trip: its step (part of the round trip's one step call), or the
     EVAL that ends it."""
 
     job_id: str
     events: list[Event]
+    answer: asyncio.Future[Any]
     end: EndCommand | None = None  # the job's end: acknowledged once replicas hold it
     check: bool = False  # read the stream at the first sending too (a sending again always does)
-    answer: asyncio.Future[Any] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
     failing_since: float | None = None  # monotonic time of the first failed sending
-
-    @property
-    def ends(self) -> bool:
-        return self.end is not None
 
     def job_step(self) -> JobStep:
         return JobStep(self.job_id, self.events, self.check or self.failing_since is not None)
@@ -130,12 +127,21 @@ class Publisher:
 
     async def step(self, job_id: str, events: list[Event]) -> Verdict:
         """Append `events` to the job's stream if this worker still holds the job; may it go on?"""
-        answer = StepAnswer.of(await self._write(job_id, events, None))
-        if answer.cancel_asked_at is not None:
-            self.cancels_asked_at[job_id] = answer.cancel_asked_at
-        if answer.verdict in (Verdict.go, Verdict.cancel):
-            self._sent.setdefault(job_id, deque(maxlen=KEPT_EVENTS)).extend(events)
-        return answer.verdict
+        answer = await self._write(job_id, events, None)
+        verdict = Verdict.go if answer == GO else self._verdict(job_id, answer)
+        if verdict is Verdict.go or verdict is Verdict.cancel:
+            kept = self._sent.get(job_id)
+            if kept is None:
+                kept = self._sent[job_id] = deque(maxlen=KEPT_EVENTS)
+            kept.extend(events)
+        return verdict
+
+    def _verdict(self, job_id: str, answer: Any) -> Verdict:
+        """The verdict of a step's answer other than `go`, noting when a cancel it met was asked for."""
+        read = StepAnswer.of(answer)
+        if read.cancel_asked_at is not None:
+            self.cancels_asked_at[job_id] = read.cancel_asked_at
+        return read.verdict
 
     async def finish(self, job_id: str, events: list[Event], outcome: Outcome) -> Finished:
         """Append the last events, the terminal one last, and end the job, if this worker still holds it."""
@@ -155,13 +161,13 @@ class Publisher:
         events this publisher keeps are sent again before `events`, once."""
         if time.monotonic() - self._last_round_trip > CHECK_AFTER_SECONDS:
             self._unchecked.update(self._sent)
-        answer = await self._submit(_Step(job_id, events, end, job_id in self._unchecked))
+        answer = await self._submit(job_id, events, end, job_id in self._unchecked)
         self._unchecked.discard(job_id)
         last_seq = _behind(answer)
         lost = [] if last_seq is None or not events else self._lost(job_id, last_seq, events[0].seq)
         if lost:
             log.warning("a failover lost events %d to %d; writing them again", lost[0].seq, lost[-1].seq)
-            answer = await self._submit(_Step(job_id, [*lost, *events], end, check=True))
+            answer = await self._submit(job_id, [*lost, *events], end, check=True)
         return answer
 
     def _lost(self, job_id: str, last_seq: int, next_seq: int) -> list[Event]:
@@ -169,11 +175,17 @@ class Publisher:
         lost = [event for event in self._sent.get(job_id, ()) if last_seq < event.seq < next_seq]
         return lost if lost and lost[0].seq == last_seq + 1 and lost[-1].seq == next_seq - 1 else []
 
-    async def _submit(self, step: _Step) -> Any:
-        self._pending.append(step)
-        if self._sender is None or self._sender.done():
-            self._sender = asyncio.create_task(self._send_pending())
-        return await step.answer
+    def _submit(
+        self, job_id: str, events: list[Event], end: EndCommand | None, check: bool
+    ) -> asyncio.Future[Any]:
+        """The step's answer to come (a future, not a coroutine: one object less a step)."""
+        sender = self._sender
+        if sender is None or sender.done():
+            sender = self._sender = asyncio.create_task(self._send_pending())
+        # The sender's loop is the running one: asking asyncio for it costs a system call (getpid).
+        answer = sender.get_loop().create_future()
+        self._pending.append(_Step(job_id, events, answer, end, check))
+        return answer
 
     async def _send_pending(self) -> None:
         while self._pending:
@@ -183,14 +195,14 @@ class Publisher:
             for step, result in zip(batch, results, strict=True):
                 if step.answer.done():  # its job stopped waiting (cancelled)
                     continue
-                if isinstance(result, NoScriptError):
+                if not isinstance(result, Exception):  # nearly every step's
+                    step.answer.set_result(result)
+                elif isinstance(result, NoScriptError):
                     unloaded.append(step)
                 elif isinstance(result, BackendUnavailable) and self._may_resend(step):
                     again.append(step)
-                elif isinstance(result, Exception):
-                    step.answer.set_exception(result)
                 else:
-                    step.answer.set_result(result)
+                    step.answer.set_exception(result)
             if unloaded:  # Redis restarted (or flushed its scripts): load the step script, send them again
                 await self._load_step_script(unloaded)
             if again:
@@ -207,8 +219,11 @@ class Publisher:
         except Exception as exc:  # the round trip itself failed: every waiting job meets it
             error = _as_sent(exc)
             step_answers, end_answers = [error] * len(steps), [error] * len(ends)
-        answers = iter(step_answers), iter(end_answers)
-        results = [next(answers[step.ends]) for step in batch]
+        if ends:
+            answers = iter(step_answers), iter(end_answers)
+            results = [next(answers[step.end is not None]) for step in batch]
+        else:  # nearly every round trip: steps only
+            results = step_answers
         self.round_trips += 1
         self._last_round_trip = time.monotonic()
         failed = next((result for result in results if isinstance(result, BackendUnavailable)), None)
