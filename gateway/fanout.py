@@ -234,7 +234,9 @@ class StreamHub:
     ) -> None:
         self._reader = reader  # its pool's connection listens to the notices; the reads have their own
         self._notices = notices
-        self._on_written = on_written  # told the `at` of each entry written straight to a client
+        self._on_written = on_written
+        """Told, once per notice of which entries went straight to clients, the last one's `at`
+        (a step's entries share it): the relay lag, observed once per step, not per entry."""
         self._connection: AbstractConnection | None = None
         self._watched: dict[str, _Watched] = {}
         self._due: set[str] = set()  # watched streams to read: named by a notice, new, or not read out
@@ -300,6 +302,7 @@ class StreamHub:
         one lookup."""
         watched = self._watched
         now = asyncio.get_running_loop().time()
+        written_at = ""
         for line in notice.split(LINE):
             stream, _, fields = line.partition(UNIT)
             target = watched.get(stream)
@@ -309,13 +312,15 @@ class StreamHub:
             if len(parts) == 4:  # else the stream's name alone (or a line of no known form): read it
                 entry_id, kind, at, data = parts
                 if entry_id == target.next_id:
-                    if self._hand_out(target, entry_id, kind, at, data, now) and self._on_written:
-                        self._on_written(at)
+                    if self._hand_out(target, entry_id, kind, at, data, now):
+                        written_at = at
                     continue
                 if target.holds(entry_id):
                     continue
             self._due.add(stream)
             self._woken.set()
+        if written_at and self._on_written is not None:
+            self._on_written(written_at)
 
     def _hand_out(self, watched: _Watched, entry_id: str, kind: str, at: str, data: str, now: float) -> bool:
         """Hand a notice's entry, the next of its stream, to its followers: written to the clients of

@@ -115,7 +115,7 @@ class EventStream(Response):
             write_body = body_writer(send)
             if write_body is not None:
                 # Live entries, written from the hub's callback while `_write` waits; the hub observes
-                # their relay lag (`StreamHub`'s `on_written`).
+                # their relay lag, once per notice (`StreamHub`'s `on_written`).
                 self.following.write_now = lambda entry_id, kind, data: write_body(
                     event_frame(entry_id, kind, data)
                 )
