@@ -78,7 +78,7 @@ def create_app(settings: GatewaySettings) -> FastAPI:
         most = settings.redis_max_connections
         redis = connect(url, keys.client_name("gateway"), most, sentinel_password=sentinel_password)
         reader = connect_reader(url, keys.stream_reader_name, sentinel_password=sentinel_password)
-        hub = StreamHub(reader, keys.notices)
+        hub = StreamHub(reader, keys.notices, metrics.observe_relay_lag)
         store = JobStore(redis, keys, settings)  # it reads the Redis settings every role has
         # A record outlives its last change by the retention, and the wait for its next attempt.
         record_ttl = settings.retention_seconds + math.ceil(settings.webhook_max_retry_gap_seconds)

@@ -21,8 +21,9 @@ every new entry from every follower of the stream. A new stream is read at once:
 have come between its follower's last read and the subscription, their notice gone by.
 
 A follower is woken once per batch of entries, not once per entry, and takes them all
-at once; one that waits with nothing pending may take them without being woken at all, written
-to its client from the hub's callback (`Subscription.direct`: the native event streams). One
+at once; one that waits with nothing pending may take a notice's entry without being woken at all,
+written to its client from the hub's callback straight from the notice's fields, with no `Entry`
+made (`Subscription.direct`: the native event streams). One
 that does not keep up is dropped (`lagged`) and catches up from Redis on its own, so a slow
 client costs Redis reads, never unbounded gateway memory. When Redis fails, the reader retries
 with backoff and carries on from every stream's cursor, so open streams resume by themselves
@@ -61,6 +62,11 @@ RETRY_FIRST_SECONDS = 0.05  # the reader's first wait after a Redis failure, dou
 RETRY_LAST_SECONDS = 2.0
 
 
+LiveWriter = Callable[[str, str, str], bool]
+"""Writes one entry (its id, event type and data) to a follower's client now and answers True, or
+answers False and writes nothing when the follower's task must take it instead."""
+
+
 @dataclass(eq=False)
 class Subscription:
     """A follower's mailbox: new entries of one stream, or the news that it fell behind."""
@@ -71,10 +77,10 @@ class Subscription:
     pending: list[Entry] = field(default_factory=list)
     pending_bytes: int = 0  # of the batches offered while entries were pending already
     lagged: bool = False
-    direct: Callable[[list[Entry]], bool] | None = None
-    """Hands entries straight to the follower's client while it waits with nothing pending, from
-    the hub's callback, without waking its task; False when they must wait for its task instead
-    (`Following.write_directly`)."""
+    direct: LiveWriter | None = None
+    """Hands a notice's entry straight to the follower's client while it waits with nothing pending,
+    from the hub's callback, without waking its task (`Following.write_directly`)."""
+    _live: LiveWriter | None = None  # `direct` while the task is parked in `wait`, nothing pending
     _waiter: asyncio.Future[None] | None = None
     _timeout: float = 0.0  # of the `wait` in progress
     _deadline: float = 0.0  # when the `wait` in progress times out, by the loop's clock
@@ -98,12 +104,13 @@ class Subscription:
         self._timeout = timeout
         self._deadline = loop.time() + timeout
         self._waiter = waiter = loop.create_future()
+        self._live = self.direct  # nothing pending, and the task parked: written now, in order
         if self._timer is None:
             self._timer = loop.call_at(self._deadline, self._on_timer)
         try:
             await waiter
         finally:
-            self._waiter = None
+            self._waiter = self._live = None
 
     def _on_timer(self) -> None:
         loop = asyncio.get_running_loop()
@@ -113,26 +120,27 @@ class Subscription:
         self._timer = None
         self.interrupt()
 
-    def _written(self, entries: list[Entry]) -> bool:
-        """Whether `direct` took the entries. One that fails is logged and not asked again: the
-        follower's task writes them, and meets the failure on its own, while the hub goes on
-        listening for every other follower."""
-        if self.direct is None:
+    def write_live(self, entry_id: str, kind: str, data: str, now: float) -> bool:
+        """Whether `direct` wrote a notice's entry to the client, the task parked with nothing pending
+        (`now`: the loop's time, from which the wait's silence is counted again). A `direct` that
+        fails is logged and not asked again: the follower's task writes the entry, and meets the
+        failure on its own, while the hub goes on listening for every other follower."""
+        live = self._live
+        if live is None:
             return False
         try:
-            return self.direct(entries)
+            written = live(entry_id, kind, data)
         except Exception:
-            log.exception("writing entries of %s to a client failed; its own task takes them", self.stream)
-            self.direct = None
+            log.exception("writing an entry of %s to a client failed; its own task takes it", self.stream)
+            self.direct = self._live = None
             return False
-
-    def _parked(self) -> bool:
-        """Whether the follower's task waits in `wait`, not yet woken: entries handed straight to
-        its client cannot overtake any it has yet to write."""
-        return self._waiter is not None and not self._waiter.done()
+        if written:
+            self._deadline = now + self._timeout
+        return written
 
     def interrupt(self) -> None:
         """End a `wait` in progress now."""
+        self._live = None
         if self._waiter is not None:
             _wake(self._waiter)
 
@@ -143,8 +151,8 @@ class Subscription:
             self._timer = None
 
     def offer(self, entries: list[Entry], size: int) -> bool:
-        """Hand new entries over: straight to the client when the follower is parked and `direct`
-        takes them, else pending for its task; False (and lagged) when that would overflow the buffer.
+        """Hand new entries over to the follower's task; False (and lagged) when that would overflow
+        the buffer.
 
         `size` (their bytes) is counted only while entries are pending, and the hub measures it only
         then: a follower that keeps up costs no per-entry work, and one that does not holds at most
@@ -154,10 +162,6 @@ class Subscription:
             self.pending_bytes += size
             if len(self.pending) + len(entries) > SUBSCRIBER_BUFFER or self.pending_bytes > self.max_bytes:
                 self.lagged = True
-        elif self._parked() and self._written(entries):
-            # Delivered: the wait goes on, its silence counted from now.
-            self._deadline = asyncio.get_running_loop().time() + self._timeout
-            return True
         if not self.lagged:
             self.pending += entries
         self.interrupt()
@@ -199,7 +203,7 @@ class _Watched:
     name: bytes  # packed
     cursor: str
     next_id: str | None  # the id of the entry after the cursor, if a notice line may be taken as it
-    subscriptions: set[Subscription] = field(default_factory=set)
+    subscriptions: tuple[Subscription, ...] = ()  # a tuple: handing out may drop one, mid-loop
 
     @classmethod
     def at(cls, stream: str, cursor: str) -> _Watched:
@@ -207,6 +211,11 @@ class _Watched:
 
     def advance(self, cursor: str) -> None:
         self.cursor, self.next_id = cursor, _next_id(cursor)
+
+    def step(self) -> None:
+        """Move the cursor onto `next_id` ('<seq>-1'), a notice's entry handed out."""
+        assert self.next_id is not None
+        self.cursor, self.next_id = self.next_id, f"{int(self.next_id[:-2]) + 1}-1"
 
     def holds(self, entry_id: str) -> bool:
         """Whether the entry was handed out already: its id is not past the cursor."""
@@ -220,9 +229,14 @@ def _entry(entry_id: str, fields: list[str]) -> Entry:
 
 
 class StreamHub:
-    def __init__(self, reader: aioredis.Redis, notices: str) -> None:
+    def __init__(
+        self, reader: aioredis.Redis, notices: str, on_written: Callable[[str], None] | None = None
+    ) -> None:
         self._reader = reader  # its pool's connection listens to the notices; the reads have their own
         self._notices = notices
+        self._on_written = on_written
+        """Told, once per notice of which entries went straight to clients, the last one's `at`
+        (a step's entries share it): the relay lag, observed once per step, not per entry."""
         self._connection: AbstractConnection | None = None
         self._watched: dict[str, _Watched] = {}
         self._due: set[str] = set()  # watched streams to read: named by a notice, new, or not read out
@@ -255,7 +269,7 @@ class StreamHub:
             self._due.add(stream)
             self._woken.set()
         subscription = Subscription(stream, watched.cursor, max_bytes)
-        watched.subscriptions.add(subscription)
+        watched.subscriptions += (subscription,)
         if self._listener is None or self._listener.done():
             self._listener = asyncio.create_task(self._listen(), name="stream notices")
         if self._task is None or self._task.done():
@@ -270,7 +284,7 @@ class StreamHub:
         watched = self._watched.get(subscription.stream)
         if watched is None:
             return
-        watched.subscriptions.discard(subscription)
+        watched.subscriptions = tuple(kept for kept in watched.subscriptions if kept is not subscription)
         if not watched.subscriptions:
             del self._watched[subscription.stream]
             self._due.discard(subscription.stream)
@@ -283,8 +297,12 @@ class StreamHub:
     def _notice(self, notice: str) -> None:
         """What a script appended, a line per entry: of the streams watched here, each entry that
         comes right after its stream's cursor goes to the followers now; the other streams are read
-        next, except where the entry was handed out already."""
+        next, except where the entry was handed out already. A line of a stream not watched here
+        (another gateway's client's, with two gateways or more most are) costs one partition and
+        one lookup."""
         watched = self._watched
+        now = asyncio.get_running_loop().time()
+        written_at = ""
         for line in notice.split(LINE):
             stream, _, fields = line.partition(UNIT)
             target = watched.get(stream)
@@ -294,12 +312,31 @@ class StreamHub:
             if len(parts) == 4:  # else the stream's name alone (or a line of no known form): read it
                 entry_id, kind, at, data = parts
                 if entry_id == target.next_id:
-                    self._deliver(target, [Entry(entry_id, kind, data, at)])
+                    if self._hand_out(target, entry_id, kind, at, data, now):
+                        written_at = at
                     continue
                 if target.holds(entry_id):
                     continue
             self._due.add(stream)
             self._woken.set()
+        if written_at and self._on_written is not None:
+            self._on_written(written_at)
+
+    def _hand_out(self, watched: _Watched, entry_id: str, kind: str, at: str, data: str, now: float) -> bool:
+        """Hand a notice's entry, the next of its stream, to its followers: written to the clients of
+        those parked with nothing pending, straight from its fields; an `Entry` for the others' tasks.
+        Whether any client had it written."""
+        watched.step()
+        written = False
+        waiting: list[Subscription] = []
+        for subscription in watched.subscriptions:
+            if subscription.write_live(entry_id, kind, data, now):
+                written = True
+            else:
+                waiting.append(subscription)
+        if waiting:
+            self._offer(waiting, [Entry(entry_id, kind, data, at)])
+        return written
 
     def _sweep(self) -> None:
         """Read every watched stream next (a notice may have been missed)."""
@@ -390,10 +427,14 @@ class StreamHub:
             await self._connection.disconnect(nowait=True)
 
     def _deliver(self, watched: _Watched, entries: list[Entry]) -> None:
-        """Hand entries that follow the stream's cursor to its followers, and move the cursor on."""
+        """Hand entries that follow the stream's cursor to its followers' tasks, and move the cursor on."""
         watched.advance(entries[-1].id)
+        self._offer(watched.subscriptions, entries)
+
+    def _offer(self, subscriptions: Collection[Subscription], entries: list[Entry]) -> None:
+        """Entries pending for these followers' tasks; one that overflows is dropped (it catches up)."""
         size = -1  # measured for the first follower found behind, if any
-        for subscription in list(watched.subscriptions):
+        for subscription in subscriptions:
             if subscription.pending and size < 0:
                 size = entries_bytes(entries)
             if not subscription.offer(entries, size):

@@ -92,7 +92,13 @@ class TenantTotals(Collector):
 
 
 class RelayLag(Collector):
-    """`streampool_relay_lag_seconds`, observed once per SSE write: thousands of times a second.
+    """`streampool_relay_lag_seconds`: thousands of observations a second.
+
+    What is sampled: each write a stream's own task makes (a catch-up, a batch it was woken for), for
+    the batch's oldest entry; and once per notice (one worker's step) for the entries the stream hub
+    wrote to clients from it, the last one's lag, taken after the last write (the step's entries share
+    one `at`, so that is the step's worst). A step's 500 live writes are one sample, not 500: at 1,000
+    SSE streams, observing each put the gateway at about 23 µs of CPU per event rather than 20.
 
     prometheus_client's Histogram takes a lock and checks its buckets one by one at every
     observation (under cProfile at 10,000 events/s, 14 % of the time spent writing events);
@@ -103,8 +109,9 @@ class RelayLag(Collector):
     name = "streampool_relay_lag_seconds"
     documentation = (
         "From a worker's sending of a step (the entry's `at`, by the worker's clock) to this gateway "
-        "writing the entry to its SSE client, once per write, for the oldest entry written; replays of "
-        "a backlog included"
+        "writing the entry to its SSE client: once per write of a stream's task, for the oldest entry "
+        "written (replays of a backlog included), and once per step for the entries written from its "
+        "notice, for the last one written"
     )
 
     def __init__(self) -> None:
@@ -179,8 +186,8 @@ class GatewayMetrics:
         self.tenant_jobs_rejected.labels(tenant=tenant, limit=limit).inc()
 
     def observe_relay_lag(self, written_at: str) -> None:
-        """The lag of an entry Redis wrote at `written_at` (its `at`, in ms), now that it has been
-        handed over."""
+        """The lag of an entry a step sent at `written_at` (its `at`, in ms), now that it has been
+        written to its client (see `RelayLag` for what is sampled)."""
         self.relay_lag.observe(time.time() - int(written_at) / 1000)
 
     async def read_queue(self, read: QueueRead) -> None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import re
 from collections import Counter
-from collections.abc import AsyncGenerator, Callable, Iterator
+from collections.abc import AsyncGenerator, Iterator
 from contextlib import aclosing, contextmanager
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -21,10 +21,10 @@ from typing import NamedTuple
 import redis.asyncio as aioredis
 
 from gateway.entries import Entry, entries_bytes
-from gateway.fanout import StreamHub, Subscription
+from gateway.fanout import LiveWriter, StreamHub, Subscription
 from shared.config import GatewaySettings
 from shared.errors import BackendUnavailable, CursorExpired, InvalidRequest, JobNotFound, Overloaded
-from shared.events import JobState
+from shared.events import TERMINAL_EVENT_TYPES, JobState
 from shared.keys import ANONYMOUS_OWNER, Keys
 from shared.lifecycle import scripts
 from shared.redis_client import redis_errors
@@ -354,8 +354,8 @@ class Following:
         self.cursor = cursor
         self.batch_bytes = batch_bytes
         self.stopped = False
-        self.write_now: Callable[[list[Entry]], bool] | None = None
-        """Set by an answer that can write entries to its client at once (`EventStream`): live
+        self.write_now: LiveWriter | None = None
+        """Set by an answer that can write an entry to its client at once (`EventStream`): live
         entries then reach it from the hub's callback while `batches` waits (see `write_directly`)."""
         self._at_end = at_end  # the first catch-up read is skipped (`Relay.follow`)
         self._subscription: Subscription | None = None
@@ -450,17 +450,17 @@ class Following:
             else:
                 yield []
 
-    def write_directly(self, entries: list[Entry]) -> bool:
-        """Entries the hub hands over while `batches` waits with nothing pending, written to the client
-        at once (`write_now`), the cursor moved past them; False to have them yielded by `batches`
+    def write_directly(self, entry_id: str, kind: str, data: str) -> bool:
+        """A notice's entry the hub hands over while `batches` waits with nothing pending, written to the
+        client at once (`write_now`), the cursor moved past it; False to have it yielded by `batches`
         instead: a terminal entry (the follow ends with it), a follow stopped, or a client that cannot
-        take them now."""
-        if self.stopped or any(entry.terminal for entry in entries):
+        take it now."""
+        if self.stopped or kind in TERMINAL_EVENT_TYPES:
             return False
         assert self.write_now is not None
-        if not self.write_now(entries):
+        if not self.write_now(entry_id, kind, data):
             return False
-        self.cursor = entries[-1].id
+        self.cursor = entry_id
         return True
 
     async def _ended_while_idle(self) -> bool:

@@ -49,8 +49,8 @@ def server_send(scope: Scope, send: Send) -> Send:
 
 
 def body_writer(send: Send) -> BodyWriter | None:
-    """A `BodyWriter` for the answer whose server `send` this is (see `server_send`), or None for a
-    server it cannot write for.
+    """A `BodyWriter` for the answer whose server `send` this is (see `server_send`), once its start
+    has gone through `send`; None for a server it cannot write for.
 
     It writes a chunk exactly as uvicorn's `send` does for `http.response.body` with `more_body`
     (chunked transfer encoding, then the transport's non-blocking write), and refuses where that
@@ -60,20 +60,20 @@ def body_writer(send: Send) -> BodyWriter | None:
     cycle's own method. Under any other server or protocol every chunk goes through `send`.
     """
     cycle = getattr(send, "__self__", None)
-    if not isinstance(cycle, RequestResponseCycle):
-        return None
-    transport, flow = cycle.transport, cycle.flow
+    if not isinstance(cycle, RequestResponseCycle) or cycle.chunked_encoding is not True:
+        return None  # another server, or an answer whose start chose no chunked encoding
+    flow, transport = cycle.flow, cycle.transport
+    transport_write, is_closing = transport.write, transport.is_closing
 
     def write(body: bytes) -> bool:
         if (
             flow.write_paused
             or cycle.disconnected
             or cycle.response_complete
-            or cycle.chunked_encoding is not True
-            or transport.is_closing()  # uvloop raises on a write to a closed transport
+            or is_closing()  # uvloop raises on a write to a closed transport
         ):
             return False
-        transport.write(b"%x\r\n%b\r\n" % (len(body), body))
+        transport_write(b"%x\r\n%b\r\n" % (len(body), body))
         return True
 
     return write

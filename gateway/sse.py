@@ -22,7 +22,6 @@ import json
 import re
 from contextlib import aclosing
 from datetime import datetime, timezone
-from functools import partial
 
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
@@ -30,7 +29,7 @@ from starlette.types import Receive, Scope, Send
 from gateway.entries import Entry
 from gateway.metrics import GatewayMetrics
 from gateway.relay import Following, Hold
-from gateway.server_send import BodyWriter, body_writer, server_send
+from gateway.server_send import body_writer, server_send
 from shared.errors import StreampoolError
 
 SEPARATOR = "\r\n"  # sse-starlette's default line separator
@@ -56,12 +55,14 @@ def frame(data: str, event: str | None = None, id: str | None = None) -> bytes:
 
 
 def entry_frame(entry: Entry) -> bytes:
-    """A stream entry as one event whose `id:` is its stream id (the client's cursor).
+    """A stream entry as one event whose `id:` is its stream id (the client's cursor)."""
+    return event_frame(entry.id, entry.type, entry.data)
 
-    `frame`'s bytes, made in one step when nothing needs breaking or cleaning, as for every
-    event a worker writes (its data is one line of JSON, and a stream id has no line break).
-    """
-    entry_id, event, data, _ = entry
+
+def event_frame(entry_id: str, event: str, data: str) -> bytes:
+    """An entry's event from its fields: `frame`'s bytes, made in one step when nothing needs
+    breaking or cleaning, as for every event a worker writes (its data is one line of JSON, and a
+    stream id has no line break)."""
     if "\n" in data or "\r" in data or "\n" in event or "\r" in event:
         return frame(data, event, entry_id)
     return f"id: {entry_id}{SEPARATOR}event: {event}{SEPARATOR}data: {data}{SEPARATOR}{SEPARATOR}".encode()
@@ -111,9 +112,13 @@ class EventStream(Response):
             if scope["method"] == "HEAD":
                 await send(END)
                 return
-            write_now = body_writer(send)
-            if write_now is not None:
-                self.following.write_now = partial(self._write_now, write_now)
+            write_body = body_writer(send)
+            if write_body is not None:
+                # Live entries, written from the hub's callback while `_write` waits; the hub observes
+                # their relay lag, once per notice (`StreamHub`'s `on_written`).
+                self.following.write_now = lambda entry_id, kind, data: write_body(
+                    event_frame(entry_id, kind, data)
+                )
             listening = asyncio.create_task(self._stop_on_disconnect(receive))
             # The writes run in a task of their own: woken once per batch, a task resumes every frame
             # it is suspended in, and here that would be the dozen of the ASGI stack above this one.
@@ -139,14 +144,6 @@ class EventStream(Response):
                         self.metrics.observe_relay_lag(batch[0].at)
         except StreampoolError as exc:
             await send({"type": "http.response.body", "body": error_frame(exc), "more_body": True})
-
-    def _write_now(self, write_now: BodyWriter, batch: list[Entry]) -> bool:
-        """A batch the hub hands over while `_write` waits, written from the hub's callback."""
-        if not write_now(b"".join(map(entry_frame, batch))):
-            return False
-        if batch[0].at:
-            self.metrics.observe_relay_lag(batch[0].at)
-        return True
 
     async def _stop_on_disconnect(self, receive: Receive) -> None:
         while (await receive())["type"] != "http.disconnect":

@@ -14,7 +14,7 @@ import redis.asyncio as aioredis
 
 from gateway import fanout
 from gateway.entries import Entry
-from gateway.fanout import Subscription
+from gateway.fanout import StreamHub, Subscription
 from gateway.relay import IDLE_SECONDS, START, Relay, StreamLimits
 from shared.config import GatewaySettings
 from shared.events import DeltaEvent, DoneEvent, Event, JobState, Usage
@@ -22,6 +22,8 @@ from shared.jobstore import JobStore
 from shared.keys import ANONYMOUS_OWNER
 from shared.lifecycle import scripts
 from shared.lifecycle.transitions import JobStep
+from shared.notices import LINE, notice_line
+from shared.redis_client import connect_reader
 from shared.requests import JobRequest
 from tests.conftest import make_settings
 from tests.gateway.keyed_gateway import KeyedGateway
@@ -218,6 +220,68 @@ async def test_a_stream_followed_right_after_the_last_one_left_is_heard_at_once(
         assert [entry.id for entry in subscription.take()] == [entry_id]
 
 
+async def test_lines_for_streams_not_watched_here_are_passed_over_without_a_read(
+    relay: Relay, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With two gateways or more, most of a step's lines are for other gateways' clients: they are passed
+    over, named or whole, with no read and nothing handed out; the watched stream's line is handed out."""
+    monkeypatch.setattr(fanout, "SWEEP_SECONDS", 60.0)
+    watched, other = relay.keys.stream(uuid.uuid4().hex), relay.keys.stream(uuid.uuid4().hex)
+    async with relay.hub.subscribe(watched, "2-1", 1 << 20) as subscription:
+        await eventually(lambda: asyncio.sleep(0, not relay.hub._due), "the new stream read", interval=0.01)
+        reads = ReadCount(relay, monkeypatch)
+        lines = [
+            notice_line(other, "3-1", "delta", "1700000000000", "{}"),
+            other,
+            notice_line(watched, "3-1", "delta", "1700000000000", '{"seq":3}'),
+            notice_line(other, "9-1", "done", "1700000000000", "{}"),
+        ]
+        relay.hub._notice(LINE.join(lines))
+        assert subscription.take() == [Entry("3-1", "delta", '{"seq":3}', "1700000000000")]
+        await asyncio.sleep(0.05)
+        assert (relay.hub._due, reads.named) == (set(), 0)
+
+
+async def test_a_notices_entries_written_to_clients_are_one_relay_lag_sample(
+    redis_url: str, relay: Relay
+) -> None:
+    """The hub writes a step's entries to the clients of parked followers from its callback, without
+    waking their tasks, and tells the relay lag once for them all, with the step's `at`."""
+    lags: list[str] = []
+    hub = StreamHub(connect_reader(redis_url, relay.keys.stream_reader_name), relay.keys.notices, lags.append)
+    streams = [relay.keys.stream(uuid.uuid4().hex) for _ in range(3)]
+    written: list[tuple[str, str, str]] = []
+
+    def write(entry_id: str, kind: str, data: str) -> bool:
+        written.append((entry_id, kind, data))
+        return True
+
+    try:
+        async with contextlib.AsyncExitStack() as stack:
+            subscriptions = [
+                await stack.enter_async_context(hub.subscribe(s, "2-1", 1 << 20)) for s in streams
+            ]
+            await eventually(lambda: asyncio.sleep(0, not hub._due), "the new streams read", interval=0.01)
+            for subscription in subscriptions:
+                subscription.direct = write
+            waits = [asyncio.create_task(subscription.wait(30)) for subscription in subscriptions]
+            await asyncio.sleep(0)  # every follower parked
+            hub._notice(
+                LINE.join(
+                    notice_line(s, "3-1", "delta", "1700000000000", f"[{n}]") for n, s in enumerate(streams)
+                )
+            )
+            assert written == [("3-1", "delta", f"[{n}]") for n in range(len(streams))]
+            assert lags == ["1700000000000"]
+            await asyncio.sleep(0)
+            assert not any(waiting.done() for waiting in waits)
+            assert all(subscription.take() == [] for subscription in subscriptions)
+            for waiting in waits:
+                waiting.cancel()
+    finally:
+        await hub.close()
+
+
 class ReadCount:
     """How many streams the hub's XREADs named, from now on."""
 
@@ -349,7 +413,7 @@ async def test_a_client_write_that_fails_in_the_hubs_callback_leaves_the_entries
     failing = relay.follow(failing_job, START)
     attempts = 0
 
-    def fail(entries: list[Entry]) -> bool:
+    def fail(entry_id: str, kind: str, data: str) -> bool:
         nonlocal attempts
         attempts += 1
         raise RuntimeError("the transport is closed")
