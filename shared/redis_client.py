@@ -13,11 +13,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import hiredis
 import redis.asyncio as aioredis
 from redis.asyncio.connection import Connection
-from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
+from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool, SentinelManagedConnection
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import OutOfMemoryError, ReadOnlyError, RedisError
+from redis.exceptions import DataError, OutOfMemoryError, ReadOnlyError, RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from shared.errors import BackendUnavailable
@@ -29,7 +30,26 @@ POOL_WAIT_SECONDS = 10
 SENTINEL_TIMEOUT_SECONDS = 1.0
 
 
-class FailoverConnection(Connection):
+class PackedInC:
+    """Packs commands with hiredis, in C, as redis-py's own blocking connections do; its asyncio
+    connections pack in Python, copying their growing buffer at every argument. A worker's step call
+    carries several thousand arguments (eight a job and three an event), and packing it so cost the
+    worker more than the rest of its step: 6.7 to 10 µs a job, against 1.3. The bytes are the same,
+    and so are the refusals (a bool or None is no argument: DataError)."""
+
+    def pack_command(self, *args: Any) -> list[bytes]:
+        # A command name may hold its subcommand ('CONFIG GET'): Redis takes them as two arguments.
+        if isinstance(args[0], str):
+            args = (*args[0].encode().split(), *args[1:])
+        elif b" " in args[0]:
+            args = (*args[0].split(), *args[1:])
+        try:
+            return [hiredis.pack_command(args)]
+        except TypeError as exc:
+            raise DataError(str(exc)) from exc
+
+
+class FailoverConnection(PackedInC, Connection):
     """A connection to a plain URL that drops itself on READONLY, so that the next one is made to
     whatever the URL names now (a managed Redis moves its endpoint to the new master on failover).
     redis-py's Sentinel connections do the same by themselves."""
@@ -40,6 +60,10 @@ class FailoverConnection(Connection):
         except ReadOnlyError:
             await self.disconnect()
             raise
+
+
+class SentinelConnection(PackedInC, SentinelManagedConnection):
+    """A connection to the master the Sentinels name, packing its commands in C."""
 
 
 class BlockingSentinelPool(SentinelConnectionPool, aioredis.BlockingConnectionPool):
@@ -84,6 +108,7 @@ def connection_pool(
     return BlockingSentinelPool(  # type: ignore[no-untyped-call]
         target.master,
         sentinels,
+        connection_class=SentinelConnection,
         db=target.db,
         username=target.username,
         password=target.password,

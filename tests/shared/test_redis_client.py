@@ -7,9 +7,11 @@ import uuid
 
 import pytest
 import redis.asyncio as aioredis
+from redis.asyncio.connection import Connection
+from redis.exceptions import DataError
 
 from shared.errors import BackendUnavailable
-from shared.redis_client import connect, redis_errors
+from shared.redis_client import FailoverConnection, connect, redis_errors
 from tests.helpers import eventually
 
 
@@ -46,4 +48,32 @@ async def test_a_command_that_finds_no_free_connection_in_time_fails_as_redis_un
         assert await holding is None
         assert await client.ping() is True  # the connection is back in the pool once the BLPOP answers
     finally:
+        await client.aclose()
+
+
+def test_commands_are_packed_in_c_to_the_same_bytes_as_redis_pys_own_packing() -> None:
+    """`PackedInC` against redis-py's Python packing, on what the lifecycle sends: text of any kind,
+    bytes, numbers, a subcommand in the command's name, and an argument past redis-py's buffer cutoff."""
+    fast, python = FailoverConnection(), Connection()
+    commands = [
+        ("EVALSHA", "a" * 40, 2, "k:1", "k:2", "é 😀 \x00", b"\xff\x00", -3, 0.1, 1e20, "x" * 20_000),
+        ("CONFIG GET", "maxmemory"),
+        (b"CLIENT SETNAME", "worker"),
+    ]
+    for command in commands:
+        assert b"".join(fast.pack_command(*command)) == b"".join(python.pack_command(*command))
+    assert b"".join(fast.pack_commands(commands)) == b"".join(python.pack_commands(commands))
+    for refused in (True, None):
+        with pytest.raises(DataError):
+            fast.pack_command("SET", "k", refused)
+
+
+async def test_a_client_packing_in_c_round_trips_what_it_sends(redis_url: str) -> None:
+    client = connect(redis_url, "test-packed-in-c", 2)
+    key = f"test-packed-in-c:{uuid.uuid4().hex}"
+    try:
+        await client.set(key, "é 😀 \x00 " + "x" * 10_000, ex=60)
+        assert await client.get(key) == "é 😀 \x00 " + "x" * 10_000
+    finally:
+        await client.delete(key)
         await client.aclose()
