@@ -36,19 +36,29 @@ local function xadd(call, stream, maxlen, id, kind, data, at)
   return call('XADD', stream, 'MAXLEN', '~', maxlen, id, 'type', kind, 'data', data, 'at', at)
 end
 
--- Append an event to a job's stream unless the stream holds its seq already, and answer the seq of
--- the stream's last event after it, and whether the event was appended. `last` is that seq before
--- (`last_seq`), or nil when it was not read: an event sent for the first time is new, so the stream
--- is read only should Redis refuse the event's id (the stream holds the event after all). `at`:
--- when the event was sent (ms), nil for now by Redis's clock.
-local function append_event(stream, maxlen, last, kind, data, at)
-  local seq = event_seq(data)
-  local id = string.format('%d-1', seq)
+-- The seq of an event's stream id ('<seq>-1').
+local function id_seq(id)
+  return tonumber(string.match(id, '^(%d+)'))
+end
+
+-- Append an event under its stream id `id` unless the stream holds its seq already, and answer the
+-- seq of the stream's last event after it, and whether the event was appended. `last` is that seq
+-- before (`last_seq`), or nil when it was not read: an event sent for the first time is new, so the
+-- stream is read only should Redis refuse the event's id (the stream holds the event after all),
+-- and stays unread (nil) while every event is new. `at`: when the event was sent (ms), nil for now
+-- by Redis's clock.
+local function append_at(stream, maxlen, last, id, kind, data, at)
   if last == nil then
-    if type(xadd(redis.pcall, stream, maxlen, id, kind, data, at)) ~= 'table' then return seq, true end
+    if type(xadd(redis.pcall, stream, maxlen, id, kind, data, at)) ~= 'table' then return nil, true end
     last = last_seq(stream)
   end
+  local seq = id_seq(id)
   if seq <= last then return last, false end
   xadd(redis.call, stream, maxlen, id, kind, data, at)
   return seq, true
+end
+
+-- `append_at` for an event whose id is made from its JSON's seq.
+local function append_event(stream, maxlen, last, kind, data, at)
+  return append_at(stream, maxlen, last, string.format('%d-1', event_seq(data)), kind, data, at)
 end

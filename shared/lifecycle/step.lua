@@ -38,29 +38,12 @@ local every_record = count_existing(RECORDS + 1, RECORDS + jobs) == jobs
 local advanced = {}  -- the streams appended to
 local whole = true  -- every event of the call was appended: `notice` tells it all
 
-local function seq_of(id)
-  return tonumber(string.match(id, '^(%d+)'))
-end
-
 -- Append events first..last_arg of a job (id, type, data each) to `stream`, whose last event's seq
--- is `last`, or nil when not read: an event sent for the first time is new, and the stream is read
--- only should Redis refuse its id (the stream holds it after all). Answers whether any was appended.
+-- is `last`, or nil when not read (`append_at`); answers whether any was appended.
 local function append(stream, cap, last, first, last_arg)
-  local any = false
+  local any, appended = false, false
   for i = first, last_arg, 3 do
-    local id, kind, data = ARGV[i], ARGV[i + 1], ARGV[i + 2]
-    local appended = false
-    if last == nil then
-      appended = type(xadd(redis.pcall, stream, cap, id, kind, data, sent_at)) ~= 'table'
-      if not appended then last = last_seq(stream) end
-    end
-    if last ~= nil then
-      local seq = seq_of(id)
-      if seq > last then
-        xadd(redis.call, stream, cap, id, kind, data, sent_at)
-        last, appended = seq, true
-      end
-    end
+    last, appended = append_at(stream, cap, last, ARGV[i], ARGV[i + 1], ARGV[i + 2], sent_at)
     if appended then any = true else whole = false end
   end
   return any
@@ -76,7 +59,7 @@ local function step(job, check, trim, first, last_arg)
   local last = nil
   if check ~= '' then
     last = last_seq(stream)
-    if last_arg > first and seq_of(ARGV[first]) > last + 1 then
+    if last_arg > first and id_seq(ARGV[first]) > last + 1 then
       whole = false
       return {'behind', last}
     end
