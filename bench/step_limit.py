@@ -67,9 +67,8 @@ def measure(probe: Probe, prefix: str, jobs: int = JOBS, calls: int = CALLS) -> 
     client = probe.client
     keys = Keys(f"{prefix}:step-limit")
     job_ids = _jobs(client, keys, jobs)
-    commands = _calls(
-        Transitions(aioredis.Redis(), keys), job_ids, calls
-    )  # builds commands; connects to nothing
+    unconnected = aioredis.Redis()  # `Transitions` only builds the commands here
+    commands = _calls(Transitions(unconnected, keys), job_ids, calls)
     client.script_load(scripts.STEP.source)
     try:
         before = snapshot(client)
