@@ -40,12 +40,12 @@ if TYPE_CHECKING:
 SYSTEM_START_TIMEOUT = 240
 WORKERS = 2
 
-ENGINE_FIXTURES = frozenset({"system", "pool", "deployment", "adapter_worker"})
+ENGINE_FIXTURES = frozenset({"system", "pool", "adapter_worker"})
 """Every fixture that starts workers on the real engine: `system` here, `pool` in tests/faults/conftest.py,
-`deployment` in tests/faults, `adapter_worker` in tests/e2e/test_models.py. Fixtures of workers on the
-synthetic engine (`STREAMPOOL_ENGINE=synthetic`: tests/faults' `outage`, `waiting_worker` and
-`impatient_worker`, tests/scale's `cluster`, tests/e2e/test_models.py's `models_pool`) start in a second:
-their tests count as `unit`."""
+`adapter_worker` in tests/e2e/test_models.py. Fixtures of workers on the synthetic engine
+(`STREAMPOOL_ENGINE=synthetic`: tests/faults' `outage`, `waiting_worker`, `impatient_worker` and the
+Redis outage's and failover's `deployment`, tests/scale's `cluster`, tests/e2e/test_models.py's
+`models_pool`) start in a second: their tests count as `unit`."""
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

@@ -6,7 +6,9 @@ the outage carries on by itself (the stream reader reconnects and goes on from i
 Redis is a private redis-server with its append-only file fsynced at every write
 (`--appendfsync always`), so that even a SIGKILL loses nothing it acknowledged; the tests stop it
 (SIGTERM, or SIGKILL) and start it again on the same port and folder. Its one worker takes one job
-at a time, so that jobs wait in the queue across the outage.
+at a time, so that jobs wait in the queue across the outage. The subject is Redis, so the worker runs
+the synthetic engine (paced as a GPU, greedy answers the same for the same prompt), which starts in a
+second.
 """
 
 from __future__ import annotations
@@ -68,6 +70,8 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]
         metrics_port=free_port(),
         worker_max_jobs=1,
         sse_ping_seconds=1.0,  # idle streams check their job during the outage too
+        engine="synthetic",
+        synthetic_mean_tokens=0,  # an answer runs to its max_tokens
         **RECOVERY,
     )
     try:

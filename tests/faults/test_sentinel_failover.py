@@ -1,5 +1,6 @@
 """A Redis failover under load: a master, its replica and three Sentinels (`redis-server` processes of
-the test's own, on loopback), a gateway and a worker that know only the Sentinels. The master is
+the test's own, on loopback), a gateway and a worker (on the synthetic engine: the subject is Redis)
+that know only the Sentinels. The master is
 SIGKILLed while jobs stream and wait in the queue, and while submissions pour in; or cut off from the
 Sentinels alone (a partition), so that its replica is promoted while it still answers: every job that got
 a 202 completes exactly once, every stream followed across the failover is one stream without gap or
@@ -66,6 +67,8 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]
             allow_unauthenticated=True,
             metrics_port=free_port(),
             worker_max_jobs=2,  # so that jobs wait in the queue across the failover
+            engine="synthetic",  # the subject is Redis: a worker that starts in a second
+            synthetic_mean_tokens=0,  # an answer runs to its max_tokens
             sse_ping_seconds=1.0,
             **RECOVERY | {"lease_seconds": LEASE_SECONDS},
         )
