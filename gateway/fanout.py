@@ -75,10 +75,11 @@ as soon as it has the answer, a round trip later, from the answer's last entry: 
 then answers that poll at its tip from what the hub knows (`at_tip`), without the check's round trip
 to Redis and without the read that watching a stream anew begins with. A few seconds cover a slow
 client's round trip; longer would only hold, for clients that have gone, memory and sweep reads."""
-CHECKED_SECONDS = 5.0
+CHECKED_SECONDS = 30.0
 """How long what a check found of a job (`Checked`) answers for it, however many polls it answers. A
-running job's record can go without an entry to say so (its lifetime lapsing, unrenewed): a poll
-answered from the hub learns of it this late at most, as a silent follow does (`relay.IDLE_SECONDS`)."""
+running job's record can go without an entry to say so (an abandoned job's lifetime lapsing): a poll
+answered from the hub learns of it this late at most, as late as a poll checked in Redis answers with
+what its check found before a wait of the default `poll_wait_max`."""
 
 
 LiveWriter = Callable[[str, str, str], bool]

@@ -174,3 +174,18 @@ async def test_a_stream_watched_only_to_linger_is_dropped_after_the_linger(
         return relay.hub.streams == 0
 
     await eventually(dropped, "the lingering stream dropped", interval=0.01)
+
+
+async def test_what_a_check_found_is_checked_again_after_its_time(
+    relay: Relay, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A running job's record can go with no entry to say so: however many polls what a check found
+    answers, it is checked in Redis again `CHECKED_SECONDS` after."""
+    monkeypatch.setattr(fanout, "CHECKED_SECONDS", 0.3)
+    await _at_the_tip(relay)
+    await asyncio.sleep(0.3)
+    checks = await _checks(relay)
+    polling = await _poll(relay, "2-1")
+    assert await _checks(relay) == checks + 1
+    await _append(relay, "3-1")
+    assert await _answer(polling) == (["3-1"], JobState.running, False)
