@@ -226,10 +226,16 @@ class Checked:
     state: JobState
     until: float
 
-    def moved_by(self, kind: str, data: str) -> None:
-        state = state_of(kind, data)
+    def moved_by(self, kind: str, data: str) -> Checked | None:
+        """This, its state moved by an entry; None for an entry whose state cannot be read (the hub's
+        callback serves every follower: such an entry is left to a check in Redis, not raised)."""
+        try:
+            state = state_of(kind, data)
+        except (ValueError, KeyError, TypeError):
+            return None
         if state is not None:
             self.state = state
+        return self
 
 
 @dataclass(eq=False)
@@ -428,7 +434,7 @@ class StreamHub:
         Whether any client had it written."""
         watched.step()
         if watched.checked is not None:
-            watched.checked.moved_by(kind, data)
+            watched.checked = watched.checked.moved_by(kind, data)
         written = False
         waiting: list[Subscription] = []
         for subscription in watched.subscriptions:
@@ -535,9 +541,10 @@ class StreamHub:
     def _deliver(self, watched: _Watched, entries: list[Entry]) -> None:
         """Hand entries that follow the stream's cursor to its followers' tasks, and move the cursor on."""
         watched.advance(entries[-1].id)
-        if watched.checked is not None:
-            for entry in entries:
-                watched.checked.moved_by(entry.type, entry.data)
+        for entry in entries:
+            if watched.checked is None:
+                break
+            watched.checked = watched.checked.moved_by(entry.type, entry.data)
         self._offer(watched.subscriptions, entries)
 
     def _offer(self, subscriptions: Collection[Subscription], entries: list[Entry]) -> None:
