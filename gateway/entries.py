@@ -48,9 +48,15 @@ class Entry(NamedTuple):
     @property
     def state(self) -> JobState | None:
         """The job state this entry moves the job into, if it is a status or terminal event."""
-        if self.type == "status":
-            return JobState(json.loads(self.data)["state"])
-        return TERMINAL_STATES.get(self.type)
+        return state_of(self.type, self.data)
+
+
+def state_of(kind: str, data: str) -> JobState | None:
+    """The job state an entry of type `kind` and event JSON `data` moves the job into, if it is a
+    status or terminal event."""
+    if kind == "status":
+        return JobState(json.loads(data)["state"])
+    return TERMINAL_STATES.get(kind)
 
 
 _data = itemgetter(2)

@@ -29,6 +29,14 @@ client costs Redis reads, never unbounded gateway memory. When Redis fails, the 
 with backoff and carries on from every stream's cursor, so open streams resume by themselves
 once Redis is back.
 
+The hub also keeps, for a stream a long-poll waits on, what the relay's last check in Redis found
+of its job (`Checked`: the owner and the state, moved on by the status and terminal entries the hub
+hands out since): a poll whose cursor is the hub's cursor for that stream, the stream's tip as far
+as the notices say, is answered from it (`at_tip`), with no round trip to Redis. Such a stream stays
+watched for `LINGER_SECONDS` after its last poll, for the client's next one; what the hub knows is
+forgotten whenever the notices may have been missed (the listening connection dropped, a read
+failed) or a follower of the stream fell behind.
+
 redis-py packs a command's arguments anew at every call, in Python, which for 1,000 streams cost
 the reader more than the entries it brought back; the hub keeps each stream's name packed (a RESP
 bulk string), packs the cursors of the streams it reads only, and reads the reply raw, without
@@ -49,7 +57,8 @@ import redis.asyncio as aioredis
 from redis.asyncio.connection import AbstractConnection
 from redis.exceptions import RedisError
 
-from gateway.entries import Entry, entries_bytes
+from gateway.entries import Entry, entries_bytes, state_of
+from shared.events import JobState
 from shared.notices import LINE, UNIT
 
 log = logging.getLogger(__name__)
@@ -60,6 +69,17 @@ READ_TIMEOUT_SECONDS = 10.0  # a read without an answer by then means a dead con
 SUBSCRIBER_BUFFER = 1024  # entries held for one follower before it must catch up from Redis itself
 RETRY_FIRST_SECONDS = 0.05  # the reader's first wait after a Redis failure, doubled up to the last
 RETRY_LAST_SECONDS = 2.0
+LINGER_SECONDS = 3.0
+"""How long a long-polled stream stays watched after its last poll is answered. The client asks again
+as soon as it has the answer, a round trip later, from the answer's last entry: a stream still watched
+then answers that poll at its tip from what the hub knows (`at_tip`), without the check's round trip
+to Redis and without the read that watching a stream anew begins with. A few seconds cover a slow
+client's round trip; longer would only hold, for clients that have gone, memory and sweep reads."""
+CHECKED_SECONDS = 30.0
+"""How long what a check found of a job (`Checked`) answers for it, however many polls it answers. A
+running job's record can go without an entry to say so (an abandoned job's lifetime lapsing): a poll
+answered from the hub learns of it this late at most, as late as a poll checked in Redis answers with
+what its check found before a wait of the default `poll_wait_max`."""
 
 
 LiveWriter = Callable[[str, str, str], bool]
@@ -197,13 +217,38 @@ def _next_id(cursor: str) -> str | None:
 
 
 @dataclass(eq=False)
+class Checked:
+    """What the relay's last check in Redis found of a watched stream's job as of the hub's cursor:
+    who owns it and its state, the state moved on by each status and terminal entry the hub has
+    handed out since; good until `until` (by the loop's clock, `CHECKED_SECONDS` after the check)."""
+
+    owner: str
+    state: JobState
+    until: float
+
+    def moved_by(self, kind: str, data: str) -> Checked | None:
+        """This, its state moved by an entry; None for an entry whose state cannot be read (the hub's
+        callback serves every follower: such an entry is left to a check in Redis, not raised)."""
+        try:
+            state = state_of(kind, data)
+        except (ValueError, KeyError, TypeError):
+            return None
+        if state is not None:
+            self.state = state
+        return self
+
+
+@dataclass(eq=False)
 class _Watched:
-    """A stream the reader watches: its followers, and the cursor the next read starts after."""
+    """A stream the reader watches: its followers, the cursor the next read starts after, and for a
+    long-polled stream what a check found of its job and how long it is watched without followers."""
 
     name: bytes  # packed
     cursor: str
     next_id: str | None  # the id of the entry after the cursor, if a notice line may be taken as it
     subscriptions: tuple[Subscription, ...] = ()  # a tuple: handing out may drop one, mid-loop
+    checked: Checked | None = None
+    lingers_until: float = 0.0  # by the loop's clock: kept, without followers, until then
 
     @classmethod
     def at(cls, stream: str, cursor: str) -> _Watched:
@@ -243,6 +288,7 @@ class StreamHub:
         self._woken = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._listener: asyncio.Task[None] | None = None
+        self._hearing = False  # the listener is subscribed to the notices, and has not failed since
 
     @property
     def streams(self) -> int:
@@ -263,36 +309,96 @@ class StreamHub:
     async def subscribe(self, stream: str, cursor: str, max_bytes: int) -> AsyncIterator[Subscription]:
         """Entries of `stream` appended after the hub's cursor for it (see `started_after`), up to
         about `max_bytes` of them waiting to be taken."""
-        watched = self._watched.get(stream)
-        if watched is None:
-            watched = self._watched[stream] = _Watched.at(stream, cursor)
-            self._due.add(stream)
-            self._woken.set()
+        watched = self._watch(stream, cursor)
         subscription = Subscription(stream, watched.cursor, max_bytes)
         watched.subscriptions += (subscription,)
-        if self._listener is None or self._listener.done():
-            self._listener = asyncio.create_task(self._listen(), name="stream notices")
-        if self._task is None or self._task.done():
-            self._task = asyncio.create_task(self._run(), name="stream reader")
         try:
             yield subscription
         finally:
             subscription.close()
             self._unsubscribe(subscription)
 
+    def at_tip(self, stream: str, cursor: str) -> Checked | None:
+        """What the last check found of `stream`'s job, when `cursor` is the last entry the hub has of
+        the stream, the job had not ended by it, and the hub has missed no notice of the stream since
+        (it listens, and has no read of the stream to make); else None, and the caller checks in Redis."""
+        watched = self._watched.get(stream)
+        if watched is None or watched.checked is None or watched.cursor != cursor:
+            return None
+        checked = watched.checked
+        if not self._hearing or stream in self._due or checked.state.terminal:
+            return None
+        if asyncio.get_running_loop().time() >= checked.until:
+            watched.checked = None
+            return None
+        return checked
+
+    def remember(self, stream: str, last: str, owner: str, state: JobState) -> None:
+        """What a check in Redis found of `stream`'s job as of the stream's last entry `last`, for
+        `at_tip` to answer polls at the stream's tip with: the stream is watched from `last` (lingering
+        after its last poll) unless it is watched already, from elsewhere (a check the hub has moved
+        past tells nothing of where it is now)."""
+        watched = self._watch(stream, last)
+        if watched.cursor == last:
+            watched.checked = Checked(owner, state, asyncio.get_running_loop().time() + CHECKED_SECONDS)
+            if not watched.subscriptions:
+                self._linger(stream, watched)
+
+    def _watch(self, stream: str, cursor: str) -> _Watched:
+        """The watch of `stream`, made from `cursor` if there is none (and read at once); the notices'
+        listener and the reader running."""
+        watched = self._watched.get(stream)
+        if watched is None:
+            watched = self._watched[stream] = _Watched.at(stream, cursor)
+            self._due.add(stream)
+            self._woken.set()
+        if self._listener is None or self._listener.done():
+            self._listener = asyncio.create_task(self._listen(), name="stream notices")
+        if self._task is None or self._task.done():
+            self._task = asyncio.create_task(self._run(), name="stream reader")
+        return watched
+
     def _unsubscribe(self, subscription: Subscription) -> None:
         watched = self._watched.get(subscription.stream)
         if watched is None:
             return
         watched.subscriptions = tuple(kept for kept in watched.subscriptions if kept is not subscription)
-        if not watched.subscriptions:
-            del self._watched[subscription.stream]
-            self._due.discard(subscription.stream)
+        if watched.subscriptions:
+            return
+        if watched.checked is not None:
+            self._linger(subscription.stream, watched)
+        else:
+            self._unwatch(subscription.stream)
+
+    def _linger(self, stream: str, watched: _Watched) -> None:
+        """Keep a long-polled stream watched without followers for `LINGER_SECONDS` from now."""
+        loop = asyncio.get_running_loop()
+        watched.lingers_until = loop.time() + LINGER_SECONDS
+        loop.call_at(watched.lingers_until, self._linger_over, stream, watched)
+
+    def _linger_over(self, stream: str, watched: _Watched) -> None:
+        """Drop a stream watched only to linger, once its last linger is over."""
+        if self._watched.get(stream) is not watched or watched.subscriptions:
+            return
+        if asyncio.get_running_loop().time() >= watched.lingers_until:
+            self._unwatch(stream)
+
+    def _unwatch(self, stream: str) -> None:
+        del self._watched[stream]
+        self._due.discard(stream)
         if not self._watched:  # nothing to hear of: the notices stop, and the reader ends
             if self._listener is not None:
                 self._listener.cancel()
                 self._listener = None  # a stream followed next gets a listener of its own at once
+            self._hearing = False
             self._woken.set()
+
+    def _forget(self) -> None:
+        """Forget what the checks found of every watched stream: notices may have been missed. (What a
+        check finds while the listener is not yet subscribed stands: the sweep that follows its
+        subscription reads what came since, the state moved on by it as by any read.)"""
+        for watched in self._watched.values():
+            watched.checked = None
 
     def _notice(self, notice: str) -> None:
         """What a script appended, a line per entry: of the streams watched here, each entry that
@@ -327,6 +433,8 @@ class StreamHub:
         those parked with nothing pending, straight from its fields; an `Entry` for the others' tasks.
         Whether any client had it written."""
         watched.step()
+        if watched.checked is not None:
+            watched.checked = watched.checked.moved_by(kind, data)
         written = False
         waiting: list[Subscription] = []
         for subscription in watched.subscriptions:
@@ -352,12 +460,15 @@ class StreamHub:
                 async with self._reader.pubsub(ignore_subscribe_messages=True) as pubsub:
                     await pubsub.subscribe(self._notices)
                     retry_in = RETRY_FIRST_SECONDS
+                    self._hearing = True
                     self._sweep()
                     while self._watched:
                         message = await pubsub.get_message(timeout=SWEEP_SECONDS)
                         if message is not None and message["type"] == "message":
                             self._notice(message["data"])
             except (RedisError, OSError):
+                self._hearing = False
+                self._forget()
                 await asyncio.sleep(retry_in)
                 retry_in = min(2 * retry_in, RETRY_LAST_SECONDS)
 
@@ -378,6 +489,7 @@ class StreamHub:
                 reply = await self._read(due)
             except (RedisError, OSError) as exc:
                 self._due.update(self._watched)
+                self._forget()
                 await self._drop_connection()
                 if retry_in == RETRY_FIRST_SECONDS:
                     log.warning("stream reader: Redis failed (%s); retrying", exc)
@@ -429,13 +541,21 @@ class StreamHub:
     def _deliver(self, watched: _Watched, entries: list[Entry]) -> None:
         """Hand entries that follow the stream's cursor to its followers' tasks, and move the cursor on."""
         watched.advance(entries[-1].id)
+        for entry in entries:
+            if watched.checked is None:
+                break
+            watched.checked = watched.checked.moved_by(entry.type, entry.data)
         self._offer(watched.subscriptions, entries)
 
     def _offer(self, subscriptions: Collection[Subscription], entries: list[Entry]) -> None:
-        """Entries pending for these followers' tasks; one that overflows is dropped (it catches up)."""
+        """Entries pending for these followers' tasks; one that overflows is dropped (it catches up),
+        and what the hub knew of its stream's job with it."""
         size = -1  # measured for the first follower found behind, if any
         for subscription in subscriptions:
             if subscription.pending and size < 0:
                 size = entries_bytes(entries)
             if not subscription.offer(entries, size):
+                watched = self._watched.get(subscription.stream)
+                if watched is not None:
+                    watched.checked = None
                 self._unsubscribe(subscription)

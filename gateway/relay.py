@@ -5,7 +5,8 @@ process's one `StreamHub` reader, as many at a time as have arrived; if it falls
 behind, it catches up again from Redis, so a slow client costs Redis reads, never
 unbounded gateway memory. A long-poll page that has to wait for its first entry waits
 the same way, and so does a cursor past the end of a running job's stream, for the stream
-to reach it.
+to reach it. A long-poll at the tip of a stream the hub watches is answered from what the hub knows
+of it (`StreamHub.at_tip`), without a round trip to Redis.
 """
 
 from __future__ import annotations
@@ -204,6 +205,13 @@ class Relay:
         refused. A finished job has nothing after its terminal event, so there such a cursor is
         simply at the end.
         """
+        state, found = await self._checked(job_id, cursor, owner, limits, count)
+        return state, _id_tuple(cursor) >= _id_tuple(found.last), found.entries
+
+    async def _checked(
+        self, job_id: str, cursor: str, owner: str, limits: StreamLimits, count: int
+    ) -> tuple[JobState, AtCursor]:
+        """`check`'s answer: the job's state and what `cursor` finds in its stream."""
         state, found = await self._state_and_stream(job_id, owner, cursor, count)
         if not state.terminal and _past(cursor, found):
             with self.open_streams.hold(owner, limits):
@@ -218,7 +226,7 @@ class Relay:
                 f"events after {cursor} are no longer all kept; the oldest kept is {found.oldest}",
                 oldest=found.oldest,
             )
-        return state, _id_tuple(cursor) >= _id_tuple(found.last), found.entries
+        return state, found
 
     async def _until_reached(
         self, job_id: str, owner: str, cursor: str, count: int, found: AtCursor
@@ -291,8 +299,22 @@ class Relay:
         The state is read before the entries: a job already ended has its terminal event
         in the stream, so an empty read past it means the client has seen everything. The check
         reads the entries too, in its one round trip; a cursor at the stream's end waits at once.
+
+        A cursor at the tip of a stream the hub watches, as the hub's notices tell it, of the caller's
+        job that had not ended by then, needs no check: the job's owner and state are what the last
+        check found, the state moved on by the entries since (`StreamHub.at_tip`); a cursor the hub
+        has not seen, another owner's, or a job ended is checked in Redis. A check that finds the
+        cursor at the tip leaves the hub what it found, for the client's next poll.
         """
-        state, _, entries = await self.check(job_id, cursor, owner, limits, limit)
+        stream = self.keys.stream(job_id)
+        known = self.hub.at_tip(stream, cursor)
+        if known is not None and known.owner == owner:
+            state, entries = known.state, []
+        else:
+            state, found = await self._checked(job_id, cursor, owner, limits, limit)
+            entries = found.entries
+            if not entries and wait > 0 and not state.terminal and cursor == found.last:
+                self.hub.remember(stream, found.last, owner, state)
         if not entries and wait > 0 and not state.terminal:
             entries = (await self._first_batch(job_id, cursor, wait, owner, limits))[:limit]
         done = any(entry.terminal for entry in entries) or (state.terminal and not entries)

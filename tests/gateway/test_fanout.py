@@ -163,7 +163,10 @@ async def test_waiting_long_polls_hold_no_redis_connection_each(redis_url: str, 
         await pool.aclose()
 
 
-async def test_a_long_poll_with_nothing_new_answers_empty_once_its_wait_is_over(relay: Relay) -> None:
+async def test_a_long_poll_with_nothing_new_answers_empty_once_its_wait_is_over(
+    relay: Relay, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(fanout, "LINGER_SECONDS", 0.05)
     job_id = uuid.uuid4().hex
     cursor = await _append(relay.redis, relay, job_id, "status")
     await relay.redis.hset(relay.keys.job(job_id), mapping={"status": "running", "owner": ANONYMOUS_OWNER})
@@ -172,7 +175,8 @@ async def test_a_long_poll_with_nothing_new_answers_empty_once_its_wait_is_over(
     entries, state, done = await relay.page(job_id, cursor, 10, 0.3, ANONYMOUS_OWNER, LIMITS)
     assert loop.time() - began >= 0.3
     assert (entries, state, done) == ([], JobState.running, False)
-    assert relay.hub.streams == 0  # the poll's subscription ended with it
+    # The poll's subscription ended with it, and its stream, watched a linger longer, is no more.
+    await eventually(lambda: asyncio.sleep(0, relay.hub.streams == 0), "the linger over", interval=0.01)
 
 
 async def test_a_long_poll_at_the_tip_waits_on_the_hub_without_reading_the_stream_itself(
