@@ -15,7 +15,8 @@ seconds per followed stream per second, measured at the reader's rate of reads (
 bench/REDIS_CAPACITY.md).
 
 An engine step gives every running job one token, and the worker sends one pipeline per step
-(each job's script checks its cancel key even when `stream_step` holds its tokens back), so a
+(each job's script reads its lease, which carries a cancel asked for, even when `stream_step` holds
+its tokens back), so a
 worker's steps/s is one sequence's tokens/s. With `stream_step` 1 it writes jobs x steps/s events
 a second; the step cost is measured with one event per script, an upper bound for larger steps.
 """

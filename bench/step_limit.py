@@ -5,8 +5,9 @@ a second), and an idle core's caches are someone else's by the next call: measur
 job's step costs Redis about twice what it costs once Redis is busy, as it is at the load the
 capacity model sizes it for (70 % of a core). `redis-benchmark`'s limits are taken busy; this
 takes the step the same way, so that the two compare: the real step script (`Transitions`), every
-job's lease, cancel key and record checked and one delta appended a job, the calls made before the
-window and then sent in pipelines of `PIPELINE` so that Redis never waits for them.
+job's lease checked (a cancel asked for rides on it) and one delta appended a job to its stream, the
+calls made before the window and then sent in pipelines of `PIPELINE` so that Redis never waits for
+them.
 
     python -m bench.step_limit [--jobs 256] [--calls 300] [--redis-url URL]
 """
@@ -34,7 +35,9 @@ LIFETIME_SECONDS = 600  # of the keys made here, should the run not get to delet
 
 
 def _jobs(client: redis.Redis, keys: Keys, count: int) -> list[str]:
-    """Jobs held by `WORKER` as a worker's started jobs stand: a lease, a record, a stream with an event."""
+    """Jobs held by `WORKER` as a worker's started jobs stand: a lease, a record, a stream with an event
+    (the step reads only the lease and the stream; the record stands, as after a start, for the
+    keyspace the step's lookups meet)."""
     job_ids = [f"step-limit-{uuid.uuid4().hex[:12]}" for _ in range(count)]
     with client.pipeline(transaction=False) as pipe:
         for job_id in job_ids:

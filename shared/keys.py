@@ -106,7 +106,8 @@ class Keys:
         return f"{self.prefix}:webhooks"
 
     def lease(self, job_id: str) -> str:
-        """String with a TTL: the id of the worker running the job, renewed by its heartbeat; or
+        """String with a TTL: the id of the worker running the job, renewed by its heartbeat, followed
+        by `@<when>` once a cancel of the job is asked for (`shared/lifecycle/lease.lua` reads it); or
         `claim:<worker id>` from a worker's claim of the queued job until its start."""
         prefix, suffix = self.lease_affixes
         return f"{prefix}{job_id}{suffix}"

@@ -48,4 +48,6 @@ class Heartbeat:
 
 
 def new_worker_id() -> str:
+    """Host name, pid and ms: never an '@', which a lease puts between its holder and a cancel asked
+    for (`shared/lifecycle/lease.lua`)."""
     return f"{socket.gethostname()}-{os.getpid()}-{int(time.time() * 1000) % 100000:05d}"

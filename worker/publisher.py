@@ -3,8 +3,8 @@
 Each running job hands its step (new events, plus the question "may I go on?") to the
 publisher and waits. Steps that arrive while a round trip is in flight are gathered and
 sent together in the next pipeline, like a group commit. The steps of a round trip are one
-script call, which for each job checks its lease, appends its events and checks its cancel
-key: a worker that lost a job's lease appends nothing to it.
+script call, which for each job checks its lease, appends its events and says whether the lease
+carries a cancel asked for: a worker that lost a job's lease appends nothing to it.
 
 A step that cannot be written (Redis unreachable, out of memory or read-only for a moment) is
 sent again, with the same events, for as long as the job's lease could still be held: a stream's

@@ -20,7 +20,8 @@ terminal event together, so a reader never sees one without the other::
                                       failed
     cancel    queued                  cancelled                 gateway (JobStore.cancel)
               running, held by none   cancelled                 (handed back, or its lease lapsed)
-              running                 running, cancel asked     (its next step ends it cancelled)
+              running                 running, cancel asked     (its lease carries it: its next
+                                                                step ends it cancelled)
     delete    completed | cancelled   (none: its keys go)       gateway (JobStore.delete)
               | failed
 
@@ -50,6 +51,9 @@ name in turn, each once and before its callers. A helper takes what it works on 
                       `shared.keys.share_member` reads it), a share's band   claim
     append_event      a stream's events under ids made of their seqs         submit, start, step,
                                                                              release, finish, cancel
+    lease             a lease's holder, and the cancel asked of its running  start, step, renew,
+                      job that it carries after it                           release, finish, cancel,
+                                                                             unclaim
     tenant_admit      a tenant's limits against its counters                 submit, tenant_usage
     tenant_move       a job between its tenant's counters (`shared.tenants`)  start, release, end_job
     announce_end      a job's end on the webhooks stream                     end_job

@@ -30,8 +30,14 @@ end
 -- XADD through `call` (redis.call, or redis.pcall to have a refusal answered rather than raised).
 -- `maxlen` false: the stream cannot pass its cap with this event (its seq is below it, and a stream
 -- holds no more events than its last seq + 1), so it is not trimmed, which spares three arguments.
-local function xadd(call, stream, maxlen, id, kind, data, at)
+-- `existing`: only to a stream that exists (NOMKSTREAM): Redis answers nil (false here) rather than
+-- make the stream, which would then have no TTL.
+local function xadd(call, stream, existing, maxlen, id, kind, data, at)
   if not at then at = string.format('%d', clock_ms()) end
+  if existing then
+    if not maxlen then return call('XADD', stream, 'NOMKSTREAM', id, 'type', kind, 'data', data, 'at', at) end
+    return call('XADD', stream, 'NOMKSTREAM', 'MAXLEN', '~', maxlen, id, 'type', kind, 'data', data, 'at', at)
+  end
   if not maxlen then return call('XADD', stream, id, 'type', kind, 'data', data, 'at', at) end
   return call('XADD', stream, 'MAXLEN', '~', maxlen, id, 'type', kind, 'data', data, 'at', at)
 end
@@ -46,15 +52,18 @@ end
 -- before (`last_seq`), or nil when it was not read: an event sent for the first time is new, so the
 -- stream is read only should Redis refuse the event's id (the stream holds the event after all),
 -- and stays unread (nil) while every event is new. `at`: when the event was sent (ms), nil for now
--- by Redis's clock.
-local function append_at(stream, maxlen, last, id, kind, data, at)
+-- by Redis's clock. `existing` (`xadd`): answers false, false when the stream does not exist, and
+-- nothing is written.
+local function append_at(stream, maxlen, last, id, kind, data, at, existing)
   if last == nil then
-    if type(xadd(redis.pcall, stream, maxlen, id, kind, data, at)) ~= 'table' then return nil, true end
-    last = last_seq(stream)
+    local added = xadd(redis.pcall, stream, existing, maxlen, id, kind, data, at)
+    if type(added) == 'string' then return nil, true end
+    if not added then return false, false end
+    last = last_seq(stream)  -- refused: the stream holds the id already
   end
   local seq = id_seq(id)
   if seq <= last then return last, false end
-  xadd(redis.call, stream, maxlen, id, kind, data, at)
+  if not xadd(redis.call, stream, existing, maxlen, id, kind, data, at) then return false, false end
   return seq, true
 end
 

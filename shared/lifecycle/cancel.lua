@@ -1,6 +1,8 @@
--- uses: end_unrun, append_event, hset_fields, leave_queue, end_job
+-- uses: end_unrun, append_event, hset_fields, leave_queue, end_job, lease
 -- queued -> cancelled at once; for a running job, set its cancel key (holding when the first
--- cancel was asked for, for the cancel latency): its worker's next step ends it cancelled. A running
+-- cancel was asked for, for the cancel latency), and have its lease carry the ask (`lease.lua`,
+-- its holder and TTL kept): its worker's next step, which reads the lease, ends it cancelled. A
+-- worker that resumes the job later finds the cancel key (`start.lua`). A running
 -- job no worker holds (handed back to wait for another, or its lease lapsed) has no next step to
 -- wait for: running -> cancelled at once too, as a queued job, with the output its stream holds.
 -- That output is the caller's to compute from the stream: a first call answers {'unheld'} (its
@@ -26,9 +28,13 @@ if status == 'queued' then
   return {'cancelled', 'cancelled'}
 end
 if status ~= 'running' then return {'ended', status} end
-redis.call('SET', cancel, args.now, 'EX', args.lifetime, 'NX')
+local asked_at = redis.call('SET', cancel, args.now, 'EX', args.lifetime, 'NX', 'GET') or args.now
 local requeued = redis.call('HGET', record, 'requeued')
-if not requeued and redis.call('EXISTS', lease) == 1 then return {'asked', status} end
+local holder, asked = lease_holder(redis.call('GET', lease))
+if not requeued and holder then
+  if not asked then redis.call('SET', lease, lease_of(holder, asked_at), 'KEEPTTL') end
+  return {'asked', status}
+end
 local last = redis.call('XREVRANGE', stream, '+', '-', 'COUNT', 1)[1]
 if args.stream_tip ~= (last and last[1] or '0-0') then return {'unheld', status} end
 append_event(stream, args.maxlen, nil, 'cancelled', args.cancelled_event)

@@ -1,4 +1,4 @@
--- uses: append_event, hset_fields, end_job
+-- uses: append_event, hset_fields, end_job, lease
 -- running -> completed | cancelled | failed: append the last `events` (the terminal one last) and
 -- end the record, if this worker still holds the lease. A job that is no longer running is left as
 -- it is, and so is one whose lease this worker no longer holds: nothing is appended. So is one whose
@@ -12,7 +12,7 @@ local events = args.events
 
 local status = redis.call('HGET', record, 'status')
 if status ~= 'running' then return {'not_running', status or 'missing'} end
-if redis.call('GET', lease) ~= args.worker then return {'lost'} end
+if not lease_held_by(redis.call('GET', lease), args.worker) then return {'lost'} end
 local last = last_seq(stream)
 if #events > 0 and is_behind(last, events[1][2]) then return {'behind', last} end
 for _, event in ipairs(events) do last = append_event(stream, args.maxlen, last, event[1], event[2]) end

@@ -13,12 +13,3 @@ local function get_keys(from, to)
   end
   return values
 end
-
--- How many of KEYS[from..to] exist (EXISTS).
-local function count_existing(from, to)
-  local count = 0
-  for start = from, to, UNPACK_MAX do
-    count = count + redis.call('EXISTS', unpack(KEYS, start, math.min(start + UNPACK_MAX - 1, to)))
-  end
-  return count
-end

@@ -1,4 +1,4 @@
--- uses: enqueue, tenant_move, append_event, end_job
+-- uses: enqueue, tenant_move, append_event, end_job, lease
 -- running -> running (requeued for another worker to resume from its stream), or running -> failed
 -- once the job has run `max_attempts` times. `worker` '' releases only a lapsed lease (a reaper);
 -- a worker's id also releases its own (a worker handing its job back), and only the run `attempt`
@@ -26,7 +26,7 @@ local job = {id = id, record = record, stream = stream, cancel = cancel, webhook
              retention = args.retention, notices = args.notices}
 
 local holder = redis.call('GET', lease)
-if holder and holder ~= args.worker then return {'held'} end
+if holder and not lease_held_by(holder, args.worker) then return {'held'} end
 if args.attempt ~= 0 and tonumber(redis.call('HGET', record, 'attempts')) ~= args.attempt then return {'held'} end
 local status = redis.call('HGET', record, 'status')
 if status ~= 'running' then

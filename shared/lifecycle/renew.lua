@@ -1,4 +1,4 @@
--- uses: read_keys
+-- uses: read_keys, lease
 -- running -> running: extend the leases this worker holds, and with some of them their job's record
 -- and stream, so that a job's keys outlive its run however long it waited in the queue or how often
 -- it was resumed. A lease lasts seconds and is extended at every heartbeat; a job's keys last a job
@@ -15,14 +15,14 @@ local held = get_keys(1, jobs)
 
 local lost = {}
 for job = 1, jobs do
-  if held[job] == worker then
+  if lease_held_by(held[job], worker) then
     redis.call('PEXPIRE', KEYS[job], lease_ms)
   else
     lost[#lost + 1] = job
   end
 end
 for i, job in ipairs(extend) do
-  if held[job] == worker then
+  if lease_held_by(held[job], worker) then
     redis.call('EXPIRE', KEYS[jobs + 2 * i - 1], lifetime)
     redis.call('EXPIRE', KEYS[jobs + 2 * i], lifetime)
   end

@@ -1,12 +1,13 @@
--- uses: leave_queue, end_unrun, append_event, tenant_move
+-- uses: leave_queue, end_unrun, append_event, tenant_move, lease
 -- queued -> running (attempt 1), or a handed-back running job resumes with the next attempt, its
 -- stream in the answer so that the new worker continues where the last one stopped. The starting
--- worker takes the job's lease (its claim's, `claim:<worker>`, becomes the run's, `<worker>`) and
--- the job leaves its model's queue, so that the queue holds only waiting jobs, and the job's record
--- and stream live `lifetime` seconds from now, however long it waited. A start refused drops this
--- worker's claim and the job's stale queue entry (its keys expired, or it ended meanwhile), but
--- not a job another worker has claimed since (this claim lapsed first: `held`). A queued job past
--- its `deadline` fails instead (queued -> failed), without ever running.
+-- worker takes the job's lease (its claim's, `claim:<worker>`, becomes the run's, `<worker>`,
+-- carrying a cancel asked of a handed-back job meanwhile: `lease.lua`) and the job leaves its
+-- model's queue, so that the queue holds only waiting jobs, and the job's record and stream live
+-- `lifetime` seconds from now, however long it waited. A start refused drops this worker's claim
+-- and the job's stale queue entry (its keys expired, or it ended meanwhile), but not a job another
+-- worker has claimed since (this claim lapsed first: `held`). A queued job past its `deadline`
+-- fails instead (queued -> failed), without ever running.
 -- `queue` is the queue of the job's model, the one the starting worker serves and claimed it from,
 -- and `share_prefix` that model's (`ModelKeys.share_queue_prefix`). Takes `arguments.StartArgs`.
 -- The request's JSON is decoded only when it has one.
@@ -24,14 +25,14 @@ local model = {queue = queue, share_prefix = args.share_prefix}
 local function take(attempt)
   redis.call('HSET', record, 'worker', args.worker, 'attempts', attempt)
   leave_queue(job, model)
-  redis.call('SET', lease, args.worker, 'PX', args.lease_ms)
+  redis.call('SET', lease, lease_of(args.worker, redis.call('GET', cancel)), 'PX', args.lease_ms)
   redis.call('SADD', running, id)
   redis.call('EXPIRE', record, args.lifetime)
   redis.call('EXPIRE', stream, args.lifetime)
 end
 
 local holder = redis.call('GET', lease)
-if holder and holder ~= 'claim:' .. args.worker then return {'refused', 'held'} end
+if holder and not lease_held_by(holder, 'claim:' .. args.worker) then return {'refused', 'held'} end
 
 local status, request, created, conversation =
   unpack(redis.call('HMGET', record, 'status', 'request', 'created_at', 'conversation'))

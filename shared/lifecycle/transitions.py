@@ -365,19 +365,17 @@ class Transitions:
     def _step_parts(
         self, worker_id: str, steps: Sequence[JobStep], maxlen: int
     ) -> tuple[list[str], list[Any]]:
-        """KEYS and ARGV as `step.lua` reads them: every job's lease and cancel key, then every job's
-        record, then every job's stream; the call's `StepArgs`, then every job's part."""
+        """KEYS and ARGV as `step.lua` reads them: every job's lease, then every job's stream; the
+        call's `StepArgs`, then every job's part."""
         sent_at = str(time.time_ns() // 1_000_000)
-        held: list[str] = []
-        records: list[str] = []
+        leases: list[str] = []
         streams: list[str] = []
         argv: list[Any] = []
         lines: list[str] = []
         for step in steps:
             job_id = step.job_id
             stream = self.keys.stream(job_id)
-            held += [self.keys.lease(job_id), self.keys.cancel(job_id)]
-            records.append(self.keys.job(job_id))
+            leases.append(self.keys.lease(job_id))
             streams.append(stream)
             trim = "1" if step.events and step.events[-1].seq >= maxlen else ""
             argv += StepJobArgs("1" if step.check else "", trim, len(step.events))
@@ -387,7 +385,7 @@ class Transitions:
                 argv += (entry_id, event.type, data)
                 lines.append(notice_line(stream, entry_id, event.type, sent_at, data))
         notice = LINE.join(lines)
-        keys = [*held, *records, *streams]
+        keys = [*leases, *streams]
         return keys, [*StepArgs(worker_id, maxlen, int(sent_at), self.keys.notices, notice), *argv]
 
     def finish_command(

@@ -1,4 +1,5 @@
-"""Cancellation: a set cancel key stops the engine within a few steps and ends the stream."""
+"""Cancellation: a cancel asked of a running job (its lease carries it) stops the engine within a few
+steps and ends the stream."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from shared.workers import WorkerInfo
 from tests.conftest import System
 from tests.helpers import LONG_PROMPT, eventually, read_sse, streamed_token_ids, submit
 
-STEPS_BEFORE_ABORT = 8  # a few engine steps: the cancel is read in the round trip of every step
+STEPS_BEFORE_ABORT = 8  # a few engine steps: every step reads the lease, and the cancel it carries
 
 
 async def _worker_idle(redis_client: aioredis.Redis, system: System, worker_id: str) -> bool:

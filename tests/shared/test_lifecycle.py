@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from shared.errors import InvalidRequest, JobNotFound
-from shared.events import DeltaEvent, ErrorEvent, JobState, event_adapter
-from shared.jobstore import JobStore
+from shared.events import CancelledEvent, DeltaEvent, ErrorEvent, JobState, Usage, event_adapter
+from shared.jobstore import JobStore, Outcome
 from shared.lifecycle import scripts
 from shared.lifecycle.arguments import StepArgs
 from shared.lifecycle.transitions import (
@@ -68,6 +68,7 @@ HELPERS = {
     "end_unrun",
     "batch_end",
     "read_keys",
+    "lease",
 }
 FOLDER = Path(scripts.__file__).parent
 
@@ -96,6 +97,9 @@ def test_every_script_ships_as_a_lua_file_and_gets_the_helpers_it_uses() -> None
     assert calling("share_member") == {"submit", "start", "release", "cancel", "claim"}
     # every script that writes a job's stream writes it through the one helper that makes its ids
     assert calling("append_event") == {"submit", "start", "step", "release", "finish", "cancel"}
+    # every script that reads who holds a lease reads it through one helper (a lease may carry a
+    # cancel asked for after its holder)
+    assert calling("lease_holder") == {"start", "step", "renew", "release", "finish", "cancel", "unclaim"}
     # the scripts that read a key of each of many jobs read them all in one command
     assert calling("get_keys") == {"step", "renew"}
     # a helper a helper uses comes with it, once, before it
@@ -338,19 +342,31 @@ async def test_start_and_renewals_give_a_running_jobs_keys_a_job_lifetime_again(
     assert await ttls(store, job_id) == [1, 1]
 
 
-async def test_a_step_after_the_jobs_keys_expired_writes_nothing_and_stops_the_job(store: JobStore) -> None:
-    job_id = await started(store)
+async def expire_keys(store: JobStore, job_id: str) -> None:
+    """A job's record and stream gone, as they go when they expire: together (the same scripts give
+    them their TTL), the lease held all the same."""
     await store.redis.delete(store.keys.job(job_id), store.keys.stream(job_id))
-    assert await step(store, job_id, [DeltaEvent(seq=2, text="a", token_ids=[1])]) == "lost"
+
+
+@pytest.mark.parametrize("check", [False, True])
+async def test_a_step_after_the_jobs_keys_expired_writes_nothing_and_stops_the_job(
+    store: JobStore, check: bool
+) -> None:
+    """Whether the step reads its stream first or not: the stream is not made again (it would have no TTL)."""
+    job_id = await started(store)
+    await expire_keys(store, job_id)
+    assert await step(store, job_id, [DeltaEvent(seq=2, text="a", token_ids=[1])], check=check) == "lost"
+    assert not await store.redis.exists(store.keys.stream(job_id))
+    assert await step(store, job_id, [DeltaEvent(seq=0, text="a", token_ids=[1])], check=check) == "lost"
     assert not await store.redis.exists(store.keys.stream(job_id))
 
 
-async def test_one_step_call_answers_each_job_by_its_own_lease_record_and_cancel_key(store: JobStore) -> None:
-    """The call reads every job's lease, cancel key and record at once (`step.lua`): each job is
-    answered by its own, and only the jobs answered 'go' or 'cancel' get their events."""
+async def test_one_step_call_answers_each_job_by_its_own_lease_and_stream(store: JobStore) -> None:
+    """The call reads every job's lease at once (`step.lua`): each job is answered by its own lease
+    and stream, and only the jobs answered 'go' or 'cancel' get their events."""
     held, taken, gone, cancelled = [await started(store) for _ in range(4)]
     await store.redis.set(store.keys.lease(taken), "worker-2")
-    await store.redis.delete(store.keys.job(gone))
+    await expire_keys(store, gone)
     await store.cancel(cancelled)  # asked of its worker: its next step hears of it
     await store.redis.script_load(scripts.STEP.source)
     jobs = [held, taken, gone, cancelled]
@@ -359,7 +375,75 @@ async def test_one_step_call_answers_each_job_by_its_own_lease_record_and_cancel
     answers = [StepAnswer.of(answer) for answer in await store.redis.execute_command(*command)]
     assert [answer.verdict for answer in answers] == [Verdict.go, Verdict.lost, Verdict.lost, Verdict.cancel]
     assert answers[3].cancel_asked_at is not None
-    assert [await seqs(store, job_id) for job_id in jobs] == [[0, 1, 2], [0, 1], [0, 1], [0, 1, 2]]
+    assert [await seqs(store, job_id) for job_id in jobs] == [[0, 1, 2], [0, 1], [], [0, 1, 2]]
+    assert not await store.redis.exists(store.keys.stream(gone))
+
+
+async def renew(store: JobStore, job_id: str, worker_id: str = "worker-1") -> list[str]:
+    return await store.transitions.renew(
+        worker_id=worker_id,
+        job_ids=[job_id],
+        lease_seconds=LEASE_SECONDS,
+        lifetime_seconds=store.settings.job_lifetime_seconds,
+        extend=[job_id],
+    )
+
+
+async def test_a_cancel_asked_of_a_running_job_reaches_its_next_step_and_leaves_it_its_lease(
+    store: JobStore,
+) -> None:
+    """The cancel rides on the lease (`lease.lua`): the step hears of it, when it was first asked for,
+    and the lease keeps its holder and its TTL, so that the worker's renewals and end still work."""
+    job_id = await started(store)
+    lease = store.keys.lease(job_id)
+    await store.redis.pexpire(lease, 4000)  # some way into the lease: a cancel must not renew it
+    asked_at = time.time()
+    assert (await store.cancel(job_id))[0].status is JobState.running
+    assert 3000 < await store.redis.pttl(lease) <= 4000
+    assert (await store.cancel(job_id))[0].status is JobState.running  # asked again: the first ask stands
+    answer = StepAnswer.of(await step(store, job_id, [DeltaEvent(seq=2, text="a", token_ids=[1])]))
+    assert answer.verdict is Verdict.cancel
+    assert answer.cancel_asked_at is not None and abs(answer.cancel_asked_at - asked_at) < 1
+    assert await seqs(store, job_id) == [0, 1, 2]  # the step's events go in first
+    assert StepAnswer.of(await step(store, job_id, [])).verdict is Verdict.cancel  # and at every step after
+    assert await renew(store, job_id, "worker-2") == [job_id]
+    assert await renew(store, job_id) == []
+    assert await store.redis.pttl(lease) > 4000
+    usage = Usage(prompt_tokens=5, completion_tokens=1)
+    outcome = Outcome(JobState.cancelled, "a", 1, usage)
+    end = store.finish_command(job_id, "worker-1", [CancelledEvent(seq=3, usage=usage)], outcome)
+    assert Finished.of(await store.redis.execute_command(*end)).outcome is FinishOutcome.ended
+    assert not await store.redis.exists(lease)
+
+
+async def test_a_worker_hands_back_a_job_whose_cancel_it_was_asked(store: JobStore) -> None:
+    """Its release (by its holder) still works; the worker that resumes the job hears of the cancel
+    at its first step, from the cancel key the start reads."""
+    job_id = await started(store)
+    await store.cancel(job_id)
+    assert await release(store, job_id, attempt=1) is ReleaseOutcome.requeued
+    assert await store.start(job_id, "worker-1", MODEL, lease_seconds=LEASE_SECONDS) is not None
+    assert StepAnswer.of(await step(store, job_id, [])).verdict is Verdict.cancel
+
+
+async def test_a_cancel_asked_while_a_job_is_handed_back_reaches_the_worker_that_resumes_it(
+    store: JobStore,
+) -> None:
+    job_id = await started(store)
+    assert await release(store, job_id, attempt=1) is ReleaseOutcome.requeued
+    outcome = await store.transitions.cancel(
+        job_id=job_id,
+        model=MODEL,
+        now=time.time(),
+        cancelled=ErrorEvent(seq=2, message="cancelled", code="cancelled"),
+        maxlen=1000,
+        retention_seconds=60,
+        lifetime_seconds=600,
+    )
+    assert outcome.outcome is CancelOutcome.unheld  # a worker resumes the job before its caller ends it
+    assert await store.start(job_id, "worker-1", MODEL, lease_seconds=LEASE_SECONDS) is not None
+    answer = StepAnswer.of(await step(store, job_id, [DeltaEvent(seq=3, text="a", token_ids=[1])]))
+    assert answer.verdict is Verdict.cancel
 
 
 async def test_a_scripts_named_table_carries_text_of_any_kind_as_it_was(store: JobStore) -> None:

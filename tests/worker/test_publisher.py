@@ -73,17 +73,18 @@ async def test_concurrent_steps_of_many_jobs_share_a_round_trip(
     assert await stream_length_after_start(store, job_ids) == [1] * 50
 
 
-async def test_step_reports_cancel_once_the_cancel_key_is_set(store: JobStore, publisher: Publisher) -> None:
+async def test_step_reports_cancel_once_a_cancel_is_asked(store: JobStore, publisher: Publisher) -> None:
     job_id, other = await started_job(store), await started_job(store)
     assert await publisher.step(job_id, [delta(2)]) is Verdict.go
-    await store.redis.set(store.keys.cancel(job_id), "1")
+    await store.cancel(job_id)
     answers = await asyncio.gather(publisher.step(job_id, [delta(3)]), publisher.step(other, [delta(2)]))
     assert answers == [Verdict.cancel, Verdict.go]
+    assert job_id in publisher.cancels_asked_at  # for the cancel latency
 
 
 async def test_step_without_events_still_checks_cancel(store: JobStore, publisher: Publisher) -> None:
     job_id = await started_job(store)
-    await store.redis.set(store.keys.cancel(job_id), "1")
+    await store.cancel(job_id)
     assert await publisher.step(job_id, []) is Verdict.cancel
     assert await stream_length_after_start(store, [job_id]) == [0]
 
