@@ -30,9 +30,9 @@ def describe_steps(cost: StepCost) -> str:
 
 def describe_saturation(saturation: Saturation) -> str:
     return (
-        f"redis-benchmark, {saturation.jobs} step scripts per pipeline: {saturation.scripts_per_second:,.0f} "
-        f"scripts/s at Redis CPU {saturation.redis_cpu_percent:.0f} %, "
-        f"{_us(saturation.per_script)} us per script"
+        f"step calls of {saturation.jobs} jobs back to back: {saturation.job_steps_per_second:,.0f} "
+        f"job-steps/s at Redis CPU {saturation.redis_cpu_percent:.0f} %, "
+        f"{_us(saturation.per_job_step)} us per job-step"
     )
 
 
@@ -49,10 +49,10 @@ def describe_relay(cost: RelayCost) -> str:
 
 
 def costs(capacity: Capacity, jobs: int, saturated: bool = False) -> RedisCosts:
-    """The costs a sizing uses: the step cost at `jobs` (paced, or `saturated`: redis-benchmark's per
-    script times the jobs), and the highest relay cost measured."""
+    """The costs a sizing uses: the step cost at `jobs` (paced, or `saturated`: the calls sent back
+    to back, per job-step times the jobs), and the highest relay cost measured."""
     if saturated:
-        per_step = jobs * next(s.per_script for s in capacity.saturation if s.jobs == jobs)
+        per_step = jobs * next(s.per_job_step for s in capacity.saturation if s.jobs == jobs)
     else:
         per_step = next(cost.per_step for cost in capacity.steps if cost.jobs == jobs)
     return RedisCosts(per_step, max(cost.per_followed_stream for cost in capacity.relay))
@@ -97,8 +97,8 @@ def render(capacity: Capacity) -> list[str]:
         for c in capacity.steps
     ]
     saturation = [
-        f"| {s.jobs} | {s.scripts:,} | {s.scripts_per_second:,.0f} | {s.redis_cpu_percent:.0f} "
-        f"| {_us(s.per_script)} | {s.scripts_per_second / s.jobs:,.0f} |"
+        f"| {s.jobs} | {s.job_steps:,} | {s.job_steps_per_second:,.0f} | {s.redis_cpu_percent:.0f} "
+        f"| {_us(s.per_job_step)} | {s.job_steps_per_second / s.jobs:,.0f} |"
         for s in capacity.saturation
     ]
     relay = [
@@ -125,12 +125,10 @@ def render(capacity: Capacity) -> list[str]:
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
         *steps,
         "",
-        "Cross-check at saturation: `redis-benchmark` sending one job's step script (one delta each),",
-        "as many to a pipeline as the jobs per step, from 4 connections, as fast as Redis takes them.",
-        "It sends one event, of one seq, again and again, so each script appends to a stream of its own,",
-        "and the cost includes making that stream: an upper bound of a step script's cost at saturation.",
+        "Cross-check at saturation: the step calls of as many jobs (a delta each) made before and sent",
+        "back to back in pipelines, as fast as Redis takes them (`bench.step_limit`).",
         "",
-        "| scripts per pipeline | scripts | scripts/s | Redis CPU % | per script, us | steps/s |",
+        "| jobs per call | job-steps | job-steps/s | Redis CPU % | per job-step, us | steps/s |",
         "| --- | --- | --- | --- | --- | --- |",
         *saturation,
         "",

@@ -3,8 +3,8 @@
 The machine is shared and noisy, so throughput alone would measure the neighbours. Redis counts
 its own CPU time (INFO cpu), so each figure is Redis CPU seconds per unit of work, done at a steady
 rate well below saturation, less what an idle Redis spends in the same time; one core divided by
-the cost is the capacity. Then the same step scripts are pushed by `redis-benchmark` as fast as
-Redis takes them, as a cross-check of the cost at saturation.
+the cost is the capacity. Then the same step calls are sent back to back, as fast as Redis takes
+them (`bench.step_limit`), as a cross-check of the cost at saturation.
 
 - Worker steps: jobs started through JobStore, stepped by the worker's own `Publisher` (one
   pipeline of one step script per job per step, the group commit) with one delta each.
@@ -33,24 +33,19 @@ from pathlib import Path
 import redis
 import redis.asyncio as aioredis
 
-from bench import capacity_report, redis_probe, relay_load, system
+from bench import capacity_report, redis_probe, relay_load, step_limit, system
 from bench.redis_probe import Probe
 from bench.relay_load import RelayLevel
 from bench.stats import percentile
 from bench.synthetic_producer import WORKER_ID, SyntheticProducer
 from shared.config import Settings
-from shared.events import DeltaEvent
 from shared.jobstore import JobStore
 from shared.keys import Keys
-from shared.lifecycle import scripts
-from shared.lifecycle.transitions import JobStep, Verdict
+from shared.lifecycle.transitions import Verdict
 from tests.redis_cleanup import delete_prefix
 from worker.publisher import Publisher
 
 OUT = Path(__file__).resolve().parent
-RANDOM_JOB = "capacity-__rand_int__"  # redis-benchmark draws a number for it at each command
-RANDOM_JOBS = 10**9  # ... among so many that each script appends to a stream of its own
-BENCHMARK_CLIENTS = 4  # pipelines in flight at once: enough to keep Redis's one thread busy
 
 
 @dataclass(frozen=True)
@@ -58,7 +53,7 @@ class Plan:
     step_jobs: tuple[int, ...]
     step_rate: float  # worker steps a second, as a GPU worker's tokens/s per sequence
     steps: int
-    saturation_scripts: int  # step scripts sent by redis-benchmark at each batch size
+    saturation_calls: int  # step calls sent back to back at each number of jobs
     relay_levels: tuple[tuple[int, float, float], ...]  # (streams, events a second each, bursts a second)
     relay_seconds: float
 
@@ -67,11 +62,11 @@ FULL = Plan(
     (32, 256),
     20.0,
     400,
-    400_000,
+    300,
     ((250, 10.0, 100.0), (1000, 10.0, 100.0), (250, 40.0, 100.0), (1000, 10.0, 400.0)),
     10.0,
 )
-QUICK = Plan((32, 256), 20.0, 60, 50_000, ((250, 10.0, 100.0),), 4.0)
+QUICK = Plan((32, 256), 20.0, 60, 60, ((250, 10.0, 100.0),), 4.0)
 
 
 @dataclass(frozen=True)
@@ -98,17 +93,17 @@ class StepCost:
 
 @dataclass(frozen=True)
 class Saturation:
-    """The same step scripts from redis-benchmark, as fast as Redis takes them."""
+    """Step calls as a worker of `jobs` jobs sends them, sent back to back, as fast as Redis takes them."""
 
-    jobs: int  # scripts per pipeline
-    scripts: int
-    scripts_per_second: float
+    jobs: int  # jobs a call
+    job_steps: int
+    job_steps_per_second: float
     redis_cpu_seconds: float
     seconds: float
 
     @property
-    def per_script(self) -> float:
-        return self.redis_cpu_seconds / self.scripts
+    def per_job_step(self) -> float:
+        return self.redis_cpu_seconds / self.job_steps
 
     @property
     def redis_cpu_percent(self) -> float:
@@ -169,8 +164,8 @@ async def _step_all(publisher: Publisher, producer: SyntheticProducer, job_ids: 
 
 async def step_cost(
     probe: Probe, client: aioredis.Redis, store: JobStore, jobs: int, rate: float, steps: int
-) -> tuple[StepCost, list[str]]:
-    """Step `jobs` running jobs `steps` times at `rate` steps a second; the cost and the jobs (ended)."""
+) -> StepCost:
+    """Step `jobs` running jobs `steps` times at `rate` steps a second, then end them; the cost."""
     producer = SyntheticProducer(client, store)
     publisher = Publisher(client, store, WORKER_ID)
     created = redis_probe.snapshot(probe.client)
@@ -186,7 +181,7 @@ async def step_cost(
     finishing = redis_probe.snapshot(probe.client)
     await producer.finish(job_ids)
     lifecycle += probe.busy(finishing, redis_probe.snapshot(probe.client))
-    cost = StepCost(
+    return StepCost(
         jobs=jobs,
         rate=rate,
         steps=steps,
@@ -196,42 +191,13 @@ async def step_cost(
         calls=redis_probe.calls_between(before, after),
         lifecycle_cpu_seconds=lifecycle,
     )
-    return cost, job_ids
 
 
-def saturate(
-    probe: Probe, url: str, store: JobStore, job_id: str, jobs: int, scripts_sent: int
-) -> Saturation:
-    """redis-benchmark sending step scripts, `jobs` to a pipeline, from a few connections.
-
-    Each script appends to a stream of its own (redis-benchmark's `__rand_int__` drawn among
-    `RANDOM_JOBS`), under the lease and record of `job_id`, which has ended: its lease is set again,
-    so that every script appends as a worker's does. A stream of its own, because redis-benchmark
-    sends one event, of one seq, again and again: to a stream that holds its seq already, the script
-    would find its id refused and read the stream, which a worker's next step never does. The
-    streams are deleted after.
-    """
-    keys = store.keys
-    probe.client.set(keys.lease(job_id), WORKER_ID)
-    event = DeltaEvent(seq=1_000_000, text=repr(time.time()), token_ids=[0])
-    command = list(
-        store.transitions.step_command(
-            worker_id=WORKER_ID, steps=[JobStep(RANDOM_JOB, [event])], maxlen=store.settings.stream_maxlen
-        )
-    )
-    command[3], command[5] = keys.lease(job_id), keys.job(job_id)  # KEYS: lease, cancel, record, stream
-    probe.client.script_load(scripts.STEP.source)
-    before = redis_probe.snapshot(probe.client)
-    ceiling = redis_probe.benchmark(
-        url, tuple(map(str, command)), jobs, scripts_sent, BENCHMARK_CLIENTS, ("-r", str(RANDOM_JOBS))
-    )
-    after = redis_probe.snapshot(probe.client)
-    probe.client.delete(keys.lease(job_id))
-    streams = list(probe.client.scan_iter(match=keys.stream("capacity-*"), count=1000))
-    for start in range(0, len(streams), 1000):
-        probe.client.delete(*streams[start : start + 1000])
+def saturate(probe: Probe, prefix: str, jobs: int, calls: int) -> Saturation:
+    """Step calls of `jobs` jobs each, sent back to back as fast as Redis takes them (`bench.step_limit`)."""
+    limit = step_limit.measure(probe, prefix, jobs, calls)
     return Saturation(
-        jobs, scripts_sent, ceiling.requests_per_second, probe.busy(before, after), after.taken - before.taken
+        jobs, limit.requests, limit.per_second, limit.redis_cpu, limit.requests / limit.per_second
     )
 
 
@@ -280,10 +246,10 @@ async def worker_steps(probe: Probe, settings: Settings, plan: Plan, capacity: C
     client = aioredis.Redis.from_url(settings.redis_url, decode_responses=True)
     store = JobStore(client, Keys(settings.key_prefix), settings)
     for jobs in plan.step_jobs:
-        cost, job_ids = await step_cost(probe, client, store, jobs, plan.step_rate, plan.steps)
+        cost = await step_cost(probe, client, store, jobs, plan.step_rate, plan.steps)
         capacity.steps.append(cost)
         print(capacity_report.describe_steps(cost), flush=True)
-        saturation = saturate(probe, settings.redis_url, store, job_ids[0], jobs, plan.saturation_scripts)
+        saturation = saturate(probe, settings.key_prefix, jobs, plan.saturation_calls)
         capacity.saturation.append(saturation)
         print(capacity_report.describe_saturation(saturation), flush=True)
     await client.aclose()
