@@ -199,8 +199,8 @@ def section(run: FleetRun) -> list[str]:
         "",
         "Physical limits of the same Redis, `redis-benchmark` in the same run (50 connections; XADD of an"
         " event as a worker writes it; XREAD of one entry of one stream), and beside them the step script"
-        " on the same busy Redis (`bench.step_limit`: calls of 256 jobs, a delta each, every lease, cancel"
-        " key and record checked, sent back to back as `redis-benchmark` sends its commands):",
+        " on the same busy Redis (`bench.step_limit`: calls of 256 jobs, a delta each, every job's lease"
+        " read (it carries a cancel), sent back to back as `redis-benchmark` sends its commands):",
         "",
         *limits,
         "",
