@@ -35,7 +35,11 @@ class BodyLimit:
         )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or (scope["method"] == "POST" and scope["path"] in self.streamed):
+        if (
+            scope["type"] != "http"
+            or not _declares_body(scope)
+            or (scope["method"] == "POST" and scope["path"] in self.streamed)
+        ):
             await self.app(scope, receive, send)
             return
         declared = Headers(scope=scope).get("content-length", "")
@@ -69,3 +73,13 @@ class BodyLimit:
             return await receive()
 
         await self.app(scope, receive_after_body, send)
+
+
+def _declares_body(scope: Scope) -> bool:
+    """Whether a request says it has a body: a transfer coding (chunked), or a Content-Length other
+    than 0. One that says neither has none (RFC 9112, 6.3), as nearly every GET: a long-poll, one a
+    batch of events, goes to its route without its empty body being read and handed on here."""
+    for name, value in scope["headers"]:
+        if name == b"transfer-encoding" or (name == b"content-length" and value != b"0"):
+            return True
+    return False

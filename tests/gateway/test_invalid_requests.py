@@ -330,6 +330,18 @@ async def test_a_body_over_max_body_bytes_is_413_and_creates_nothing(
     assert await _keys(redis_client, settings) == set()
 
 
+@pytest.mark.parametrize("declared", [True, False], ids=["content-length", "chunked"])
+async def test_a_body_over_max_body_bytes_is_413_also_on_a_route_that_reads_none(
+    gateway: httpx.AsyncClient, declared: bool
+) -> None:
+    """A request without a body passes the cap unread; one that has a body is capped whatever its method."""
+    body = _body(MAX_BODY_BYTES + 1024)
+    content = b"".join(body) if declared else _chunked(body)
+    answer = await gateway.request("GET", "/v1/jobs/no-such-job/events", content=content)
+    assert answer.status_code == 413, answer.text
+    assert (await gateway.get("/v1/jobs/no-such-job/events")).status_code == 404
+
+
 async def test_a_body_just_under_max_body_bytes_is_read(gateway: httpx.AsyncClient) -> None:
     prompt = "x" * (MAX_BODY_BYTES - 100)
     answer = await gateway.post("/v1/jobs", json={"prompt": prompt, "max_tokens": 1})
