@@ -86,7 +86,7 @@ async def _split(store: JobStore, job_id: str, wall: float, received: float) -> 
     record = await store.record(job_id)
     if record.started_at is None:
         raise RuntimeError(f"job {job_id} streamed a token but has no started_at")
-    entries = await store.redis.xrange(store.keys.stream(job_id))
+    entries = await store.streams.xrange(store.keys.stream(job_id))
     appended = next(int(fields["at"]) / 1000 for _, fields in entries if fields["type"] == "delta")
     created, started = record.created_at.timestamp(), record.started_at.timestamp()
     return FirstToken(

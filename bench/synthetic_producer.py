@@ -113,5 +113,5 @@ class SyntheticProducer:
             usage = Usage(prompt_tokens=1, completion_tokens=produced)
             done = DoneEvent(seq=self.seq[job_id], finish_reason="stop", usage=usage)
             outcome = Outcome(state=JobState.completed, text="", token_count=produced, usage=usage)
-            pipe.execute_command(*self.store.finish_command(job_id, WORKER_ID, [done], outcome))
+            pipe.execute_command(*self.store.finish_commands(job_id, WORKER_ID, [done], outcome).record)
         await pipe.execute()

@@ -76,10 +76,16 @@ def create_app(settings: GatewaySettings) -> FastAPI:
         keys = Keys(settings.key_prefix)
         url, sentinel_password = settings.redis_url, settings.redis_sentinel_password
         most = settings.redis_max_connections
-        redis = connect(url, keys.client_name("gateway"), most, sentinel_password=sentinel_password)
-        reader = connect_reader(url, keys.stream_reader_name, sentinel_password=sentinel_password)
+        name = keys.client_name("gateway")
+        redis = connect(url, name, most, sentinel_password=sentinel_password)
+        streams_url = settings.streams_redis_url
+        streams = None
+        if streams_url is not None:
+            streams = connect(streams_url, name, most, sentinel_password=sentinel_password)
+        reader_url = streams_url or url  # the notices come from where the streams are
+        reader = connect_reader(reader_url, keys.stream_reader_name, sentinel_password=sentinel_password)
         hub = StreamHub(reader, keys.notices, metrics.observe_relay_lag)
-        store = JobStore(redis, keys, settings)  # it reads the Redis settings every role has
+        store = JobStore(redis, keys, settings, streams)  # it reads the Redis settings every role has
         # A record outlives its last change by the retention, and the wait for its next attempt.
         record_ttl = settings.retention_seconds + math.ceil(settings.webhook_max_retry_gap_seconds)
         deliveries = Deliveries(redis, keys, record_ttl)
@@ -88,7 +94,7 @@ def create_app(settings: GatewaySettings) -> FastAPI:
             keys=keys,
             redis=redis,
             store=store,
-            relay=Relay(redis, keys, hub),
+            relay=Relay(redis, keys, hub, streams),
             metrics=metrics,
             admission=Admission(
                 settings, redis, keys, store, PromptLimit(redis, keys), metrics, api_keys.tenants
@@ -131,6 +137,8 @@ def create_app(settings: GatewaySettings) -> FastAPI:
             await webhook_http.aclose()
             await hub.close()
             await redis.aclose()
+            if streams is not None:
+                await streams.aclose()
 
     app = FastAPI(title="streampool", version="0.1.0", lifespan=lifespan)
     app.state.api_keys = api_keys

@@ -355,11 +355,14 @@ class BatchRun:
             for request, job_id in zip(requests, job_ids, strict=True):
                 pipe.hget(keys.batch_refusals(self.batch_id), str(request.number))
                 pipe.hmget(keys.job(job_id), ["status", "created_at"])
-                pipe.xrange(keys.stream(job_id))
             answers = await pipe.execute()
+        async with store.streams.pipeline(transaction=False) as pipe:
+            for job_id in job_ids:
+                pipe.xrange(keys.stream(job_id))
+            streams = await pipe.execute()
         rendered: list[dict[str, Any]] = []
         for index, (request, job_id) in enumerate(zip(requests, job_ids, strict=True)):
-            refusal, (state, created_at), entries = answers[3 * index : 3 * index + 3]
+            (refusal, (state, created_at)), entries = answers[2 * index : 2 * index + 2], streams[index]
             if refusal is not None:
                 refused = json.loads(refusal)
                 entry = output_line(request.custom_id, job_id, refused["status_code"], refused["body"])

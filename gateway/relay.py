@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import time
 from collections import Counter
 from collections.abc import AsyncGenerator, Iterator
 from contextlib import aclosing, contextmanager
@@ -28,6 +29,8 @@ from shared.errors import BackendUnavailable, CursorExpired, InvalidRequest, Job
 from shared.events import TERMINAL_EVENT_TYPES, JobState
 from shared.keys import ANONYMOUS_OWNER, Keys
 from shared.lifecycle import scripts
+from shared.lifecycle.arguments import CursorCheckArgs
+from shared.lifecycle.transitions import Transitions
 from shared.redis_client import redis_errors
 
 CURSOR = re.compile(r"[0-9]{1,20}(-[0-9]{1,20})?")
@@ -38,6 +41,9 @@ FIRST_READ = 16  # a follow's first catch-up read, before the size of its stream
 DEFAULT_BATCH_BYTES: int = GatewaySettings.model_fields["reader_batch_bytes"].default
 IDLE_SECONDS = 5.0  # how long a silent follow waits before checking its job still exists
 AHEAD_WAIT_SECONDS = 10.0  # for a running job's stream to reach a cursor past its end (a failover)
+HEAL_SECONDS = 5.0
+"""With the streams apart, how long after a job's record ended without a worker its stream may still
+lack the end before a reader ends it: the record's end and the stream's are one round trip apart."""
 
 
 def _id_tuple(stream_id: str) -> tuple[int, int]:
@@ -181,10 +187,15 @@ class OpenStreams:
 class Relay:
     """Reads job streams for clients: one page, or a follow to the terminal event."""
 
-    def __init__(self, redis: aioredis.Redis, keys: Keys, hub: StreamHub) -> None:
+    def __init__(
+        self, redis: aioredis.Redis, keys: Keys, hub: StreamHub, streams: aioredis.Redis | None = None
+    ) -> None:
+        """`streams`: the Redis of the job streams when they have their own (`streams_redis_url`)."""
         self.redis = redis
         self.keys = keys
         self.hub = hub
+        self.streams = redis if streams is None else streams
+        self.transitions = Transitions(redis, keys, streams) if streams is not None else None
         self.open_streams = OpenStreams()
 
     async def check(
@@ -261,14 +272,49 @@ class Relay:
 
         The status is read before the stream: the script that ends a job writes both, so a job read
         as ended has its terminal event in what follows."""
-        keys = [self.keys.job(job_id), self.keys.stream(job_id)]
         ms, seq = _id_tuple(cursor)
+        args: CursorCheckArgs = {"cursor": f"{ms}-{seq}", "count": count}
+        if self.transitions is not None:
+            return await self._state_and_stream_apart(job_id, owner, args)
+        keys = [self.keys.job(job_id), self.keys.stream(job_id)]
         with redis_errors():
-            answer = await scripts.CURSOR_CHECK(self.redis, keys, {"cursor": f"{ms}-{seq}", "count": count})
+            answer = await scripts.CURSOR_CHECK(self.redis, keys, args)
         if not answer or len(answer) < 5 or answer[1] != owner:
             raise JobNotFound(f"no job {job_id}")
         status, _, last, oldest, entries = answer
         return JobState(status), AtCursor(last, oldest, [Entry.of_pairs(*entry) for entry in entries])
+
+    async def _state_and_stream_apart(
+        self, job_id: str, owner: str, args: CursorCheckArgs, *, heal: bool = True
+    ) -> tuple[JobState, AtCursor]:
+        """`_state_and_stream` with the streams on a Redis of their own: the record is read there
+        first, then the stream. A job no worker ended (a cancel, a deadline, a job out of attempts)
+        ends in its record first: until its stream ends too the job reads as running, so that its
+        readers wait for the end rather than stop short of it; one whose stream has not ended
+        `HEAL_SECONDS` after its record (the hand that ended it stopped between the two) has its
+        stream ended here, with the terminal event the record keeps (`end_event.lua`)."""
+        assert self.transitions is not None
+        record = self.keys.job(job_id)
+        with redis_errors():
+            async with self.redis.pipeline(transaction=False) as pipe:
+                pipe.hmget(record, ["status", "owner", "finished_at", "end_event"])
+                pipe.ttl(record)
+                (status, recorded_owner, finished_at, end_event), ttl = await pipe.execute()
+            answer = await scripts.CURSOR_CHECK(self.streams, ["", self.keys.stream(job_id)], args)
+        if status is None or recorded_owner != owner or len(answer) < 5:
+            raise JobNotFound(f"no job {job_id}")
+        stream_ended, _, last, oldest, entries = answer
+        state = JobState(status)
+        if state.terminal and stream_ended != "ended":
+            if heal and end_event and finished_at and time.time() - float(finished_at) > HEAL_SECONDS:
+                kind, _, data = end_event.partition(" ")
+                with redis_errors():
+                    await self.transitions.end_stream(
+                        job_id, [(kind, data)], maxlen=None, retention_seconds=max(ttl, 1), now=time.time()
+                    )
+                return await self._state_and_stream_apart(job_id, owner, args, heal=False)
+            state = JobState.running
+        return state, AtCursor(last, oldest, [Entry.of_pairs(*entry) for entry in entries])
 
     async def open(
         self, job_id: str, cursor: str, owner: str, limits: StreamLimits
@@ -286,7 +332,7 @@ class Relay:
     async def read(self, job_id: str, cursor: str, count: int) -> list[Entry]:
         """Up to `count` entries after `cursor`, without waiting."""
         with redis_errors():
-            reply = await self.redis.xread({self.keys.stream(job_id): cursor}, count=count)
+            reply = await self.streams.xread({self.keys.stream(job_id): cursor}, count=count)
         if not reply:
             return []
         return [Entry.of(entry_id, fields) for entry_id, fields in reply[0][1]]
@@ -347,6 +393,9 @@ class Relay:
         """
         with redis_errors():
             status = await self.redis.hget(self.keys.job(job_id), "status")  # type: ignore[misc]
+            if self.transitions is not None and status is not None:  # ended once its stream has
+                last = await self.streams.xrevrange(self.keys.stream(job_id), count=1)
+                status = status if last and last[0][1].get("type") in TERMINAL_EVENT_TYPES else "running"
         if status is None:
             raise JobNotFound(f"no job {job_id}")
         return JobState(status).terminal and not await self.read(job_id, cursor, 1)
@@ -444,7 +493,7 @@ class Following:
         relay, cursor, hub_at = self.relay, _id_tuple(self.cursor), _id_tuple(subscription.started_after)
         if hub_at > cursor:
             with redis_errors():
-                gap = await relay.redis.xrange(
+                gap = await relay.streams.xrange(
                     relay.keys.stream(self.job_id), min=f"({self.cursor}", max=subscription.started_after
                 )
             if gap:

@@ -50,6 +50,12 @@ class RedisSettings(BaseSettings):
     redis_sentinel_password: str | None = Field(
         None, description="password of the Sentinels themselves (the master's goes in the URL)"
     )
+    streams_redis_url: str | None = Field(
+        None,
+        description="Redis holding the job streams (the data plane: what each step of a job writes and "
+        "its readers follow), in the same forms as `redis_url`; unset: the streams live on `redis_url` "
+        "with the rest (see Scaling)",
+    )
     # Every acknowledged write (a 202 to a submission, a cancel, a job's terminal event) is one a
     # failover keeps only if a replica has it: Redis's WAIT, in the same round trip as the write.
     min_replicas_to_ack: int | None = Field(
@@ -78,10 +84,10 @@ class RedisSettings(BaseSettings):
     job_timeout_seconds: int = Field(3600, ge=1, description="longest a job may run")
     log_level: str = Field("INFO", description="logging level")
 
-    @field_validator("redis_url")
+    @field_validator("redis_url", "streams_redis_url")
     @classmethod
-    def _check_sentinel_url(cls, url: str) -> str:
-        if is_sentinel(url):
+    def _check_sentinel_url(cls, url: str | None) -> str | None:
+        if url is not None and is_sentinel(url):
             parse_sentinel_url(url)  # a malformed one is refused at start-up, saying the form
         return url
 

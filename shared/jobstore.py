@@ -19,6 +19,7 @@ from shared.config import RedisSettings
 from shared.errors import IdempotencyMismatch, InvalidRequest, JobNotFound, Overloaded, RateLimited
 from shared.events import (
     CancelledEvent,
+    DoneEvent,
     ErrorEvent,
     Event,
     JobState,
@@ -31,6 +32,7 @@ from shared.keys import ANONYMOUS_OWNER, Keys, share_member
 from shared.lifecycle.transitions import (
     CancelOutcome,
     DeleteOutcome,
+    FinishCommands,
     NewJob,
     StartOutcome,
     SubmitOutcome,
@@ -170,6 +172,19 @@ class Outcome:
     finish_reason: str | None = None
     error: str | None = None
 
+    @classmethod
+    def of_stream(cls, events: list[Event]) -> Outcome:
+        """How the job whose stream holds `events`, the last one terminal, ended."""
+        progress, end = Progress.of(events), events[-1]
+        text, tokens = progress.text, len(progress.token_ids)
+        if isinstance(end, DoneEvent):
+            return cls(JobState.completed, text, tokens, end.usage, end.finish_reason)
+        if isinstance(end, CancelledEvent):
+            return cls(JobState.cancelled, text, tokens, end.usage)
+        usage = Usage(prompt_tokens=0, completion_tokens=tokens)
+        error = end.message if isinstance(end, ErrorEvent) else None
+        return cls(JobState.failed, text, tokens, usage, error=error)
+
     def record_fields(self, finished_at: float) -> dict[str, str]:
         fields: dict[str, Any] = {
             "finished_at": finished_at,
@@ -187,12 +202,26 @@ class Outcome:
 class JobStore:
     """Creates, starts, cancels, finishes and reads job records."""
 
-    def __init__(self, redis: aioredis.Redis, keys: Keys, settings: RedisSettings) -> None:
+    def __init__(
+        self,
+        redis: aioredis.Redis,
+        keys: Keys,
+        settings: RedisSettings,
+        streams: aioredis.Redis | None = None,
+    ) -> None:
+        """`streams`: the Redis of the job streams when they have their own (`streams_redis_url`)."""
         self.redis = redis
         self.keys = keys
         self.settings = settings
-        self.transitions = Transitions(redis, keys)
-        self.acks = ReplicaAcks(
+        self.transitions = Transitions(redis, keys, streams)
+        self.streams = self.transitions.streams
+        self.acks = self._acks(redis)
+        self.stream_acks = self._acks(streams) if streams is not None else None
+        """The streams' own Redis's, which a job's end must reach too."""
+
+    def _acks(self, redis: aioredis.Redis) -> ReplicaAcks:
+        settings, keys = self.settings, self.keys
+        return ReplicaAcks(
             redis,
             settings.min_replicas_to_ack,
             settings.replica_ack_timeout_ms,
@@ -313,6 +342,9 @@ class JobStore:
                 lifetime_seconds=self.settings.job_lifetime_seconds,
             )
         turn = Turn.of_field(answer.conversation)
+        if answer.outcome is StartOutcome.ended:
+            await self._settle(job_id, worker_id, answer.entries)
+            return None
         if answer.outcome is StartOutcome.running:
             request = JobRequest.model_validate_json(answer.request)
             return Started(request, 1, Progress(FIRST_WORKER_SEQ), answer.created_at, turn)
@@ -376,13 +408,22 @@ class JobStore:
             turn_id = turn.previous
         return tuple(message for turn_messages in reversed(turns) for message in turn_messages)
 
-    def finish_command(
+    async def _settle(self, job_id: str, worker_id: str, entries: list[dict[str, str]]) -> None:
+        """End the record of a job whose stream ends already (an earlier run's end reached the stream
+        and not the record: its worker stopped between the two) as the stream says; `worker_id` has
+        just started it, so holds its lease."""
+        events = _events(entries)
+        commands = self.finish_commands(job_id, worker_id, [], Outcome.of_stream(events))
+        with redis_errors():
+            await self.redis.execute_command(*commands.record)  # type: ignore[no-untyped-call]
+
+    def finish_commands(
         self, job_id: str, worker_id: str, events: list[Event], outcome: Outcome
-    ) -> tuple[Any, ...]:
-        """A pipeline command that appends the last events (terminal last) and ends a running job,
-        atomically, if this worker still holds its lease; its answer reads with `Finished.of`
-        (`shared.lifecycle.transitions`)."""
-        return self.transitions.finish_command(
+    ) -> FinishCommands:
+        """Pipeline commands that append the last events (terminal last) and end a running job, if
+        this worker still holds its lease: one script, or with the streams apart the stream's end
+        first, then the record's; each answer reads with `Finished.of` (`shared.lifecycle.transitions`)."""
+        return self.transitions.finish_commands(
             job_id=job_id,
             worker_id=worker_id,
             state=outcome.state,
@@ -442,7 +483,7 @@ class JobStore:
         `cancelled` event after its last entry, that entry's id ('0-0' for none) and the record's
         fields. Its prompt's tokens are the worker's to count (it renders the prompt): 0 here."""
         with redis_errors():
-            entries = await self.redis.xrange(self.keys.stream(job_id))
+            entries = await self.streams.xrange(self.keys.stream(job_id))
         output = await _output_of(entries)
         next_seq = _events([entries[-1][1]])[0].seq + 1 if entries else 0
         usage = Usage(prompt_tokens=0, completion_tokens=output.token_count)
@@ -545,7 +586,7 @@ class JobStore:
         """The text and token count the stream holds so far. Read from the stream, not kept as the
         job runs: that would cost the worker a write per step for a read that is rare."""
         with redis_errors():
-            entries = await self.redis.xrange(self.keys.stream(job_id))
+            entries = await self.streams.xrange(self.keys.stream(job_id))
         return await _output_of(entries)
 
 

@@ -112,6 +112,13 @@ class Keys:
         prefix, suffix = self.lease_affixes
         return f"{prefix}{job_id}{suffix}"
 
+    def writer(self, job_id: str) -> str:
+        """String with a TTL, on the streams' own Redis (`streams_redis_url`): the worker whose steps
+        the job's stream takes, as its lease names it there (`<worker>[@<when a cancel was asked>]`),
+        written after the lease at each start and ended before any other hand takes the job, so that a
+        worker that lost the job appends nothing. With the streams beside the lease, the lease itself."""
+        return f"{self.prefix}:job:{job_id}:writer"
+
     @property
     def lease_affixes(self) -> tuple[str, str]:
         """What comes before and after the job id in a lease's name, for the claim script, which

@@ -45,6 +45,7 @@ class WorkerServices:
 
     engine: Engine
     redis: aioredis.Redis
+    streams: aioredis.Redis | None  # the streams' own Redis, when they have one
     runner: JobRunner
     heartbeat: Heartbeat
     periodic: list[Periodic]
@@ -108,9 +109,17 @@ class WorkerApp:
             settings.redis_max_connections,
             sentinel_password=settings.redis_sentinel_password,
         )
-        store = JobStore(redis, keys, settings)
+        streams = None
+        if settings.streams_redis_url is not None:
+            streams = connect(
+                settings.streams_redis_url,
+                keys.client_name(f"worker:{worker_id}"),
+                settings.redis_max_connections,
+                sentinel_password=settings.redis_sentinel_password,
+            )
+        store = JobStore(redis, keys, settings, streams)
         leases = Leases(store, settings)
-        publisher = Publisher(redis, store, worker_id, resend_seconds=settings.lease_seconds)
+        publisher = Publisher(store.streams, store, worker_id, resend_seconds=settings.lease_seconds)
         self.metrics.count_redis_round_trips(lambda: publisher.round_trips)
         runner = JobRunner(
             engine,
@@ -154,6 +163,8 @@ class WorkerApp:
             await self.redis_wait.run(partial(register, card))
         except BaseException:  # stopped (or given up) while waiting: no services yet for shutdown()
             await redis.aclose()
+            if streams is not None:
+                await streams.aclose()
             engine.shutdown()
             raise
 
@@ -169,7 +180,7 @@ class WorkerApp:
         ]
         for task in periodic:
             task.start()
-        self.services = WorkerServices(engine, redis, runner, heartbeat, periodic)
+        self.services = WorkerServices(engine, redis, streams, runner, heartbeat, periodic)
         log.info(
             "worker %s ready: model %s (%s), up to %d jobs at once",
             worker_id,
@@ -199,6 +210,8 @@ class WorkerApp:
             with contextlib.suppress(BackendUnavailable):  # then its key expires by itself
                 await services.heartbeat.forget(self.worker_id)
             await services.redis.aclose()
+            if services.streams is not None:
+                await services.streams.aclose()
             services.engine.shutdown()
         await self.server.close()  # last: /health says `draining` until the worker is gone
         log.info("worker %s stopped", self.worker_id)

@@ -46,6 +46,7 @@ class Leases:
 
     def __init__(self, store: JobStore, settings: WorkerSettings) -> None:
         self.redis: aioredis.Redis = store.redis
+        self.streams: aioredis.Redis = store.streams
         self.keys = store.keys
         self.store_settings = store.settings
         self.transitions = store.transitions
@@ -144,7 +145,7 @@ class Leases:
         """The failure of a job out of attempts: the output its stream holds and an `error` event
         numbered after the stream's last event."""
         with redis_errors():
-            entries = await self.redis.xrange(self.keys.stream(job_id))
+            entries = await self.streams.xrange(self.keys.stream(job_id))
         progress = Progress.of(event_adapter.validate_json(fields["data"]) for _, fields in entries)
         return Failure(
             event=ErrorEvent(seq=progress.next_seq, message=message, code=WORKER_LOST),

@@ -41,9 +41,9 @@ from shared.errors import BackendUnavailable
 from shared.events import Event
 from shared.jobstore import JobStore, Outcome
 from shared.lifecycle import scripts
-from shared.lifecycle.transitions import Finished, JobStep, StepAnswer, Verdict
+from shared.lifecycle.transitions import FinishCommands, Finished, FinishOutcome, JobStep, StepAnswer, Verdict
 from shared.redis_client import redis_errors
-from shared.replication import Wait
+from shared.replication import ReplicaAcks, Wait
 
 log = logging.getLogger(__name__)
 
@@ -57,8 +57,8 @@ CHECK_AFTER_SECONDS = 1.0
 than this, and a worker whose steps paused through one may have reconnected without an error."""
 
 
-EndCommand = Callable[[list[Event]], tuple[Any, ...]]
-"""The EVAL that ends a job with its last events, as a pipeline command (finish reads the stream
+EndCommand = Callable[[list[Event]], FinishCommands]
+"""The EVALs that end a job with its last events, as pipeline commands (finish reads the stream
 always, skips the events it holds, and leaves a job that ended alone)."""
 
 
@@ -83,6 +83,11 @@ def _behind(answer: Any) -> int | None:
     if isinstance(answer, list) and answer and answer[0] == Verdict.behind.value:
         return int(answer[1])
     return None
+
+
+def _ended(answer: Any) -> bool:
+    """Whether an end's answer from the streams' Redis is that the stream ended (`stream_end.lua`)."""
+    return isinstance(answer, list) and answer[:1] == [FinishOutcome.ended.value]
 
 
 def _as_sent(result: Any) -> Any:
@@ -146,8 +151,8 @@ class Publisher:
     async def finish(self, job_id: str, events: list[Event], outcome: Outcome) -> Finished:
         """Append the last events, the terminal one last, and end the job, if this worker still holds it."""
 
-        def end(events: list[Event]) -> tuple[Any, ...]:
-            return self.store.finish_command(job_id, self.worker_id, events, outcome)
+        def end(events: list[Event]) -> FinishCommands:
+            return self.store.finish_commands(job_id, self.worker_id, events, outcome)
 
         return Finished.of(await self._write(job_id, events, end))
 
@@ -236,10 +241,28 @@ class Publisher:
             self._unchecked.update(self._sent)
         return results
 
-    async def _send(self, steps: list[_Step], ends: list[tuple[Any, ...]]) -> tuple[list[Any], list[Any]]:
-        """The answers to `steps`, one a step, and to the `ends` commands, which count as written only
-        once the replicas the store's `acks` asks for hold them (a WAIT closes the pipeline)."""
-        pipe = self.redis.pipeline(transaction=False)
+    async def _send(self, steps: list[_Step], ends: list[FinishCommands]) -> tuple[list[Any], list[Any]]:
+        """The answers to `steps`, one a step, and to the `ends`, which count as written only once the
+        replicas the store's `acks` asks for hold them (a WAIT closes the pipeline). With the streams
+        apart an end reaches the stream in the steps' round trip, and the record in one more."""
+        store = self.store
+        if store.stream_acks is None:
+            return await self._pipeline(self.redis, store.acks, steps, [end.record for end in ends])
+        streams = [end.stream for end in ends if end.stream is not None]
+        step_answers, end_answers = await self._pipeline(self.redis, store.stream_acks, steps, streams)
+        ended = [at for at, answer in enumerate(end_answers) if _ended(answer)]
+        if ended:
+            store.transitions.between("finish")
+            _, records = await self._pipeline(store.redis, store.acks, [], [ends[at].record for at in ended])
+            for at, answer in zip(ended, records, strict=True):
+                end_answers[at] = answer
+        return step_answers, end_answers
+
+    async def _pipeline(
+        self, redis: aioredis.Redis, acks: ReplicaAcks, steps: list[_Step], ends: list[tuple[Any, ...]]
+    ) -> tuple[list[Any], list[Any]]:
+        """`_send`'s round trip to one Redis, whose replicas `acks` counts."""
+        pipe = redis.pipeline(transaction=False)
         if steps:
             jobs = [step.job_step() for step in steps]
             pipe.execute_command(
@@ -247,7 +270,7 @@ class Publisher:
             )
         for command in ends:
             pipe.execute_command(*command)
-        wait = await self.store.acks.wait() if ends else None
+        wait = await acks.wait() if ends else None
         for command in wait.commands if wait is not None else ():
             pipe.execute_command(*command)
         sent = [_as_sent(result) for result in await pipe.execute(raise_on_error=False)]
@@ -259,15 +282,15 @@ class Publisher:
         if wait is not None:
             fenced, acked = sent[len(ends) :]
             acked = None if isinstance(fenced, Exception) or not isinstance(acked, int) else acked
-            end_answers = [self._acknowledged(answer, wait, acked) for answer in end_answers]
+            end_answers = [self._acknowledged(acks, answer, wait, acked) for answer in end_answers]
         return step_answers, end_answers
 
-    def _acknowledged(self, result: Any, wait: Wait, acked: int | None) -> Any:
+    def _acknowledged(self, acks: ReplicaAcks, result: Any, wait: Wait, acked: int | None) -> Any:
         """An end's answer, or `BackendUnavailable` when fewer replicas than `wait` asks for hold it."""
         if isinstance(result, Exception):
             return result
         try:
-            self.store.acks.check(wait, acked, "a job's end")
+            acks.check(wait, acked, "a job's end")
         except BackendUnavailable as exc:
             return exc
         return result

@@ -8,6 +8,12 @@
 -- the hot path, and reading Redis's clock there costs more than the rest of the append), else
 -- Redis's.
 
+-- Whether a stream entry (as XRANGE answers it: its type the first field) is a job's last event.
+local TERMINAL_TYPES = {done = true, cancelled = true, error = true}
+local function is_terminal(entry)
+  return TERMINAL_TYPES[entry[2][2]] == true
+end
+
 -- The seq of the stream's last event: -1 for none.
 local function last_seq(stream)
   local last = redis.call('XREVRANGE', stream, '+', '-', 'COUNT', 1)[1]

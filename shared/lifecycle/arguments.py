@@ -163,6 +163,40 @@ class BatchMoveArgs(TypedDict):
     retention: int  # seconds an ended batch's record stays readable
 
 
+class StreamOpenArgs(TypedDict):
+    queued_event: str
+    maxlen: int
+    lifetime: int
+
+
+class StreamTakeArgs(TypedDict):
+    worker: str
+    asked_at: str | None  # when a cancel of the job was asked for, None for none
+    running_event: str | None  # a first run's `running` event; None for a resumed job
+    lifetime: int
+    maxlen: int
+    notices: str  # `Keys.notices`
+
+
+class StreamEndArgs(TypedDict):
+    holder: str | None  # the worker ending its job; None for an end made without one
+    asked_at: str  # with no holder: the cancel a writer found meanwhile carries (`stream_end.lua`)
+    events: list[tuple[str, str]]  # (type, data), the terminal one last
+    maxlen: int | None  # None: the stream is not trimmed
+    retention: int
+    notices: str  # `Keys.notices`
+
+
+class WriterMarkArgs(TypedDict):
+    holder: str
+    asked_at: str
+
+
+class WriterDropArgs(TypedDict):
+    holder: str
+    lifetime: int | None  # the stream's new TTL, None to leave it
+
+
 class CursorCheckArgs(TypedDict):
     cursor: str  # a reader's cursor as '<ms>-<seq>', in decimals without leading zeros
     count: int  # most entries after it to read; 0 for none

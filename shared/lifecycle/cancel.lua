@@ -1,4 +1,4 @@
--- uses: end_unrun, append_event, hset_fields, leave_queue, end_job, lease
+-- uses: end_unrun, end_event, hset_fields, leave_queue, end_job, lease
 -- queued -> cancelled at once; for a running job, set its cancel key (holding when the first
 -- cancel was asked for, for the cancel latency), and have its lease carry the ask (`lease.lua`,
 -- its holder and TTL kept): its worker's next step, which reads the lease, ends it cancelled. A
@@ -33,11 +33,16 @@ local requeued = redis.call('HGET', record, 'requeued')
 local holder, asked = lease_holder(redis.call('GET', lease))
 if not requeued and holder then
   if not asked then redis.call('SET', lease, lease_of(holder, asked_at), 'KEEPTTL') end
-  return {'asked', status}
+  return {'asked', status, holder, asked or asked_at}
 end
-local last = redis.call('XREVRANGE', stream, '+', '-', 'COUNT', 1)[1]
-if args.stream_tip ~= (last and last[1] or '0-0') then return {'unheld', status} end
-append_event(stream, args.maxlen, nil, 'cancelled', args.cancelled_event)
+local worker = redis.call('HGET', record, 'worker') or ''
+if stream == '' then
+  if args.stream_tip == '' then return {'unheld', status, worker} end
+else
+  local last = redis.call('XREVRANGE', stream, '+', '-', 'COUNT', 1)[1]
+  if args.stream_tip ~= (last and last[1] or '0-0') then return {'unheld', status, worker} end
+end
+end_event(job, 'cancelled', args.cancelled_event)
 redis.call('HSET', record, 'status', 'cancelled')
 hset_fields(record, args.fields)
 redis.call('HDEL', record, 'requeued')

@@ -8,6 +8,9 @@
 -- settle it: a cursor before the first entry (were entries trimmed off the head?), one past the last
 -- (only XINFO knows the last id generated), or a stream without entries. A cursor at the last entry
 -- needs the last alone.
+-- With the stream on a Redis of its own (`Transitions`), `record` is '' and the caller reads the
+-- record there: the status answered is then 'ended' when the stream's last entry is a terminal
+-- event, else '', and the owner ''.
 -- `args.cursor`: the cursor as '<ms>-<seq>' in plain decimals. Answers false for no record,
 -- {status, owner} for a record without a stream, else {status, owner, last generated id, oldest,
 -- entries}: `oldest` the first entry kept when the stream has lost entries after the cursor (the
@@ -15,6 +18,7 @@
 local record, stream = unpack(KEYS)
 local args = cjson.decode(ARGV[1])
 local cursor = args.cursor
+local TERMINAL = {done = true, cancelled = true, error = true}  -- `append_event.lua`'s: no helper in a read
 
 -- Whether the decimal `a` is below `b`, both without leading zeros (an id's parts are 64-bit, past
 -- what a Lua number holds exactly).
@@ -30,9 +34,13 @@ local function before(a, b)
   return below(a_seq, b_seq)
 end
 
-local status, owner = unpack(redis.call('HMGET', record, 'status', 'owner'))
-if not status then return false end
+local status, owner = '', ''
+if record ~= '' then
+  status, owner = unpack(redis.call('HMGET', record, 'status', 'owner'))
+  if not status then return false end
+end
 local last = redis.call('XREVRANGE', stream, '+', '-', 'COUNT', 1)[1]
+if record == '' and last and TERMINAL[last[2][2]] then status = 'ended' end
 -- A cursor at the last entry (a poll at the tip, the most common) has nothing to read, and has lost
 -- nothing: entries are only ever trimmed off a stream's head (MAXLEN), never deleted, so its last
 -- entry is the last it generated.

@@ -7,6 +7,7 @@ local record, stream, cancel = unpack(KEYS)
 local status, idempotency = unpack(redis.call('HMGET', record, 'status', 'idempotency_key'))
 if not status then return {'missing'} end
 if status == 'queued' or status == 'running' then return {'unfinished', status} end
-redis.call('DEL', record, stream, cancel)
+redis.call('DEL', record, cancel)
+if stream ~= '' then redis.call('DEL', stream) end
 if idempotency then redis.call('DEL', idempotency) end
 return {'deleted', status}

@@ -7,11 +7,13 @@
 -- the gateways' stream readers hear of its stream's last entries (`Keys.notices`).
 -- `job`: {id, record, stream, cancel, webhooks, webhook (its delivery record), retention, notices}.
 local function end_job(job, from)
-  for _, key in ipairs({job.record, job.stream, job.cancel}) do redis.call('EXPIRE', key, job.retention) end
+  for _, key in ipairs({job.record, job.stream, job.cancel}) do
+    if key ~= '' then redis.call('EXPIRE', key, job.retention) end
+  end
   local idempotency = redis.call('HGET', job.record, 'idempotency_key')
   if idempotency then redis.call('EXPIRE', idempotency, job.retention) end
   announce_end(job)
   tenant_move(job, from, 'ended')
   batch_end(job)
-  redis.call('PUBLISH', job.notices, job.stream)
+  if job.stream ~= '' then redis.call('PUBLISH', job.notices, job.stream) end
 end

@@ -13,9 +13,11 @@ local events = args.events
 local status = redis.call('HGET', record, 'status')
 if status ~= 'running' then return {'not_running', status or 'missing'} end
 if not lease_held_by(redis.call('GET', lease), args.worker) then return {'lost'} end
-local last = last_seq(stream)
-if #events > 0 and is_behind(last, events[1][2]) then return {'behind', last} end
-for _, event in ipairs(events) do last = append_event(stream, args.maxlen, last, event[1], event[2]) end
+if stream ~= '' then
+  local last = last_seq(stream)
+  if #events > 0 and is_behind(last, events[1][2]) then return {'behind', last} end
+  for _, event in ipairs(events) do last = append_event(stream, args.maxlen, last, event[1], event[2]) end
+end
 redis.call('HSET', record, 'status', args.state)
 hset_fields(record, args.fields)
 redis.call('DEL', lease)

@@ -1,4 +1,4 @@
--- uses: enqueue, tenant_move, append_event, end_job, lease
+-- uses: enqueue, tenant_move, end_event, end_job, lease
 -- running -> running (requeued for another worker to resume from its stream), or running -> failed
 -- once the job has run `max_attempts` times. `worker` '' releases only a lapsed lease (a reaper);
 -- a worker's id also releases its own (a worker handing its job back), and only the run `attempt`
@@ -23,7 +23,7 @@ local record, stream, cancel, lease, running, queue, webhooks, webhook,
 local args = cjson.decode(ARGV[1])
 local id, failure = args.id, args.failure
 local job = {id = id, record = record, stream = stream, cancel = cancel, webhooks = webhooks, webhook = webhook,
-             retention = args.retention, notices = args.notices}
+             retention = args.retention, maxlen = args.maxlen, notices = args.notices}
 
 local holder = redis.call('GET', lease)
 if holder and not lease_held_by(holder, args.worker) then return {'held'} end
@@ -33,27 +33,31 @@ if status ~= 'running' then
   redis.call('SREM', running, id)
   return {'not_running', status or 'missing'}
 end
+local worker = redis.call('HGET', record, 'worker') or ''
 if redis.call('HGET', record, 'requeued') then
   redis.call('SREM', running, id)
-  return {'requeued'}
+  return {'requeued', worker}
 end
 redis.call('DEL', lease)
 if tonumber(redis.call('HGET', record, 'attempts') or '1') < args.max_attempts then
   redis.call('SREM', running, id)
   redis.call('HSET', record, 'requeued', '1')
   redis.call('EXPIRE', record, args.lifetime)
-  redis.call('EXPIRE', stream, args.lifetime)
+  if stream ~= '' then redis.call('EXPIRE', stream, args.lifetime) end
   local created_at, share, priority = unpack(redis.call('HMGET', record, 'created_at', 'share', 'priority'))
   enqueue({id = id, created_at = created_at, share = share, priority = priority, lifetime = args.lifetime},
           {queue = queue, share_tenants = share_tenants, batch_share_tenants = batch_share_tenants,
            share_state = share_state, share_prefix = args.share_prefix, wakeup = args.wakeup})
   tenant_move(job, 'running', 'queued', args.lifetime)
-  return {'requeued'}
+  return {'requeued', worker}
 end
-local last = redis.call('XREVRANGE', stream, '+', '-', 'COUNT', 1)[1]
-if not failure or failure.stream_tip ~= (last and last[1] or '') then return {'exhausted'} end
+if not failure then return {'exhausted', worker} end
+if stream ~= '' then
+  local last = redis.call('XREVRANGE', stream, '+', '-', 'COUNT', 1)[1]
+  if failure.stream_tip ~= (last and last[1] or '') then return {'exhausted', worker} end
+end
+end_event(job, 'error', failure.event)
 redis.call('SREM', running, id)
-append_event(stream, args.maxlen, nil, 'error', failure.event)
 redis.call('HSET', record, 'status', 'failed', 'finished_at', args.now, 'error', args.message, 'text', failure.text,
            'token_count', failure.token_count)
 redis.call('ZREM', queue, id)

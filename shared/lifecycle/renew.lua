@@ -24,7 +24,7 @@ end
 for i, job in ipairs(extend) do
   if lease_held_by(held[job], worker) then
     redis.call('EXPIRE', KEYS[jobs + 2 * i - 1], lifetime)
-    redis.call('EXPIRE', KEYS[jobs + 2 * i], lifetime)
+    if KEYS[jobs + 2 * i] ~= '' then redis.call('EXPIRE', KEYS[jobs + 2 * i], lifetime) end
   end
 end
 return lost

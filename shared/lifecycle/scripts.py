@@ -32,9 +32,14 @@ from shared.lifecycle.arguments import (
     ReleaseArgs,
     RenewArgs,
     StartArgs,
+    StreamEndArgs,
+    StreamOpenArgs,
+    StreamTakeArgs,
     SubmitArgs,
     TenantUsageArgs,
     UnclaimArgs,
+    WriterDropArgs,
+    WriterMarkArgs,
 )
 
 Args = TypeVar("Args")
@@ -149,3 +154,9 @@ TENANT_USAGE: LuaScript[TenantUsageArgs] = LuaScript.load("tenant_usage")
 UNCLAIM: LuaScript[UnclaimArgs] = LuaScript.load("unclaim")
 BATCH_MOVE: LuaScript[BatchMoveArgs] = LuaScript.load("batch_move")
 CURSOR_CHECK: LuaScript[CursorCheckArgs] = LuaScript.load("cursor_check")  # a read: the gateway's relay
+# The streams' own Redis, when they have one (`Transitions`): each transition's part there.
+STREAM_OPEN: LuaScript[StreamOpenArgs] = LuaScript.load("stream_open")
+STREAM_TAKE: LuaScript[StreamTakeArgs] = LuaScript.load("stream_take")
+STREAM_END: LuaScript[StreamEndArgs] = LuaScript.load("stream_end")
+WRITER_MARK: LuaScript[WriterMarkArgs] = LuaScript.load("writer_mark")
+WRITER_DROP: LuaScript[WriterDropArgs] = LuaScript.load("writer_drop")

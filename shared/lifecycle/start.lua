@@ -22,13 +22,15 @@ local job = {id = id, record = record, stream = stream, cancel = cancel, webhook
              notices = args.notices}
 local model = {queue = queue, share_prefix = args.share_prefix}
 
+local asked = redis.call('GET', cancel)
+
 local function take(attempt)
   redis.call('HSET', record, 'worker', args.worker, 'attempts', attempt)
   leave_queue(job, model)
-  redis.call('SET', lease, lease_of(args.worker, redis.call('GET', cancel)), 'PX', args.lease_ms)
+  redis.call('SET', lease, lease_of(args.worker, asked), 'PX', args.lease_ms)
   redis.call('SADD', running, id)
   redis.call('EXPIRE', record, args.lifetime)
-  redis.call('EXPIRE', stream, args.lifetime)
+  if stream ~= '' then redis.call('EXPIRE', stream, args.lifetime) end
 end
 
 local holder = redis.call('GET', lease)
@@ -42,7 +44,8 @@ if status == 'running' and redis.call('HGET', record, 'requeued') then
   local attempt = tonumber(redis.call('HGET', record, 'attempts')) + 1
   take(attempt)
   tenant_move(job, 'queued', 'running')
-  return {'resumed', request, created, attempt, redis.call('XRANGE', stream, '-', '+'), conversation}
+  local entries = stream ~= '' and redis.call('XRANGE', stream, '-', '+') or {}
+  return {'resumed', request, created, attempt, entries, conversation, asked or ''}
 end
 if status ~= 'queued' then
   if holder then redis.call('DEL', lease) end
@@ -58,8 +61,10 @@ if string.find(request, '"deadline":', 1, true) then
   end
 end
 redis.call('HSET', record, 'status', 'running', 'started_at', args.now)
-append_event(stream, args.maxlen, nil, 'status', args.running_event)
-redis.call('PUBLISH', args.notices, stream)
+if stream ~= '' then
+  append_event(stream, args.maxlen, nil, 'status', args.running_event)
+  redis.call('PUBLISH', args.notices, stream)
+end
 take(1)
 tenant_move(job, 'queued', 'running')
-return {'running', request, created, conversation}
+return {'running', request, created, conversation, asked or ''}

@@ -42,9 +42,11 @@ redis.call('HSET', record, 'id', id, 'status', 'queued', 'created_at', args.crea
            'owner', args.owner, 'model', args.model, 'share', share.name, 'priority', share.priority)
 if idempotency ~= '' then redis.call('HSET', record, 'idempotency_key', idempotency) end
 hset_fields(record, args.fields)
-append_event(stream, args.maxlen, nil, 'status', args.queued_event)
 redis.call('EXPIRE', record, args.lifetime)
-redis.call('EXPIRE', stream, args.lifetime)
+if stream ~= '' then
+  append_event(stream, args.maxlen, nil, 'status', args.queued_event)
+  redis.call('EXPIRE', stream, args.lifetime)
+end
 redis.call('HSET', share_state, 'stride:' .. share.name, share.stride)
 enqueue({id = id, created_at = args.created_at, share = share.name, priority = share.priority,
          lifetime = args.lifetime},

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
@@ -25,10 +25,14 @@ from shared.lifecycle.arguments import (
     StartArgs,
     StepArgs,
     StepJobArgs,
+    StreamEndArgs,
+    StreamOpenArgs,
+    StreamTakeArgs,
     SubmitArgs,
     TenantArgs,
     TenantUsageArgs,
     UnclaimArgs,
+    WriterMarkArgs,
 )
 from shared.notices import LINE, notice_line
 from shared.replication import Wait
@@ -68,6 +72,7 @@ class StartOutcome(Enum):
     resumed = "resumed"  # a handed-back job runs again, with the next attempt
     expired = "expired"  # its deadline passed while queued: failed without running
     refused = "refused"  # nothing to run: cancelled, ended, missing or held by another worker
+    ended = "ended"  # its stream ends already, its record not: an earlier run stopped between the two
 
 
 @dataclass(frozen=True)
@@ -76,7 +81,7 @@ class StartAnswer:
     request: str = ""  # the request's JSON
     created_at: float = 0.0
     attempt: int = 0
-    entries: list[dict[str, str]] = field(default_factory=list)  # a resumed job's stream
+    entries: list[dict[str, str]] = field(default_factory=list)  # a resumed or ended job's stream
     conversation: str = ""  # the record's `conversation` field: '' for a job that is no turn of one
 
 
@@ -139,6 +144,15 @@ class Finished:
         if outcome == FinishOutcome.behind.value:
             return cls(FinishOutcome.behind, last_seq=int(rest[0]))
         return cls(FinishOutcome(outcome), JobState(rest[0]) if rest and rest[0] != "missing" else None)
+
+
+@dataclass(frozen=True)
+class FinishCommands:
+    """A job's end as pipeline commands: with the streams apart, `stream` on their Redis first (the
+    worker's last events, while it holds the writer), then `record`, only once `stream` ended it."""
+
+    stream: tuple[Any, ...] | None
+    record: tuple[Any, ...]
 
 
 class CancelOutcome(Enum):
@@ -222,12 +236,68 @@ class NewJob:
     batch: str | None = None
 
 
-class Transitions:
-    """The job lifecycle's scripts, each behind one method."""
+def _fields(entries: list[Any]) -> list[dict[str, str]]:
+    """Stream entries as XRANGE answers them inside a script, each entry's fields as a dict."""
+    return [dict(zip(pairs[::2], pairs[1::2], strict=True)) for _, pairs in entries]
 
-    def __init__(self, redis: aioredis.Redis, keys: Keys) -> None:
+
+class Transitions:
+    """The job lifecycle's scripts, each behind one method.
+
+    `streams`: the Redis of the job streams, when they have one of their own (`streams_redis_url`).
+    Each transition that writes a stream then runs in two parts, its script on `redis` with the
+    stream's key left '' and its part on `streams` (`stream_*.lua`, `writer_*.lua`), in the order
+    that keeps the job whole should the caller stop between them (`shared.lifecycle`).
+    """
+
+    def __init__(self, redis: aioredis.Redis, keys: Keys, streams: aioredis.Redis | None = None) -> None:
         self.redis = redis
         self.keys = keys
+        self.streams = redis if streams is None else streams
+        self.split = streams is not None
+        self.between_planes: Callable[[str], None] | None = None
+        """A fault hook, for tests: called with the transition's name between its write on one Redis
+        and its write on the other, where a test stops the caller (raises) as a crash would."""
+
+    def between(self, transition: str) -> None:
+        """The point between a transition's two writes (`between_planes`)."""
+        if self.between_planes is not None:
+            self.between_planes(transition)
+
+    def _job_keys(self, job_id: str) -> list[str]:
+        """The record, stream and cancel key, as the scripts on `redis` take them: the stream '' when
+        it lives apart."""
+        stream = "" if self.split else self.keys.stream(job_id)
+        return [self.keys.job(job_id), stream, self.keys.cancel(job_id)]
+
+    async def end_stream(
+        self,
+        job_id: str,
+        events: list[tuple[str, str]],
+        *,
+        maxlen: int | None,
+        retention_seconds: int,
+        now: float,
+    ) -> str:
+        """With the streams apart, the end of a job no worker ends (a cancel, a deadline, a job out of
+        attempts), after its record's, with its terminal event, (type, data): `stream_end.lua`'s
+        answer. `maxlen` None: the stream is not trimmed."""
+        args: StreamEndArgs = {
+            "holder": None,
+            "asked_at": repr(now),
+            "events": events,
+            "maxlen": maxlen,
+            "retention": retention_seconds,
+            "notices": self.keys.notices,
+        }
+        keys = [self.keys.stream(job_id), self.keys.writer(job_id)]
+        answer: list[Any] = await scripts.STREAM_END(self.streams, keys, args)
+        return str(answer[0])
+
+    async def drop_writer(self, job_id: str, holder: str, lifetime_seconds: int | None = None) -> None:
+        """With the streams apart, once the job is taken from `holder`: its writer goes."""
+        keys = [self.keys.writer(job_id), self.keys.stream(job_id)]
+        await scripts.WRITER_DROP(self.streams, keys, {"holder": holder, "lifetime": lifetime_seconds})
 
     def _announce_keys(self, job_id: str) -> list[str]:
         """The last keys of every script that may end a job: where its end is announced to its webhook."""
@@ -263,9 +333,10 @@ class Transitions:
         fields = {**(self.keys.tenant_record_fields(tenant.name) if tenant else {}), **job.annotations}
         if job.batch:
             fields["batch"] = self.keys.batch(job.batch)
+        stream = self.keys.stream(job.job_id)
         keys = [
             self.keys.job(job.job_id),
-            self.keys.stream(job.job_id),
+            "" if self.split else stream,
             self.keys.idempotency(job.idempotency_key, job.owner) if job.idempotency_key else "",
             queue.queue,
             *self._tenant_keys(tenant),
@@ -295,7 +366,18 @@ class Transitions:
             "job_prefix": self.keys.job(""),
             "fields": fields,
         }
+        opened = False
+        if self.split:  # the stream first: a record never exists without it
+            opening: StreamOpenArgs = {
+                "queued_event": args["queued_event"],
+                "maxlen": job.maxlen,
+                "lifetime": job.lifetime_seconds,
+            }
+            opened = bool(await scripts.STREAM_OPEN(self.streams, [stream], opening))
+            self.between("submit")
         (outcome, value, *rest), acked = await self._run(scripts.SUBMIT, keys, args, wait)
+        if opened and outcome != SubmitOutcome.created.value:
+            await self.streams.delete(stream)  # no record was made: nothing names this stream
         if outcome == SubmitOutcome.overloaded.value:
             return Submitted(SubmitOutcome.overloaded, "", int(value))
         if outcome == SubmitOutcome.rate_limited.value:
@@ -320,7 +402,7 @@ class Transitions:
     ) -> StartAnswer:
         """`model`: the model the worker serves, whose queue it claimed the job from."""
         keys = [
-            *self.keys.job_keys(job_id),
+            *self._job_keys(job_id),
             self.keys.model(model).queue,
             self.keys.lease(job_id),
             self.keys.running,
@@ -342,15 +424,45 @@ class Transitions:
         }
         outcome, *values = await scripts.START(self.redis, keys, args)
         if outcome == StartOutcome.running.value:
-            request, created_at, conversation = values
-            return StartAnswer(StartOutcome.running, request, float(created_at), 1, conversation=conversation)
-        if outcome == StartOutcome.resumed.value:
-            request, created_at, attempt, entries, conversation = values
-            fields = [dict(zip(pairs[::2], pairs[1::2], strict=True)) for _, pairs in entries]
-            return StartAnswer(
-                StartOutcome.resumed, request, float(created_at), int(attempt), fields, conversation
+            request, created_at, conversation, asked = values
+            answer = StartAnswer(
+                StartOutcome.running, request, float(created_at), 1, conversation=conversation
             )
-        return StartAnswer(StartOutcome(outcome))
+        elif outcome == StartOutcome.resumed.value:
+            request, created_at, attempt, entries, conversation, asked = values
+            answer = StartAnswer(
+                StartOutcome.resumed, request, float(created_at), int(attempt), _fields(entries), conversation
+            )
+        else:
+            if outcome == StartOutcome.expired.value and self.split:
+                self.between("start")
+                ending: list[tuple[str, str]] = [(expired.type, args["expired_event"])]
+                await self.end_stream(
+                    job_id, ending, maxlen=maxlen, retention_seconds=retention_seconds, now=now
+                )
+            return StartAnswer(StartOutcome(outcome))
+        if not self.split:
+            return answer
+        self.between("start")
+        # The writer after the lease, and the stream read after the writer: nothing an earlier
+        # worker appends can come after this reading.
+        taking: StreamTakeArgs = {
+            "worker": worker_id,
+            "asked_at": asked or None,
+            "running_event": args["running_event"] if answer.outcome is StartOutcome.running else None,
+            "lifetime": lifetime_seconds,
+            "maxlen": maxlen,
+            "notices": self.keys.notices,
+        }
+        taken, *read = await scripts.STREAM_TAKE(
+            self.streams, [self.keys.stream(job_id), self.keys.writer(job_id)], taking
+        )
+        if taken == StartOutcome.running.value:
+            return answer
+        outcome = StartOutcome.ended if taken == StartOutcome.ended.value else StartOutcome.resumed
+        return StartAnswer(
+            outcome, answer.request, answer.created_at, answer.attempt, _fields(read[0]), answer.conversation
+        )
 
     def step_command(self, *, worker_id: str, steps: Sequence[JobStep], maxlen: int) -> tuple[Any, ...]:
         """The step script for `steps`, jobs of `worker_id`'s, as one pipeline command; its answer
@@ -359,23 +471,24 @@ class Transitions:
 
     async def step(self, *, worker_id: str, step: JobStep, maxlen: int) -> StepAnswer:
         """One job's step, sent on its own (a worker's publisher sends every job's in one call)."""
-        (answer,) = await scripts.STEP(self.redis, *self._step_parts(worker_id, [step], maxlen))
+        (answer,) = await scripts.STEP(self.streams, *self._step_parts(worker_id, [step], maxlen))
         return StepAnswer.of(answer)
 
     def _step_parts(
         self, worker_id: str, steps: Sequence[JobStep], maxlen: int
     ) -> tuple[list[str], list[Any]]:
-        """KEYS and ARGV as `step.lua` reads them: every job's lease, then every job's stream; the
+        """KEYS and ARGV as `step.lua` reads them: every job's lease (`fence`), then every job's stream; the
         call's `StepArgs`, then every job's part."""
         sent_at = str(time.time_ns() // 1_000_000)
         leases: list[str] = []
         streams: list[str] = []
         argv: list[Any] = []
         lines: list[str] = []
+        fence = self.keys.writer if self.split else self.keys.lease
         for step in steps:
             job_id = step.job_id
             stream = self.keys.stream(job_id)
-            leases.append(self.keys.lease(job_id))
+            leases.append(fence(job_id))
             streams.append(stream)
             trim = "1" if step.events and step.events[-1].seq >= maxlen else ""
             argv += StepJobArgs("1" if step.check else "", trim, len(step.events))
@@ -388,7 +501,7 @@ class Transitions:
         keys = [*leases, *streams]
         return keys, [*StepArgs(worker_id, maxlen, int(sent_at), self.keys.notices, notice), *argv]
 
-    def finish_command(
+    def finish_commands(
         self,
         *,
         job_id: str,
@@ -398,15 +511,16 @@ class Transitions:
         record_fields: dict[str, str],
         maxlen: int,
         retention_seconds: int,
-    ) -> tuple[Any, ...]:
-        """The finish script as a pipeline command (EVAL: it runs once a job); its answer reads with
-        `Finished.of`."""
+    ) -> FinishCommands:
+        """The finish script as a pipeline command (EVAL: it runs once a job), and with the streams
+        apart the end of the stream before it; each answer reads with `Finished.of`."""
         keys = [
-            *self.keys.job_keys(job_id),
+            *self._job_keys(job_id),
             self.keys.lease(job_id),
             self.keys.running,
             *self._announce_keys(job_id),
         ]
+        pairs: list[tuple[str, str]] = [(event.type, event.model_dump_json()) for event in events]
         args: FinishArgs = {
             "notices": self.keys.notices,
             "id": job_id,
@@ -414,10 +528,22 @@ class Transitions:
             "state": state.value,
             "maxlen": maxlen,
             "retention": retention_seconds,
-            "events": [(event.type, event.model_dump_json()) for event in events],
+            "events": [] if self.split else pairs,
             "fields": record_fields,
         }
-        return scripts.FINISH.eval_command(keys, args)
+        record = scripts.FINISH.eval_command(keys, args)
+        if not self.split:
+            return FinishCommands(None, record)
+        ending: StreamEndArgs = {
+            "holder": worker_id,
+            "asked_at": "",
+            "events": pairs,
+            "maxlen": maxlen,
+            "retention": retention_seconds,
+            "notices": self.keys.notices,
+        }
+        stream_keys = [self.keys.stream(job_id), self.keys.writer(job_id)]
+        return FinishCommands(scripts.STREAM_END.eval_command(stream_keys, ending), record)
 
     async def cancel(
         self,
@@ -438,7 +564,7 @@ class Transitions:
         and the record's fields computed from the stream up to it (`cancel.lua`); `cancelled` is
         then numbered after that entry."""
         keys = [
-            *self.keys.job_keys(job_id),
+            *self._job_keys(job_id),
             self.keys.model(model).queue,
             *self._announce_keys(job_id),
             self.keys.lease(job_id),
@@ -457,7 +583,32 @@ class Transitions:
             "fields": record_fields or {},
         }
         (outcome, *state), acked = await self._run(scripts.CANCEL, keys, args, wait)
+        if self.split:
+            self.between("cancel")
+            ending = (cancelled.type, cancelled.model_dump_json())
+            await self._cancel_stream(job_id, CancelOutcome(outcome), state, ending, retention_seconds, now)
         return CancelResult(CancelOutcome(outcome), JobState(state[0]) if state else None, acked)
+
+    async def _cancel_stream(
+        self,
+        job_id: str,
+        outcome: CancelOutcome,
+        answer: list[str],
+        cancelled: tuple[str, str],
+        retention_seconds: int,
+        now: float,
+    ) -> None:
+        """With the streams apart, a cancel's part there, after the record's: the stream of a job it
+        ended ends; a running job's writer carries the ask; the writer of a job no worker holds goes
+        (held by the worker that last ran it) before its caller reads the stream to end it."""
+        if outcome is CancelOutcome.cancelled:
+            retention = retention_seconds
+            await self.end_stream(job_id, [cancelled], maxlen=None, retention_seconds=retention, now=now)
+        elif outcome is CancelOutcome.asked:
+            marking: WriterMarkArgs = {"holder": answer[1], "asked_at": answer[2]}
+            await scripts.WRITER_MARK(self.streams, [self.keys.writer(job_id)], marking)
+        elif outcome is CancelOutcome.unheld and answer[1]:
+            await self.drop_writer(job_id, answer[1])
 
     async def tenant_usage(self, tenant: str) -> TenantUsage:
         """The tenant's counters, as its next submission's admission counts them (`tenant_usage.lua`)."""
@@ -483,8 +634,11 @@ class Transitions:
         )
 
     async def delete(self, *, job_id: str, wait: Wait | None = None) -> DeleteResult:
-        keys = self.keys.job_keys(job_id)
+        keys = self._job_keys(job_id)
         (outcome, *state), acked = await self._run(scripts.DELETE, keys, [], wait)
+        if self.split and outcome == DeleteOutcome.deleted.value:
+            self.between("delete")
+            await self.streams.delete(self.keys.stream(job_id), self.keys.writer(job_id))
         return DeleteResult(DeleteOutcome(outcome), JobState(state[0]) if state else None, acked)
 
     async def renew(
@@ -503,15 +657,22 @@ class Transitions:
         keys = [self.keys.lease(job_id) for job_id in job_ids]
         for position in positions:
             job_id = job_ids[position - 1]
-            keys += [self.keys.job(job_id), self.keys.stream(job_id)]
+            keys += [self.keys.job(job_id), "" if self.split else self.keys.stream(job_id)]
         args: RenewArgs = {
             "worker": worker_id,
             "lease_ms": int(lease_seconds * 1000),
             "lifetime": lifetime_seconds,
             "extend": positions,
         }
-        lost = await scripts.RENEW(self.redis, keys, args)
-        return [job_ids[position - 1] for position in lost]
+        lost = [job_ids[position - 1] for position in await scripts.RENEW(self.redis, keys, args)]
+        extended = [job_ids[position - 1] for position in positions]
+        if self.split and extended:  # the streams and writers of the jobs still held live as long
+            async with self.streams.pipeline(transaction=False) as pipe:
+                for job_id in set(extended).difference(lost):
+                    pipe.expire(self.keys.stream(job_id), lifetime_seconds)
+                    pipe.expire(self.keys.writer(job_id), lifetime_seconds)
+                await pipe.execute()
+        return lost
 
     async def release(
         self,
@@ -531,7 +692,7 @@ class Transitions:
         """`model`: the job's model (its record's), whose queue a requeued job goes back to."""
         queue = self.keys.model(model)
         keys = [
-            *self.keys.job_keys(job_id),
+            *self._job_keys(job_id),
             self.keys.lease(job_id),
             self.keys.running,
             queue.queue,
@@ -555,7 +716,18 @@ class Transitions:
             "share_prefix": queue.share_queue_prefix,
             "failure": failure.args() if failure else None,
         }
-        outcome, *_ = await scripts.RELEASE(self.redis, keys, args)
+        outcome, *holder = await scripts.RELEASE(self.redis, keys, args)
+        if self.split:  # after the record's: the job is no longer the worker's, nor its stream
+            self.between("release")
+            if outcome == ReleaseOutcome.requeued.value and holder and holder[0]:
+                await self.drop_writer(job_id, holder[0], lifetime_seconds)
+            elif outcome == ReleaseOutcome.exhausted.value and holder and holder[0]:
+                await self.drop_writer(job_id, holder[0])
+            elif outcome == ReleaseOutcome.failed.value and failure is not None:
+                failed: list[tuple[str, str]] = [(failure.event.type, failure.event.model_dump_json())]
+                await self.end_stream(
+                    job_id, failed, maxlen=maxlen, retention_seconds=retention_seconds, now=now
+                )
         return ReleaseOutcome(outcome)
 
 

@@ -98,5 +98,5 @@ class StandInWorker:
         await self._end(CancelledEvent(seq=2, usage=usage), Outcome(JobState.cancelled, "", 0, usage))
 
     async def _end(self, terminal: Event, outcome: Outcome) -> None:
-        command = self.store.finish_command(self.job_id, WORKER, [terminal], outcome)
+        command = self.store.finish_commands(self.job_id, WORKER, [terminal], outcome).record
         await self.store.redis.execute_command(*command)

@@ -71,7 +71,7 @@ async def _run_to_the_end(client: aioredis.Redis, store: JobStore, job_id: str) 
     usage = Usage(prompt_tokens=1, completion_tokens=len(WORDS))
     done = DoneEvent(seq=2 + len(WORDS), finish_reason="stop", usage=usage)
     outcome = Outcome(JobState.completed, "".join(WORDS), len(WORDS), usage, finish_reason="stop")
-    await client.execute_command(*store.finish_command(job_id, WORKER, [done], outcome))
+    await client.execute_command(*store.finish_commands(job_id, WORKER, [done], outcome).record)
 
 
 async def test_past_the_memory_mark_every_route_refuses_and_a_running_job_streams_to_its_end(

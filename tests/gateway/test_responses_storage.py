@@ -51,7 +51,7 @@ class Served:
         usage = Usage(prompt_tokens=1, completion_tokens=1)
         done = DoneEvent(seq=2, finish_reason="stop", usage=usage)
         outcome = Outcome(JobState.completed, text, 1, usage, finish_reason="stop")
-        await self.redis.execute_command(*self.store.finish_command(job_id, WORKER, [done], outcome))
+        await self.redis.execute_command(*self.store.finish_commands(job_id, WORKER, [done], outcome).record)
         return whole
 
     async def record_bytes(self, response_id: str) -> int:

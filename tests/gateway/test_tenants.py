@@ -133,7 +133,7 @@ async def run(store: JobStore, job_id: str, tokens: tuple[int, int] = (0, 0)) ->
     usage = Usage(prompt_tokens=tokens[0], completion_tokens=tokens[1])
     outcome = Outcome(JobState.completed, "text", tokens[1], usage, finish_reason="length")
     done = DoneEvent(seq=2, finish_reason="length", usage=usage)
-    await store.redis.execute_command(*store.finish_command(job_id, "worker-1", [done], outcome))
+    await store.redis.execute_command(*store.finish_commands(job_id, "worker-1", [done], outcome).record)
 
 
 async def test_max_queued_jobs_answers_429_at_the_limit_and_not_before(http: httpx.AsyncClient) -> None:

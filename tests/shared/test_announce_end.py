@@ -32,7 +32,7 @@ async def finish(store: JobStore, job_id: str, finish_reason: str) -> None:
     usage = Usage(prompt_tokens=3, completion_tokens=8)
     outcome = Outcome(JobState.completed, "text", 8, usage, finish_reason=finish_reason)
     done = DoneEvent(seq=2, finish_reason=finish_reason, usage=usage)
-    await store.redis.execute_command(*store.finish_command(job_id, WORKER, [done], outcome))
+    await store.redis.execute_command(*store.finish_commands(job_id, WORKER, [done], outcome).record)
 
 
 async def test_a_completed_job_is_announced_once_with_all_a_sender_needs(store: JobStore) -> None:

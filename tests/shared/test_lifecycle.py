@@ -53,6 +53,12 @@ SCRIPTS = {
     "unclaim",
     "batch_move",
     "cursor_check",
+    # the streams' own Redis's part of each transition, when they have one
+    "stream_open",
+    "stream_take",
+    "stream_end",
+    "writer_mark",
+    "writer_drop",
 }
 HELPERS = {
     "clock_ms",
@@ -69,6 +75,7 @@ HELPERS = {
     "batch_end",
     "read_keys",
     "lease",
+    "end_event",
 }
 FOLDER = Path(scripts.__file__).parent
 
@@ -96,10 +103,18 @@ def test_every_script_ships_as_a_lua_file_and_gets_the_helpers_it_uses() -> None
     # one format of a share's member, for those that write it and the one that reads it
     assert calling("share_member") == {"submit", "start", "release", "cancel", "claim"}
     # every script that writes a job's stream writes it through the one helper that makes its ids
-    assert calling("append_event") == {"submit", "start", "step", "release", "finish", "cancel"}
+    assert calling("append_event") == {
+        *("submit", "start", "step", "release", "finish", "cancel"),
+        *("stream_open", "stream_take", "stream_end"),
+    }
+    # an end no worker makes keeps its terminal event in the record when the stream lives apart
+    assert calling("end_event") == {"start", "release", "cancel"}
     # every script that reads who holds a lease reads it through one helper (a lease may carry a
     # cancel asked for after its holder)
-    assert calling("lease_holder") == {"start", "step", "renew", "release", "finish", "cancel", "unclaim"}
+    assert calling("lease_holder") == {
+        *("start", "step", "renew", "release", "finish", "cancel", "unclaim"),
+        *("stream_take", "stream_end", "writer_mark", "writer_drop"),
+    }
     # the scripts that read a key of each of many jobs read them all in one command
     assert calling("get_keys") == {"step", "renew"}
     # a helper a helper uses comes with it, once, before it
@@ -411,7 +426,7 @@ async def test_a_cancel_asked_of_a_running_job_reaches_its_next_step_and_leaves_
     assert await store.redis.pttl(lease) > 4000
     usage = Usage(prompt_tokens=5, completion_tokens=1)
     outcome = Outcome(JobState.cancelled, "a", 1, usage)
-    end = store.finish_command(job_id, "worker-1", [CancelledEvent(seq=3, usage=usage)], outcome)
+    end = store.finish_commands(job_id, "worker-1", [CancelledEvent(seq=3, usage=usage)], outcome).record
     assert Finished.of(await store.redis.execute_command(*end)).outcome is FinishOutcome.ended
     assert not await store.redis.exists(lease)
 

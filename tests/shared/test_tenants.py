@@ -42,7 +42,7 @@ async def finish(store: JobStore, job_id: str, prompt_tokens: int, completion_to
     usage = Usage(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens)
     outcome = Outcome(JobState.completed, "text", completion_tokens, usage, finish_reason="length")
     done = DoneEvent(seq=2, finish_reason="length", usage=usage)
-    await store.redis.execute_command(*store.finish_command(job_id, WORKER, [done], outcome))
+    await store.redis.execute_command(*store.finish_commands(job_id, WORKER, [done], outcome).record)
 
 
 async def usage(store: JobStore, tenant: Tenant) -> TenantUsage:

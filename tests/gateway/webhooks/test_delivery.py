@@ -82,7 +82,7 @@ async def complete(store: JobStore, job_id: str, finish_reason: str = "stop") ->
     usage = Usage(prompt_tokens=5, completion_tokens=8)
     outcome = Outcome(JobState.completed, "Paris.", 8, usage, finish_reason=finish_reason)
     done = DoneEvent(seq=2, finish_reason=finish_reason, usage=usage)
-    await store.redis.execute_command(*store.finish_command(job_id, WORKER, [done], outcome))
+    await store.redis.execute_command(*store.finish_commands(job_id, WORKER, [done], outcome).record)
 
 
 async def submit(gateway: httpx.AsyncClient, key: str, **body: Any) -> httpx.Response:
