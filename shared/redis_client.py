@@ -5,6 +5,10 @@ Sentinels (`shared.redis_url`). Either way a server that answers READONLY is no 
 failover demoted it, or a managed Redis's endpoint moved): the connection is dropped, so that the
 next one finds the master anew (asks the Sentinels, or resolves the endpoint's name again), and
 the command fails as any command does while Redis fails over: `BackendUnavailable`.
+
+A Redis Cluster (a `redis+cluster://` URL) is reached through `connect_cluster`: redis-py's cluster
+client keeps the connections of each node apart and learns from the nodes which master serves which
+slot, following their MOVED and ASK itself; a demoted master answers MOVED, never READONLY.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from typing import Any
 
 import hiredis
 import redis.asyncio as aioredis
+from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.connection import Connection
 from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool, SentinelManagedConnection
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -22,7 +27,7 @@ from redis.exceptions import DataError, OutOfMemoryError, ReadOnlyError, RedisEr
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from shared.errors import BackendUnavailable
-from shared.redis_url import is_sentinel, parse_sentinel_url
+from shared.redis_url import is_sentinel, parse_cluster_url, parse_sentinel_url
 
 POOL_WAIT_SECONDS = 10
 # A Sentinel that does not answer within this is skipped for the next one: a dead one costs a
@@ -64,6 +69,10 @@ class FailoverConnection(PackedInC, Connection):
 
 class SentinelConnection(PackedInC, SentinelManagedConnection):
     """A connection to the master the Sentinels name, packing its commands in C."""
+
+
+class ClusterConnection(PackedInC, Connection):
+    """A connection to one node of a Redis Cluster, packing its commands in C."""
 
 
 class BlockingSentinelPool(SentinelConnectionPool, aioredis.BlockingConnectionPool):
@@ -134,6 +143,38 @@ def connect(
 def connect_reader(url: str, name: str, *, sentinel_password: str | None = None) -> aioredis.Redis:
     """A client of one connection of its own, for a long blocking reader, named `name` in CLIENT LIST."""
     return connect(url, name, 1, sentinel_password=sentinel_password)
+
+
+def connect_cluster(url: str, name: str, max_connections: int) -> RedisCluster:
+    """A client of the Redis Cluster whose nodes the `redis+cluster://` URL `url` names, with at most
+    `max_connections` connections to each node, named `name` in CLIENT LIST; it answers `str`.
+
+    Unlike `connect`'s pool, a node's connections do not wait for one another: a command that finds
+    all of them busy fails at once (redis-py's `MaxConnectionsError`, a `ConnectionError`). And while
+    a slot moves, commands sent to it at once may fail (`ClusterError`, "TTL exhausted"): redis-py
+    sends ASKING on one connection of the new owner and the command on whichever is free.
+    """
+    target = parse_cluster_url(url)
+    client: RedisCluster = RedisCluster(
+        startup_nodes=[ClusterNode(host, port) for host, port in target.nodes],
+        username=target.username,
+        password=target.password,
+        max_connections=max_connections,
+        decode_responses=True,
+        health_check_interval=30,
+        client_name=name,
+        # By default redis-py asks for the whole layout again at every fifth MOVED, closing every
+        # connection first, those with a command in flight too, and sends those commands again: a
+        # write would run twice. A MOVED alone updates the slot it names.
+        reinitialize_steps=0,
+    )
+    # redis-py's cluster client takes no connection class: it names its own in the options every
+    # node's connections are made from (shared by the nodes it learns later), and has made its seed
+    # nodes with it already.
+    client.connection_kwargs["connection_class"] = ClusterConnection
+    for node in client.nodes_manager.startup_nodes.values():
+        node.connection_class = ClusterConnection
+    return client
 
 
 def backend_error(exc: RedisError | OSError) -> BackendUnavailable:

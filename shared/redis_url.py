@@ -1,10 +1,16 @@
-"""The Sentinel form of a Redis URL: `redis+sentinel://[:password@]host:port[,host:port...]/master[/db]`.
+"""The forms of a Redis URL that name more than one server.
 
-A plain `redis://` (or `rediss://`, `unix://`) URL names one server and is redis-py's own; this
-form names the Sentinels that know which server is the master of `master` now, so that a failover
-needs no new configuration. The password in it is the master's (and its replicas'); the Sentinels'
-own password, if they have one, is a setting of its own (`redis_sentinel_password`), as Sentinels
-and the servers they watch usually have different ones.
+A plain `redis://` (or `rediss://`, `unix://`) URL names one server and is redis-py's own. The
+Sentinel form, `redis+sentinel://[:password@]host:port[,host:port...]/master[/db]`, names the
+Sentinels that know which server is the master of `master` now, so that a failover needs no new
+configuration. The password in it is the master's (and its replicas'); the Sentinels' own password,
+if they have one, is a setting of its own (`redis_sentinel_password`), as Sentinels and the servers
+they watch usually have different ones.
+
+The cluster form, `redis+cluster://[[user]:password@]host:port[,host:port...]`, names some nodes of a
+Redis Cluster (any of them, masters or replicas): a client asks them which master serves which slot,
+so that one reachable node is enough, and a failover or a resharding needs no new configuration. A
+cluster has database 0 alone, so the form has no database.
 """
 
 from __future__ import annotations
@@ -15,6 +21,9 @@ from urllib.parse import unquote
 SENTINEL_SCHEME = "redis+sentinel://"
 SENTINEL_PORT = 26379  # Sentinel's own default, for a host given without a port
 FORM = "redis+sentinel://[:password@]host:port[,host:port...]/master_name[/db]"
+CLUSTER_SCHEME = "redis+cluster://"
+CLUSTER_PORT = 6379  # a Redis server's own default, for a node given without a port
+CLUSTER_FORM = "redis+cluster://[[user]:password@]host:port[,host:port...]"
 
 
 @dataclass(frozen=True)
@@ -24,6 +33,15 @@ class SentinelUrl:
     sentinels: tuple[tuple[str, int], ...]
     master: str
     db: int = 0
+    username: str | None = None
+    password: str | None = None
+
+
+@dataclass(frozen=True)
+class ClusterUrl:
+    """The nodes to ask for the cluster's layout, and how to talk to every node."""
+
+    nodes: tuple[tuple[str, int], ...]
     username: str | None = None
     password: str | None = None
 
@@ -45,7 +63,7 @@ def parse_sentinel_url(url: str) -> SentinelUrl:
     if db and not db.isdigit():
         raise ValueError(f"the database of a Sentinel URL is a number, not {db!r}: {FORM}")
     return SentinelUrl(
-        sentinels=tuple(_host_port(part) for part in hosts.split(",")),
+        sentinels=tuple(_host_port(part, SENTINEL_PORT, "a Sentinel URL", FORM) for part in hosts.split(",")),
         master=unquote(master),
         db=int(db or 0),
         username=unquote(username) or None,
@@ -53,10 +71,36 @@ def parse_sentinel_url(url: str) -> SentinelUrl:
     )
 
 
-def _host_port(part: str) -> tuple[str, int]:
+def is_cluster(url: str) -> bool:
+    return url.startswith(CLUSTER_SCHEME)
+
+
+def parse_cluster_url(url: str) -> ClusterUrl:
+    """The parts of a `redis+cluster://` URL; `ValueError` naming the expected form otherwise."""
+    if not is_cluster(url):
+        raise ValueError(f"not a Redis Cluster URL (expected {CLUSTER_FORM})")
+    authority, _, path = url[len(CLUSTER_SCHEME) :].partition("/")
+    credentials, _, hosts = authority.rpartition("@")
+    username, _, password = credentials.partition(":")
+    if not hosts:
+        raise ValueError(f"a Redis Cluster URL needs at least one node: {CLUSTER_FORM}")
+    if path:
+        raise ValueError(
+            f"a Redis Cluster URL names no database (a cluster has 0 alone), not {path!r}: {CLUSTER_FORM}"
+        )
+    return ClusterUrl(
+        nodes=tuple(
+            _host_port(part, CLUSTER_PORT, "a Redis Cluster URL", CLUSTER_FORM) for part in hosts.split(",")
+        ),
+        username=unquote(username) or None,
+        password=unquote(password) or None,
+    )
+
+
+def _host_port(part: str, default_port: int, kind: str, form: str) -> tuple[str, int]:
     host, _, port = part.strip().rpartition(":") if ":" in part else (part.strip(), "", "")
     if not host:
-        raise ValueError(f"a Sentinel URL lists host:port pairs, not {part!r}: {FORM}")
+        raise ValueError(f"{kind} lists host:port pairs, not {part!r}: {form}")
     if port and not (port.isdigit() and 0 < int(port) < 65536):
-        raise ValueError(f"{part!r} has no valid port: {FORM}")
-    return host, int(port) if port else SENTINEL_PORT
+        raise ValueError(f"{part!r} has no valid port: {form}")
+    return host, int(port) if port else default_port

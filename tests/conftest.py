@@ -5,7 +5,8 @@ started by the `streampool` command, exactly as a deployment runs them. Every
 session writes under its own key prefix, so it never sees another's keys.
 
 Also, for the unit tests: a gateway process with API keys (`keyed`), and the default model's card
-(`model_card`), each made once per test process; and how `-n` deals the tests out (tests/schedule.py).
+(`model_card`), each made once per test process; a Redis Cluster of the module's own (`redis_cluster`);
+and how `-n` deals the tests out (tests/schedule.py).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from tests import schedule
 from tests.gateway.stand_ins import CARD_CONTEXT, CARD_MODEL
 from tests.processes import Processes, free_port, redis_answers
 from tests.redis_cleanup import delete_prefix
+from tests.redis_cluster import ClusteredRedis
 from worker.model_card import build_model_card
 
 if TYPE_CHECKING:
@@ -88,6 +90,18 @@ def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     processes = Processes(tmp_path_factory.mktemp("redis"))
     yield processes.start_redis("redis", free_port(), processes.log_dir, "--appendonly", "no")
     processes.stop_all()
+
+
+@pytest.fixture(scope="module")
+def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusteredRedis]:
+    """Three masters and their replicas (tests/redis_cluster.py), made once for the module that uses
+    them: starting six servers and forming the cluster takes seconds. A test that kills a node starts
+    it again before it ends (`ClusteredRedis.restart`), and writes under keys of its own."""
+    processes = Processes(tmp_path_factory.mktemp("redis-cluster"))
+    try:
+        yield ClusteredRedis.start(processes)
+    finally:
+        processes.stop_all()
 
 
 def make_settings(redis_url: str, **overrides: object) -> Settings:

@@ -1,4 +1,4 @@
-"""The Sentinel form of a Redis URL, as `STREAMPOOL_REDIS_URL` takes it."""
+"""The Sentinel form of a Redis URL, as `STREAMPOOL_REDIS_URL` takes it, and the Redis Cluster form."""
 
 from __future__ import annotations
 
@@ -6,7 +6,14 @@ import pytest
 from pydantic import ValidationError
 
 from shared.config import RedisSettings
-from shared.redis_url import SentinelUrl, is_sentinel, parse_sentinel_url
+from shared.redis_url import (
+    ClusterUrl,
+    SentinelUrl,
+    is_cluster,
+    is_sentinel,
+    parse_cluster_url,
+    parse_sentinel_url,
+)
 
 
 def test_a_sentinel_url_names_every_sentinel_the_master_and_the_database() -> None:
@@ -60,3 +67,43 @@ def test_settings_refuse_a_malformed_sentinel_url_at_start_up() -> None:
     with pytest.raises(ValidationError, match="master's name"):
         RedisSettings(redis_url="redis+sentinel://h:26379")
     assert RedisSettings(redis_url="redis+sentinel://h:26379/m").redis_url == "redis+sentinel://h:26379/m"
+
+
+def test_a_cluster_url_names_its_seed_nodes_and_the_password() -> None:
+    url = "redis+cluster://:s%40cret@10.0.0.1:7000,10.0.0.2:7001,node-c"
+    assert parse_cluster_url(url) == ClusterUrl(
+        nodes=(("10.0.0.1", 7000), ("10.0.0.2", 7001), ("node-c", 6379)), password="s@cret"
+    )
+
+
+def test_a_cluster_url_may_name_one_node_alone_and_a_user() -> None:
+    assert parse_cluster_url("redis+cluster://127.0.0.1:7000") == ClusterUrl(nodes=(("127.0.0.1", 7000),))
+    parsed = parse_cluster_url("redis+cluster://app:pw@h:1/")
+    assert (parsed.nodes, parsed.username, parsed.password) == ((("h", 1),), "app", "pw")
+
+
+def test_only_the_cluster_scheme_is_a_cluster_url() -> None:
+    assert is_cluster("redis+cluster://h:7000")
+    assert not is_cluster("redis+sentinel://h:26379/m")
+    assert not is_sentinel("redis+cluster://h:7000")
+    with pytest.raises(ValueError, match="not a Redis Cluster URL"):
+        parse_cluster_url("redis://127.0.0.1:6379/0")
+
+
+@pytest.mark.parametrize(
+    ("url", "says"),
+    [
+        ("redis+cluster://", "at least one node"),
+        ("redis+cluster://:pw@", "at least one node"),
+        ("redis+cluster://h:7000/0", "names no database"),
+        ("redis+cluster://h:7000/2", "names no database"),
+        ("redis+cluster://h:port", "no valid port"),
+        ("redis+cluster://h:0", "no valid port"),
+        ("redis+cluster://h:1,,h:2", "host:port pairs"),
+        ("redis+cluster://:1", "host:port pairs"),
+    ],
+)
+def test_a_malformed_cluster_url_is_refused_naming_the_form(url: str, says: str) -> None:
+    with pytest.raises(ValueError, match=says) as refused:
+        parse_cluster_url(url)
+    assert "redis+cluster://[[user]:password@]host:port[,host:port...]" in str(refused.value)
