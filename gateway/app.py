@@ -73,7 +73,7 @@ def create_app(settings: GatewaySettings) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        keys = Keys(settings.key_prefix)
+        keys = Keys.of(settings)
         url, sentinel_password = settings.redis_url, settings.redis_sentinel_password
         most = settings.redis_max_connections
         name = keys.client_name("gateway")

@@ -15,7 +15,7 @@ from typing import Annotated, Literal
 from pydantic import BeforeValidator, Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from shared.redis_url import is_sentinel, parse_sentinel_url
+from shared.redis_url import is_cluster, is_sentinel, parse_cluster_url, parse_sentinel_url
 
 DEFAULT_MODEL_DIR = Path.home() / ".cache" / "streampool" / "models" / "SmolLM2-135M-Instruct"
 DEFAULT_FILES_DIR = Path.home() / ".cache" / "streampool" / "files"
@@ -53,8 +53,17 @@ class RedisSettings(BaseSettings):
     streams_redis_url: str | None = Field(
         None,
         description="Redis holding the job streams (the data plane: what each step of a job writes and "
-        "its readers follow), in the same forms as `redis_url`; unset: the streams live on `redis_url` "
+        "its readers follow), in the same forms as `redis_url` or a Redis Cluster's, "
+        "`redis+cluster://[:password@]host:port[,host:port...]`; unset: the streams live on `redis_url` "
         "with the rest (see Scaling)",
+    )
+    stream_partitions: int = Field(
+        16,
+        ge=1,
+        le=16384,
+        description="with `streams_redis_url` naming a Redis Cluster: how many partitions the job streams "
+        "are spread over (each one hash slot, moved between masters whole); the same for every gateway "
+        "and worker, and fixed for the deployment's life",
     )
     # Every acknowledged write (a 202 to a submission, a cancel, a job's terminal event) is one a
     # failover keeps only if a replica has it: Redis's WAIT, in the same round trip as the write.
@@ -86,9 +95,22 @@ class RedisSettings(BaseSettings):
 
     @field_validator("redis_url", "streams_redis_url")
     @classmethod
-    def _check_sentinel_url(cls, url: str | None) -> str | None:
+    def _check_url(cls, url: str | None) -> str | None:
+        """A malformed Sentinel or cluster URL is refused at start-up, saying the form."""
         if url is not None and is_sentinel(url):
-            parse_sentinel_url(url)  # a malformed one is refused at start-up, saying the form
+            parse_sentinel_url(url)
+        if url is not None and is_cluster(url):
+            parse_cluster_url(url)
+        return url
+
+    @field_validator("redis_url")
+    @classmethod
+    def _control_plane_is_one_redis(cls, url: str) -> str:
+        if is_cluster(url):
+            raise ValueError(
+                "redis_url names one Redis (or its Sentinels): queues, records and leases are kept by "
+                "scripts over many keys; a Redis Cluster can hold the job streams (streams_redis_url)"
+            )
         return url
 
     @property

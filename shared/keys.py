@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import hashlib
+import zlib
 from dataclasses import dataclass
+
+from shared.config import RedisSettings
+from shared.redis_url import is_cluster
 
 ANONYMOUS_OWNER = "anonymous"
 """The owner of jobs submitted where no API key is asked for (an owner id is never this word)."""
@@ -70,6 +74,28 @@ class Keys:
     """Key names for one deployment, arq's queues among them (`ModelKeys.queue`)."""
 
     prefix: str
+    partitions: int = 0
+    """With the job streams on a Redis Cluster: how many partitions they are spread over, a job's by
+    its id (`partition`). The data-plane keys of a partition carry its hash tag, `{p<n>}`, so that
+    they share one slot: a script, or an XREAD, may name several keys only of one slot, and a
+    partition moves between masters whole. 0: no partitions, the names as one Redis has them."""
+
+    @classmethod
+    def of(cls, settings: RedisSettings) -> Keys:
+        """The keys of the deployment `settings` name: partitioned when its streams are on a cluster."""
+        url = settings.streams_redis_url
+        clustered = url is not None and is_cluster(url)
+        return cls(settings.key_prefix, settings.stream_partitions if clustered else 0)
+
+    def partition(self, job_id: str) -> int:
+        """The partition of a job's data-plane keys (with `partitions`)."""
+        return zlib.crc32(job_id.encode()) % self.partitions
+
+    def _job_data(self, job_id: str) -> str:
+        """What a job's data-plane keys start with: its partition's hash tag when there are partitions."""
+        if not self.partitions:
+            return f"{self.prefix}:job:{job_id}"
+        return f"{self.prefix}:{{p{self.partition(job_id)}}}:job:{job_id}"
 
     def model(self, name: str) -> ModelKeys:
         """The keys of the model `name` (its canonical name): its queue, wake-ups and card."""
@@ -87,7 +113,7 @@ class Keys:
 
     def stream(self, job_id: str) -> str:
         """Stream: the job's events, one entry each."""
-        return f"{self.prefix}:job:{job_id}:events"
+        return f"{self._job_data(job_id)}:events"
 
     def cancel(self, job_id: str) -> str:
         """String: present once a cancel of the running job was asked for."""
@@ -117,7 +143,7 @@ class Keys:
         the job's stream takes, as its lease names it there (`<worker>[@<when a cancel was asked>]`),
         written after the lease at each start and ended before any other hand takes the job, so that a
         worker that lost the job appends nothing. With the streams beside the lease, the lease itself."""
-        return f"{self.prefix}:job:{job_id}:writer"
+        return f"{self._job_data(job_id)}:writer"
 
     @property
     def lease_affixes(self) -> tuple[str, str]:
@@ -209,6 +235,11 @@ class Keys:
         """Pub/sub channel: the names of the job streams a script has just appended to, space-separated
         (a worker's step names all its jobs' in one message), for the gateways' stream readers."""
         return f"{self.prefix}:streams-advanced"
+
+    def partition_notices(self, partition: int) -> str:
+        """Shard channel (SPUBLISH), with the streams on a Redis Cluster: `notices` of one partition's
+        streams, on the master that holds them."""
+        return f"{self.prefix}:{{p{partition}}}:streams-advanced"
 
     @property
     def stream_reader_name(self) -> str:

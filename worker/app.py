@@ -60,7 +60,7 @@ class WorkerApp:
                 "lease_seconds must be at least twice heartbeat_seconds: heartbeats renew the leases"
             )
         self.settings = settings
-        self.keys = Keys(settings.key_prefix)
+        self.keys = Keys.of(settings)
         self.worker_id = new_worker_id()
         self.started_at = time.time()
         self.metrics = WorkerMetrics(settings.model_name)

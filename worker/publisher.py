@@ -41,7 +41,15 @@ from shared.errors import BackendUnavailable
 from shared.events import Event
 from shared.jobstore import JobStore, Outcome
 from shared.lifecycle import scripts
-from shared.lifecycle.transitions import FinishCommands, Finished, FinishOutcome, JobStep, StepAnswer, Verdict
+from shared.lifecycle.transitions import (
+    FinishCommands,
+    Finished,
+    FinishOutcome,
+    JobStep,
+    StepAnswer,
+    StepCall,
+    Verdict,
+)
 from shared.redis_client import redis_errors
 from shared.replication import ReplicaAcks, Wait
 
@@ -83,6 +91,19 @@ def _behind(answer: Any) -> int | None:
     if isinstance(answer, list) and answer and answer[0] == Verdict.behind.value:
         return int(answer[1])
     return None
+
+
+def _step_answers(calls: list[StepCall], answers: list[Any], steps: int) -> list[Any]:
+    """Each step's answer, in the round trip's order, from its call's list (or the error the call met)."""
+    if len(calls) == 1 and calls[0].positions is None:  # one call for all, in their order: nearly always
+        (answer,) = answers
+        return [answer] * steps if isinstance(answer, Exception) else list(answer)
+    each: list[Any] = [None] * steps
+    for call, answer in zip(calls, answers, strict=True):
+        positions = call.positions if call.positions is not None else range(steps)
+        for at, position in enumerate(positions):
+            each[position] = answer if isinstance(answer, Exception) else answer[at]
+    return each
 
 
 def _ended(answer: Any) -> bool:
@@ -263,21 +284,21 @@ class Publisher:
     ) -> tuple[list[Any], list[Any]]:
         """`_send`'s round trip to one Redis, whose replicas `acks` counts."""
         pipe = redis.pipeline(transaction=False)
+        calls: list[StepCall] = []
         if steps:
             jobs = [step.job_step() for step in steps]
-            pipe.execute_command(
-                *self.store.transitions.step_command(worker_id=self.worker_id, steps=jobs, maxlen=self.maxlen)
-            )
+            transitions = self.store.transitions
+            calls = transitions.step_calls(worker_id=self.worker_id, steps=jobs, maxlen=self.maxlen)
+            for call in calls:
+                pipe.execute_command(*call.command)
         for command in ends:
             pipe.execute_command(*command)
         wait = await acks.wait() if ends else None
         for command in wait.commands if wait is not None else ():
             pipe.execute_command(*command)
         sent = [_as_sent(result) for result in await pipe.execute(raise_on_error=False)]
-        step_answers = []
-        if steps:  # the call's list, or the error it met, each step's
-            answer = sent.pop(0)
-            step_answers = [answer] * len(steps) if isinstance(answer, Exception) else list(answer)
+        step_answers = _step_answers(calls, sent[: len(calls)], len(steps))
+        sent = sent[len(calls) :]
         end_answers = sent[: len(ends)]
         if wait is not None:
             fenced, acked = sent[len(ends) :]

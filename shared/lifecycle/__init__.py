@@ -63,4 +63,51 @@ name in turn, each once and before its callers. A helper takes what it works on 
 
 Every record, stream and share these scripts read was written by them as they are: a stream's
 ids are its events' seqs, and every queued job has a share.
+
+Two planes. By default one Redis holds everything, and each transition is the one script above. With
+`streams_redis_url` set, the job streams (the data plane: what each step writes and readers follow)
+live on a Redis of their own, and everything else (the control plane: records, queues and shares,
+leases, tenants, idempotency keys, webhooks, registries) stays on `redis_url`. A script may only
+touch keys of its own Redis, so each transition that writes a stream runs in two parts there: its
+script above on the control plane with the stream's key given as '' (it leaves the stream alone,
+and an end no worker makes keeps its terminal event in the record instead: `end_event`), and a
+script of the data plane's own (`Transitions` calls both). On the data plane a job's lease is
+mirrored by its *writer* (`Keys.writer`): the worker whose steps the stream takes, carrying a
+cancel asked as the lease does; the step reads it instead of the lease::
+
+    transition  control plane        data plane              order, and what a stop between leaves
+    ----------  -------------------  ----------------------  ----------------------------------------
+    submit      submit               stream_open             stream first: a record never lacks its
+                                                             stream; a refused submit deletes it, a
+                                                             stop leaves a stream nobody names, which
+                                                             expires
+    start       start                stream_take (writer,    record first: the writer after the lease,
+                                     running event, read)    the stream read after the writer; a stop
+                                                             leaves a lease that lapses (the reaper
+                                                             hands the job on). A stream that already
+                                                             ends has the worker end the record as it
+                                                             says instead
+    step        -                    step                    data plane alone
+    finish      finish               stream_end (holder)     stream first, while the worker holds the
+                                                             writer; a stop leaves a running record
+                                                             whose lease lapses, and the next start
+                                                             finds the stream ended (above)
+    cancel      cancel               stream_end, or          record first; a stop leaves an ended
+                                     writer_mark (asked),    record whose stream has not ended: until
+                                     writer_drop (unheld)    it does the job reads as running, and a
+    release     release              writer_drop, or         reader ends it `gateway.relay.HEAL_SECONDS`
+                                     stream_end (failed)     later with the record's `end_event`
+    renew       renew                EXPIRE of stream and    either; the writer lives a job lifetime
+                                     writer                  and goes at the job's end
+    delete      delete               DEL of stream, writer   record first; a stop leaves a stream that
+                                                             expires after the retention
+    (read)      HMGET of the record  cursor_check            record first: a job ended on the control
+                                                             plane but not yet on the data plane reads
+                                                             as running
+
+A worker that lost a job writes nothing: every hand that takes a job from a worker (a release, a
+reaper, a cancel of a job no worker holds) drops that worker's writer before anything else appends;
+a start sets the new worker's writer before it reads where the stream stands. Only the Redis of the
+data plane runs the steps, so it carries the load that grows with tokens; the control plane's grows
+with jobs started and ended.
 """

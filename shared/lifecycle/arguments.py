@@ -66,7 +66,8 @@ class StepArgs(NamedTuple):
     worker: str
     maxlen: int
     sent_at: int  # ms, by the worker's clock
-    notices: str  # `Keys.notices`
+    publish: str  # PUBLISH, or SPUBLISH for a partition's shard channel on a Redis Cluster
+    notices: str  # `Keys.notices`, or `Keys.partition_notices`
     notice: str  # the call's every entry, `shared.notices.notice_line` each, a line apart
 
 
@@ -163,28 +164,33 @@ class BatchMoveArgs(TypedDict):
     retention: int  # seconds an ended batch's record stays readable
 
 
+class Notices(TypedDict):
+    """Where a data-plane script publishes its notice (`shared.notices`), and with which command."""
+
+    publish: str  # as `StepArgs.publish`
+    notices: str  # `Keys.notices`, or `Keys.partition_notices`
+
+
 class StreamOpenArgs(TypedDict):
     queued_event: str
     maxlen: int
     lifetime: int
 
 
-class StreamTakeArgs(TypedDict):
+class StreamTakeArgs(Notices):
     worker: str
     asked_at: str | None  # when a cancel of the job was asked for, None for none
     running_event: str | None  # a first run's `running` event; None for a resumed job
     lifetime: int
     maxlen: int
-    notices: str  # `Keys.notices`
 
 
-class StreamEndArgs(TypedDict):
+class StreamEndArgs(Notices):
     holder: str | None  # the worker ending its job; None for an end made without one
     asked_at: str  # with no holder: the cancel a writer found meanwhile carries (`stream_end.lua`)
     events: list[tuple[str, str]]  # (type, data), the terminal one last
     maxlen: int | None  # None: the stream is not trimmed
     retention: int
-    notices: str  # `Keys.notices`
 
 
 class WriterMarkArgs(TypedDict):

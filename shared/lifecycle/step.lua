@@ -33,8 +33,8 @@
 -- event. The worker sends each event's id ('<seq>-1', `append_event.lua`): an event sent for the
 -- first time, as at nearly every step, is appended with no reading of its JSON, and only a stream
 -- that is read compares seqs.
-local worker, maxlen, sent_at, notices, notice = unpack(ARGV, 1, 5)
-local FIRST_JOB = 6
+local worker, maxlen, sent_at, publish, notices, notice = unpack(ARGV, 1, 6)
+local FIRST_JOB = 7
 local jobs = #KEYS / 2  -- job n: lease KEYS[n], stream KEYS[jobs + n]
 local leases = get_keys(1, jobs)
 local advanced = {}  -- the streams appended to
@@ -95,8 +95,8 @@ for job = 1, jobs do
   at = last_arg + 1
 end
 if whole and notice ~= '' then
-  redis.call('PUBLISH', notices, notice)
+  redis.call(publish, notices, notice)
 elseif #advanced > 0 then
-  redis.call('PUBLISH', notices, table.concat(advanced, '\n'))
+  redis.call(publish, notices, table.concat(advanced, '\n'))
 end
 return answers

@@ -36,5 +36,5 @@ if args.holder and #args.events > 0 and is_behind(last, args.events[1][2]) then 
 for _, event in ipairs(args.events) do last = append_event(stream, args.maxlen, last, event[1], event[2]) end
 redis.call('DEL', writer)
 redis.call('EXPIRE', stream, args.retention)
-redis.call('PUBLISH', args.notices, stream)
+redis.call(args.publish, args.notices, stream)
 return {'ended'}

@@ -21,7 +21,7 @@ redis.call('SET', writer, lease_of(args.worker, args.asked_at), 'EX', args.lifet
 redis.call('EXPIRE', stream, args.lifetime)
 if args.running_event then
   append_event(stream, args.maxlen, nil, 'status', args.running_event)
-  redis.call('PUBLISH', args.notices, stream)
+  redis.call(args.publish, args.notices, stream)
   return {'running'}
 end
 return {'resumed', redis.call('XRANGE', stream, '-', '+')}

@@ -20,6 +20,7 @@ from shared.lifecycle.arguments import (
     ClaimArgs,
     FailureArgs,
     FinishArgs,
+    Notices,
     ReleaseArgs,
     RenewArgs,
     StartArgs,
@@ -144,6 +145,19 @@ class Finished:
         if outcome == FinishOutcome.behind.value:
             return cls(FinishOutcome.behind, last_seq=int(rest[0]))
         return cls(FinishOutcome(outcome), JobState(rest[0]) if rest and rest[0] != "missing" else None)
+
+
+PUBLISH = "PUBLISH"
+SHARD_PUBLISH = "SPUBLISH"  # on a Redis Cluster: to the subscribers of the master of the channel's slot
+
+
+@dataclass(frozen=True)
+class StepCall:
+    """One step script call of a round trip: `positions`, the steps it carries (their places in the
+    round trip's), None for all of them in their order."""
+
+    positions: list[int] | None
+    command: tuple[Any, ...]
 
 
 @dataclass(frozen=True)
@@ -288,11 +302,18 @@ class Transitions:
             "events": events,
             "maxlen": maxlen,
             "retention": retention_seconds,
-            "notices": self.keys.notices,
+            **self._notices_of(job_id),
         }
         keys = [self.keys.stream(job_id), self.keys.writer(job_id)]
         answer: list[Any] = await scripts.STREAM_END(self.streams, keys, args)
         return str(answer[0])
+
+    def _notices_of(self, job_id: str) -> Notices:
+        """Where a data-plane script tells of its appends to the job's stream, and how."""
+        if self.keys.partitions:
+            partition = self.keys.partition(job_id)
+            return {"publish": SHARD_PUBLISH, "notices": self.keys.partition_notices(partition)}
+        return {"publish": PUBLISH, "notices": self.keys.notices}
 
     async def drop_writer(self, job_id: str, holder: str, lifetime_seconds: int | None = None) -> None:
         """With the streams apart, once the job is taken from `holder`: its writer goes."""
@@ -452,7 +473,7 @@ class Transitions:
             "running_event": args["running_event"] if answer.outcome is StartOutcome.running else None,
             "lifetime": lifetime_seconds,
             "maxlen": maxlen,
-            "notices": self.keys.notices,
+            **self._notices_of(job_id),
         }
         taken, *read = await scripts.STREAM_TAKE(
             self.streams, [self.keys.stream(job_id), self.keys.writer(job_id)], taking
@@ -466,16 +487,50 @@ class Transitions:
 
     def step_command(self, *, worker_id: str, steps: Sequence[JobStep], maxlen: int) -> tuple[Any, ...]:
         """The step script for `steps`, jobs of `worker_id`'s, as one pipeline command; its answer
-        holds one answer a step, in their order, each read with `StepAnswer.of`."""
-        return scripts.STEP.command(*self._step_parts(worker_id, steps, maxlen))
+        holds one answer a step, in their order, each read with `StepAnswer.of`. Not for streams in
+        partitions (`step_calls`)."""
+        return scripts.STEP.command(*self._step_parts(worker_id, steps, maxlen, self.keys.notices))
+
+    def step_calls(self, *, worker_id: str, steps: Sequence[JobStep], maxlen: int) -> list[StepCall]:
+        """`step_command`, as one call a partition when the streams are in partitions (a script
+        names keys of one slot only), each publishing its notice on its partition's shard channel."""
+        if not self.keys.partitions:
+            return [StepCall(None, self.step_command(worker_id=worker_id, steps=steps, maxlen=maxlen))]
+        groups: dict[int, list[int]] = {}
+        for position, step in enumerate(steps):
+            groups.setdefault(self.keys.partition(step.job_id), []).append(position)
+        return [
+            StepCall(
+                positions,
+                scripts.STEP.command(
+                    *self._step_parts(
+                        worker_id,
+                        [steps[position] for position in positions],
+                        maxlen,
+                        self.keys.partition_notices(partition),
+                        SHARD_PUBLISH,
+                    )
+                ),
+            )
+            for partition, positions in groups.items()
+        ]
 
     async def step(self, *, worker_id: str, step: JobStep, maxlen: int) -> StepAnswer:
         """One job's step, sent on its own (a worker's publisher sends every job's in one call)."""
-        (answer,) = await scripts.STEP(self.streams, *self._step_parts(worker_id, [step], maxlen))
+        notices, publish = self.keys.notices, PUBLISH
+        if self.keys.partitions:
+            notices, publish = self.keys.partition_notices(self.keys.partition(step.job_id)), SHARD_PUBLISH
+        parts = self._step_parts(worker_id, [step], maxlen, notices, publish)
+        (answer,) = await scripts.STEP(self.streams, *parts)
         return StepAnswer.of(answer)
 
     def _step_parts(
-        self, worker_id: str, steps: Sequence[JobStep], maxlen: int
+        self,
+        worker_id: str,
+        steps: Sequence[JobStep],
+        maxlen: int,
+        notices: str,
+        publish: str = PUBLISH,
     ) -> tuple[list[str], list[Any]]:
         """KEYS and ARGV as `step.lua` reads them: every job's lease (`fence`), then every job's stream; the
         call's `StepArgs`, then every job's part."""
@@ -499,7 +554,7 @@ class Transitions:
                 lines.append(notice_line(stream, entry_id, event.type, sent_at, data))
         notice = LINE.join(lines)
         keys = [*leases, *streams]
-        return keys, [*StepArgs(worker_id, maxlen, int(sent_at), self.keys.notices, notice), *argv]
+        return keys, [*StepArgs(worker_id, maxlen, int(sent_at), publish, notices, notice), *argv]
 
     def finish_commands(
         self,
@@ -540,7 +595,7 @@ class Transitions:
             "events": pairs,
             "maxlen": maxlen,
             "retention": retention_seconds,
-            "notices": self.keys.notices,
+            **self._notices_of(job_id),
         }
         stream_keys = [self.keys.stream(job_id), self.keys.writer(job_id)]
         return FinishCommands(scripts.STREAM_END.eval_command(stream_keys, ending), record)
