@@ -53,7 +53,7 @@ from gateway.webhooks.targets import WebhooksMisconfigured, WebhookTargets
 from shared.config import GatewaySettings
 from shared.jobstore import JobStore
 from shared.keys import Keys
-from shared.redis_client import connect, connect_reader
+from shared.redis_client import connect, connect_reader, connect_streams
 
 GC_YOUNG_THRESHOLD = 50_000  # CPython's default is 700
 # A cancelled job ends within two decoding steps (a fraction of a second); past this margin after the
@@ -81,7 +81,7 @@ def create_app(settings: GatewaySettings) -> FastAPI:
         streams_url = settings.streams_redis_url
         streams = None
         if streams_url is not None:
-            streams = connect(streams_url, name, most, sentinel_password=sentinel_password)
+            streams = connect_streams(streams_url, name, most, sentinel_password=sentinel_password)
         reader_url = streams_url or url  # the notices come from where the streams are
         reader = connect_reader(reader_url, keys.stream_reader_name, sentinel_password=sentinel_password)
         hub = StreamHub(reader, keys.notices, metrics.observe_relay_lag)

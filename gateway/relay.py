@@ -31,7 +31,7 @@ from shared.keys import ANONYMOUS_OWNER, Keys
 from shared.lifecycle import scripts
 from shared.lifecycle.arguments import CursorCheckArgs
 from shared.lifecycle.transitions import Transitions
-from shared.redis_client import redis_errors
+from shared.redis_client import StreamsRedis, redis_errors
 
 CURSOR = re.compile(r"[0-9]{1,20}(-[0-9]{1,20})?")
 MAX_ID_PART = 2**64 - 1
@@ -188,7 +188,7 @@ class Relay:
     """Reads job streams for clients: one page, or a follow to the terminal event."""
 
     def __init__(
-        self, redis: aioredis.Redis, keys: Keys, hub: StreamHub, streams: aioredis.Redis | None = None
+        self, redis: aioredis.Redis, keys: Keys, hub: StreamHub, streams: StreamsRedis | None = None
     ) -> None:
         """`streams`: the Redis of the job streams when they have their own (`streams_redis_url`)."""
         self.redis = redis
@@ -300,7 +300,7 @@ class Relay:
                 pipe.hmget(record, ["status", "owner", "finished_at", "end_event"])
                 pipe.ttl(record)
                 (status, recorded_owner, finished_at, end_event), ttl = await pipe.execute()
-            answer = await scripts.CURSOR_CHECK(self.streams, ["", self.keys.stream(job_id)], args)
+            answer = await scripts.CURSOR_CHECK(self.streams, [self.keys.stream(job_id)], args)
         if status is None or recorded_owner != owner or len(answer) < 5:
             raise JobNotFound(f"no job {job_id}")
         stream_ended, _, last, oldest, entries = answer

@@ -39,7 +39,7 @@ from shared.lifecycle.transitions import (
     Transitions,
 )
 from shared.models import Target
-from shared.redis_client import redis_errors
+from shared.redis_client import StreamsRedis, redis_errors
 from shared.replication import ReplicaAcks
 from shared.requests import (
     MAX_MESSAGES,
@@ -207,7 +207,7 @@ class JobStore:
         redis: aioredis.Redis,
         keys: Keys,
         settings: RedisSettings,
-        streams: aioredis.Redis | None = None,
+        streams: StreamsRedis | None = None,
     ) -> None:
         """`streams`: the Redis of the job streams when they have their own (`streams_redis_url`)."""
         self.redis = redis
@@ -216,8 +216,9 @@ class JobStore:
         self.transitions = Transitions(redis, keys, streams)
         self.streams = self.transitions.streams
         self.acks = self._acks(redis)
-        self.stream_acks = self._acks(streams) if streams is not None else None
-        """The streams' own Redis's, which a job's end must reach too."""
+        self.stream_acks = self._acks(streams) if isinstance(streams, aioredis.Redis) else None
+        """The streams' own Redis's, which a job's end must reach too; none on a Redis Cluster, whose
+        masters each have replicas of their own (a WAIT counts those of the master it is sent to)."""
 
     def _acks(self, redis: aioredis.Redis) -> ReplicaAcks:
         settings, keys = self.settings, self.keys

@@ -27,7 +27,7 @@ from redis.exceptions import DataError, OutOfMemoryError, ReadOnlyError, RedisEr
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from shared.errors import BackendUnavailable
-from shared.redis_url import is_sentinel, parse_cluster_url, parse_sentinel_url
+from shared.redis_url import is_cluster, is_sentinel, parse_cluster_url, parse_sentinel_url
 
 POOL_WAIT_SECONDS = 10
 # A Sentinel that does not answer within this is skipped for the next one: a dead one costs a
@@ -175,6 +175,19 @@ def connect_cluster(url: str, name: str, max_connections: int) -> RedisCluster:
     for node in client.nodes_manager.startup_nodes.values():
         node.connection_class = ClusterConnection
     return client
+
+
+StreamsRedis = aioredis.Redis | RedisCluster
+"""A client of the job streams' Redis (`streams_redis_url`): one server, or a Redis Cluster."""
+
+
+def connect_streams(
+    url: str, name: str, max_connections: int, *, sentinel_password: str | None = None
+) -> StreamsRedis:
+    """`connect`, or `connect_cluster` for a `redis+cluster://` URL."""
+    if is_cluster(url):
+        return connect_cluster(url, name, max_connections)
+    return connect(url, name, max_connections, sentinel_password=sentinel_password)
 
 
 def backend_error(exc: RedisError | OSError) -> BackendUnavailable:

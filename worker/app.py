@@ -23,7 +23,7 @@ from shared.keys import Keys
 from shared.lifecycle.transitions import claim, unclaim
 from shared.model_card import ModelCard
 from shared.queue import QueueWorker, queue_worker
-from shared.redis_client import connect, connection_pool
+from shared.redis_client import StreamsRedis, connect, connect_streams, connection_pool
 from shared.workers import WorkerInfo
 from worker import model_card
 from worker.engine import Engine
@@ -45,7 +45,7 @@ class WorkerServices:
 
     engine: Engine
     redis: aioredis.Redis
-    streams: aioredis.Redis | None  # the streams' own Redis, when they have one
+    streams: StreamsRedis | None  # the streams' own Redis, when they have one
     runner: JobRunner
     heartbeat: Heartbeat
     periodic: list[Periodic]
@@ -111,7 +111,7 @@ class WorkerApp:
         )
         streams = None
         if settings.streams_redis_url is not None:
-            streams = connect(
+            streams = connect_streams(
                 settings.streams_redis_url,
                 keys.client_name(f"worker:{worker_id}"),
                 settings.redis_max_connections,

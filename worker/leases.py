@@ -21,7 +21,7 @@ from shared.config import WorkerSettings
 from shared.events import ErrorEvent, Progress, event_adapter
 from shared.jobstore import JobStore
 from shared.lifecycle.transitions import Failure, ReleaseOutcome
-from shared.redis_client import redis_errors
+from shared.redis_client import StreamsRedis, redis_errors
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +46,7 @@ class Leases:
 
     def __init__(self, store: JobStore, settings: WorkerSettings) -> None:
         self.redis: aioredis.Redis = store.redis
-        self.streams: aioredis.Redis = store.streams
+        self.streams: StreamsRedis = store.streams
         self.keys = store.keys
         self.store_settings = store.settings
         self.transitions = store.transitions

@@ -34,7 +34,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import redis.asyncio as aioredis
 from redis.exceptions import NoScriptError
 
 from shared.errors import BackendUnavailable
@@ -50,7 +49,7 @@ from shared.lifecycle.transitions import (
     StepCall,
     Verdict,
 )
-from shared.redis_client import redis_errors
+from shared.redis_client import StreamsRedis, redis_errors
 from shared.replication import ReplicaAcks, Wait
 
 log = logging.getLogger(__name__)
@@ -128,7 +127,7 @@ class Publisher:
     """Sends the steps and ends of a worker's jobs, gathered into one pipeline per round trip."""
 
     def __init__(
-        self, redis: aioredis.Redis, store: JobStore, worker_id: str, resend_seconds: float = 0.0
+        self, redis: StreamsRedis, store: JobStore, worker_id: str, resend_seconds: float = 0.0
     ) -> None:
         self.redis = redis
         self.store = store
@@ -267,7 +266,7 @@ class Publisher:
         replicas the store's `acks` asks for hold them (a WAIT closes the pipeline). With the streams
         apart an end reaches the stream in the steps' round trip, and the record in one more."""
         store = self.store
-        if store.stream_acks is None:
+        if not store.transitions.split:
             return await self._pipeline(self.redis, store.acks, steps, [end.record for end in ends])
         streams = [end.stream for end in ends if end.stream is not None]
         step_answers, end_answers = await self._pipeline(self.redis, store.stream_acks, steps, streams)
@@ -280,9 +279,9 @@ class Publisher:
         return step_answers, end_answers
 
     async def _pipeline(
-        self, redis: aioredis.Redis, acks: ReplicaAcks, steps: list[_Step], ends: list[tuple[Any, ...]]
+        self, redis: StreamsRedis, acks: ReplicaAcks | None, steps: list[_Step], ends: list[tuple[Any, ...]]
     ) -> tuple[list[Any], list[Any]]:
-        """`_send`'s round trip to one Redis, whose replicas `acks` counts."""
+        """`_send`'s round trip to one Redis, whose replicas `acks` counts (None: no WAIT)."""
         pipe = redis.pipeline(transaction=False)
         calls: list[StepCall] = []
         if steps:
@@ -293,7 +292,7 @@ class Publisher:
                 pipe.execute_command(*call.command)
         for command in ends:
             pipe.execute_command(*command)
-        wait = await acks.wait() if ends else None
+        wait = await acks.wait() if ends and acks is not None else None
         for command in wait.commands if wait is not None else ():
             pipe.execute_command(*command)
         sent = [_as_sent(result) for result in await pipe.execute(raise_on_error=False)]
@@ -303,6 +302,7 @@ class Publisher:
         if wait is not None:
             fenced, acked = sent[len(ends) :]
             acked = None if isinstance(fenced, Exception) or not isinstance(acked, int) else acked
+            assert acks is not None
             end_answers = [self._acknowledged(acks, answer, wait, acked) for answer in end_answers]
         return step_answers, end_answers
 

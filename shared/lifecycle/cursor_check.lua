@@ -8,14 +8,15 @@
 -- settle it: a cursor before the first entry (were entries trimmed off the head?), one past the last
 -- (only XINFO knows the last id generated), or a stream without entries. A cursor at the last entry
 -- needs the last alone.
--- With the stream on a Redis of its own (`Transitions`), `record` is '' and the caller reads the
--- record there: the status answered is then 'ended' when the stream's last entry is a terminal
+-- With the stream on a Redis of its own (`Transitions`), KEYS is the stream alone (a key of another
+-- slot would be refused by a Redis Cluster) and the caller reads the record elsewhere: the status answered is then 'ended' when the stream's last entry is a terminal
 -- event, else '', and the owner ''.
 -- `args.cursor`: the cursor as '<ms>-<seq>' in plain decimals. Answers false for no record,
 -- {status, owner} for a record without a stream, else {status, owner, last generated id, oldest,
 -- entries}: `oldest` the first entry kept when the stream has lost entries after the cursor (the
 -- cursor is too old, and nothing is read), else ''.
 local record, stream = unpack(KEYS)
+if #KEYS == 1 then record, stream = '', KEYS[1] end
 local args = cjson.decode(ARGV[1])
 local cursor = args.cursor
 local TERMINAL = {done = true, cancelled = true, error = true}  -- `append_event.lua`'s: no helper in a read

@@ -1,4 +1,4 @@
--- uses: append_event, hset_fields, end_job, lease
+-- uses: append_event, end_event, hset_fields, end_job, lease
 -- running -> completed | cancelled | failed: append the last `events` (the terminal one last) and
 -- end the record, if this worker still holds the lease. A job that is no longer running is left as
 -- it is, and so is one whose lease this worker no longer holds: nothing is appended. So is one whose
@@ -17,6 +17,8 @@ if stream ~= '' then
   local last = last_seq(stream)
   if #events > 0 and is_behind(last, events[1][2]) then return {'behind', last} end
   for _, event in ipairs(events) do last = append_event(stream, args.maxlen, last, event[1], event[2]) end
+elseif #events > 0 then  -- the stream, apart, has them: the record keeps the terminal one
+  end_event({record = record, stream = stream}, events[#events][1], events[#events][2])
 end
 redis.call('HSET', record, 'status', args.state)
 hset_fields(record, args.fields)

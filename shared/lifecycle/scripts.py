@@ -41,6 +41,7 @@ from shared.lifecycle.arguments import (
     WriterDropArgs,
     WriterMarkArgs,
 )
+from shared.redis_client import StreamsRedis
 
 Args = TypeVar("Args")
 """What a script takes as ARGV: a named table (a dict, sent as JSON), or positional values (a list)."""
@@ -123,7 +124,7 @@ class LuaScript(Generic[Args]):
                 raise result
         return answer, int(waited[-1])
 
-    async def __call__(self, redis: aioredis.Redis, keys: list[str], args: Args) -> Any:
+    async def __call__(self, redis: StreamsRedis, keys: list[str], args: Args) -> Any:
         """Run the script; a Redis that lost its scripts (restarted, flushed) gets it again by EVAL."""
         argv = encode(args)
         try:

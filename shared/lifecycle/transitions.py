@@ -36,6 +36,7 @@ from shared.lifecycle.arguments import (
     WriterMarkArgs,
 )
 from shared.notices import LINE, notice_line
+from shared.redis_client import StreamsRedis
 from shared.replication import Wait
 from shared.tenants import DEFAULT_SHARE, Tenant, TenantUsage
 
@@ -264,7 +265,7 @@ class Transitions:
     that keeps the job whole should the caller stop between them (`shared.lifecycle`).
     """
 
-    def __init__(self, redis: aioredis.Redis, keys: Keys, streams: aioredis.Redis | None = None) -> None:
+    def __init__(self, redis: aioredis.Redis, keys: Keys, streams: StreamsRedis | None = None) -> None:
         self.redis = redis
         self.keys = keys
         self.streams = redis if streams is None else streams
@@ -583,7 +584,7 @@ class Transitions:
             "state": state.value,
             "maxlen": maxlen,
             "retention": retention_seconds,
-            "events": [] if self.split else pairs,
+            "events": pairs[-1:] if self.split else pairs,  # apart: the terminal one, for the record
             "fields": record_fields,
         }
         record = scripts.FINISH.eval_command(keys, args)

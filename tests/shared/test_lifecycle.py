@@ -108,7 +108,7 @@ def test_every_script_ships_as_a_lua_file_and_gets_the_helpers_it_uses() -> None
         *("stream_open", "stream_take", "stream_end"),
     }
     # an end no worker makes keeps its terminal event in the record when the stream lives apart
-    assert calling("end_event") == {"start", "release", "cancel"}
+    assert calling("end_event") == {"start", "release", "cancel", "finish"}
     # every script that reads who holds a lease reads it through one helper (a lease may carry a
     # cancel asked for after its holder)
     assert calling("lease_holder") == {
