@@ -5,8 +5,9 @@ started by the `streampool` command, exactly as a deployment runs them. Every
 session writes under its own key prefix, so it never sees another's keys.
 
 Also, for the unit tests: a gateway process with API keys (`keyed`), and the default model's card
-(`model_card`), each made once per test process; a Redis Cluster of the module's own (`redis_cluster`);
-and how `-n` deals the tests out (tests/schedule.py).
+(`model_card`), each made once per test process; a Redis Cluster of the module's own (`redis_cluster`),
+and a Redis of the module's own for the job streams alone (`streams_url`); and how `-n` deals the
+tests out (tests/schedule.py).
 """
 
 from __future__ import annotations
@@ -102,6 +103,15 @@ def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Clustere
         yield ClusteredRedis.start(processes)
     finally:
         processes.stop_all()
+
+
+@pytest.fixture(scope="module")
+def streams_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A private redis-server for the job streams (`streams_redis_url`), the module's own: the rest
+    stays on the suite's Redis, so a key on the wrong one shows."""
+    processes = Processes(tmp_path_factory.mktemp("streams-redis"))
+    yield processes.start_redis("streams", free_port(), processes.log_dir, "--appendonly", "no")
+    processes.stop_all()
 
 
 def make_settings(redis_url: str, **overrides: object) -> Settings:

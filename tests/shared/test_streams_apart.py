@@ -10,7 +10,7 @@ timed between two round trips."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 
 import pytest
 import redis.asyncio as aioredis
@@ -25,7 +25,6 @@ from shared.lifecycle.transitions import Failure, FinishOutcome, ReleaseOutcome,
 from shared.redis_client import connect_reader
 from shared.requests import JobRequest
 from tests.conftest import UNIT_RETENTION_SECONDS, delete_test_keys, make_settings
-from tests.processes import Processes, free_port
 from tests.shared.transitions import MODEL, WORKER, release
 from worker.publisher import Publisher
 
@@ -37,13 +36,6 @@ LIMITS = StreamLimits(most=10, most_per_owner=10, batch_bytes=65536)
 
 class Stopped(Exception):
     """The caller stopped between a transition's two writes (`Transitions.between_planes`)."""
-
-
-@pytest.fixture(scope="module")
-def streams_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    processes = Processes(tmp_path_factory.mktemp("streams-redis"))
-    yield processes.start_redis("streams", free_port(), processes.log_dir, "--appendonly", "no")
-    processes.stop_all()
 
 
 @pytest.fixture
