@@ -29,6 +29,7 @@ from gateway.files.storage import FileStorage
 from gateway.files.store import Files
 from gateway.generation import OpenRuns
 from gateway.metrics import GatewayMetrics
+from gateway.notice_sources import ClusterNotices, NoticeSource, ServerNotices
 from gateway.processes import serve_processes
 from gateway.prompt_limit import PromptLimit
 from gateway.relay import Relay
@@ -53,7 +54,8 @@ from gateway.webhooks.targets import WebhooksMisconfigured, WebhookTargets
 from shared.config import GatewaySettings
 from shared.jobstore import JobStore
 from shared.keys import Keys
-from shared.redis_client import connect, connect_reader, connect_streams
+from shared.redis_client import connect, connect_cluster, connect_reader, connect_streams
+from shared.redis_url import is_cluster
 
 GC_YOUNG_THRESHOLD = 50_000  # CPython's default is 700
 # A cancelled job ends within two decoding steps (a fraction of a second); past this margin after the
@@ -82,9 +84,15 @@ def create_app(settings: GatewaySettings) -> FastAPI:
         streams = None
         if streams_url is not None:
             streams = connect_streams(streams_url, name, most, sentinel_password=sentinel_password)
-        reader_url = streams_url or url  # the notices come from where the streams are
-        reader = connect_reader(reader_url, keys.stream_reader_name, sentinel_password=sentinel_password)
-        hub = StreamHub(reader, keys.notices, metrics.observe_relay_lag)
+        source: NoticeSource
+        if streams_url is not None and is_cluster(streams_url):  # a client of the hub's own: it closes it
+            reader_cluster = connect_cluster(streams_url, keys.stream_reader_name, most)
+            source = ClusterNotices(reader_cluster, keys, keys.stream_reader_name)
+        else:  # the notices come from where the streams are
+            reader_url = streams_url or url
+            reader = connect_reader(reader_url, keys.stream_reader_name, sentinel_password=sentinel_password)
+            source = ServerNotices(reader, keys.notices)
+        hub = StreamHub(source, metrics.observe_relay_lag)
         store = JobStore(redis, keys, settings, streams)  # it reads the Redis settings every role has
         # A record outlives its last change by the retention, and the wait for its next attempt.
         record_ttl = settings.retention_seconds + math.ceil(settings.webhook_max_retry_gap_seconds)

@@ -37,10 +37,8 @@ watched for `LINGER_SECONDS` after its last poll, for the client's next one; wha
 forgotten whenever the notices may have been missed (the listening connection dropped, a read
 failed) or a follower of the stream fell behind.
 
-redis-py packs a command's arguments anew at every call, in Python, which for 1,000 streams cost
-the reader more than the entries it brought back; the hub keeps each stream's name packed (a RESP
-bulk string), packs the cursors of the streams it reads only, and reads the reply raw, without
-redis-py's per-entry dictionaries.
+Where the notices come from and how the streams are read, on one Redis or on a Redis Cluster's
+masters, is the hub's `NoticeSource` (`gateway.notice_sources`).
 """
 
 from __future__ import annotations
@@ -53,11 +51,10 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-import redis.asyncio as aioredis
-from redis.asyncio.connection import AbstractConnection
 from redis.exceptions import RedisError
 
 from gateway.entries import Entry, entries_bytes, state_of
+from gateway.notice_sources import NoticeSource, bulk
 from shared.events import JobState
 from shared.notices import LINE, UNIT
 
@@ -65,7 +62,6 @@ log = logging.getLogger(__name__)
 
 HUB_READ_COUNT = 256  # most entries of one stream a read takes; a stream read out is read again
 SWEEP_SECONDS = 5.0  # how often every watched stream is read, whatever the notices said
-READ_TIMEOUT_SECONDS = 10.0  # a read without an answer by then means a dead connection
 SUBSCRIBER_BUFFER = 1024  # entries held for one follower before it must catch up from Redis itself
 RETRY_FIRST_SECONDS = 0.05  # the reader's first wait after a Redis failure, doubled up to the last
 RETRY_LAST_SECONDS = 2.0
@@ -193,12 +189,6 @@ def _wake(waiter: asyncio.Future[None]) -> None:
         waiter.set_result(None)
 
 
-def _bulk(value: str) -> bytes:
-    """One argument of a Redis command as the protocol carries it (a RESP bulk string)."""
-    data = value.encode()
-    return b"$%d\r\n%s\r\n" % (len(data), data)
-
-
 def _id_key(entry_id: str) -> tuple[int, int]:
     """A stream id (or a cursor such as '12', short for '12-0') as a key that sorts as Redis does."""
     ms, _, seq = entry_id.partition("-")
@@ -243,7 +233,8 @@ class _Watched:
     """A stream the reader watches: its followers, the cursor the next read starts after, and for a
     long-polled stream what a check found of its job and how long it is watched without followers."""
 
-    name: bytes  # packed
+    stream: str
+    name: bytes  # packed (`notice_sources.bulk`)
     cursor: str
     next_id: str | None  # the id of the entry after the cursor, if a notice line may be taken as it
     subscriptions: tuple[Subscription, ...] = ()  # a tuple: handing out may drop one, mid-loop
@@ -252,7 +243,7 @@ class _Watched:
 
     @classmethod
     def at(cls, stream: str, cursor: str) -> _Watched:
-        return cls(_bulk(stream), cursor, _next_id(cursor))
+        return cls(stream, bulk(stream), cursor, _next_id(cursor))
 
     def advance(self, cursor: str) -> None:
         self.cursor, self.next_id = cursor, _next_id(cursor)
@@ -274,15 +265,11 @@ def _entry(entry_id: str, fields: list[str]) -> Entry:
 
 
 class StreamHub:
-    def __init__(
-        self, reader: aioredis.Redis, notices: str, on_written: Callable[[str], None] | None = None
-    ) -> None:
-        self._reader = reader  # its pool's connection listens to the notices; the reads have their own
-        self._notices = notices
+    def __init__(self, source: NoticeSource, on_written: Callable[[str], None] | None = None) -> None:
+        self._source = source
         self._on_written = on_written
         """Told, once per notice of which entries went straight to clients, the last one's `at`
         (a step's entries share it): the relay lag, observed once per step, not per entry."""
-        self._connection: AbstractConnection | None = None
         self._watched: dict[str, _Watched] = {}
         self._due: set[str] = set()  # watched streams to read: named by a notice, new, or not read out
         self._woken = asyncio.Event()
@@ -301,9 +288,7 @@ class StreamHub:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
-        if self._connection is not None:
-            await self._connection.disconnect()
-        await self._reader.aclose()
+        await self._source.aclose()
 
     @asynccontextmanager
     async def subscribe(self, stream: str, cursor: str, max_bytes: int) -> AsyncIterator[Subscription]:
@@ -455,17 +440,16 @@ class StreamHub:
         """Take the notices while anyone subscribes; after a lost connection, subscribe again and
         sweep, since notices sent meanwhile are gone."""
         retry_in = RETRY_FIRST_SECONDS
+
+        def subscribed() -> None:
+            nonlocal retry_in
+            retry_in = RETRY_FIRST_SECONDS
+            self._hearing = True
+            self._sweep()
+
         while self._watched:
             try:
-                async with self._reader.pubsub(ignore_subscribe_messages=True) as pubsub:
-                    await pubsub.subscribe(self._notices)
-                    retry_in = RETRY_FIRST_SECONDS
-                    self._hearing = True
-                    self._sweep()
-                    while self._watched:
-                        message = await pubsub.get_message(timeout=SWEEP_SECONDS)
-                        if message is not None and message["type"] == "message":
-                            self._notice(message["data"])
+                await self._source.listen(self._notice, subscribed, SWEEP_SECONDS)
             except (RedisError, OSError):
                 self._hearing = False
                 self._forget()
@@ -486,11 +470,11 @@ class StreamHub:
                 continue
             due, self._due = [self._watched[name] for name in self._due if name in self._watched], set()
             try:
-                reply = await self._read(due)
+                reply = await self._source.read(due, HUB_READ_COUNT)
             except (RedisError, OSError) as exc:
                 self._due.update(self._watched)
                 self._forget()
-                await self._drop_connection()
+                await self._source.drop()
                 if retry_in == RETRY_FIRST_SECONDS:
                     log.warning("stream reader: Redis failed (%s); retrying", exc)
                 await asyncio.sleep(retry_in)
@@ -499,7 +483,7 @@ class StreamHub:
             if retry_in != RETRY_FIRST_SECONDS:
                 log.warning("stream reader: Redis answers again; following %d streams", len(self._watched))
                 retry_in = RETRY_FIRST_SECONDS
-            for stream, entries in reply or ():
+            for stream, entries in reply:
                 self._take_read(stream, entries)
 
     def _take_read(self, stream: str, entries: list[Any]) -> None:
@@ -516,27 +500,6 @@ class StreamHub:
             if not entries:
                 return
         self._deliver(watched, [_entry(entry_id, fields) for entry_id, fields in entries])
-
-    async def _read(self, due: Collection[_Watched]) -> list[Any] | None:
-        """One XREAD of the due streams from their cursors; the raw reply."""
-        if self._connection is None:
-            self._connection = self._reader.connection_pool.make_connection()  # type: ignore[no-untyped-call]
-        connection = self._connection
-        command = b"".join(
-            [
-                b"*%d\r\n" % (4 + 2 * len(due)),
-                *map(_bulk, ("XREAD", "COUNT", str(HUB_READ_COUNT), "STREAMS")),
-                *[stream.name for stream in due],
-                *[_bulk(stream.cursor) for stream in due],
-            ]
-        )
-        await connection.send_packed_command(command)
-        reply: list[Any] | None = await connection.read_response(timeout=READ_TIMEOUT_SECONDS)
-        return reply
-
-    async def _drop_connection(self) -> None:
-        if self._connection is not None:
-            await self._connection.disconnect(nowait=True)
 
     def _deliver(self, watched: _Watched, entries: list[Entry]) -> None:
         """Hand entries that follow the stream's cursor to its followers' tasks, and move the cursor on."""

@@ -14,6 +14,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from gateway.fanout import StreamHub
+from gateway.notice_sources import ServerNotices
 from gateway.relay import Relay
 from shared.config import DEFAULT_MODEL_DIR, Settings
 from shared.keys import Keys
@@ -55,7 +56,7 @@ def gateway_process(redis_url: str, tmp_path_factory: pytest.TempPathFactory) ->
 @pytest.fixture
 async def relay(redis_url: str, redis_client: aioredis.Redis) -> AsyncIterator[Relay]:
     keys = Keys(f"sptest-relay-{uuid.uuid4().hex[:8]}")
-    hub = StreamHub(connect_reader(redis_url, keys.stream_reader_name), keys.notices)
+    hub = StreamHub(ServerNotices(connect_reader(redis_url, keys.stream_reader_name), keys.notices))
     yield Relay(redis_client, keys, hub)
     await hub.close()
     delete_prefix(redis_url, keys.prefix)

@@ -15,6 +15,7 @@ import redis.asyncio as aioredis
 from gateway import fanout
 from gateway.entries import Entry
 from gateway.fanout import StreamHub, Subscription
+from gateway.notice_sources import ServerNotices
 from gateway.relay import IDLE_SECONDS, START, Relay, StreamLimits
 from shared.config import GatewaySettings
 from shared.events import DeltaEvent, DoneEvent, Event, JobState, Usage
@@ -64,13 +65,13 @@ async def test_many_followers_share_one_reader_which_reads_only_the_streams_a_no
     assert (await redis_client.pubsub_numsub(relay.keys.notices))[0][1] == 1  # one listener for 50 streams
     await eventually(lambda: asyncio.sleep(0, not relay.hub._due), "the new streams read", interval=0.01)
     named: list[int] = []
-    read = relay.hub._read
+    read = relay.hub._source.read
 
-    async def counted(due: Collection[Any]) -> Any:
+    async def counted(due: Collection[Any], count: int) -> Any:
         named.append(len(due))
-        return await read(due)
+        return await read(due, count)
 
-    monkeypatch.setattr(relay.hub, "_read", counted)
+    monkeypatch.setattr(relay.hub._source, "read", counted)
     ends = {job_id: await _append(redis_client, relay, job_id, "done") for job_id in jobs}
     results = await asyncio.gather(*followers)
     assert [ids[-1] for ids in results] == [ends[job_id] for job_id in jobs]
@@ -252,7 +253,10 @@ async def test_a_notices_entries_written_to_clients_are_one_relay_lag_sample(
     """The hub writes a step's entries to the clients of parked followers from its callback, without
     waking their tasks, and tells the relay lag once for them all, with the step's `at`."""
     lags: list[str] = []
-    hub = StreamHub(connect_reader(redis_url, relay.keys.stream_reader_name), relay.keys.notices, lags.append)
+    hub = StreamHub(
+        ServerNotices(connect_reader(redis_url, relay.keys.stream_reader_name), relay.keys.notices),
+        lags.append,
+    )
     streams = [relay.keys.stream(uuid.uuid4().hex) for _ in range(3)]
     written: list[tuple[str, str, str]] = []
 
@@ -291,13 +295,13 @@ class ReadCount:
 
     def __init__(self, relay: Relay, monkeypatch: pytest.MonkeyPatch) -> None:
         self.named = 0
-        read = relay.hub._read
+        read = relay.hub._source.read
 
-        async def counted(due: Collection[Any]) -> Any:
+        async def counted(due: Collection[Any], count: int) -> Any:
             self.named += len(due)
-            return await read(due)
+            return await read(due, count)
 
-        monkeypatch.setattr(relay.hub, "_read", counted)
+        monkeypatch.setattr(relay.hub._source, "read", counted)
 
 
 @pytest.fixture

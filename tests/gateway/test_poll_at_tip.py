@@ -17,6 +17,7 @@ import redis.asyncio as aioredis
 from gateway import fanout
 from gateway.entries import Entry
 from gateway.fanout import StreamHub
+from gateway.notice_sources import ServerNotices
 from gateway.relay import Relay, StreamLimits
 from shared.config import GatewaySettings
 from shared.errors import JobNotFound
@@ -41,7 +42,7 @@ async def relay(tmp_path: Path) -> AsyncIterator[Relay]:
         redis = aioredis.Redis.from_url(url, decode_responses=True)
         await redis.script_load(scripts.CURSOR_CHECK.source)
         keys = Keys("sptest-tip")
-        hub = StreamHub(connect_reader(url, keys.stream_reader_name), keys.notices)
+        hub = StreamHub(ServerNotices(connect_reader(url, keys.stream_reader_name), keys.notices))
         await redis.hset(keys.job(JOB), mapping={"status": "running", "owner": OWNER})
         await _append(Relay(redis, keys, hub), "1-1", "status", '{"state":"running"}')
         yield Relay(redis, keys, hub)

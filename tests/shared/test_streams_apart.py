@@ -16,6 +16,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from gateway.fanout import StreamHub
+from gateway.notice_sources import ServerNotices
 from gateway.relay import HEAL_SECONDS, Relay, StreamLimits
 from shared.errors import JobNotFound
 from shared.events import DeltaEvent, DoneEvent, ErrorEvent, JobState, Usage
@@ -222,7 +223,9 @@ async def test_a_worker_stopped_between_its_end_and_the_record_has_the_job_end_a
 
 @pytest.fixture
 async def relay(store: JobStore, streams_url: str) -> AsyncIterator[Relay]:
-    hub = StreamHub(connect_reader(streams_url, store.keys.stream_reader_name), store.keys.notices)
+    hub = StreamHub(
+        ServerNotices(connect_reader(streams_url, store.keys.stream_reader_name), store.keys.notices)
+    )
     yield Relay(store.redis, store.keys, hub, store.streams)
     await hub.close()
 
