@@ -131,12 +131,17 @@ class ClusterNotices:
         self._cluster = cluster
         self._channels = [keys.partition_notices(partition) for partition in range(keys.partitions)]
         self._client_name = client_name
+        self._listened = False
 
     async def listen(
         self, hear: Callable[[str], None], subscribed: Callable[[], None], timeout: float
     ) -> None:
         try:
-            await self._cluster.initialize()
+            if self._listened:  # again, after a failure: where the slots are now
+                await self._cluster.nodes_manager.initialize()
+            else:
+                await self._cluster.initialize()
+                self._listened = True
             by_node: dict[str, tuple[ClusterNode, list[str]]] = {}
             for channel in self._channels:
                 node = self._cluster.get_node_from_key(channel)
@@ -158,8 +163,11 @@ class ClusterNotices:
                 )
                 stack.push_async_callback(client.aclose)
                 pubsub = await stack.enter_async_context(client.pubsub())
-                for channel in channels:  # one SSUBSCRIBE a slot: channels of several are refused
-                    await pubsub.ssubscribe(channel)
+                # One SSUBSCRIBE a slot (channels of several are refused), sent as it is: redis-py's
+                # asyncio PubSub has no method of its own for it, and its messages are handed over
+                # as any other's (`smessage`, `ssubscribe`, `sunsubscribe`).
+                for channel in channels:
+                    await pubsub.execute_command("SSUBSCRIBE", channel)
                 pubsubs.append(pubsub)
             subscribed()
             await _first_failure([_hear(pubsub, hear, timeout) for pubsub in pubsubs])

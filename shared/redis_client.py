@@ -23,7 +23,7 @@ from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.connection import Connection
 from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool, SentinelManagedConnection
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import DataError, OutOfMemoryError, ReadOnlyError, RedisError
+from redis.exceptions import DataError, OutOfMemoryError, ReadOnlyError, RedisClusterException, RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from shared.errors import BackendUnavailable
@@ -215,3 +215,5 @@ def redis_errors() -> Iterator[None]:
         yield
     except (RedisError, OSError) as exc:
         raise backend_error(exc) from exc
+    except RedisClusterException as exc:  # redis-py's own, of a Redis Cluster: no slot map, no node
+        raise BackendUnavailable(f"the Redis Cluster cannot serve the command: {exc}") from exc

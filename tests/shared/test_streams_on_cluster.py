@@ -1,0 +1,185 @@
+"""The job streams on a real Redis Cluster (three masters and a replica of each, `redis-server`
+processes of the module's own), the rest on the suite's Redis: jobs spread over partitions on every
+master, each step one call a partition and one round trip a master, followed through a hub that hears
+each master's shard channels; a master SIGKILLed mid-stream, and a slot moved to another master under
+load, lose, repeat and reorder nothing, and every job ends once."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+
+import pytest
+import redis.asyncio as aioredis
+
+from gateway.fanout import StreamHub
+from gateway.notice_sources import ClusterNotices
+from gateway.relay import Relay, StreamLimits
+from shared.events import DeltaEvent, DoneEvent, JobState, Usage
+from shared.jobstore import JobStore, Outcome
+from shared.keys import Keys
+from shared.lifecycle.transitions import FinishOutcome, Verdict
+from shared.redis_client import connect_cluster
+from shared.requests import JobRequest
+from tests.conftest import UNIT_RETENTION_SECONDS, delete_test_keys, make_settings
+from tests.redis_cluster import ClusteredRedis
+from tests.shared.transitions import MODEL, WORKER
+from worker.publisher import Publisher
+
+REQUEST = JobRequest(prompt="The capital of France is", max_tokens=8)
+LEASE_SECONDS = 60.0  # longer than a failover: the worker keeps sending its steps through it
+LIMITS = StreamLimits(most=100, most_per_owner=100, batch_bytes=65536)
+USAGE = Usage(prompt_tokens=5, completion_tokens=2)
+STEP_SECONDS = 0.02
+FOLLOW_SECONDS = 60.0
+
+
+@pytest.fixture
+async def store(
+    redis_client: aioredis.Redis, redis_url: str, redis_cluster: ClusteredRedis
+) -> AsyncIterator[JobStore]:
+    settings = make_settings(
+        redis_url, retention_seconds=UNIT_RETENTION_SECONDS, streams_redis_url=redis_cluster.url
+    )
+    keys = Keys.of(settings)
+    assert keys.partitions == settings.stream_partitions
+    streams = connect_cluster(redis_cluster.url, "streams-test", 16)
+    made = JobStore(redis_client, keys, settings, streams)
+    yield made
+    await delete_test_keys(redis_client, keys)
+    await streams.aclose()
+
+
+@pytest.fixture
+async def relay(store: JobStore, redis_cluster: ClusteredRedis) -> AsyncIterator[Relay]:
+    reader = connect_cluster(redis_cluster.url, store.keys.stream_reader_name, 4)
+    hub = StreamHub(ClusterNotices(reader, store.keys, store.keys.stream_reader_name))
+    yield Relay(store.redis, store.keys, hub, store.streams)
+    await hub.close()
+
+
+async def started_jobs(store: JobStore, count: int) -> list[str]:
+    jobs = []
+    for _ in range(count):
+        job_id = (await store.submit(REQUEST, model=MODEL, max_queued=0)).job_id
+        assert await store.start(job_id, WORKER, MODEL, lease_seconds=LEASE_SECONDS) is not None
+        jobs.append(job_id)
+    return jobs
+
+
+async def follow(relay: Relay, job_id: str) -> list[tuple[str, str]]:
+    """Every entry of the job's stream, (id, type), as a client following it from the start gets them."""
+    following, hold = await relay.open(job_id, "0", "anonymous", LIMITS)
+    try:
+        return [(entry.id, entry.type) async for batch in following.batches(5.0) for entry in batch]
+    finally:
+        hold.release()
+
+
+async def run(publisher: Publisher, job_id: str, deltas: int) -> None:
+    """The job's steps, a delta each, then its end, as a worker sends them."""
+    for seq in range(2, 2 + deltas):
+        assert await publisher.step(job_id, [DeltaEvent(seq=seq, text="a", token_ids=[1])]) is Verdict.go
+        await asyncio.sleep(STEP_SECONDS)
+    done = DoneEvent(seq=2 + deltas, finish_reason="length", usage=USAGE)
+    outcome = Outcome(JobState.completed, "a" * deltas, deltas, USAGE, "length")
+    assert (await publisher.finish(job_id, [done], outcome)).outcome is FinishOutcome.ended
+
+
+def whole(deltas: int) -> list[str]:
+    return ["status", "status", *["delta"] * deltas, "done"]
+
+
+async def test_jobs_on_every_master_are_stepped_one_call_a_partition_and_followed(
+    store: JobStore, relay: Relay, redis_cluster: ClusteredRedis
+) -> None:
+    jobs = await started_jobs(store, 24)
+    masters = {redis_cluster.master_of(store.keys.stream(job_id)) for job_id in jobs}
+    assert masters == set(redis_cluster.masters())  # the partitions spread the jobs over them all
+    publisher = Publisher(store.streams, store, WORKER)
+    followers = [asyncio.create_task(follow(relay, job_id)) for job_id in jobs]
+    await asyncio.sleep(0.2)
+    await asyncio.gather(*(run(publisher, job_id, 10) for job_id in jobs))
+    for job_id, entries in zip(
+        jobs, await asyncio.wait_for(asyncio.gather(*followers), FOLLOW_SECONDS), strict=True
+    ):
+        assert [kind for _, kind in entries] == whole(10)
+        assert [entry_id for entry_id, _ in entries] == [f"{seq}-1" for seq in range(13)]
+        record = await store.redis.hgetall(store.keys.job(job_id))  # type: ignore[misc]
+        assert record["status"] == "completed" and record["text"] == "a" * 10
+    # a round trip carries every job's step in one call a partition touched, not one a job
+    assert publisher.round_trips < 24 * 11
+
+
+async def test_a_cancel_reaches_a_job_on_the_cluster(store: JobStore) -> None:
+    (job_id,) = await started_jobs(store, 1)
+    await store.cancel(job_id)
+    publisher = Publisher(store.streams, store, WORKER)
+    assert await publisher.step(job_id, [DeltaEvent(seq=2, text="a", token_ids=[1])]) is Verdict.cancel
+    queued = (await store.submit(REQUEST, model=MODEL, max_queued=0)).job_id
+    answer, _ = await store.cancel(queued)
+    assert answer.status is JobState.cancelled
+    entries = await store.streams.xrange(store.keys.stream(queued))
+    assert [fields["type"] for _, fields in entries] == ["status", "cancelled"]
+
+
+async def test_a_master_killed_mid_stream_loses_repeats_and_reorders_nothing(
+    store: JobStore, relay: Relay, redis_cluster: ClusteredRedis
+) -> None:
+    """The worker sends its steps again until the replica is promoted (and any it had not received
+    again, `behind`); each follower gets every event once, in order, and each job ends once."""
+    jobs = await started_jobs(store, 12)
+    victim = redis_cluster.master_of(store.keys.stream(jobs[0]))
+    on_victim = [job_id for job_id in jobs if redis_cluster.master_of(store.keys.stream(job_id)) == victim]
+    publisher = Publisher(store.streams, store, WORKER, resend_seconds=LEASE_SECONDS)
+    followers = [asyncio.create_task(follow(relay, job_id)) for job_id in jobs]
+    await asyncio.sleep(0.2)
+    running = [asyncio.create_task(run(publisher, job_id, 60)) for job_id in jobs]
+    await asyncio.sleep(0.5)
+    promoted = await asyncio.to_thread(redis_cluster.kill_master, victim)
+    try:
+        await asyncio.wait_for(asyncio.gather(*running), FOLLOW_SECONDS)
+        results = await asyncio.wait_for(asyncio.gather(*followers), FOLLOW_SECONDS)
+        for job_id, entries in zip(jobs, results, strict=True):
+            assert [entry_id for entry_id, _ in entries] == [f"{seq}-1" for seq in range(63)], job_id
+            assert [kind for _, kind in entries] == whole(60)
+            stored = await store.streams.xrange(store.keys.stream(job_id))
+            assert [entry_id for entry_id, _ in stored] == [f"{seq}-1" for seq in range(63)]
+            assert await store.redis.hget(store.keys.job(job_id), "status") == "completed"  # type: ignore[misc]
+        assert on_victim and all(redis_cluster.master_of(store.keys.stream(j)) == promoted for j in on_victim)
+    finally:
+        await asyncio.to_thread(redis_cluster.restart, victim)
+
+
+async def test_a_slot_moved_under_load_loses_repeats_and_reorders_nothing(
+    store: JobStore, relay: Relay, redis_cluster: ClusteredRedis
+) -> None:
+    jobs = await started_jobs(store, 12)
+    moved = store.keys.stream(jobs[0])
+    slot = redis_cluster.slot_of(moved)
+    source = redis_cluster.master_of(moved)
+    target = next(name for name in redis_cluster.masters() if name != source)
+    in_slot = [job_id for job_id in jobs if redis_cluster.slot_of(store.keys.stream(job_id)) == slot]
+    publisher = Publisher(store.streams, store, WORKER, resend_seconds=LEASE_SECONDS)
+    followers = [asyncio.create_task(follow(relay, job_id)) for job_id in jobs]
+    await asyncio.sleep(0.2)
+    running = [asyncio.create_task(run(publisher, job_id, 60)) for job_id in jobs]
+    await asyncio.sleep(0.3)
+    await asyncio.to_thread(redis_cluster.move_slot, slot, target, batch=1, pause=0.05)
+    await asyncio.wait_for(asyncio.gather(*running), FOLLOW_SECONDS)
+    results = await asyncio.wait_for(asyncio.gather(*followers), FOLLOW_SECONDS)
+    for job_id, entries in zip(jobs, results, strict=True):
+        assert [entry_id for entry_id, _ in entries] == [f"{seq}-1" for seq in range(63)], job_id
+        assert await store.redis.hget(store.keys.job(job_id), "status") == "completed"  # type: ignore[misc]
+    assert in_slot and all(redis_cluster.master_of(store.keys.stream(j)) == target for j in in_slot)
+
+
+def test_partitions_name_their_slot_in_the_data_plane_keys_alone() -> None:
+    keys = Keys("sp", 16)
+    job_id = uuid.uuid4().hex
+    tag = f"{{p{keys.partition(job_id)}}}"
+    assert tag in keys.stream(job_id) and tag in keys.writer(job_id)
+    assert tag in keys.partition_notices(keys.partition(job_id))
+    assert "{" not in keys.job(job_id) + keys.lease(job_id) + keys.cancel(job_id)
+    assert Keys("sp").stream(job_id) == f"sp:job:{job_id}:events"
