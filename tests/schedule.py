@@ -16,6 +16,7 @@ GROUPS = {
     "tests/faults/test_sentinel_failover.py": "sentinel-failover",  # its Redis, Sentinels and deployment
     "tests/faults/test_redis_outage.py": "redis-outage",  # its Redis, gateway and worker
     "tests/shared/test_redis_cluster_client.py": "redis-cluster",  # tests/conftest.py's `redis_cluster`
+    "tests/shared/test_streams_on_cluster.py": "streams-on-cluster",  # a `redis_cluster` of its own
     "tests/fuzz/test_schema_fuzz.py": "fuzz",  # its gateway process and the schema read from it
     "tests/worker/test_sampling_params.py": "engine-libraries",  # imports vLLM
     "tests/worker/test_cpu_dtype.py": "engine-libraries",  # imports torch
