@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 import redis.asyncio as aioredis
+from redis.asyncio.cluster import RedisCluster
 
 from gateway.metrics import GatewayMetrics
 from gateway.prompt_limit import PromptLimit
@@ -37,7 +38,7 @@ from shared.errors import BodyTooLarge, InvalidRequest, Overloaded, PromptTooLon
 from shared.jobstore import JobStore, Submission, Turn, written_bytes
 from shared.keys import Keys
 from shared.models import Catalog, Target, read_registry
-from shared.redis_client import redis_errors
+from shared.redis_client import StreamsRedis, redis_errors
 from shared.requests import JobRequest
 from shared.tenants import DEFAULT_SHARE, Tenant
 from shared.workers import WorkerInfo, live_workers
@@ -84,6 +85,19 @@ class Memory:
     def share(self, adding: int = 0) -> float:
         """The share of `maxmemory` in use, with `adding` bytes more; 0 when Redis has no limit."""
         return (self.used + adding) / self.limit if self.limit else 0.0
+
+
+async def fullest_memory(redis: aioredis.Redis, streams: StreamsRedis | None = None) -> Memory:
+    """The memory of the fullest Redis a job writes to: `redis`, and `streams` (the job streams' own,
+    every master of a Redis Cluster's) when they have one."""
+    with redis_errors():
+        readings = [await redis.info("memory")]
+        if isinstance(streams, RedisCluster):
+            readings += (await streams.info("memory", target_nodes=RedisCluster.PRIMARIES)).values()
+        elif streams is not None:
+            readings.append(await streams.info("memory"))
+    memories = [Memory(int(info["used_memory"]), int(info["maxmemory"])) for info in readings]
+    return max(memories, key=Memory.share)
 
 
 def waiting_for(catalog: Catalog, model: str) -> str | None:
@@ -148,9 +162,8 @@ class Admission:
         return waiting_for(await self.catalog(), model)
 
     async def _read_memory(self) -> Memory:
-        with redis_errors():
-            info = await self.redis.info("memory")
-        return Memory(int(info["used_memory"]), int(info["maxmemory"]))
+        streams = self.store.streams if self.store.transitions.split else None
+        return await fullest_memory(self.redis, streams)
 
     async def check_memory(self, writing: int = 0) -> None:
         """`Overloaded` once Redis holds, with the `writing` bytes a submission is about to write, more

@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator
 import pytest
 import redis.asyncio as aioredis
 
+from gateway.admission import fullest_memory
 from gateway.fanout import StreamHub
 from gateway.notice_sources import ServerNotices
 from gateway.relay import HEAL_SECONDS, Relay, StreamLimits
@@ -271,3 +272,15 @@ async def test_an_end_stopped_between_the_record_and_the_stream_is_healed_by_a_r
     assert not await relay.ended(job_id, "0")
     last = (await store.streams.xrevrange(store.keys.stream(job_id), count=1))[0][0]
     assert await relay.ended(job_id, last)
+
+
+async def test_admission_reads_the_memory_of_the_streams_redis_too(store: JobStore) -> None:
+    """New jobs are refused by the fuller of the two: the streams' Redis, given a small `maxmemory`,
+    is the one read."""
+    used = int((await store.streams.info("memory"))["used_memory"])
+    await store.streams.config_set("maxmemory", used * 2)
+    try:
+        memory = await fullest_memory(store.redis, store.streams)
+    finally:
+        await store.streams.config_set("maxmemory", 0)
+    assert memory.limit == used * 2

@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator
 import pytest
 import redis.asyncio as aioredis
 
+from gateway.admission import fullest_memory
 from gateway.fanout import StreamHub
 from gateway.notice_sources import ClusterNotices
 from gateway.relay import Relay, StreamLimits
@@ -183,3 +184,20 @@ def test_partitions_name_their_slot_in_the_data_plane_keys_alone() -> None:
     assert tag in keys.partition_notices(keys.partition(job_id))
     assert "{" not in keys.job(job_id) + keys.lease(job_id) + keys.cancel(job_id)
     assert Keys("sp").stream(job_id) == f"sp:job:{job_id}:events"
+
+
+async def test_admission_reads_the_memory_of_the_fullest_master(
+    store: JobStore, redis_cluster: ClusteredRedis
+) -> None:
+    """With the streams on a cluster, the mark for new jobs is the fullest of the control plane and
+    every master: one master given a small `maxmemory` is the one read."""
+    fullest = redis_cluster.masters()[1]
+    with redis_cluster.client(fullest) as node:
+        used = int(node.info("memory")["used_memory"])
+        node.config_set("maxmemory", used * 2)
+        try:
+            memory = await fullest_memory(store.redis, store.streams)
+        finally:
+            node.config_set("maxmemory", 0)
+    assert memory.limit == used * 2
+    assert 0.3 < memory.share() < 0.7
