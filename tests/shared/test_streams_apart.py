@@ -284,3 +284,49 @@ async def test_admission_reads_the_memory_of_the_streams_redis_too(store: JobSto
     finally:
         await store.streams.config_set("maxmemory", 0)
     assert memory.limit == used * 2
+
+
+async def test_a_start_stopped_before_the_stream_is_handed_on_when_its_lease_lapses(store: JobStore) -> None:
+    """The record says running and the lease is the worker's, its writer was never set: the worker's
+    steps would be refused; its lease lapses, the reaper hands the job back, and the next start runs it."""
+    job_id = await submitted(store)
+    stop_at(store, "start")
+    with pytest.raises(Stopped):
+        await store.start(job_id, WORKER, MODEL, lease_seconds=LEASE_SECONDS)
+    store.transitions.between_planes = None
+    assert await status(store, job_id) == "running"
+    assert not await store.streams.exists(store.keys.writer(job_id))
+    assert await Publisher(store.streams, store, WORKER).step(job_id, [delta(1)]) is Verdict.lost
+    await store.redis.delete(store.keys.lease(job_id))  # its lease lapses
+    assert await release(store, job_id, attempt=0) is ReleaseOutcome.requeued
+    resumed = await store.start(job_id, "worker-2", MODEL, lease_seconds=LEASE_SECONDS)
+    assert resumed is not None and resumed.attempt == 2 and resumed.progress.next_seq == 1
+    assert await Publisher(store.streams, store, "worker-2").step(job_id, [delta(1)]) is Verdict.go
+
+
+async def test_a_release_stopped_before_the_writer_went_lets_the_next_start_fence_the_old_worker(
+    store: JobStore,
+) -> None:
+    """The job is handed back in its record, the old worker's writer still stands: its steps still go
+    in until the next start takes the writer, which then reads the stream after them."""
+    job_id = await started(store)
+    old = Publisher(store.streams, store, WORKER)
+    stop_at(store, "release")
+    with pytest.raises(Stopped):
+        await release(store, job_id, attempt=1)
+    store.transitions.between_planes = None
+    assert await old.step(job_id, [delta(2)]) is Verdict.go
+    resumed = await store.start(job_id, "worker-2", MODEL, lease_seconds=LEASE_SECONDS)
+    assert resumed is not None and resumed.progress.next_seq == 3 and resumed.progress.text == "a"
+    assert await old.step(job_id, [delta(3)]) is Verdict.lost
+    assert await Publisher(store.streams, store, "worker-2").step(job_id, [delta(3)]) is Verdict.go
+
+
+async def test_a_deletion_stopped_before_the_stream_leaves_it_to_expire(store: JobStore) -> None:
+    job_id = await submitted(store)
+    await store.cancel(job_id)
+    stop_at(store, "delete")
+    with pytest.raises(Stopped):
+        await store.delete(job_id)
+    assert await status(store, job_id) is None
+    assert 0 < await store.streams.ttl(store.keys.stream(job_id)) <= UNIT_RETENTION_SECONDS
