@@ -54,9 +54,7 @@ def parse_sentinel_url(url: str) -> SentinelUrl:
     """The parts of a `redis+sentinel://` URL; `ValueError` naming the expected form otherwise."""
     if not is_sentinel(url):
         raise ValueError(f"not a Sentinel URL (expected {FORM})")
-    authority, _, path = url[len(SENTINEL_SCHEME) :].partition("/")
-    credentials, _, hosts = authority.rpartition("@")
-    username, _, password = credentials.partition(":")
+    username, password, hosts, path = _parts(url, SENTINEL_SCHEME)
     master, _, db = path.strip("/").partition("/")
     if not hosts or not master or "/" in db:
         raise ValueError(f"a Sentinel URL needs at least one host and the master's name: {FORM}")
@@ -66,8 +64,8 @@ def parse_sentinel_url(url: str) -> SentinelUrl:
         sentinels=tuple(_host_port(part, SENTINEL_PORT, "a Sentinel URL", FORM) for part in hosts.split(",")),
         master=unquote(master),
         db=int(db or 0),
-        username=unquote(username) or None,
-        password=unquote(password) or None,
+        username=username,
+        password=password,
     )
 
 
@@ -79,9 +77,7 @@ def parse_cluster_url(url: str) -> ClusterUrl:
     """The parts of a `redis+cluster://` URL; `ValueError` naming the expected form otherwise."""
     if not is_cluster(url):
         raise ValueError(f"not a Redis Cluster URL (expected {CLUSTER_FORM})")
-    authority, _, path = url[len(CLUSTER_SCHEME) :].partition("/")
-    credentials, _, hosts = authority.rpartition("@")
-    username, _, password = credentials.partition(":")
+    username, password, hosts, path = _parts(url, CLUSTER_SCHEME)
     if not hosts:
         raise ValueError(f"a Redis Cluster URL needs at least one node: {CLUSTER_FORM}")
     if path:
@@ -92,9 +88,18 @@ def parse_cluster_url(url: str) -> ClusterUrl:
         nodes=tuple(
             _host_port(part, CLUSTER_PORT, "a Redis Cluster URL", CLUSTER_FORM) for part in hosts.split(",")
         ),
-        username=unquote(username) or None,
-        password=unquote(password) or None,
+        username=username,
+        password=password,
     )
+
+
+def _parts(url: str, scheme: str) -> tuple[str | None, str | None, str, str]:
+    """A URL of several hosts, after its `scheme`: its user name and password (None for none), its
+    hosts (`host:port`, a comma between) and the path after them."""
+    authority, _, path = url[len(scheme) :].partition("/")
+    credentials, _, hosts = authority.rpartition("@")
+    username, _, password = credentials.partition(":")
+    return unquote(username) or None, unquote(password) or None, hosts, path
 
 
 def _host_port(part: str, default_port: int, kind: str, form: str) -> tuple[str, int]:
