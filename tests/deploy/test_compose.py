@@ -1,5 +1,5 @@
 """docker-compose.yml: valid against the Compose Specification, scalable workers, persistent Redis,
-and only settings that exist."""
+its Sentinel and Redis Cluster profiles, and only settings that exist."""
 
 from __future__ import annotations
 
@@ -7,6 +7,8 @@ import copy
 import re
 from typing import Any
 
+from shared.config import RedisSettings
+from shared.redis_url import parse_cluster_url
 from tests.deploy.manifests import (
     COMPOSE_FILE,
     ENV_PREFIX,
@@ -20,6 +22,7 @@ COMPOSE: dict[str, Any] = load_yaml(COMPOSE_FILE)
 SERVICES: dict[str, Any] = COMPOSE["services"]
 WORKERS = ("worker", "worker-cpu", "worker-chat", "worker-cpu-chat")
 ENV_FILE_EXAMPLE = REPO / "deploy" / "streampool.env.example"
+CLUSTER_NODES = [f"redis-node-{n}" for n in range(1, 7)]
 
 
 def seconds(duration: str) -> int:
@@ -152,3 +155,51 @@ def test_two_models_each_with_gpu_and_cpu_workers_the_gateway_declares() -> None
     assert gateway["STREAMPOOL_DEFAULT_MODEL"] in declared
     assert SERVICES["worker-chat"]["deploy"] == SERVICES["worker"]["deploy"]  # a GPU each
     assert SERVICES["worker-cpu-chat"]["profiles"] == ["cpu"]
+
+
+def test_the_cluster_profile_adds_six_redis_nodes_in_cluster_mode_reached_by_their_service_names() -> None:
+    redis = SERVICES["redis"]["command"]
+    for name in CLUSTER_NODES:
+        node = SERVICES[name]
+        assert node["profiles"] == ["cluster"]
+        assert node["hostname"] == name  # what "$(hostname)" announces
+        script = node["command"][-1]
+        assert "--cluster-enabled yes" in script
+        assert '--cluster-announce-hostname "$$(hostname)"' in script
+        assert "--cluster-preferred-endpoint-type hostname" in script
+        # Persistence and memory limit as the main Redis's.
+        for option in ("--appendonly", "--appendfsync", "--maxmemory", "--maxmemory-policy"):
+            assert f"{option} {redis[redis.index(option) + 1]} " in f"{script} "
+        # Addresses in nodes.conf are looked up again by name before Redis starts.
+        assert script.index("getent hosts") < script.index("exec docker-entrypoint.sh redis-server")
+        assert node["healthcheck"]["test"] == ["CMD", "redis-cli", "ping"]
+    volumes = [volume.split(":") for name in CLUSTER_NODES for volume in SERVICES[name]["volumes"]]
+    assert volumes == [[f"{name}-data", "/data"] for name in CLUSTER_NODES]
+    assert {f"{name}-data" for name in CLUSTER_NODES} <= set(COMPOSE["volumes"])
+
+
+def test_the_cluster_is_formed_once_its_nodes_answer_and_only_checked_once_it_exists() -> None:
+    create = SERVICES["redis-cluster-create"]
+    assert create["profiles"] == ["cluster"]
+    assert create["depends_on"] == {name: {"condition": "service_healthy"} for name in CLUSTER_NODES}
+    script = create["command"][-1]
+    formed = re.search(r"redis-cli --cluster create (.+?) --cluster-replicas 1 --cluster-yes", script)
+    assert formed and formed.group(1).split() == [f"{name}:6379" for name in CLUSTER_NODES]
+    # A node that knows others is part of a formed cluster: then report on it, create nothing.
+    known = script.index("cluster_known_nodes")
+    assert known < script.index("redis-cli --cluster check redis-node-1:6379; exit 0") < formed.start()
+
+
+def test_the_documented_cluster_url_names_the_six_nodes_and_gateway_and_workers_take_it() -> None:
+    [url] = re.findall(r"STREAMPOOL_STREAMS_REDIS_URL=(\S+)", COMPOSE_FILE.read_text())
+    assert parse_cluster_url(url).nodes == tuple((name, 6379) for name in CLUSTER_NODES)
+    assert RedisSettings(streams_redis_url=url).streams_redis_url == url
+    assert f"STREAMPOOL_STREAMS_REDIS_URL={url} \\\n#       docker compose --profile cluster up" in (
+        COMPOSE_FILE.read_text()
+    )
+    # Passed from the shell (no value here): unset there, it is unset in the containers too, and
+    # the streams stay on `redis`.
+    for name in ("gateway", *WORKERS):
+        environment = SERVICES[name]["environment"]
+        assert "STREAMPOOL_STREAMS_REDIS_URL" in environment
+        assert environment["STREAMPOOL_STREAMS_REDIS_URL"] is None
