@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import hashlib
+import itertools
 import zlib
 from dataclasses import dataclass
+from functools import cached_property
+
+from redis.crc import REDIS_CLUSTER_HASH_SLOTS as SLOTS
+from redis.crc import key_slot
 
 from shared.config import RedisSettings
 from shared.redis_url import is_cluster
@@ -76,8 +81,8 @@ class Keys:
     prefix: str
     partitions: int = 0
     """With the job streams on a Redis Cluster: how many partitions they are spread over, a job's by
-    its id (`partition`). The data-plane keys of a partition carry its hash tag, `{p<n>}`, so that
-    they share one slot: a script, or an XREAD, may name several keys only of one slot, and a
+    its id (`partition`). The data-plane keys of a partition carry its hash tag (`partition_tag`), so
+    that they share one slot: a script, or an XREAD, may name several keys only of one slot, and a
     partition moves between masters whole. 0: no partitions, the names as one Redis has them."""
 
     @classmethod
@@ -91,11 +96,33 @@ class Keys:
         """The partition of a job's data-plane keys (with `partitions`)."""
         return zlib.crc32(job_id.encode()) % self.partitions
 
+    @cached_property
+    def _partition_tags(self) -> tuple[str, ...]:
+        """Each partition's hash tag, `{p<n>-<k>}` with the first k whose slot is in the n-th of
+        `partitions` equal ranges of the slots: a cluster's masters hold equal ranges as
+        `redis-cli --cluster create` makes them, and so hold as many partitions as the partitions
+        and masters allow (`{p<n>}` alone would fall where CRC16 puts it: 16 partitions on three
+        masters 4, 5 and 7)."""
+        tags = []
+        for partition in range(self.partitions):
+            low, high = partition * SLOTS // self.partitions, (partition + 1) * SLOTS // self.partitions
+            tag = next(
+                tag
+                for k in itertools.count()
+                if low <= key_slot((tag := f"p{partition}-{k}").encode()) < high
+            )
+            tags.append(f"{{{tag}}}")
+        return tuple(tags)
+
+    def partition_tag(self, partition: int) -> str:
+        """The hash tag, braces included, of a partition's data-plane keys and notices."""
+        return self._partition_tags[partition]
+
     def _job_data(self, job_id: str) -> str:
         """What a job's data-plane keys start with: its partition's hash tag when there are partitions."""
         if not self.partitions:
             return f"{self.prefix}:job:{job_id}"
-        return f"{self.prefix}:{{p{self.partition(job_id)}}}:job:{job_id}"
+        return f"{self.prefix}:{self.partition_tag(self.partition(job_id))}:job:{job_id}"
 
     def model(self, name: str) -> ModelKeys:
         """The keys of the model `name` (its canonical name): its queue, wake-ups and card."""
@@ -239,7 +266,7 @@ class Keys:
     def partition_notices(self, partition: int) -> str:
         """Shard channel (SPUBLISH), with the streams on a Redis Cluster: `notices` of one partition's
         streams, on the master that holds them."""
-        return f"{self.prefix}:{{p{partition}}}:streams-advanced"
+        return f"{self.prefix}:{self.partition_tag(partition)}:streams-advanced"
 
     @property
     def stream_reader_name(self) -> str:

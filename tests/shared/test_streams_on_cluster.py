@@ -12,9 +12,10 @@ from collections.abc import AsyncIterator
 
 import pytest
 import redis.asyncio as aioredis
+from redis.crc import key_slot
 
-from gateway.admission import fullest_memory
 from gateway import fanout
+from gateway.admission import fullest_memory
 from gateway.fanout import StreamHub
 from gateway.notice_sources import ClusterNotices
 from gateway.relay import Relay, StreamLimits
@@ -183,11 +184,27 @@ async def test_a_slot_moved_under_load_loses_repeats_and_reorders_nothing(
 def test_partitions_name_their_slot_in_the_data_plane_keys_alone() -> None:
     keys = Keys("sp", 16)
     job_id = uuid.uuid4().hex
-    tag = f"{{p{keys.partition(job_id)}}}"
+    tag = keys.partition_tag(keys.partition(job_id))
     assert tag in keys.stream(job_id) and tag in keys.writer(job_id)
     assert tag in keys.partition_notices(keys.partition(job_id))
     assert "{" not in keys.job(job_id) + keys.lease(job_id) + keys.cancel(job_id)
     assert Keys("sp").stream(job_id) == f"sp:job:{job_id}:events"
+
+
+@pytest.mark.parametrize(("partitions", "masters"), [(16, 2), (16, 3), (16, 4), (12, 3), (64, 5)])
+def test_partitions_fall_as_evenly_as_they_can_on_masters_of_equal_slot_ranges(
+    partitions: int, masters: int
+) -> None:
+    """As `redis-cli --cluster create` divides the slots: each master holds the partitions' even
+    share, rounded up or down."""
+    keys = Keys("sp", partitions)
+    slots = [key_slot(keys.partition_tag(partition)[1:-1].encode()) for partition in range(partitions)]
+    held = [
+        sum(1 for slot in slots if master * 16384 // masters <= slot < (master + 1) * 16384 // masters)
+        for master in range(masters)
+    ]
+    assert sum(held) == partitions
+    assert max(held) - min(held) <= 1
 
 
 async def test_admission_reads_the_memory_of_the_fullest_master(
