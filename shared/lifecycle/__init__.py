@@ -92,9 +92,10 @@ cancel asked as the lease does; the step reads it instead of the lease::
                                                              writer; a stop leaves a running record
                                                              whose lease lapses, and the next start
                                                              finds the stream ended (above)
-    cancel      cancel               stream_end, or          record first; a stop leaves an ended
-                                     writer_mark (asked),    record whose stream has not ended: until
-                                     writer_drop (unheld)    it does the job reads as running, and a
+    cancel      cancel               writer_mark first (a    the writer's ask first; then the record,
+                                     running job's ask),     and a stop leaves an ended record whose
+                                     then stream_end, or     stream has not ended: until it does the
+                                     writer_drop (unheld)    job reads as running, and a
     release     release              writer_drop, or         reader ends it `gateway.relay.HEAL_SECONDS`
                                      stream_end (failed)     later with the record's `end_event`
     renew       renew                EXPIRE of stream and    either; the writer lives a job lifetime

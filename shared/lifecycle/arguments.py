@@ -194,7 +194,6 @@ class StreamEndArgs(Notices):
 
 
 class WriterMarkArgs(TypedDict):
-    holder: str
     asked_at: str
 
 

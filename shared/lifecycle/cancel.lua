@@ -33,7 +33,7 @@ local requeued = redis.call('HGET', record, 'requeued')
 local holder, asked = lease_holder(redis.call('GET', lease))
 if not requeued and holder then
   if not asked then redis.call('SET', lease, lease_of(holder, asked_at), 'KEEPTTL') end
-  return {'asked', status, holder, asked or asked_at}
+  return {'asked', status}
 end
 local worker = redis.call('HGET', record, 'worker') or ''
 if stream == '' then

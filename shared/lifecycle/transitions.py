@@ -638,6 +638,12 @@ class Transitions:
             "stream_tip": stream_tip,
             "fields": record_fields or {},
         }
+        if self.split and not stream_tip:
+            # The writer of a running job carries the ask first: should the caller stop before the
+            # record has it, the worker's next step ends the job all the same.
+            marking: WriterMarkArgs = {"asked_at": repr(now)}
+            await scripts.WRITER_MARK(self.streams, [self.keys.writer(job_id)], marking)
+            self.between("cancel asked")
         (outcome, *state), acked = await self._run(scripts.CANCEL, keys, args, wait)
         if self.split:
             self.between("cancel")
@@ -654,15 +660,12 @@ class Transitions:
         retention_seconds: int,
         now: float,
     ) -> None:
-        """With the streams apart, a cancel's part there, after the record's: the stream of a job it
-        ended ends; a running job's writer carries the ask; the writer of a job no worker holds goes
-        (held by the worker that last ran it) before its caller reads the stream to end it."""
+        """With the streams apart, a cancel's part there after the record's (a running job's writer
+        carries the ask already): the stream of a job it ended ends; the writer of a job no worker
+        holds goes (held by the worker that last ran it) before its caller reads the stream to end it."""
         if outcome is CancelOutcome.cancelled:
             retention = retention_seconds
             await self.end_stream(job_id, [cancelled], maxlen=None, retention_seconds=retention, now=now)
-        elif outcome is CancelOutcome.asked:
-            marking: WriterMarkArgs = {"holder": answer[1], "asked_at": answer[2]}
-            await scripts.WRITER_MARK(self.streams, [self.keys.writer(job_id)], marking)
         elif outcome is CancelOutcome.unheld and answer[1]:
             await self.drop_writer(job_id, answer[1])
 

@@ -20,7 +20,7 @@ from gateway.fanout import StreamHub
 from gateway.notice_sources import ServerNotices
 from gateway.relay import HEAL_SECONDS, Relay, StreamLimits
 from shared.errors import JobNotFound
-from shared.events import DeltaEvent, DoneEvent, ErrorEvent, JobState, Usage
+from shared.events import CancelledEvent, DeltaEvent, DoneEvent, ErrorEvent, JobState, Usage
 from shared.jobstore import JobStore, Outcome
 from shared.keys import Keys
 from shared.lifecycle.transitions import Failure, FinishOutcome, ReleaseOutcome, Verdict
@@ -330,3 +330,20 @@ async def test_a_deletion_stopped_before_the_stream_leaves_it_to_expire(store: J
         await store.delete(job_id)
     assert await status(store, job_id) is None
     assert 0 < await store.streams.ttl(store.keys.stream(job_id)) <= UNIT_RETENTION_SECONDS
+
+
+async def test_a_cancel_stopped_before_the_record_still_ends_the_running_job(store: JobStore) -> None:
+    """The writer carries the ask first: the worker's next step ends the job cancelled, and its end
+    reaches the record, although the cancel never did."""
+    job_id = await started(store)
+    stop_at(store, "cancel asked")
+    with pytest.raises(Stopped):
+        await store.cancel(job_id)
+    assert not await store.redis.exists(store.keys.cancel(job_id))
+    publisher = Publisher(store.streams, store, WORKER)
+    assert await publisher.step(job_id, [delta(2)]) is Verdict.cancel
+    cancelled = Outcome(JobState.cancelled, "a", 1, USAGE)
+    ending = [CancelledEvent(seq=3, usage=USAGE)]
+    assert (await publisher.finish(job_id, ending, cancelled)).outcome is FinishOutcome.ended
+    assert await status(store, job_id) == "cancelled"
+    assert (await stream_types(store, job_id))[-1] == "cancelled"
