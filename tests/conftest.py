@@ -16,7 +16,7 @@ import fcntl
 import os
 import subprocess
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Generator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -143,7 +143,7 @@ class System:
 
     @property
     def keys(self) -> Keys:
-        return Keys(self.settings.key_prefix)
+        return Keys.of(self.settings)
 
 
 @pytest.fixture(scope="session")
@@ -164,7 +164,7 @@ def synthetic_system(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -
 
 def run_system(
     redis_url: str, tmp_path_factory: pytest.TempPathFactory, engine: str, **overrides: object
-) -> Iterator[System]:
+) -> Generator[System, None, None]:
     settings = make_settings(
         redis_url, port=free_port(), host="127.0.0.1", allow_unauthenticated=True, engine=engine, **overrides
     )

@@ -96,6 +96,24 @@ async def read_sse(
         return await _events_of(source, stop_after, [] if into is None else into)
 
 
+async def read_sse_through_outages(
+    client: httpx.AsyncClient, job_id: str, into: list[tuple[str, dict[str, Any]]]
+) -> list[tuple[str, dict[str, Any]]]:
+    """`read_sse` from the start as a client that honours the protocol through a Redis outage (a
+    failover) reads: it opens the stream again while the gateway answers 503, and after an
+    `unavailable` error event (which has no id) it resumes from the last id it had."""
+    while True:
+        headers = {"Last-Event-ID": into[-1][0]} if into else {}
+        async with aconnect_sse(client, "GET", f"/v1/jobs/{job_id}/events", headers=headers) as source:
+            if source.response.status_code != 503:
+                await _events_of(source, None, into)
+                last = into[-1][1]
+                if (last["type"], last.get("code")) != ("error", "unavailable"):
+                    return into
+                into.pop()
+        await asyncio.sleep(0.2)
+
+
 async def submit_and_read_sse(
     client: httpx.AsyncClient, stop_after: int | None = None, **body: Any
 ) -> tuple[str, list[tuple[str, dict[str, Any]]]]:

@@ -50,6 +50,7 @@ GROUPS = {
     "tests/e2e/test_models.py": "models",  # a gateway and synthetic workers of its own
     "tests/e2e/test_batches.py": "batches",  # gateways and a synthetic worker of its own
     "tests/e2e/test_streams_apart.py": "streams-apart",  # its streams' Redis, gateway and synthetic workers
+    "tests/e2e/test_streams_on_cluster.py": "streams-on-cluster-e2e",  # its cluster, gateways and workers
 }
 """Each module's group: what the comment names is set up once per group, not once per process."""
 
