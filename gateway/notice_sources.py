@@ -28,6 +28,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisClusterException
 
 from shared.keys import Keys
+from shared.redis_client import close_cluster, remap_cluster
 
 READ_TIMEOUT_SECONDS = 10.0  # a read without an answer by then means a dead connection
 
@@ -138,7 +139,7 @@ class ClusterNotices:
     ) -> None:
         try:
             if self._listened:  # again, after a failure: where the slots are now
-                await self._cluster.nodes_manager.initialize()
+                await remap_cluster(self._cluster)
             else:
                 await self._cluster.initialize()
                 self._listened = True
@@ -199,7 +200,7 @@ class ClusterNotices:
         """The cluster client's connections are its own: a failed one it makes again."""
 
     async def aclose(self) -> None:
-        await self._cluster.aclose()
+        await close_cluster(self._cluster)
 
 
 def _raw(entries: list[tuple[str, dict[str, str]]]) -> RawEntries:

@@ -13,12 +13,14 @@ slot, following their MOVED and ASK itself; a demoted master answers MOVED, neve
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import hiredis
 import redis.asyncio as aioredis
+from redis._parsers.commands import AsyncCommandsParser
 from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.connection import Connection
 from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool, SentinelManagedConnection
@@ -73,6 +75,54 @@ class SentinelConnection(PackedInC, SentinelManagedConnection):
 
 class ClusterConnection(PackedInC, Connection):
     """A connection to one node of a Redis Cluster, packing its commands in C."""
+
+
+class StreamsCluster(RedisCluster):
+    """redis-py 5.3.1's cluster client, through a master's failover.
+
+    A connection error has it close every node's connections and read the cluster's layout anew,
+    and the node it then asks for the command table is its default node, the master of slot 0:
+    while that master is dead, every command of the client would fail, on the healthy masters too.
+    The command table is read once (`CommandTableOnce`). And the close drops the default node: a
+    pipeline already under way then looks for it (`ClusterPipeline._execute`) and meets None, an
+    `AttributeError` no caller would take for a failover; the default node here is then any node
+    the client was given.
+    """
+
+    def get_default_node(self) -> ClusterNode:
+        default: ClusterNode | None = self.nodes_manager.default_node
+        return default if default is not None else next(iter(self.nodes_manager.startup_nodes.values()))
+
+
+async def close_cluster(cluster: RedisCluster) -> None:
+    """Close every connection of a cluster client. redis-py's `aclose` does nothing while the client
+    is to read the cluster's layout anew (after a connection error closed it), though the nodes it
+    has mapped since may have connections open."""
+    await cluster.aclose()
+    await cluster.nodes_manager.aclose()
+    await cluster.nodes_manager.aclose("startup_nodes")
+
+
+async def remap_cluster(cluster: RedisCluster) -> None:
+    """Have a cluster client read the cluster's layout anew, and close the connections of the node
+    objects its new map replaced: redis-py makes a new object of every node and closes the old ones'
+    connections in tasks it keeps no hold of, which the garbage collector may take first."""
+    manager = cluster.nodes_manager
+    before = {id(node): node for node in (*manager.nodes_cache.values(), *manager.startup_nodes.values())}
+    await manager.initialize()
+    kept = {id(node) for node in (*manager.nodes_cache.values(), *manager.startup_nodes.values())}
+    for key, node in before.items():
+        if key not in kept:
+            with contextlib.suppress(RedisError, OSError):
+                await node.disconnect()
+
+
+class CommandTableOnce(AsyncCommandsParser):
+    """redis-py's reader of the COMMAND table, which reads it only the first time it is asked."""
+
+    async def initialize(self, node: ClusterNode | None = None) -> None:
+        if not self.commands:
+            await super().initialize(node)
 
 
 class BlockingSentinelPool(SentinelConnectionPool, aioredis.BlockingConnectionPool):
@@ -155,7 +205,7 @@ def connect_cluster(url: str, name: str, max_connections: int) -> RedisCluster:
     sends ASKING on one connection of the new owner and the command on whichever is free.
     """
     target = parse_cluster_url(url)
-    client: RedisCluster = RedisCluster(
+    client: StreamsCluster = StreamsCluster(
         startup_nodes=[ClusterNode(host, port) for host, port in target.nodes],
         username=target.username,
         password=target.password,
@@ -168,6 +218,7 @@ def connect_cluster(url: str, name: str, max_connections: int) -> RedisCluster:
         # write would run twice. A MOVED alone updates the slot it names.
         reinitialize_steps=0,
     )
+    client.commands_parser = CommandTableOnce()
     # redis-py's cluster client takes no connection class: it names its own in the options every
     # node's connections are made from (shared by the nodes it learns later), and has made its seed
     # nodes with it already.

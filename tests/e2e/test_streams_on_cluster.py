@@ -189,6 +189,37 @@ async def test_a_response_streams_through_one_gateway_and_resumes_through_the_ot
     assert job["usage"]["completion_tokens"] == 40
 
 
+async def test_a_slot_moved_under_load_loses_repeats_and_reorders_nothing_a_client_sees(
+    clients: tuple[httpx.AsyncClient, httpx.AsyncClient], on_cluster: Gateways, redis_cluster: ClusteredRedis
+) -> None:
+    """Jobs stream to SSE clients while the slot of one job's partition moves to another master, its
+    keys one at a time (MIGRATE: the steps meet ASK, TRYAGAIN, then MOVED, and are sent again; the
+    readers are unsubscribed from its channel and subscribe where it is now): each client gets every
+    event once, in order, and each job ends once, completed."""
+    keys = on_cluster.system.keys
+    jobs = [await submit(clients[n % 2], prompt=LONG_PROMPT, max_tokens=FAILOVER_TOKENS) for n in range(6)]
+    seen: dict[str, list[tuple[str, dict[str, Any]]]] = {job_id: [] for job_id in jobs}
+    following = [
+        asyncio.create_task(read_sse_through_outages(clients[1 - n % 2], job_id, seen[job_id]))
+        for n, job_id in enumerate(jobs)
+    ]
+
+    async def all_running() -> bool:
+        return all(any(event["type"] == "delta" for _, event in events) for events in seen.values())
+
+    await eventually(all_running, "every job streams its first delta")
+    moved = keys.stream(jobs[0])
+    slot, source = redis_cluster.slot_of(moved), redis_cluster.master_of(moved)
+    target = next(name for name in redis_cluster.masters() if name != source)
+    await asyncio.to_thread(redis_cluster.move_slot, slot, target, batch=1, pause=0.05)
+    await asyncio.wait_for(asyncio.gather(*following), JOB_DEADLINE_SECONDS)
+    for job_id, events in seen.items():
+        assert seqs(events) == list(range(len(events))), job_id
+        assert [event["type"] for _, event in events if event["type"] in TERMINAL] == ["done"], job_id
+        assert (await record(clients[0], job_id))["status"] == "completed", job_id
+    assert redis_cluster.master_of(moved) == target
+
+
 async def test_a_master_killed_mid_stream_loses_repeats_and_reorders_nothing_a_client_sees(
     clients: tuple[httpx.AsyncClient, httpx.AsyncClient], on_cluster: Gateways, redis_cluster: ClusteredRedis
 ) -> None:

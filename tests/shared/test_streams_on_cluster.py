@@ -1,8 +1,10 @@
 """The job streams on a real Redis Cluster (three masters and a replica of each, `redis-server`
 processes of the module's own), the rest on the suite's Redis: jobs spread over partitions on every
 master, each step one call a partition and one round trip a master, followed through a hub that hears
-each master's shard channels; a master SIGKILLed mid-stream, and a slot moved to another master under
-load, lose, repeat and reorder nothing, and every job ends once."""
+each master's shard channels. A master SIGKILLed mid-stream and a slot moved under load are
+tests/e2e/test_streams_on_cluster.py's, with the gateways and workers as processes of their own:
+redis-py 5.3.1's cluster client lets go of a node it maps anew with its connections open, to the
+garbage collector, whose warnings would fail whichever test of this process ran then."""
 
 from __future__ import annotations
 
@@ -128,57 +130,6 @@ async def test_a_cancel_reaches_a_job_on_the_cluster(store: JobStore) -> None:
     assert answer.status is JobState.cancelled
     entries = await store.streams.xrange(store.keys.stream(queued))
     assert [fields["type"] for _, fields in entries] == ["status", "cancelled"]
-
-
-async def test_a_master_killed_mid_stream_loses_repeats_and_reorders_nothing(
-    store: JobStore, relay: Relay, redis_cluster: ClusteredRedis
-) -> None:
-    """The worker sends its steps again until the replica is promoted (and any it had not received
-    again, `behind`); each follower gets every event once, in order, and each job ends once."""
-    jobs = await started_jobs(store, 12)
-    victim = redis_cluster.master_of(store.keys.stream(jobs[0]))
-    on_victim = [job_id for job_id in jobs if redis_cluster.master_of(store.keys.stream(job_id)) == victim]
-    publisher = Publisher(store.streams, store, WORKER, resend_seconds=LEASE_SECONDS)
-    followers = [asyncio.create_task(follow(relay, job_id)) for job_id in jobs]
-    await asyncio.sleep(0.2)
-    running = [asyncio.create_task(run(publisher, job_id, 60)) for job_id in jobs]
-    await asyncio.sleep(0.5)
-    promoted = await asyncio.to_thread(redis_cluster.kill_master, victim)
-    try:
-        await asyncio.wait_for(asyncio.gather(*running), FOLLOW_SECONDS)
-        results = await asyncio.wait_for(asyncio.gather(*followers), FOLLOW_SECONDS)
-        for job_id, entries in zip(jobs, results, strict=True):
-            assert [entry_id for entry_id, _ in entries] == [f"{seq}-1" for seq in range(63)], job_id
-            assert [kind for _, kind in entries] == whole(60)
-            stored = await store.streams.xrange(store.keys.stream(job_id))
-            assert [entry_id for entry_id, _ in stored] == [f"{seq}-1" for seq in range(63)]
-            assert await store.redis.hget(store.keys.job(job_id), "status") == "completed"  # type: ignore[misc]
-        assert on_victim and all(redis_cluster.master_of(store.keys.stream(j)) == promoted for j in on_victim)
-    finally:
-        await asyncio.to_thread(redis_cluster.restart, victim)
-
-
-async def test_a_slot_moved_under_load_loses_repeats_and_reorders_nothing(
-    store: JobStore, relay: Relay, redis_cluster: ClusteredRedis
-) -> None:
-    jobs = await started_jobs(store, 12)
-    moved = store.keys.stream(jobs[0])
-    slot = redis_cluster.slot_of(moved)
-    source = redis_cluster.master_of(moved)
-    target = next(name for name in redis_cluster.masters() if name != source)
-    in_slot = [job_id for job_id in jobs if redis_cluster.slot_of(store.keys.stream(job_id)) == slot]
-    publisher = Publisher(store.streams, store, WORKER, resend_seconds=LEASE_SECONDS)
-    followers = [asyncio.create_task(follow(relay, job_id)) for job_id in jobs]
-    await asyncio.sleep(0.2)
-    running = [asyncio.create_task(run(publisher, job_id, 60)) for job_id in jobs]
-    await asyncio.sleep(0.3)
-    await asyncio.to_thread(redis_cluster.move_slot, slot, target, batch=1, pause=0.05)
-    await asyncio.wait_for(asyncio.gather(*running), FOLLOW_SECONDS)
-    results = await asyncio.wait_for(asyncio.gather(*followers), FOLLOW_SECONDS)
-    for job_id, entries in zip(jobs, results, strict=True):
-        assert [entry_id for entry_id, _ in entries] == [f"{seq}-1" for seq in range(63)], job_id
-        assert await store.redis.hget(store.keys.job(job_id), "status") == "completed"  # type: ignore[misc]
-    assert in_slot and all(redis_cluster.master_of(store.keys.stream(j)) == target for j in in_slot)
 
 
 def test_partitions_name_their_slot_in_the_data_plane_keys_alone() -> None:
