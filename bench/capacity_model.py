@@ -42,6 +42,7 @@ class Workload:
     jobs: int
     tokens_per_second: float
     stream_step: int = 1  # tokens per event
+    tokens_per_job: int = 500  # a job's output: as one ends another starts, each slot kept busy
 
     @property
     def steps_per_second(self) -> float:
@@ -51,6 +52,11 @@ class Workload:
     @property
     def events_per_second(self) -> float:
         return self.jobs * self.tokens_per_second / self.stream_step
+
+    @property
+    def jobs_per_second(self) -> float:
+        """Jobs started and ended a second: each of `jobs` slots ends one every `tokens_per_job` tokens."""
+        return self.jobs * self.tokens_per_second / self.tokens_per_job
 
 
 def redis_cores(costs: RedisCosts, workload: Workload, workers: int) -> float:
@@ -77,3 +83,33 @@ def gateways_for(events_per_second: float, gateway_cpu_per_event: float, utiliza
     """Gateway processes (one core each at most) relaying `events_per_second`, each at most
     `utilization` busy."""
     return math.ceil(events_per_second * gateway_cpu_per_event / utilization)
+
+
+def workers_per_cluster(
+    cost_per_event: float, busiest_share: float, masters: int, workload: Workload, utilization: float
+) -> int:
+    """How many such workers the streams' Redis Cluster of `masters` carries with its busiest master at
+    most `utilization` busy: `cost_per_event` is the masters' CPU per event added up, and the busiest
+    master takes `busiest_share` times its even share of it (1: the masters evenly loaded)."""
+    busiest = redis_cores_per_event(cost_per_event, workload, 1) * busiest_share / masters
+    return math.floor(utilization / busiest)
+
+
+def jobs_per_control_core(cost_per_job: float, utilization: float) -> float:
+    """Jobs started and ended a second that keep the control plane's Redis `utilization` busy, at
+    `cost_per_job` CPU seconds each (submit, claim, cancel or end): the control plane's own limit,
+    whatever the masters of the streams."""
+    return utilization / cost_per_job
+
+
+def control_cores(cost_per_job: float, cost_per_event: float, workload: Workload, workers: int) -> float:
+    """Share of the control plane's core that `workers` such workers keep busy: their jobs' starts and
+    ends, and what running them costs it per event (the leases' renewals, the workers' heartbeats)."""
+    return workers * (workload.jobs_per_second * cost_per_job + workload.events_per_second * cost_per_event)
+
+
+def workers_per_control_plane(
+    cost_per_job: float, cost_per_event: float, workload: Workload, utilization: float
+) -> int:
+    """How many such workers the control plane's one Redis carries at most `utilization` busy."""
+    return math.floor(utilization / control_cores(cost_per_job, cost_per_event, workload, 1))

@@ -43,15 +43,17 @@ import redis
 import redis.asyncio as aioredis
 import uvloop
 
-from bench import fleet_report, redis_probe, report, socket_limit, step_limit, system
+from bench import fleet_cluster_report, fleet_report, redis_probe, report, socket_limit, step_limit, system
 from bench.delivery import Delivery, account, lags
 from bench.fleet_clients import CLIENT_MIXES, KINDS, ClientReport, Clients
-from bench.fleet_figures import FleetLevel, FleetPlan, FleetRun
-from bench.fleet_system import START_TIMEOUT_SECONDS, Fleet
+from bench.fleet_figures import FleetLevel, FleetPlan, FleetRun, Lifecycle
+from bench.fleet_system import BATCH, START_TIMEOUT_SECONDS, Fleet
+from bench.redis_cluster import Cluster, partition_slots
 from bench.redis_probe import Probe
 from shared.config import Settings
 from shared.jobstore import JobStore
 from shared.keys import Keys
+from shared.redis_client import connect_streams
 from tests.redis_cleanup import delete_prefix
 
 OUT = Path(__file__).resolve().parent
@@ -131,8 +133,10 @@ async def run_level(
             on_progress(f"{streams} streams: measuring, every stream followed")
             followed, opened, closed = await fleet.window(plan.seconds, clients.handles)
             on_progress(f"{streams} streams: cancelling the jobs, draining the clients")
+            ending = redis_probe.snapshot(fleet.probe.client)
             await fleet.cancel(job_ids)
             reports = await clients.reports(DRAIN_TIMEOUT_SECONDS)
+            lifecycle = Lifecycle(len(job_ids), *fleet.starting, *fleet.control_since(ending))
         finally:
             clients.stop()
     finally:
@@ -148,6 +152,8 @@ async def run_level(
         delivery=delivery,
         lags=by_kind,
         failures=failures,
+        masters=len(fleet.masters),
+        lifecycle=lifecycle if fleet.masters else None,  # on one Redis the steps run meanwhile
     )
 
 
@@ -177,17 +183,22 @@ async def run_levels(fleet: Fleet, run: FleetRun, on_progress: Callable[[str], N
         on_progress(fleet_report.describe(run.levels[-1]))
 
 
-async def _run(
+async def run_fleet(
     settings: Settings,
     logs: Path,
     plan: FleetPlan,
     probe: Probe,
     run: FleetRun,
     on_progress: Callable[[str], None],
+    masters: list[Probe] | None = None,
 ) -> None:
-    """Start the gateways, run the levels, stop every process started."""
+    """Start the gateways, run the levels, stop every process started. `masters`: the streams' Redis
+    Cluster's (`settings.streams_redis_url`), when the streams are on one."""
     client = aioredis.Redis.from_url(settings.redis_url, decode_responses=True)
-    fleet = Fleet(settings, logs, plan, probe, JobStore(client, Keys(settings.key_prefix), settings))
+    keys, url = Keys.of(settings), settings.streams_redis_url
+    # as many connections to each master as the harness sends commands at once
+    streams = None if url is None else connect_streams(url, keys.client_name("bench"), BATCH)
+    fleet = Fleet(settings, logs, plan, probe, JobStore(client, keys, settings, streams), masters)
     try:
         on_progress(f"starting {plan.gateways} gateways")
         fleet.start_gateways()
@@ -195,6 +206,8 @@ async def _run(
     finally:
         fleet.stop()
         await client.aclose()
+        if streams is not None:
+            await streams.aclose()
 
 
 def measure(
@@ -216,9 +229,50 @@ def measure(
         run.step_limit = step_limit.measure(probe, settings.key_prefix)
         on_progress("one event's write to a client's socket: the gateway's physical limit")
         run.write_cost = socket_limit.measure(max(plan.streams) // plan.gateways)
-        uvloop.run(_run(settings, logs, plan, probe, run, on_progress))
+        uvloop.run(run_fleet(settings, logs, plan, probe, run, on_progress))
     finally:
         delete_prefix(redis_url, settings.key_prefix)
+    run.minutes = (time.monotonic() - began) / 60
+    return run
+
+
+def measure_clustered(
+    plan: FleetPlan, logs: Path, command: str, on_progress: Callable[[str], None]
+) -> FleetRun:
+    """The plan's levels once per count of `plan.masters`, the streams on a private Redis Cluster of
+    as many masters (`redis_cluster.Cluster`, started anew for each), the control plane on a private
+    Redis of its own for the whole run; no physical limits (the one Redis's run measures them)."""
+    began = time.monotonic()
+    control_server, control_url = system.start_redis(logs)
+    control = Probe(redis.Redis.from_url(control_url, decode_responses=True))
+    run = FleetRun(command, datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), plan)
+    idle_rates: list[float] = []
+    try:
+        for count in plan.masters:
+            partitions = (
+                {} if plan.stream_partitions is None else {"stream_partitions": plan.stream_partitions}
+            )
+            settings = system.bench_settings(control_url, **partitions)
+            keys = Keys(settings.key_prefix, settings.stream_partitions)
+            on_progress(f"{count} masters: starting the cluster")
+            on_masters = logs / f"masters-{count}"  # its processes' logs
+            cluster = Cluster.start(count, partition_slots(keys), on_masters)
+            part = FleetRun(command, run.measured, plan)
+            try:
+                masters = [Probe(cluster.client(n)) for n in range(count)]
+                idle_rates += redis_probe.measure_idle([control, *masters])
+                settings = settings.model_copy(update={"streams_redis_url": cluster.url})
+                uvloop.run(run_fleet(settings, on_masters, plan, control, part, on_progress, masters))
+            finally:
+                cluster.stop()
+            run.levels += part.levels
+            if part.stopped:
+                run.stopped = f"on {count} masters, {part.stopped}"
+                break
+    finally:
+        control_server.terminate()
+        control_server.wait()
+    run.idle_redis_cpu_per_second = sum(idle_rates) / max(len(idle_rates), 1)  # each server's, on average
     run.minutes = (time.monotonic() - began) / 60
     return run
 
@@ -228,8 +282,9 @@ def plan_of(args: argparse.Namespace) -> FleetPlan:
     plan = QUICK if args.quick else FULL
     given = {name: value for name, value in vars(args).items() if name in FleetPlan.__dataclass_fields__}
     given = {name: value for name, value in given.items() if value is not None}
-    if "streams" in given:
-        given["streams"] = tuple(given["streams"])
+    for name in ("streams", "masters"):
+        if name in given:
+            given[name] = tuple(given[name])
     return replace(plan, **given)
 
 
@@ -256,6 +311,14 @@ def main_parser() -> argparse.ArgumentParser:
         help="how the clients follow: the mix (default: one in ten long-polls, one in ten resumes, the rest"
         " SSE), or every client one way, to measure that one's cost alone",
     )
+    parser.add_argument(
+        "--masters",
+        type=int,
+        nargs="+",
+        help="the streams on a private Redis Cluster of each many masters in turn (no replicas), the"
+        " control plane on a Redis of its own: every level once per count",
+    )
+    parser.add_argument("--stream-partitions", type=int, help="with --masters: the streams' partitions")
     return parser
 
 
@@ -263,15 +326,20 @@ def main() -> None:
     args = main_parser().parse_args()
     plan = plan_of(args)
     logs = Path(tempfile.mkdtemp(prefix="streampool-fleet-"))
-    redis_server, url = system.start_redis(logs)
     command = shlex.join(["python", "-m", "bench.fleet", *sys.argv[1:]])
-    try:
-        run = measure(url, plan, logs, command, lambda text: print(text, flush=True))
-    finally:
-        redis_server.terminate()
-        redis_server.wait()
-    path = report.write_fleet(run, OUT)
-    print("\n".join(fleet_report.section(run)))
+    if plan.masters:
+        run = measure_clustered(plan, logs, command, lambda text: print(text, flush=True))
+        path = report.write_fleet_cluster(run, OUT)
+        print("\n".join(fleet_cluster_report.section(run)))
+    else:
+        redis_server, url = system.start_redis(logs)
+        try:
+            run = measure(url, plan, logs, command, lambda text: print(text, flush=True))
+        finally:
+            redis_server.terminate()
+            redis_server.wait()
+        path = report.write_fleet(run, OUT)
+        print("\n".join(fleet_report.section(run)))
     print(f"wrote its section of {path} and its part of results.json ({run.minutes:.1f} min); logs: {logs}")
 
 

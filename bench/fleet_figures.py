@@ -49,6 +49,8 @@ class Window:
     calls: dict[str, int] = field(default_factory=dict)
     usec: dict[str, int] = field(default_factory=dict)  # µs in each command, as Redis counts it
     gateway_system_cpu: float = 0.0  # the part of `gateway_cpu` spent in the kernel (socket writes)
+    master_cpu: tuple[float, ...] = ()  # each master's of `redis_cpu`, the streams on a Redis Cluster
+    control_cpu: float = 0.0  # the control plane's Redis (`redis_url`), when the streams are elsewhere
 
     @property
     def events_per_second(self) -> float:
@@ -60,6 +62,28 @@ class Window:
     def commands_per_event(self, names: Iterable[str]) -> float:
         """µs Redis counts in the commands `names`, per event."""
         return self.per_event(sum(self.usec.get(name, 0) for name in names) / 1e6)
+
+
+@dataclass(frozen=True)
+class Lifecycle:
+    """The control plane's Redis CPU (idle share taken off) while a level's `jobs` were submitted and
+    started (the workers' claims), and while they were cancelled and ended, with the seconds each took:
+    the jobs' lifecycle, with the running jobs' lease renewals and the workers' heartbeats meanwhile."""
+
+    jobs: int
+    start_cpu: float
+    start_seconds: float
+    end_cpu: float
+    end_seconds: float
+
+    @property
+    def us_per_job(self) -> float:
+        """µs of the control plane's CPU per job started and ended."""
+        return us_per(self.start_cpu + self.end_cpu, self.jobs)
+
+    def jobs_per_second(self, utilization: float) -> float:
+        """Jobs started and ended a second that keep one control-plane core `utilization` busy."""
+        return 1e6 * utilization / self.us_per_job
 
 
 @dataclass
@@ -76,6 +100,8 @@ class FleetLevel:
     delivery: Delivery
     lags: dict[str, list[float]] = field(repr=False)  # seconds, by the clients' kind (fleet_clients.KINDS)
     failures: list[str]
+    masters: int = 0  # the streams' Redis Cluster's masters; 0: the streams on the one Redis
+    lifecycle: Lifecycle | None = None  # with the streams on a cluster, the control plane's share
 
     @property
     def asked_rate(self) -> float:
@@ -100,6 +126,22 @@ class FleetLevel:
     @property
     def redis_relay_us(self) -> float:
         return self.redis_total_us - self.redis_step_us
+
+    @property
+    def master_us(self) -> tuple[float, ...]:
+        """Each master's Redis CPU per relayed event (of all the masters' events)."""
+        return tuple(self.followed.per_event(cpu) for cpu in self.followed.master_cpu)
+
+    @property
+    def busiest_share(self) -> float:
+        """The busiest master's CPU over its even share of the masters' CPU (1: perfectly even)."""
+        cpus = self.followed.master_cpu
+        return max(cpus) * len(cpus) / sum(cpus) if cpus and sum(cpus) > 0 else math.nan
+
+    @property
+    def control_us(self) -> float:
+        """The control plane's Redis CPU per relayed event: the running jobs' leases and heartbeats."""
+        return self.followed.per_event(self.followed.control_cpu)
 
     @property
     def gateway_us(self) -> float:
@@ -150,6 +192,8 @@ class FleetPlan:
     clients: str = (
         MIXED  # how the clients follow: the mix, or one kind for all (`fleet_clients.CLIENT_MIXES`)
     )
+    masters: tuple[int, ...] = ()  # the streams on a Redis Cluster of each many masters in turn; (): on one
+    stream_partitions: int | None = None  # the streams' partitions on a cluster; None: the setting's default
 
 
 @dataclass

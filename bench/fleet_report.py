@@ -24,7 +24,7 @@ def _us(value: float) -> str:
     return "n/a" if math.isnan(value) else f"{value:.1f}"
 
 
-def _lags(level: FleetLevel, kind: str | None = None) -> str:
+def lags_text(level: FleetLevel, kind: str | None = None) -> str:
     return " / ".join(_ms(level.lag(q, kind)) for q in QUANTILES)
 
 
@@ -35,7 +35,7 @@ def describe(level: FleetLevel) -> str:
         f"({level.asked_rate:,.0f} events/s asked, {level.achieved:.0%} made): "
         f"Redis {_us(level.redis_total_us)} us/event (steps "
         f"{_us(level.redis_step_us)}, relay {_us(level.redis_relay_us)}), gateway {_us(level.gateway_us)}, "
-        f"worker {_us(level.worker_us)}; lag p50/p99/p99.9 {_lags(level)} ms; sent {d.sent}, delivered "
+        f"worker {_us(level.worker_us)}; lag p50/p99/p99.9 {lags_text(level)} ms; sent {d.sent}, delivered "
         f"{d.delivered}, duplicated {d.duplicated}, reordered {d.reordered}, unexpected {d.unexpected}, "
         f"{len(level.failures)} failed follows; sustained: {'yes' if level.sustained else 'no'}"
     )
@@ -71,16 +71,16 @@ def _delivery_rows(run: FleetRun) -> list[str]:
     ]
     for level in run.levels:
         d = level.delivery
-        kinds = " | ".join(f"{len(level.lags.get(kind, []))}, {_lags(level, kind)}" for kind in KINDS)
+        kinds = " | ".join(f"{len(level.lags.get(kind, []))}, {lags_text(level, kind)}" for kind in KINDS)
         lines.append(
-            f"| {level.streams} | {level.asked_rate:,.0f} | {_lags(level)} | {kinds} | {d.sent} "
+            f"| {level.streams} | {level.asked_rate:,.0f} | {lags_text(level)} | {kinds} | {d.sent} "
             f"| {d.delivered} | {d.duplicated} | {d.reordered} | {len(level.failures)} "
             f"| {'yes' if level.sustained else 'no'} |"
         )
     return lines
 
 
-def _gateways(plan: FleetPlan) -> str:
+def gateways_text(plan: FleetPlan) -> str:
     if plan.gateway_processes == 1:
         return f"{plan.gateways} gateway processes"
     return f"{plan.gateways} gateways of {plan.gateway_processes} processes each on its port (`--processes`)"
@@ -93,7 +93,7 @@ CLIENTS_ALONE = {
 }
 
 
-def _clients(plan: FleetPlan) -> str:
+def clients_text(plan: FleetPlan) -> str:
     """How the run's clients follow their jobs (`--clients`)."""
     if plan.clients == MIXED:
         return (
@@ -172,10 +172,10 @@ def section(run: FleetRun) -> list[str]:
         HEADING,
         "",
         f"Measured by `{run.command}` ({run.measured}, {run.minutes:.1f} minutes): {plan.workers} workers"
-        f" on the synthetic engine, {_gateways(plan)}, a client for every job in"
-        f" {plan.client_processes} processes ({_clients(plan)}), a private Redis. Each level runs `streams`"
-        " jobs spread evenly over the workers, each worker's jobs stepping together at the rate asked on"
-        " the worker's own clock, the workers started one after the other so"
+        f" on the synthetic engine, {gateways_text(plan)}, a client for every job in"
+        f" {plan.client_processes} processes ({clients_text(plan)}), a private Redis. Each level runs"
+        " `streams` jobs spread evenly over the workers, each worker's jobs stepping together at the rate"
+        " asked on the worker's own clock, the workers started one after the other so"
         f" that their steps are out of phase. Redis is measured for {plan.unfollowed_seconds:g} s with"
         " nobody following the jobs (its CPU per event there is the steps': append, lease and cancel"
         f" checks, heartbeats), then for {plan.seconds:g} s with every job followed (all); relay = all -"

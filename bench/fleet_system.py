@@ -1,18 +1,20 @@
 """The fleet's processes and jobs: its gateways (for the whole run), a level's workers (started with
-the level's step rate) and their running jobs, and a measuring window over all of them."""
+the level's step rate) and their running jobs, and a measuring window over all of them: the one Redis,
+or the control plane's Redis and each master of the streams' Redis Cluster."""
 
 from __future__ import annotations
 
 import asyncio
 import math
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
 import psutil
 
 from bench import redis_probe, system
 from bench.fleet_figures import FleetPlan, Window
-from bench.redis_probe import Probe
+from bench.redis_probe import Probe, Snapshot
 from shared.config import Settings
 from shared.jobstore import JobStore
 from shared.requests import JobRequest
@@ -56,13 +58,23 @@ class Fleet:
     """The gateways, on ports of their own, and the workers of the level that runs."""
 
     def __init__(
-        self, settings: Settings, logs: Path, plan: FleetPlan, probe: Probe, store: JobStore
+        self,
+        settings: Settings,
+        logs: Path,
+        plan: FleetPlan,
+        probe: Probe,
+        store: JobStore,
+        masters: list[Probe] | None = None,
     ) -> None:
+        """`probe`: the Redis of `redis_url`; `masters`: the streams' cluster's masters, when they are
+        on one (`probe` is then the control plane's alone)."""
         self.settings = settings
         self.logs = logs
         self.plan = plan
         self.probe = probe
         self.store = store
+        self.masters = masters or []
+        self.starting = (0.0, 0.0)  # the control plane's CPU and seconds of the level's jobs' start
         self.gateways: list[system.Child] = []
         self.workers: list[system.Child] = []
         self.ports = [settings.port, *(system.free_port() for _ in range(plan.gateways - 1))]
@@ -83,6 +95,7 @@ class Fleet:
         asked = self.plan.unfollowed_seconds + self.plan.seconds + TOKENS_MARGIN_SECONDS
         max_tokens = math.ceil(steps_per_second * asked)
         job_ids: list[str] = []
+        self.starting = (0.0, 0.0)
         for n in range(self.plan.workers):
             settings = self.settings.model_copy(
                 update={
@@ -96,10 +109,18 @@ class Fleet:
             )
             self.workers.append(system.start(f"worker-{n}", ["cli", "worker"], settings, self.logs))
             system.wait_ready(self.settings, [*self.gateways, *self.workers], n + 1)
+            before = redis_probe.snapshot(self.probe.client)
             share = await self._submit(min(jobs, streams - len(job_ids)), max_tokens)
             await self._wait_running(share)
+            cpu, seconds = self.control_since(before)
+            self.starting = (self.starting[0] + cpu, self.starting[1] + seconds)
             job_ids += share
         return job_ids
+
+    def control_since(self, before: Snapshot) -> tuple[float, float]:
+        """The control plane's CPU (idle share off) and the seconds since `before`, its snapshot."""
+        after = redis_probe.snapshot(self.probe.client)
+        return self.probe.busy(before, after), after.taken - before.taken
 
     async def _submit(self, count: int, max_tokens: int) -> list[str]:
         request = JobRequest(prompt="fleet", max_tokens=max_tokens)
@@ -132,7 +153,7 @@ class Fleet:
         sent: dict[str, dict[int, int]] = {}
         for start in range(0, len(job_ids), BATCH):
             batch = job_ids[start : start + BATCH]
-            pipe = self.store.redis.pipeline(transaction=False)
+            pipe = self.store.streams.pipeline(transaction=False)
             for job_id in batch:
                 pipe.xrange(self.store.keys.stream(job_id))
             for job_id, entries in zip(batch, await pipe.execute(), strict=True):
@@ -159,25 +180,43 @@ class Fleet:
         )
 
     async def window(self, seconds: float, clients: list[psutil.Process]) -> tuple[Window, float, float]:
-        """Measure for `seconds`: the window, and when it opened and closed (epoch seconds)."""
-        before, (gateways, workers) = redis_probe.snapshot(self.probe.client), self._cpu()
+        """Measure for `seconds`: the window, and when it opened and closed (epoch seconds). The
+        streams' figures (events, Redis CPU, commands) are the masters' added up, when on a cluster."""
+        streams = self.masters or [self.probe]
+        control, (gateways, workers) = redis_probe.snapshot(self.probe.client), self._cpu()
+        before = [redis_probe.snapshot(master.client) for master in streams]
         (busy, total), client_cpu, opened = _machine_cpu(), _cpu_seconds(clients), time.time()
         await asyncio.sleep(seconds)
         closed = time.time()
-        after = redis_probe.snapshot(self.probe.client)
+        after = [redis_probe.snapshot(master.client) for master in streams]
+        control_cpu, _ = self.control_since(control)
         gateways_after, workers_after = self._cpu()
         busy_after, total_after = _machine_cpu()
-        calls = redis_probe.calls_between(before, after)
+        calls = _added(redis_probe.calls_between(*pair) for pair in zip(before, after, strict=True))
+        master_cpu = tuple(
+            master.busy(*pair) for master, pair in zip(streams, zip(before, after, strict=True), strict=True)
+        )
         window = Window(
-            seconds=after.taken - before.taken,
+            seconds=after[0].taken - before[0].taken,
             events=calls.get("xadd", 0),
-            redis_cpu=self.probe.busy(before, after),
+            redis_cpu=sum(master_cpu),
             gateway_cpu=gateways_after[0] - gateways[0],
             gateway_system_cpu=gateways_after[1] - gateways[1],
             worker_cpu=workers_after - workers,
             client_cpu=_cpu_seconds(clients) - client_cpu,
             machine_busy=(busy_after - busy) / (total_after - total),
             calls=calls,
-            usec=redis_probe.usec_between(before, after),
+            usec=_added(redis_probe.usec_between(*pair) for pair in zip(before, after, strict=True)),
+            master_cpu=master_cpu if self.masters else (),
+            control_cpu=control_cpu if self.masters else 0.0,
         )
         return window, opened, closed
+
+
+def _added(counts: Iterable[dict[str, int]]) -> dict[str, int]:
+    """Counts by name, added up over the servers."""
+    total: dict[str, int] = {}
+    for count in counts:
+        for name, value in count.items():
+            total[name] = total.get(name, 0) + value
+    return dict(sorted(total.items()))

@@ -75,14 +75,20 @@ class Probe:
         self.idle_rate = 0.0
 
     def measure_idle(self) -> float:
-        before = snapshot(self.client)
-        time.sleep(IDLE_SECONDS)
-        after = snapshot(self.client)
-        self.idle_rate = (after.cpu_seconds - before.cpu_seconds) / (after.taken - before.taken)
-        return self.idle_rate
+        return measure_idle([self])[0]
 
     def busy(self, before: Snapshot, after: Snapshot) -> float:
         return after.cpu_seconds - before.cpu_seconds - self.idle_rate * (after.taken - before.taken)
+
+
+def measure_idle(probes: list[Probe]) -> list[float]:
+    """Each server's CPU a second while idle, measured over the same seconds."""
+    before = [snapshot(probe.client) for probe in probes]
+    time.sleep(IDLE_SECONDS)
+    for probe, first in zip(probes, before, strict=True):
+        after = snapshot(probe.client)
+        probe.idle_rate = (after.cpu_seconds - first.cpu_seconds) / (after.taken - first.taken)
+    return [probe.idle_rate for probe in probes]
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from bench import first_token, fleet_report
+from bench import first_token, fleet_cluster_report, fleet_report
 from bench.cancel import CancelSample
 from bench.commands import StepCost
 from bench.engine_baseline import EngineRun
@@ -445,6 +445,19 @@ def write_fleet(fleet: FleetRun, out: Path) -> Path:
     raw["fleet"] = fleet_report.raw(fleet)
     raw_path.write_text(json.dumps(raw, indent=1, default=str))
     path.write_text("\n".join(_put_section(path.read_text().splitlines(), fleet_section(fleet))) + "\n")
+    return path
+
+
+def write_fleet_cluster(fleet: FleetRun, out: Path) -> Path:
+    """Put a run of `python -m bench.fleet --masters ...` into results.json (its `fleet_cluster`) and
+    RESULTS.md (its section, after section 9) in place, as `write_fleet` does; answers RESULTS.md's path."""
+    raw_path, path = out / "results.json", out / "RESULTS.md"
+    raw = json.loads(raw_path.read_text())
+    raw["fleet_cluster"] = fleet_cluster_report.raw(fleet)
+    raw_path.write_text(json.dumps(raw, indent=1, default=str))
+    path.write_text(
+        "\n".join(_put_section(path.read_text().splitlines(), fleet_cluster_report.section(fleet))) + "\n"
+    )
     return path
 
 
