@@ -13,15 +13,17 @@ slot, following their MOVED and ASK itself; a demoted master answers MOVED, neve
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
 
 import hiredis
 import redis.asyncio as aioredis
 from redis._parsers.commands import AsyncCommandsParser
-from redis.asyncio.cluster import ClusterNode, RedisCluster
+from redis.asyncio.cluster import ClusterNode, ClusterPipeline, RedisCluster
 from redis.asyncio.connection import Connection
 from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool, SentinelManagedConnection
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -77,8 +79,18 @@ class ClusterConnection(PackedInC, Connection):
     """A connection to one node of a Redis Cluster, packing its commands in C."""
 
 
+_HOLDING: ContextVar[bool] = ContextVar("holding", default=False)
+"""Whether this task runs inside a command or pipeline of a `StreamsCluster` already (redis-py's
+pipeline sends the commands a slot's move sent back one by one, through the client)."""
+
+
 class StreamsCluster(RedisCluster):
-    """redis-py 5.3.1's cluster client, through a master's failover.
+    """redis-py 5.3.1's cluster client, with at most `max_connections` commands and pipelines in
+    flight at once, and through a master's failover.
+
+    redis-py's own bound is per node, and a command that finds a node's connections all busy fails
+    at once (`MaxConnectionsError`): a burst of commands (a thousand readers following at once)
+    waits here for one of the process's `max_connections` instead, as `connect`'s pool has it wait.
 
     A connection error has it close every node's connections and read the cluster's layout anew,
     and the node it then asks for the command table is its default node, the master of slot 0:
@@ -89,9 +101,42 @@ class StreamsCluster(RedisCluster):
     the client was given.
     """
 
+    def __init__(self, *args: Any, max_connections: int, **kwargs: Any) -> None:
+        super().__init__(*args, max_connections=max_connections, **kwargs)
+        self.in_flight = asyncio.Semaphore(max_connections)
+
+    async def execute_command(self, *args: Any, **kwargs: Any) -> Any:
+        if _HOLDING.get():
+            return await super().execute_command(*args, **kwargs)
+        async with self.in_flight:
+            holding = _HOLDING.set(True)
+            try:
+                return await super().execute_command(*args, **kwargs)
+            finally:
+                _HOLDING.reset(holding)
+
+    def pipeline(self, transaction: Any | None = None, shard_hint: Any | None = None) -> ClusterPipeline:
+        if transaction or shard_hint:
+            return super().pipeline(transaction, shard_hint)  # which refuses them
+        return BoundedPipeline(self)  # type: ignore[abstract]  # redis-py's types call it abstract
+
     def get_default_node(self) -> ClusterNode:
         default: ClusterNode | None = self.nodes_manager.default_node
         return default if default is not None else next(iter(self.nodes_manager.startup_nodes.values()))
+
+
+class BoundedPipeline(ClusterPipeline):
+    """A pipeline of a `StreamsCluster`, in flight as one of its commands."""
+
+    async def execute(self, raise_on_error: bool = True, allow_redirections: bool = True) -> list[Any]:
+        client = self._client
+        assert isinstance(client, StreamsCluster)
+        async with client.in_flight:
+            holding = _HOLDING.set(True)
+            try:
+                return await super().execute(raise_on_error, allow_redirections)
+            finally:
+                _HOLDING.reset(holding)
 
 
 async def close_cluster(cluster: RedisCluster) -> None:
@@ -205,7 +250,7 @@ def connect_cluster(url: str, name: str, max_connections: int) -> RedisCluster:
     sends ASKING on one connection of the new owner and the command on whichever is free.
     """
     target = parse_cluster_url(url)
-    client: StreamsCluster = StreamsCluster(
+    client: StreamsCluster = StreamsCluster(  # type: ignore[abstract]  # redis-py's types call it abstract
         startup_nodes=[ClusterNode(host, port) for host, port in target.nodes],
         username=target.username,
         password=target.password,

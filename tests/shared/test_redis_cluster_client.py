@@ -163,3 +163,28 @@ def errors(cluster: ClusteredRedis, name: str) -> dict[str, int]:
     with cluster.client(name) as node:
         stats = node.info("errorstats")
     return {kind: stats.get(f"errorstat_{kind}", {}).get("count", 0) for kind in ("ASK", "MOVED")}
+
+
+async def test_a_burst_past_max_connections_waits_for_a_free_one_instead_of_failing(
+    redis_cluster: ClusteredRedis,
+) -> None:
+    """redis-py alone fails a command that finds its node's connections all busy (MaxConnectionsError):
+    `connect_cluster`'s client has a burst of commands and pipelines wait their turn, every one answered."""
+    client = connect_cluster(redis_cluster.url, NAME, 2)
+    key = f"burst:{uuid.uuid4().hex}"
+    try:
+
+        async def pipelined(n: int) -> list[object]:
+            pipe = client.pipeline()
+            pipe.incr(key)
+            pipe.get(key)
+            return list(await pipe.execute())
+
+        answers = await asyncio.gather(
+            *(client.incr(key) for _ in range(50)), *(pipelined(n) for n in range(50))
+        )
+        assert await client.get(key) == "100"
+        assert len(answers) == 100
+    finally:
+        await client.delete(key)
+        await client.aclose()
