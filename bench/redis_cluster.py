@@ -2,10 +2,10 @@
 availability, not capacity (a replica serves no command of the streams' clients, and its master's CPU
 for feeding it is the same whatever the masters).
 
-`redis-cli --cluster create` makes no cluster of fewer than 3 masters, and splits the slots evenly,
-which with the 16 partitions of `stream_partitions` puts 4, 5 and 7 of them on 3 masters: the cluster is
-made here by hand as that command makes it (the slots assigned, distinct config epochs, every node met),
-each master given the slots of an even share of the partitions, as a deployment places them.
+`redis-cli --cluster create` makes no cluster of fewer than 3 masters: the cluster is made here by
+hand as that command makes it (the slots assigned, distinct config epochs, every node met), each master
+given the slots of an even share of the partitions, as the command's even split of the slots gives
+them (`Keys.partition_tag`).
 """
 
 from __future__ import annotations
