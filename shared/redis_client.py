@@ -27,7 +27,14 @@ from redis.asyncio.cluster import ClusterNode, ClusterPipeline, RedisCluster
 from redis.asyncio.connection import Connection
 from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool, SentinelManagedConnection
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import DataError, OutOfMemoryError, ReadOnlyError, RedisClusterException, RedisError
+from redis.exceptions import (
+    DataError,
+    MaxConnectionsError,
+    OutOfMemoryError,
+    ReadOnlyError,
+    RedisClusterException,
+    RedisError,
+)
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from shared.errors import BackendUnavailable
@@ -91,6 +98,12 @@ class StreamsCluster(RedisCluster):
     redis-py's own bound is per node, and a command that finds a node's connections all busy fails
     at once (`MaxConnectionsError`): a burst of commands (a thousand readers following at once)
     waits here for one of the process's `max_connections` instead, as `connect`'s pool has it wait.
+    So a `MaxConnectionsError` here means a node's connections leaked: redis-py keeps counting a
+    connection whose sending failed (a node dying) as in use, and after `max_connections` such
+    failures every command to the node fails so, and redis-py, which maps the nodes anew after a
+    connection error, does not after this one. The client is then closed, as redis-py closes it
+    after a connection error: the command fails as any does while a master fails over, and the
+    next one maps the nodes anew, each node's count fresh.
 
     A connection error has it close every node's connections and read the cluster's layout anew,
     and the node it then asks for the command table is its default node, the master of slot 0:
@@ -112,6 +125,9 @@ class StreamsCluster(RedisCluster):
             holding = _HOLDING.set(True)
             try:
                 return await super().execute_command(*args, **kwargs)
+            except MaxConnectionsError:
+                await self.aclose()  # the next command maps the nodes anew
+                raise
             finally:
                 _HOLDING.reset(holding)
 
@@ -135,6 +151,9 @@ class BoundedPipeline(ClusterPipeline):
             holding = _HOLDING.set(True)
             try:
                 return await super().execute(raise_on_error, allow_redirections)
+            except MaxConnectionsError:
+                await client.aclose()  # the next command maps the nodes anew
+                raise
             finally:
                 _HOLDING.reset(holding)
 

@@ -96,6 +96,21 @@ async def read_sse(
         return await _events_of(source, stop_after, [] if into is None else into)
 
 
+async def reconnected_mid_stream(
+    client: httpx.AsyncClient, job_id: str, resume_through: httpx.AsyncClient | None = None
+) -> list[tuple[str, dict[str, Any]]]:
+    """The job's stream as a reader gets it that drops after its sixth event and reconnects with
+    `Last-Event-ID` (through `resume_through`, another gateway's client, when given), checked against a
+    whole read: no gap, no duplicate, every seq in order."""
+    first = await read_sse(client, job_id, stop_after=6)
+    assert first[-1][1]["type"] == "delta"
+    rest = await read_sse(resume_through or client, job_id, last_event_id=first[-1][0])
+    whole = await read_sse(client, job_id)
+    assert first + rest == whole
+    assert [event["seq"] for _, event in whole] == list(range(len(whole)))
+    return whole
+
+
 async def read_sse_through_outages(
     client: httpx.AsyncClient, job_id: str, into: list[tuple[str, dict[str, Any]]]
 ) -> list[tuple[str, dict[str, Any]]]:

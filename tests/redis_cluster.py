@@ -148,7 +148,8 @@ class ClusteredRedis:
 
         def healthy() -> bool:
             views = [self.nodes(name) for name in self.live()]
-            if any(view[name].failed for view in views for name in self.live()):
+            # A node not yet in another's view (the cluster still meeting) is no healthy cluster yet.
+            if any(name not in view or view[name].failed for view in views for name in self.live()):
                 return False
             masters = [{name for name, v in view.items() if v.is_master and not v.failed} for view in views]
             if any(m != masters[0] for m in masters) or masters[0] & self.dead:

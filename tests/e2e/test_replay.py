@@ -14,6 +14,7 @@ from tests.helpers import (
     TERMINAL,
     poll_all,
     read_sse,
+    reconnected_mid_stream,
     streamed_text,
     submit,
     submit_and_read_sse,
@@ -37,12 +38,7 @@ async def test_sse_and_long_poll_return_the_same_events(client: httpx.AsyncClien
 
 async def test_reconnect_with_last_event_id_has_no_gap_and_no_duplicate(client: httpx.AsyncClient) -> None:
     job_id = await submit(client, prompt=LONG_PROMPT, max_tokens=40, temperature=0)
-    first = await read_sse(client, job_id, stop_after=6)  # the reader drops mid-stream
-    assert first[-1][1]["type"] == "delta"
-    rest = await read_sse(client, job_id, last_event_id=first[-1][0])
-    whole = await read_sse(client, job_id)
-    assert first + rest == whole
-    assert [event["seq"] for _, event in whole] == list(range(len(whole)))
+    await reconnected_mid_stream(client, job_id)
 
 
 async def test_two_readers_of_one_job_see_identical_streams(client: httpx.AsyncClient) -> None:
