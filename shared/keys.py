@@ -304,7 +304,3 @@ class Keys:
         """Sorted set: the batches not yet ended, scored by creation (ms): what the gateways' batch
         drivers look after."""
         return f"{self.prefix}:batches-active"
-
-    def job_keys(self, job_id: str) -> list[str]:
-        """Keys that live and expire with a job."""
-        return [self.job(job_id), self.stream(job_id), self.cancel(job_id)]

@@ -7,8 +7,8 @@
 -- A stream that already ends (an earlier worker's end reached the stream and not the record: it
 -- stopped between the two) is not written: the worker ends the record as the stream says.
 -- Takes `arguments.StreamTakeArgs`. KEYS: the job's stream and writer.
--- Answers {'running'}, {'resumed', entries}, {'ended', entries} or {'missing'} (no stream: the
--- job's keys expired).
+-- Answers {'running'}, {'resumed', entries}, {'ended', entries} or {'missing'} (no stream: lost in a
+-- failover before a replica had it, or expired with the job's keys; nothing is written).
 local stream, writer = unpack(KEYS)
 local args = cjson.decode(ARGV[1])
 

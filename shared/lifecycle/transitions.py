@@ -481,6 +481,8 @@ class Transitions:
         )
         if taken == StartOutcome.running.value:
             return answer
+        if taken == "missing":  # its stream is gone (a failover lost it): nothing to run it on
+            return StartAnswer(StartOutcome.refused)
         outcome = StartOutcome.ended if taken == StartOutcome.ended.value else StartOutcome.resumed
         return StartAnswer(
             outcome, answer.request, answer.created_at, answer.attempt, _fields(read[0]), answer.conversation

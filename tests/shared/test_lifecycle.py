@@ -148,7 +148,12 @@ async def test_delete_takes_a_finished_jobs_keys_and_leaves_an_unfinished_one(st
         await store.delete(running)
     ended = (await store.submit(REQUEST, idempotency_key="delete-me", model=MODEL, max_queued=0)).job_id
     await store.cancel(ended)
-    keys = [*store.keys.job_keys(ended), store.keys.idempotency("delete-me")]
+    keys = [
+        store.keys.job(ended),
+        store.keys.stream(ended),
+        store.keys.cancel(ended),
+        store.keys.idempotency("delete-me"),
+    ]
     await store.redis.set(store.keys.cancel(ended), "1", ex=60)  # every key a job may own, present
     assert await store.redis.exists(*keys) == len(keys)
 

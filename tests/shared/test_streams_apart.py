@@ -347,3 +347,11 @@ async def test_a_cancel_stopped_before_the_record_still_ends_the_running_job(sto
     assert (await publisher.finish(job_id, ending, cancelled)).outcome is FinishOutcome.ended
     assert await status(store, job_id) == "cancelled"
     assert (await stream_types(store, job_id))[-1] == "cancelled"
+
+
+async def test_a_start_whose_stream_is_gone_runs_nothing(store: JobStore) -> None:
+    """A stream the streams' Redis lost (a failover before its replica had it): the start refuses,
+    and the job is handed on when its lease lapses, as any start that runs nothing."""
+    job_id = await submitted(store)
+    await store.streams.delete(store.keys.stream(job_id))
+    assert await store.start(job_id, WORKER, MODEL, lease_seconds=LEASE_SECONDS) is None
