@@ -87,7 +87,7 @@ def create_app(settings: GatewaySettings) -> FastAPI:
         source: NoticeSource
         if streams_url is not None and is_cluster(streams_url):  # a client of the hub's own: it closes it
             reader_cluster = connect_cluster(streams_url, keys.stream_reader_name, most)
-            source = ClusterNotices(reader_cluster, keys, keys.stream_reader_name)
+            source = ClusterNotices(reader_cluster, keys)
         else:  # the notices come from where the streams are
             reader_url = streams_url or url
             reader = connect_reader(reader_url, keys.stream_reader_name, sentinel_password=sentinel_password)

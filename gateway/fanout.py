@@ -450,7 +450,11 @@ class StreamHub:
         while self._watched:
             try:
                 await self._source.listen(self._notice, subscribed, SWEEP_SECONDS)
-            except (RedisError, OSError):
+            except Exception as exc:  # every follower waits on this task: it must not end with a fault
+                if not isinstance(exc, RedisError | OSError):
+                    log.exception("stream notices: an unforeseen failure; listening again")
+                elif retry_in == RETRY_FIRST_SECONDS:
+                    log.warning("stream notices: Redis failed (%s); listening again", exc)
                 self._hearing = False
                 self._forget()
                 await asyncio.sleep(retry_in)
@@ -471,7 +475,9 @@ class StreamHub:
             due, self._due = [self._watched[name] for name in self._due if name in self._watched], set()
             try:
                 reply = await self._source.read(due, HUB_READ_COUNT)
-            except (RedisError, OSError) as exc:
+            except Exception as exc:  # every follower waits on this task: it must not end with a fault
+                if not isinstance(exc, RedisError | OSError):
+                    log.exception("stream reader: an unforeseen failure; reading again")
                 self._due.update(self._watched)
                 self._forget()
                 await self._source.drop()

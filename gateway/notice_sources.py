@@ -21,14 +21,14 @@ from collections.abc import Callable, Collection, Sequence
 from typing import Any, Protocol
 
 import redis.asyncio as aioredis
-from redis.asyncio.cluster import ClusterNode, RedisCluster
+from redis.asyncio.cluster import ClusterNode
 from redis.asyncio.connection import AbstractConnection
 from redis.crc import key_slot
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisClusterException
+from redis.exceptions import RedisClusterException, RedisError, ResponseError
 
 from shared.keys import Keys
-from shared.redis_client import close_cluster, remap_cluster
+from shared.redis_client import StreamsCluster, close_cluster, remap_cluster
 
 READ_TIMEOUT_SECONDS = 10.0  # a read without an answer by then means a dead connection
 
@@ -100,15 +100,7 @@ class ServerNotices:
         if self._connection is None:
             self._connection = self._reader.connection_pool.make_connection()  # type: ignore[no-untyped-call]
         connection = self._connection
-        command = b"".join(
-            [
-                b"*%d\r\n" % (4 + 2 * len(due)),
-                *map(bulk, ("XREAD", "COUNT", str(count), "STREAMS")),
-                *[stream.name for stream in due],
-                *[bulk(stream.cursor) for stream in due],
-            ]
-        )
-        await connection.send_packed_command(command)
+        await connection.send_packed_command(xread(due, count))
         reply: list[tuple[str, RawEntries]] | None = await connection.read_response(
             timeout=READ_TIMEOUT_SECONDS
         )
@@ -126,42 +118,37 @@ class ServerNotices:
 
 class ClusterNotices:
     """A Redis Cluster's masters: each partition's shard channel on the master of its slot, and the
-    reads one XREAD a partition (a command names keys of one slot only), a pipeline a master."""
+    reads one XREAD a partition (a command names keys of one slot only), sent together to each master
+    on a connection of the reader's own.
 
-    def __init__(self, cluster: RedisCluster, keys: Keys, client_name: str) -> None:
+    The cluster client serves as the map of which master holds which slot, and is never sent a
+    command: redis-py 5.3's cluster client keeps counting a connection whose send failed (a master
+    dying) as in use, and maps the nodes anew from tasks that may race one another. Here a failed
+    read drops every reading connection and maps the nodes anew, one remap at a time, and the hub
+    reads again from the same cursors; a MOVED or ASK answer (the slot moved, or is moving) is such a
+    failure too, so nothing is read from a master that no longer holds the slot."""
+
+    def __init__(self, cluster: StreamsCluster, keys: Keys) -> None:
         self._cluster = cluster
         self._channels = [keys.partition_notices(partition) for partition in range(keys.partitions)]
-        self._client_name = client_name
-        self._listened = False
+        self._mapped = False
+        self._remapping = asyncio.Lock()
+        self._connections: dict[str, AbstractConnection] = {}  # a master's name: the reads' connection
 
     async def listen(
         self, hear: Callable[[str], None], subscribed: Callable[[], None], timeout: float
     ) -> None:
-        try:
-            if self._listened:  # again, after a failure: where the slots are now
-                await remap_cluster(self._cluster)
-            else:
-                await self._cluster.initialize()
-                self._listened = True
-            by_node: dict[str, tuple[ClusterNode, list[str]]] = {}
-            for channel in self._channels:
-                node = self._cluster.get_node_from_key(channel)
-                if node is None:
-                    raise RedisConnectionError(f"no master holds the slot of {channel}")
-                by_node.setdefault(node.name, (node, []))[1].append(channel)
-        except RedisClusterException as exc:  # no slot map yet (the cluster forming, or failing over)
-            raise RedisConnectionError(str(exc)) from exc
+        await self._remap()
+        by_node: dict[str, tuple[ClusterNode, list[str]]] = {}
+        for channel in self._channels:
+            node = self._master_of(key_slot(channel.encode()))
+            by_node.setdefault(node.name, (node, []))[1].append(channel)
         async with contextlib.AsyncExitStack() as stack:
             pubsubs = []
             for node, channels in by_node.values():
-                client = aioredis.Redis(
-                    host=node.host,
-                    port=int(node.port),
-                    username=self._cluster.connection_kwargs.get("username"),
-                    password=self._cluster.connection_kwargs.get("password"),
-                    decode_responses=True,
-                    client_name=self._client_name,
-                )
+                # Connections as the cluster client makes them to the node (credentials, TLS, name).
+                pool = aioredis.ConnectionPool(connection_class=node.connection_class, **node.connection_kwargs)
+                client = aioredis.Redis.from_pool(pool)
                 stack.push_async_callback(client.aclose)
                 pubsub = await stack.enter_async_context(client.pubsub())
                 # One SSUBSCRIBE a slot (channels of several are refused), sent as it is: redis-py's
@@ -174,38 +161,90 @@ class ClusterNotices:
             await _first_failure([_hear(pubsub, hear, timeout) for pubsub in pubsubs])
 
     async def read(self, due: Collection[Due], count: int) -> list[tuple[str, RawEntries]]:
-        by_slot: dict[int, list[Due]] = {}
+        if not self._mapped:  # the first read may come before the first listen
+            await self._remap()
+        by_node: dict[str, tuple[ClusterNode, dict[int, list[Due]]]] = {}
         for stream in due:
-            by_slot.setdefault(key_slot(stream.stream.encode()), []).append(stream)
-        pipe = self._cluster.pipeline()
-        for streams in by_slot.values():
-            pipe.xread({stream.stream: stream.cursor for stream in streams}, count=count)
-        try:
-            replies = await asyncio.wait_for(pipe.execute(), READ_TIMEOUT_SECONDS)
-        except RedisClusterException as exc:
-            raise RedisConnectionError(str(exc)) from exc
-        return [
-            (
-                stream,
-                [
-                    [entry_id, [part for pair in fields.items() for part in pair]]
-                    for entry_id, fields in entries
-                ],
-            )
-            for reply in replies
-            for stream, entries in reply or ()
+            slot = key_slot(stream.stream.encode())
+            node = self._master_of(slot)
+            by_node.setdefault(node.name, (node, {}))[1].setdefault(slot, []).append(stream)
+        reads = [
+            asyncio.ensure_future(self._read_master(node, slots, count)) for node, slots in by_node.values()
         ]
+        try:
+            return [found for read in await asyncio.gather(*reads) for found in read]
+        except BaseException:  # the other masters' reads stop too, their connections dropped
+            for read in reads:
+                read.cancel()
+            await asyncio.gather(*reads, return_exceptions=True)
+            raise
+
+    async def _read_master(
+        self, node: ClusterNode, slots: dict[int, list[Due]], count: int
+    ) -> list[tuple[str, RawEntries]]:
+        """The XREAD of each slot's streams, sent to `node` at once and answered in order."""
+        connection = self._connections.get(node.name)
+        if connection is None:
+            connection = self._connections[node.name] = node.connection_class(**node.connection_kwargs)
+        try:
+            reads = b"".join(xread(streams, count) for streams in slots.values())
+            await connection.send_packed_command(reads)
+            found: list[tuple[str, RawEntries]] = []
+            for _ in slots:
+                found += await connection.read_response(timeout=READ_TIMEOUT_SECONDS) or ()
+            return found
+        except BaseException as exc:  # a reply left unread would answer the next read: drop the connection
+            self._connections.pop(node.name, None)
+            await connection.disconnect(nowait=True)
+            if isinstance(exc, ResponseError):  # MOVED, ASK, TRYAGAIN, CLUSTERDOWN: the map is old
+                raise RedisConnectionError(f"{node.name} no longer serves a slot read: {exc}") from exc
+            raise
 
     async def drop(self) -> None:
-        """The cluster client's connections are its own: a failed one it makes again."""
+        """Drop every reading connection, and map the nodes anew (a failed read most often means a
+        master died or a slot moved); a map that cannot be made now is made at the next failure."""
+        await self._disconnect()
+        with contextlib.suppress(RedisError, OSError):
+            await self._remap()
 
     async def aclose(self) -> None:
+        await self._disconnect()
         await close_cluster(self._cluster)
 
+    async def _disconnect(self) -> None:
+        connections, self._connections = list(self._connections.values()), {}
+        for connection in connections:
+            await connection.disconnect(nowait=True)
 
-def _raw(entries: list[tuple[str, dict[str, str]]]) -> RawEntries:
-    """Entries as redis-py's XREAD answers them, made raw again (as `ServerNotices.read` reads them)."""
-    return [[entry_id, [part for pair in fields.items() for part in pair]] for entry_id, fields in entries]
+    async def _remap(self) -> None:
+        """Learn which master holds which slot, one remap at a time (two at once corrupt the map)."""
+        async with self._remapping:
+            try:
+                if self._mapped:
+                    await remap_cluster(self._cluster)
+                else:
+                    await self._cluster.initialize()
+                    self._mapped = True
+            except RedisClusterException as exc:  # no slot map yet (the cluster forming, or failing over)
+                raise RedisConnectionError(str(exc)) from exc
+
+    def _master_of(self, slot: int) -> ClusterNode:
+        try:
+            return self._cluster.nodes_manager.get_node_from_slot(slot)
+        except (RedisClusterException, KeyError) as exc:  # no map yet, or the slot not covered (a failover)
+            raise RedisConnectionError(f"no master is known to hold slot {slot}") from exc
+
+
+def xread(streams: Collection[Due], count: int) -> bytes:
+    """One XREAD of up to `count` entries of each stream after its cursor, packed for the wire."""
+    return b"".join(
+        [
+            b"*%d\r\n" % (4 + 2 * len(streams)),
+            *map(bulk, ("XREAD", "COUNT", str(count), "STREAMS")),
+            *[stream.name for stream in streams],
+            *[bulk(stream.cursor) for stream in streams],
+        ]
+    )
 
 
 async def _hear(pubsub: aioredis.client.PubSub, hear: Hear, timeout: float) -> None:

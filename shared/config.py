@@ -54,7 +54,8 @@ class RedisSettings(BaseSettings):
         None,
         description="Redis holding the job streams (the data plane: what each step of a job writes and "
         "its readers follow), in the same forms as `redis_url` or a Redis Cluster's, "
-        "`redis+cluster://[:password@]host:port[,host:port...]`; unset: the streams live on `redis_url` "
+        "`redis+cluster://[:password@]host:port[,host:port...]` (`rediss+cluster://` over TLS); unset: "
+        "the streams live on `redis_url` "
         "with the rest (see Scaling)",
     )
     stream_partitions: int = Field(

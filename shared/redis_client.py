@@ -24,8 +24,9 @@ import hiredis
 import redis.asyncio as aioredis
 from redis._parsers.commands import AsyncCommandsParser
 from redis.asyncio.cluster import ClusterNode, ClusterPipeline, RedisCluster
-from redis.asyncio.connection import Connection
+from redis.asyncio.connection import Connection, SSLConnection
 from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool, SentinelManagedConnection
+from redis.cluster import get_node_name
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import (
     DataError,
@@ -86,6 +87,10 @@ class ClusterConnection(PackedInC, Connection):
     """A connection to one node of a Redis Cluster, packing its commands in C."""
 
 
+class ClusterTlsConnection(PackedInC, SSLConnection):
+    """A TLS connection to one node of a Redis Cluster (`rediss+cluster://`), packing its commands in C."""
+
+
 _HOLDING: ContextVar[bool] = ContextVar("holding", default=False)
 """Whether this task runs inside a command or pipeline of a `StreamsCluster` already (redis-py's
 pipeline sends the commands a slot's move sent back one by one, through the client)."""
@@ -114,9 +119,27 @@ class StreamsCluster(RedisCluster):
     the client was given.
     """
 
-    def __init__(self, *args: Any, max_connections: int, **kwargs: Any) -> None:
-        super().__init__(*args, max_connections=max_connections, **kwargs)
+    def __init__(self, *, startup_nodes: list[ClusterNode], max_connections: int, **kwargs: Any) -> None:
+        super().__init__(startup_nodes=startup_nodes, max_connections=max_connections, **kwargs)
         self.in_flight = asyncio.Semaphore(max_connections)
+        self._seeds = [(node.host, int(node.port)) for node in startup_nodes]
+
+    def keep_seeds(self) -> None:
+        """Put back among the nodes to ask for the cluster's layout every node the URL named. redis-py
+        drops a node from them at each connection error of a command to it, and its map can name fewer
+        nodes than the URL does: after a master's failover the client otherwise ran out of nodes to
+        ask ("Redis Cluster cannot be connected") while most of them served."""
+        manager = self.nodes_manager
+        for host, port in self._seeds:
+            if get_node_name(host, port) not in manager.startup_nodes:
+                seed = ClusterNode(host, port, **self.connection_kwargs)
+                manager.startup_nodes[seed.name] = seed
+
+    async def initialize(self) -> StreamsCluster:
+        if self._initialize:  # about to map the nodes anew
+            self.keep_seeds()
+        await super().initialize()
+        return self
 
     async def execute_command(self, *args: Any, **kwargs: Any) -> Any:
         if _HOLDING.get():
@@ -167,10 +190,11 @@ async def close_cluster(cluster: RedisCluster) -> None:
     await cluster.nodes_manager.aclose("startup_nodes")
 
 
-async def remap_cluster(cluster: RedisCluster) -> None:
+async def remap_cluster(cluster: StreamsCluster) -> None:
     """Have a cluster client read the cluster's layout anew, and close the connections of the node
     objects its new map replaced: redis-py makes a new object of every node and closes the old ones'
     connections in tasks it keeps no hold of, which the garbage collector may take first."""
+    cluster.keep_seeds()
     manager = cluster.nodes_manager
     before = {id(node): node for node in (*manager.nodes_cache.values(), *manager.startup_nodes.values())}
     await manager.initialize()
@@ -259,8 +283,8 @@ def connect_reader(url: str, name: str, *, sentinel_password: str | None = None)
     return connect(url, name, 1, sentinel_password=sentinel_password)
 
 
-def connect_cluster(url: str, name: str, max_connections: int) -> RedisCluster:
-    """A client of the Redis Cluster whose nodes the `redis+cluster://` URL `url` names, with at most
+def connect_cluster(url: str, name: str, max_connections: int) -> StreamsCluster:
+    """A client of the Redis Cluster whose nodes the `redis[s]+cluster://` URL `url` names, with at most
     `max_connections` connections to each node, named `name` in CLIENT LIST; it answers `str`.
 
     Unlike `connect`'s pool, a node's connections do not wait for one another: a command that finds
@@ -277,6 +301,7 @@ def connect_cluster(url: str, name: str, max_connections: int) -> RedisCluster:
         decode_responses=True,
         health_check_interval=30,
         client_name=name,
+        **target.connection_options(),
         # By default redis-py asks for the whole layout again at every fifth MOVED, closing every
         # connection first, those with a command in flight too, and sends those commands again: a
         # write would run twice. A MOVED alone updates the slot it names.
@@ -286,9 +311,10 @@ def connect_cluster(url: str, name: str, max_connections: int) -> RedisCluster:
     # redis-py's cluster client takes no connection class: it names its own in the options every
     # node's connections are made from (shared by the nodes it learns later), and has made its seed
     # nodes with it already.
-    client.connection_kwargs["connection_class"] = ClusterConnection
+    connection_class = ClusterConnection if target.tls is None else ClusterTlsConnection
+    client.connection_kwargs["connection_class"] = connection_class
     for node in client.nodes_manager.startup_nodes.values():
-        node.connection_class = ClusterConnection
+        node.connection_class = connection_class
     return client
 
 

@@ -29,8 +29,12 @@ def free_port() -> int:
 
 
 def redis_answers(url: str) -> bool:
+    return _answers(redis.Redis.from_url(url, socket_connect_timeout=1))
+
+
+def _answers(client: redis.Redis) -> bool:
     try:
-        return bool(redis.Redis.from_url(url, socket_connect_timeout=1).ping())
+        return bool(client.ping())
     except redis.RedisError:
         return False
 
@@ -67,15 +71,19 @@ class Processes:
         """`streampool <role>` (gateway or worker) with every setting passed through the environment."""
         return self._spawn(name, [sys.executable, "-m", "cli", role], env=child_environment(settings))
 
-    def start_redis(self, name: str, port: int, data_dir: Path, *options: str) -> str:
-        """A private `redis-server` on `port` keeping its files in `data_dir`; its URL once it answers."""
+    def start_redis(
+        self, name: str, port: int, data_dir: Path, *options: str, answering: redis.Redis | None = None
+    ) -> str:
+        """A private `redis-server` on `port` keeping its files in `data_dir`; its URL once it answers
+        (or once `answering`, a client of it, has its answer: a server on TLS alone has port 0)."""
         server = shutil.which("redis-server")
         assert server, "redis-server is not installed (apt-get install redis-server)"
         data_dir.mkdir(parents=True, exist_ok=True)
         command = [server, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(data_dir), "--save", ""]
         self._spawn(name, [*command, *options])
         url = f"redis://127.0.0.1:{port}/0"
-        eventually_sync(lambda: redis_answers(url), f"redis-server answers on port {port}", timeout=10)
+        client = answering or redis.Redis.from_url(url, socket_connect_timeout=1)
+        eventually_sync(lambda: _answers(client), f"redis-server {name} answers", timeout=10)
         return url
 
     def start_sentinel(self, name: str, port: int, data_dir: Path, master: str, master_port: int) -> str:

@@ -17,7 +17,7 @@ import redis
 from tests.helpers import eventually_sync
 from tests.processes import Processes, free_port
 
-NODES = 6  # three masters and a replica of each
+MASTERS = 3
 # A node unreachable this long is failing: a killed master's replica serves about 2.5 s after its death
 # (about 4 s at 2000 ms).
 NODE_TIMEOUT_MS = 1000
@@ -69,19 +69,61 @@ def _slot_range(part: str) -> tuple[int, int]:
     return int(first), int(last or first)
 
 
+@dataclass(frozen=True)
+class Tls:
+    """A certificate for 127.0.0.1 that signs itself, so that it is its own authority: every node of a
+    cluster that takes TLS alone serves it, and its clients trust it."""
+
+    certificate: Path
+    key: Path
+
+    @classmethod
+    def make(cls, folder: Path) -> Tls:
+        folder.mkdir(parents=True, exist_ok=True)
+        tls = cls(folder / "node.crt", folder / "node.key")
+        openssl = shutil.which("openssl")
+        assert openssl, "openssl is not installed (apt-get install openssl)"
+        subject = ("-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1")
+        command = [openssl, "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", *subject]
+        subprocess.run(
+            [*command, "-keyout", str(tls.key), "-out", str(tls.certificate)],
+            check=True,
+            capture_output=True,
+            timeout=CLUSTER_TIMEOUT,
+        )
+        return tls
+
+    def server_options(self) -> tuple[str, ...]:
+        """A node's options to take TLS alone, from clients and from the other nodes alike."""
+        files = ("--tls-cert-file", str(self.certificate), "--tls-key-file", str(self.key))
+        return (
+            *files,
+            "--tls-ca-cert-file",
+            str(self.certificate),
+            "--tls-auth-clients",
+            "no",
+            "--tls-cluster",
+            "yes",
+            "--tls-replication",
+            "yes",
+        )
+
+
 @dataclass
 class ClusteredRedis:
     processes: Processes
     data_dir: Path
+    tls: Tls | None = None  # given: the nodes take TLS connections alone
     ports: dict[str, int] = field(default_factory=dict)  # node-<n>
     bus_ports: dict[str, int] = field(default_factory=dict)  # node-<n>'s cluster bus
     ids: dict[str, str] = field(default_factory=dict)  # node-<n>: its cluster node id
     dead: set[str] = field(default_factory=set)
 
     @classmethod
-    def start(cls, processes: Processes) -> ClusteredRedis:
-        cluster = cls(processes, processes.log_dir / "redis-cluster")
-        for n in range(NODES):
+    def start(cls, processes: Processes, *, replicas: int = 1, tls: Tls | None = None) -> ClusteredRedis:
+        """Three masters, each with `replicas` replicas."""
+        cluster = cls(processes, processes.log_dir / "redis-cluster", tls)
+        for n in range(MASTERS * (1 + replicas)):
             name = f"node-{n}"
             # A bus port of its own: by default it is the port + 10000, which a free port may not allow.
             cluster.ports[name], cluster.bus_ports[name] = free_port(), free_port()
@@ -89,7 +131,9 @@ class ClusteredRedis:
         cli = shutil.which("redis-cli")
         assert cli, "redis-cli is not installed (apt-get install redis-tools)"
         addresses = [f"127.0.0.1:{port}" for port in cluster.ports.values()]
-        create = [cli, "--cluster", "create", *addresses, "--cluster-replicas", "1", "--cluster-yes"]
+        over = () if tls is None else ("--tls", "--cacert", str(tls.certificate))
+        create = [cli, *over, "--cluster", "create", *addresses, "--cluster-replicas", str(replicas)]
+        create.append("--cluster-yes")
         with open(processes.log_dir / "redis-cli-create.log", "wb") as log:
             subprocess.run(create, stdout=log, stderr=subprocess.STDOUT, check=True, timeout=CLUSTER_TIMEOUT)
         for name in cluster.ports:
@@ -106,16 +150,39 @@ class ClusteredRedis:
             *("--appendonly", "no"),
             *("--repl-diskless-sync", "yes", "--repl-diskless-sync-delay", "0"),  # a replica syncs at once
         )
-        self.processes.start_redis(name, self.ports[name], data_dir, *options)
+        if self.tls is None:
+            self.processes.start_redis(name, self.ports[name], data_dir, *options)
+        else:
+            self.processes.start_redis(
+                name,
+                0,
+                data_dir,
+                *options,
+                "--tls-port",
+                str(self.ports[name]),
+                *self.tls.server_options(),
+                answering=self.client(name),
+            )
 
     @property
     def url(self) -> str:
         """Every node as a seed: whichever of them is dead, a client finds the cluster."""
-        return "redis+cluster://" + ",".join(f"127.0.0.1:{port}" for port in self.ports.values())
+        nodes = ",".join(f"127.0.0.1:{port}" for port in self.ports.values())
+        if self.tls is None:
+            return f"redis+cluster://{nodes}"
+        return f"rediss+cluster://{nodes}?ssl_ca_certs={self.tls.certificate}"
 
     def client(self, name: str) -> redis.Redis:
         """A client of the node `name` alone: it follows no MOVED, which is what a node's own state needs."""
-        return redis.Redis(port=self.ports[name], decode_responses=True, socket_timeout=5)
+        if self.tls is None:
+            return redis.Redis(port=self.ports[name], decode_responses=True, socket_timeout=5)
+        return redis.Redis(
+            port=self.ports[name],
+            decode_responses=True,
+            socket_timeout=5,
+            ssl=True,
+            ssl_ca_certs=str(self.tls.certificate),
+        )
 
     def live(self) -> list[str]:
         return [name for name in self.ports if name not in self.dead]

@@ -188,3 +188,23 @@ async def test_a_burst_past_max_connections_waits_for_a_free_one_instead_of_fail
     finally:
         await client.delete(key)
         await client.aclose()
+
+
+async def test_the_client_maps_the_cluster_from_the_urls_nodes_whichever_redis_py_dropped(
+    redis_cluster: ClusteredRedis,
+) -> None:
+    """redis-py drops a node from those it asks for the cluster's layout at each connection error of a
+    command to it; after a failover's errors it had none left, and every command failed ("Redis
+    Cluster cannot be connected") while the cluster served. Emptying that list stands for those errors
+    here, as causing them takes killing nodes: the client still maps the cluster from the URL's nodes."""
+    client = connect_cluster(redis_cluster.url, NAME, MAX_CONNECTIONS)
+    key = f"seeds:{uuid.uuid4().hex}"
+    try:
+        await client.set(key, "1")
+        client.nodes_manager.startup_nodes.clear()
+        await client.aclose()  # as after a connection error: the next command maps the cluster anew
+        assert await client.get(key) == "1"
+        assert len(client.nodes_manager.startup_nodes) == len(redis_cluster.live())
+    finally:
+        await client.delete(key)
+        await client.aclose()

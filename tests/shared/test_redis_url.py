@@ -82,8 +82,36 @@ def test_a_cluster_url_may_name_one_node_alone_and_a_user() -> None:
     assert (parsed.nodes, parsed.username, parsed.password) == ((("h", 1),), "app", "pw")
 
 
+def test_a_tls_cluster_url_takes_redis_pys_tls_options_in_its_query() -> None:
+    url = "rediss+cluster://:pw@h:7000,k:7001?ssl_ca_certs=/etc/ca%20s.pem&ssl_cert_reqs=required&ssl_check_hostname=true"
+    parsed = parse_cluster_url(url)
+    assert parsed == ClusterUrl(
+        nodes=(("h", 7000), ("k", 7001)),
+        password="pw",
+        tls={"ssl_ca_certs": "/etc/ca s.pem", "ssl_cert_reqs": "required", "ssl_check_hostname": True},
+    )
+    assert parsed.connection_options() == {"ssl": True, **(parsed.tls or {})}
+    assert parse_cluster_url("rediss+cluster://h:7000").connection_options() == {"ssl": True}
+    assert parse_cluster_url("redis+cluster://h:7000").connection_options() == {}
+
+
+@pytest.mark.parametrize(
+    ("url", "says"),
+    [
+        ("redis+cluster://h:7000?ssl_ca_certs=/ca.pem", "need the rediss\\+cluster:// form"),
+        ("rediss+cluster://h:7000?ssl_password=x", "not 'ssl_password'"),
+        ("rediss+cluster://h:7000?ssl_cert_reqs=always", "one of none, optional, required"),
+        ("rediss+cluster://h:7000?ssl_check_hostname=yes", "true or false"),
+    ],
+)
+def test_a_cluster_urls_tls_options_are_checked(url: str, says: str) -> None:
+    with pytest.raises(ValueError, match=says):
+        parse_cluster_url(url)
+
+
 def test_only_the_cluster_scheme_is_a_cluster_url() -> None:
     assert is_cluster("redis+cluster://h:7000")
+    assert is_cluster("rediss+cluster://h:7000")
     assert not is_cluster("redis+sentinel://h:26379/m")
     assert not is_sentinel("redis+cluster://h:7000")
     with pytest.raises(ValueError, match="not a Redis Cluster URL"):
@@ -106,4 +134,4 @@ def test_only_the_cluster_scheme_is_a_cluster_url() -> None:
 def test_a_malformed_cluster_url_is_refused_naming_the_form(url: str, says: str) -> None:
     with pytest.raises(ValueError, match=says) as refused:
         parse_cluster_url(url)
-    assert "redis+cluster://[[user]:password@]host:port[,host:port...]" in str(refused.value)
+    assert "redis[s]+cluster://[[user]:password@]host:port[,host:port...]" in str(refused.value)

@@ -10,25 +10,30 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
 
 import pytest
 import redis.asyncio as aioredis
 from redis.crc import key_slot
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisClusterException
 
 from gateway import fanout
 from gateway.admission import fullest_memory
 from gateway.fanout import StreamHub
-from gateway.notice_sources import ClusterNotices
+from gateway.notice_sources import ClusterNotices, bulk
 from gateway.relay import Relay, StreamLimits
 from shared.events import DeltaEvent, DoneEvent, JobState, Usage
 from shared.jobstore import JobStore, Outcome
 from shared.keys import Keys
 from shared.lifecycle.transitions import FinishOutcome, Verdict
-from shared.redis_client import connect_cluster
+from shared.redis_client import close_cluster, connect_cluster
 from shared.requests import JobRequest
 from tests.conftest import UNIT_RETENTION_SECONDS, delete_test_keys, make_settings
-from tests.redis_cluster import ClusteredRedis
+from tests.helpers import eventually
+from tests.processes import Processes
+from tests.redis_cluster import ClusteredRedis, Tls
 from tests.shared.transitions import MODEL, WORKER
 from worker.publisher import Publisher
 
@@ -60,7 +65,7 @@ async def store(
 @pytest.fixture
 async def relay(store: JobStore, redis_cluster: ClusteredRedis) -> AsyncIterator[Relay]:
     reader = connect_cluster(redis_cluster.url, store.keys.stream_reader_name, 4)
-    hub = StreamHub(ClusterNotices(reader, store.keys, store.keys.stream_reader_name))
+    hub = StreamHub(ClusterNotices(reader, store.keys))
     yield Relay(store.redis, store.keys, hub, store.streams)
     await hub.close()
 
@@ -173,3 +178,94 @@ async def test_admission_reads_the_memory_of_the_fullest_master(
             node.config_set("maxmemory", 0)
     assert memory.limit == used * 2
     assert 0.3 < memory.share() < 0.7
+
+
+@dataclass(frozen=True)
+class Read:
+    """A stream for `ClusterNotices.read`, as the hub hands it one."""
+
+    stream: str
+    cursor: str = "0"
+
+    @property
+    def name(self) -> bytes:
+        return bulk(self.stream)
+
+
+async def test_the_hubs_reads_follow_a_moved_slot_and_never_read_a_master_that_lost_it(
+    store: JobStore, redis_cluster: ClusteredRedis
+) -> None:
+    """The hub's reads go to each master on connections of their own, by the cluster's slot map: once
+    a stream's slot moved, a read meets MOVED and fails (the hub then drops its reads and reads again),
+    and the read after the drop, which maps the nodes anew, finds the stream on its new master."""
+    reader = connect_cluster(redis_cluster.url, store.keys.stream_reader_name, 4)
+    notices = ClusterNotices(reader, store.keys)
+    streams = [store.keys.stream(uuid.uuid4().hex) for _ in range(12)]  # on every master, most likely
+    moved = streams[0]
+    slot, source = redis_cluster.slot_of(moved), redis_cluster.master_of(moved)
+    target = next(name for name in redis_cluster.masters() if name != source)
+    try:
+        for stream in streams:
+            await store.streams.xadd(stream, {"n": "0"}, id="1-1")
+        found = dict(await notices.read([Read(stream) for stream in streams], 10))
+        assert found == {stream: [["1-1", ["n", "0"]]] for stream in streams}
+        await asyncio.to_thread(redis_cluster.move_slot, slot, target)
+        await store.streams.xadd(moved, {"n": "1"}, id="2-1")
+        with pytest.raises(RedisConnectionError, match="no longer serves"):
+            await notices.read([Read(stream, "1-1") for stream in streams], 10)
+        await notices.drop()
+        found = dict(await notices.read([Read(stream, "1-1") for stream in streams], 10))
+        assert found == {moved: [["2-1", ["n", "1"]]]}
+    finally:
+        await notices.aclose()
+        await store.streams.delete(*streams)
+        await asyncio.to_thread(redis_cluster.move_slot, slot, source)  # as the module's other tests had it
+
+
+@pytest.fixture(scope="module")
+def tls_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusteredRedis]:
+    """Three masters that take TLS connections alone, from clients and from one another."""
+    processes = Processes(tmp_path_factory.mktemp("redis-cluster-tls"))
+    try:
+        yield ClusteredRedis.start(processes, replicas=0, tls=Tls.make(processes.log_dir / "tls"))
+    finally:
+        processes.stop_all()
+
+
+async def test_a_cluster_on_tls_alone_carries_the_streams_through_a_rediss_cluster_url(
+    tls_cluster: ClusteredRedis,
+) -> None:
+    """A managed cluster with encryption in transit: through `rediss+cluster://`, streams are written
+    on every master, and a gateway's hub hears their partitions' notices and reads them; a plain URL
+    is answered by no node."""
+    plain = connect_cluster(tls_cluster.url.replace("rediss+", "redis+").partition("?")[0], "plain", 2)
+    with pytest.raises((RedisClusterException, RedisConnectionError, TimeoutError)):
+        await asyncio.wait_for(plain.ping(), 2)  # a node on TLS may wait for a handshake that never comes
+    await close_cluster(plain)
+    keys = Keys(f"tls-{uuid.uuid4().hex}", 16)
+    client = connect_cluster(tls_cluster.url, "streams-test", 4)
+    notices = ClusterNotices(connect_cluster(tls_cluster.url, keys.stream_reader_name, 2), keys)
+    heard: list[str] = []
+    subscribed = asyncio.Event()
+    listening = asyncio.create_task(notices.listen(heard.append, subscribed.set, 1.0))
+    jobs = [uuid.uuid4().hex for _ in range(24)]
+    streams = [keys.stream(job_id) for job_id in jobs]
+    try:
+        assert {tls_cluster.master_of(stream) for stream in streams} == set(tls_cluster.masters())
+        await asyncio.wait_for(subscribed.wait(), NOTICED_SECONDS)
+        for job_id, stream in zip(jobs, streams, strict=True):
+            await client.xadd(stream, {"n": "1"}, id="1-1")
+            await client.execute_command("SPUBLISH", keys.partition_notices(keys.partition(job_id)), stream)
+
+        async def all_heard() -> bool:
+            return sorted(heard) == sorted(streams)
+
+        await eventually(all_heard, "every notice heard over TLS")
+        found = dict(await notices.read([Read(stream) for stream in streams], 10))
+        assert found == {stream: [["1-1", ["n", "1"]]] for stream in streams}
+    finally:
+        listening.cancel()
+        await asyncio.gather(listening, return_exceptions=True)
+        await notices.aclose()
+        await client.delete(*streams)
+        await client.aclose()
