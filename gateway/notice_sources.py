@@ -147,8 +147,10 @@ class ClusterNotices:
             pubsubs = []
             for node, channels in by_node.values():
                 # Connections as the cluster client makes them to the node (credentials, TLS, name).
-                pool = aioredis.ConnectionPool(connection_class=node.connection_class, **node.connection_kwargs)
-                client = aioredis.Redis.from_pool(pool)
+                made_as = node.connection_kwargs
+                client = aioredis.Redis.from_pool(
+                    aioredis.ConnectionPool(connection_class=node.connection_class, **made_as)
+                )
                 stack.push_async_callback(client.aclose)
                 pubsub = await stack.enter_async_context(client.pubsub())
                 # One SSUBSCRIBE a slot (channels of several are refused), sent as it is: redis-py's

@@ -6,9 +6,10 @@ failover demoted it, or a managed Redis's endpoint moved): the connection is dro
 next one finds the master anew (asks the Sentinels, or resolves the endpoint's name again), and
 the command fails as any command does while Redis fails over: `BackendUnavailable`.
 
-A Redis Cluster (a `redis+cluster://` URL) is reached through `connect_cluster`: redis-py's cluster
-client keeps the connections of each node apart and learns from the nodes which master serves which
-slot, following their MOVED and ASK itself; a demoted master answers MOVED, never READONLY.
+A Redis Cluster (a `redis+cluster://` URL, or `rediss+cluster://` over TLS) is reached through
+`connect_cluster`: redis-py's cluster client keeps the connections of each node apart and learns
+from the nodes which master serves which slot, following their MOVED and ASK itself; a demoted
+master answers MOVED, never READONLY.
 """
 
 from __future__ import annotations
@@ -116,7 +117,8 @@ class StreamsCluster(RedisCluster):
     The command table is read once (`CommandTableOnce`). And the close drops the default node: a
     pipeline already under way then looks for it (`ClusterPipeline._execute`) and meets None, an
     `AttributeError` no caller would take for a failover; the default node here is then any node
-    the client was given.
+    the client was given. And the nodes it asks for the layout are always the URL's too
+    (`keep_seeds`), whichever of them redis-py dropped after their errors.
     """
 
     def __init__(self, *, startup_nodes: list[ClusterNode], max_connections: int, **kwargs: Any) -> None:

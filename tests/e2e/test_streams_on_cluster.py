@@ -1,8 +1,9 @@
 """The whole system with the job streams on a Redis Cluster (three masters and a replica of each, the
 module's own), the rest on the suite's Redis: two gateways and two synthetic workers, driven through the
 HTTP API by real clients (SSE, long-poll, the `openai` package), each job submitted through one gateway
-and followed or resumed through the other. Jobs land on every master; a master SIGKILLed mid-stream
-loses, repeats and reorders nothing a client sees, and every job ends once."""
+and followed or resumed through the other, and a third gateway of keyed tenants. Jobs land on every
+master; a slot moved under load and a master SIGKILLed mid-stream lose, repeat and reorder nothing a
+client sees, and every job ends once."""
 
 from __future__ import annotations
 

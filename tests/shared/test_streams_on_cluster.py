@@ -1,7 +1,8 @@
 """The job streams on a real Redis Cluster (three masters and a replica of each, `redis-server`
 processes of the module's own), the rest on the suite's Redis: jobs spread over partitions on every
 master, each step one call a partition and one round trip a master, followed through a hub that hears
-each master's shard channels. A master SIGKILLed mid-stream and a slot moved under load are
+each master's shard channels and reads each master on a connection of its own, which follows a slot
+that moved; and the same over TLS, on a cluster that takes TLS alone. A master SIGKILLed mid-stream is
 tests/e2e/test_streams_on_cluster.py's, with the gateways and workers as processes of their own:
 redis-py 5.3.1's cluster client lets go of a node it maps anew with its connections open, to the
 garbage collector, whose warnings would fail whichever test of this process ran then."""
