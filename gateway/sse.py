@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import re
 from contextlib import aclosing
 from datetime import datetime, timezone
@@ -36,6 +37,8 @@ SEPARATOR = "\r\n"  # sse-starlette's default line separator
 LINE_BREAK = re.compile(r"\r\n|\r|\n")
 HEADERS = {"Cache-Control": "no-store", "Connection": "keep-alive", "X-Accel-Buffering": "no"}
 END = {"type": "http.response.body", "body": b"", "more_body": False}
+
+log = logging.getLogger(__name__)
 
 
 def _has_line_break(text: str) -> bool:
@@ -142,7 +145,8 @@ class EventStream(Response):
                         batch and batch[0].at
                     ):  # once per write, for its oldest entry: cheap at the relay's rate
                         self.metrics.observe_relay_lag(batch[0].at)
-        except StreampoolError as exc:
+        except StreampoolError as exc:  # the client resumes from its cursor; an operator may want to know
+            log.warning("a follow of job %s ended early: %s", self.following.job_id, exc.message)
             await send({"type": "http.response.body", "body": error_frame(exc), "more_body": True})
 
     async def _stop_on_disconnect(self, receive: Receive) -> None:

@@ -31,7 +31,6 @@ from redis.cluster import get_node_name
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import (
     DataError,
-    MaxConnectionsError,
     OutOfMemoryError,
     ReadOnlyError,
     RedisClusterException,
@@ -92,6 +91,7 @@ class ClusterTlsConnection(PackedInC, SSLConnection):
     """A TLS connection to one node of a Redis Cluster (`rediss+cluster://`), packing its commands in C."""
 
 
+UNBOUNDED_PER_NODE = 2**31  # redis-py's own default: a `StreamsCluster` bounds its commands itself
 _HOLDING: ContextVar[bool] = ContextVar("holding", default=False)
 """Whether this task runs inside a command or pipeline of a `StreamsCluster` already (redis-py's
 pipeline sends the commands a slot's move sent back one by one, through the client)."""
@@ -104,12 +104,11 @@ class StreamsCluster(RedisCluster):
     redis-py's own bound is per node, and a command that finds a node's connections all busy fails
     at once (`MaxConnectionsError`): a burst of commands (a thousand readers following at once)
     waits here for one of the process's `max_connections` instead, as `connect`'s pool has it wait.
-    So a `MaxConnectionsError` here means a node's connections leaked: redis-py keeps counting a
-    connection whose sending failed (a node dying) as in use, and after `max_connections` such
-    failures every command to the node fails so, and redis-py, which maps the nodes anew after a
-    connection error, does not after this one. The client is then closed, as redis-py closes it
-    after a connection error: the command fails as any does while a master fails over, and the
-    next one maps the nodes anew, each node's count fresh.
+    The bound is this client's alone, not redis-py's per node, which would count leaked connections:
+    redis-py keeps counting a connection whose sending failed as in use, for good (a node dying, or
+    a connection closed under a command by the close below), and a node that counted
+    `max_connections` of them failed every command for the rest of the process, though it served.
+    Such a connection is closed, and holds no socket.
 
     A connection error has it close every node's connections and read the cluster's layout anew,
     and the node it then asks for the command table is its default node, the master of slot 0:
@@ -122,7 +121,7 @@ class StreamsCluster(RedisCluster):
     """
 
     def __init__(self, *, startup_nodes: list[ClusterNode], max_connections: int, **kwargs: Any) -> None:
-        super().__init__(startup_nodes=startup_nodes, max_connections=max_connections, **kwargs)
+        super().__init__(startup_nodes=startup_nodes, max_connections=UNBOUNDED_PER_NODE, **kwargs)
         self.in_flight = asyncio.Semaphore(max_connections)
         self._seeds = [(node.host, int(node.port)) for node in startup_nodes]
 
@@ -150,9 +149,6 @@ class StreamsCluster(RedisCluster):
             holding = _HOLDING.set(True)
             try:
                 return await super().execute_command(*args, **kwargs)
-            except MaxConnectionsError:
-                await self.aclose()  # the next command maps the nodes anew
-                raise
             finally:
                 _HOLDING.reset(holding)
 
@@ -176,9 +172,6 @@ class BoundedPipeline(ClusterPipeline):
             holding = _HOLDING.set(True)
             try:
                 return await super().execute(raise_on_error, allow_redirections)
-            except MaxConnectionsError:
-                await client.aclose()  # the next command maps the nodes anew
-                raise
             finally:
                 _HOLDING.reset(holding)
 
@@ -287,12 +280,11 @@ def connect_reader(url: str, name: str, *, sentinel_password: str | None = None)
 
 def connect_cluster(url: str, name: str, max_connections: int) -> StreamsCluster:
     """A client of the Redis Cluster whose nodes the `redis[s]+cluster://` URL `url` names, with at most
-    `max_connections` connections to each node, named `name` in CLIENT LIST; it answers `str`.
+    `max_connections` commands in flight (a burst waits its turn, as with `connect`), named `name` in
+    CLIENT LIST; it answers `str`.
 
-    Unlike `connect`'s pool, a node's connections do not wait for one another: a command that finds
-    all of them busy fails at once (redis-py's `MaxConnectionsError`, a `ConnectionError`). And while
-    a slot moves, commands sent to it at once may fail (`ClusterError`, "TTL exhausted"): redis-py
-    sends ASKING on one connection of the new owner and the command on whichever is free.
+    While a slot moves, commands sent to it at once may fail (`ClusterError`, "TTL exhausted"):
+    redis-py sends ASKING on one connection of the new owner and the command on whichever is free.
     """
     target = parse_cluster_url(url)
     client: StreamsCluster = StreamsCluster(  # type: ignore[abstract]  # redis-py's types call it abstract
