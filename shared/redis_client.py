@@ -201,11 +201,16 @@ async def remap_cluster(cluster: StreamsCluster) -> None:
 
 
 class CommandTableOnce(AsyncCommandsParser):
-    """redis-py's reader of the COMMAND table, which reads it only the first time it is asked."""
+    """redis-py's reader of the COMMAND table, which reads it only the first time it is asked, and asks
+    the node of the client's latest map for the keys of a command whose keys move (COMMAND GETKEYS):
+    redis-py would keep asking the node it first read the table from, and once that master died,
+    every such command failed for good, whichever master held its keys."""
 
     async def initialize(self, node: ClusterNode | None = None) -> None:
         if not self.commands:
             await super().initialize(node)
+        elif node is not None:
+            self.node = node
 
 
 class BlockingSentinelPool(SentinelConnectionPool, aioredis.BlockingConnectionPool):

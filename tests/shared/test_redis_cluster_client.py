@@ -92,8 +92,12 @@ async def test_a_multi_key_command_and_a_script_run_on_keys_of_one_hash_tag(clie
 async def test_a_key_is_read_and_written_again_once_its_master_was_killed(
     client: RedisCluster, redis_cluster: ClusteredRedis
 ) -> None:
-    master = redis_cluster.masters()[0]
+    """The master of slot 0 is the one killed: the client's first map made it its default node, which
+    redis-py asks for the keys of commands whose keys move (XREAD): they reach their masters after."""
+    master = next(name for name, view in redis_cluster.nodes().items() if view.is_master and view.serves(0))
     key = key_on(redis_cluster, master)
+    elsewhere = key_on(redis_cluster, next(name for name in redis_cluster.masters() if name != master))
+    await client.xadd(elsewhere, {"n": "1"}, id="1-1")
     with redis_cluster.client(master) as node:  # one connection: WAIT waits for its own writes
         node.set(key, "before")
         assert node.execute_command("WAIT", 1, 5000) == 1  # the replica holds it
@@ -114,12 +118,14 @@ async def test_a_key_is_read_and_written_again_once_its_master_was_killed(
                 assert loop.time() < deadline, f"{key} is unreachable {FAILOVER_SECONDS} s after the kill"
                 await asyncio.sleep(RETRY_SECONDS)
         assert await client.set(key, "after")
+        assert await client.xread({elsewhere: "0"}) == [[elsewhere, [("1-1", {"n": "1"})]]]
         with redis_cluster.client(replica) as node:
             assert node.get(key) == "after"  # the promoted replica serves it
         # Scripts are no data: a replica never received them, so a promoted one has none to run.
         with pytest.raises(NoScriptError):
             await client.evalsha(sha, 2, key, key, "set", "1")  # type: ignore[misc]
     finally:
+        await client.delete(elsewhere)
         redis_cluster.restart(master)
 
 
