@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import math
 import os
 import socket
@@ -52,12 +51,12 @@ from gateway.webhooks.deliveries import Deliveries
 from gateway.webhooks.sender import WebhookSender
 from gateway.webhooks.targets import WebhooksMisconfigured, WebhookTargets
 from shared.config import GatewaySettings
+from shared.garbage import tune_garbage_collector
 from shared.jobstore import JobStore
 from shared.keys import Keys
 from shared.redis_client import connect, connect_cluster, connect_reader, connect_streams
 from shared.redis_url import is_cluster
 
-GC_YOUNG_THRESHOLD = 50_000  # CPython's default is 700
 # A cancelled job ends within two decoding steps (a fraction of a second); past this margin after the
 # grace period, uvicorn cuts what is still open (a job whose worker no longer answers).
 CANCEL_MARGIN_SECONDS = 5
@@ -213,20 +212,6 @@ class GatewayServer(uvicorn.Server):
             cancelling.cancel()
 
 
-def _tune_garbage_collector() -> None:
-    """Keep the collector's work in proportion to the events relayed, not to the imports.
-
-    The relay makes and drops objects at the rate of events. With CPython's default
-    thresholds, at 10,000 events/s the collector ran hundreds of times a second and every
-    full collection re-scanned the ~200,000 objects that importing the gateway made: a
-    sixth of the process's CPU, in pauses that showed up as relay lag. Start-up objects
-    live as long as the process, so they leave the collector's view (`gc.freeze`), and
-    young collections run once per `GC_YOUNG_THRESHOLD` new container objects.
-    """
-    gc.freeze()
-    gc.set_threshold(GC_YOUNG_THRESHOLD, *gc.get_threshold()[1:])
-
-
 def run(settings: GatewaySettings) -> None:
     """Serve the gateway: in this process, or in `settings.processes` of them on one port."""
     try:
@@ -235,12 +220,12 @@ def run(settings: GatewaySettings) -> None:
         raise SystemExit(f"streampool gateway: {exc}") from None
     if settings.processes > 1:
         sys.exit(serve_processes(settings, serve_on))
-    _tune_garbage_collector()
+    tune_garbage_collector()
     GatewayServer(app, settings).run()
 
 
 def serve_on(settings: GatewaySettings, listening: socket.socket) -> None:
     """One of several gateway processes, accepting on the socket they share."""
     app = create_app(settings)
-    _tune_garbage_collector()
+    tune_garbage_collector()
     GatewayServer(app, settings).run(sockets=[listening])

@@ -172,10 +172,10 @@ class Keys:
         worker that lost the job appends nothing. With the streams beside the lease, the lease itself."""
         return f"{self._job_data(job_id)}:writer"
 
-    @property
+    @cached_property
     def lease_affixes(self) -> tuple[str, str]:
         """What comes before and after the job id in a lease's name, for the claim script, which
-        names the leases of the jobs it picks."""
+        names the leases of the jobs it picks (kept: a step names every job's lease)."""
         return f"{self.prefix}:job:", ":lease"
 
     @property

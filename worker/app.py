@@ -18,6 +18,7 @@ import uvloop
 
 from shared.config import WorkerSettings
 from shared.errors import BackendUnavailable
+from shared.garbage import tune_garbage_collector
 from shared.jobstore import JobStore
 from shared.keys import Keys
 from shared.lifecycle.transitions import claim, unclaim
@@ -181,6 +182,7 @@ class WorkerApp:
         for task in periodic:
             task.start()
         self.services = WorkerServices(engine, redis, streams, runner, heartbeat, periodic)
+        tune_garbage_collector()  # once the engine is up: what loading it made lives as long as the worker
         log.info(
             "worker %s ready: model %s (%s), up to %d jobs at once",
             worker_id,

@@ -12,7 +12,20 @@ from typing import Any
 import pytest
 
 from shared.errors import InvalidRequest, JobNotFound
-from shared.events import CancelledEvent, DeltaEvent, ErrorEvent, JobState, Usage, event_adapter
+from shared.events import (
+    CancelledEvent,
+    DeltaEvent,
+    DoneEvent,
+    ErrorEvent,
+    Event,
+    JobState,
+    StatusEvent,
+    TokenLogprob,
+    TopLogprob,
+    Usage,
+    event_adapter,
+    event_json,
+)
 from shared.jobstore import JobStore, Outcome
 from shared.lifecycle import scripts
 from shared.lifecycle.arguments import StepArgs
@@ -140,6 +153,85 @@ def test_the_step_reads_its_arguments_in_the_order_step_args_names_them() -> Non
     assert unpacked is not None
     assert unpacked.group(1).split(", ") == list(StepArgs._fields)
     assert int(unpacked.group(2)) == len(StepArgs._fields)
+
+
+EVENTS_AS_SENT = [
+    (
+        DeltaEvent(seq=7, text=' a "quote"\n\t\x01 é 漢 \U0001f600', token_ids=[1, 2]),
+        '{"type":"delta","seq":7,"text":" a \\"quote\\"\\n\\t\\u0001 é 漢 \U0001f600",'
+        '"token_ids":[1,2],"logprobs":null}',
+    ),
+    (
+        DeltaEvent(
+            seq=8,
+            index=1,
+            text="b",
+            token_ids=[3],
+            logprobs=[
+                TokenLogprob(
+                    token_id=3,
+                    token="b",
+                    logprob=-0.5,
+                    rank=1,
+                    top_logprobs=[TopLogprob(token_id=3, token="b", logprob=-0.5)],
+                ),
+                TokenLogprob(token_id=4, token="c", logprob=-1.25),
+            ],
+        ),
+        '{"type":"delta","seq":8,"index":1,"text":"b","token_ids":[3],"logprobs":[{"token_id":3,"token":"b",'
+        '"logprob":-0.5,"rank":1,"top_logprobs":[{"token_id":3,"token":"b","logprob":-0.5}]},'
+        '{"token_id":4,"token":"c","logprob":-1.25,"top_logprobs":[]}]}',
+    ),
+    (
+        StatusEvent(seq=2, state=JobState.running, message="resumed", resumed=True, attempt=2),
+        '{"type":"status","seq":2,"state":"running","message":"resumed","resumed":true,"attempt":2}',
+    ),
+    (
+        DoneEvent(
+            seq=9,
+            finish_reason="stop",
+            stop_reasons=[None, 5],
+            usage=Usage(prompt_tokens=3, completion_tokens=4),
+        ),
+        '{"type":"done","seq":9,"finish_reason":"stop","stop_reasons":[null,5],'
+        '"usage":{"prompt_tokens":3,"completion_tokens":4}}',
+    ),
+    (
+        CancelledEvent(seq=3, usage=Usage(prompt_tokens=1, completion_tokens=0)),
+        '{"type":"cancelled","seq":3,"usage":{"prompt_tokens":1,"completion_tokens":0}}',
+    ),
+    (
+        ErrorEvent(seq=4, message="boom", code="internal"),
+        '{"type":"error","seq":4,"message":"boom","code":"internal"}',
+    ),
+]
+
+
+@pytest.mark.parametrize(("event", "sent"), EVENTS_AS_SENT)
+def test_an_event_goes_into_its_stream_as_pydantic_writes_its_json(event: Event, sent: str) -> None:
+    assert event_json(event) == event.model_dump_json() == sent
+
+
+def test_a_step_call_is_sent_byte_for_byte_as_step_lua_and_the_relay_read_it(
+    store: JobStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every job's lease, then its stream; the call's arguments, then each job's part and its events'
+    (id, type, JSON); the notice, one line an event (`shared.notices`)."""
+    monkeypatch.setattr(time, "time_ns", lambda: 1_700_000_000_123_456_789)
+    (delta, delta_json), (status, status_json) = EVENTS_AS_SENT[0], EVENTS_AS_SENT[2]
+    steps = [JobStep("job-a", [status, delta], check=True), JobStep("job-b", [])]
+    command = store.transitions.step_command(worker_id="worker-1", steps=steps, maxlen=8)
+    prefix, sha = store.keys.prefix, scripts.STEP.sha
+    stream = f"{prefix}:job:job-a:events"
+    lines = [f"{stream}\x1f2-1\x1fstatus\x1f1700000000123\x1f{status_json}"]
+    lines.append(f"{stream}\x1f7-1\x1fdelta\x1f1700000000123\x1f{delta_json}")
+    assert command == (
+        "EVALSHA", sha, 4,
+        f"{prefix}:job:job-a:lease", f"{prefix}:job:job-b:lease", stream, f"{prefix}:job:job-b:events",
+        "worker-1", 8, 1700000000123, "PUBLISH", store.keys.notices, "\n".join(lines),
+        "1", "", 2, "2-1", "status", status_json, "7-1", "delta", delta_json,
+        "", "", 0,
+    )  # fmt: skip
 
 
 async def test_delete_takes_a_finished_jobs_keys_and_leaves_an_unfinished_one(store: JobStore) -> None:
