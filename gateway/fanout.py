@@ -46,8 +46,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable, Collection
-from contextlib import asynccontextmanager
+from collections.abc import Callable, Collection, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -240,6 +240,7 @@ class _Watched:
     subscriptions: tuple[Subscription, ...] = ()  # a tuple: handing out may drop one, mid-loop
     checked: Checked | None = None
     lingers_until: float = 0.0  # by the loop's clock: kept, without followers, until then
+    linger_timer: bool = False  # a timer of `_linger`'s is set, to fire at or before `lingers_until`
 
     @classmethod
     def at(cls, stream: str, cursor: str) -> _Watched:
@@ -290,10 +291,11 @@ class StreamHub:
                     await task
         await self._source.aclose()
 
-    @asynccontextmanager
-    async def subscribe(self, stream: str, cursor: str, max_bytes: int) -> AsyncIterator[Subscription]:
+    @contextmanager
+    def subscribe(self, stream: str, cursor: str, max_bytes: int) -> Iterator[Subscription]:
         """Entries of `stream` appended after the hub's cursor for it (see `started_after`), up to
-        about `max_bytes` of them waiting to be taken."""
+        about `max_bytes` of them waiting to be taken. A plain context manager: subscribing awaits
+        nothing, and a waiting long-poll subscribes once a page."""
         watched = self._watch(stream, cursor)
         subscription = Subscription(stream, watched.cursor, max_bytes)
         watched.subscriptions += (subscription,)
@@ -356,17 +358,28 @@ class StreamHub:
             self._unwatch(subscription.stream)
 
     def _linger(self, stream: str, watched: _Watched) -> None:
-        """Keep a long-polled stream watched without followers for `LINGER_SECONDS` from now."""
+        """Keep a long-polled stream watched without followers for `LINGER_SECONDS` from now.
+
+        A stream lingers again at each poll it answers: its timer is not made anew each time, but
+        set once and, when it fires before the linger's end, set again for the rest (`_linger_over`),
+        so that it fires about once per `LINGER_SECONDS` rather than once per poll."""
         loop = asyncio.get_running_loop()
         watched.lingers_until = loop.time() + LINGER_SECONDS
-        loop.call_at(watched.lingers_until, self._linger_over, stream, watched)
+        if not watched.linger_timer:
+            watched.linger_timer = True
+            loop.call_at(watched.lingers_until, self._linger_over, stream, watched)
 
     def _linger_over(self, stream: str, watched: _Watched) -> None:
         """Drop a stream watched only to linger, once its last linger is over."""
+        watched.linger_timer = False
         if self._watched.get(stream) is not watched or watched.subscriptions:
-            return
-        if asyncio.get_running_loop().time() >= watched.lingers_until:
+            return  # followed again: its last follower's leaving lingers it anew
+        loop = asyncio.get_running_loop()
+        if loop.time() >= watched.lingers_until:
             self._unwatch(stream)
+        else:
+            watched.linger_timer = True
+            loop.call_at(watched.lingers_until, self._linger_over, stream, watched)
 
     def _unwatch(self, stream: str) -> None:
         del self._watched[stream]

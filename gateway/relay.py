@@ -254,7 +254,7 @@ class Relay:
         deadline = loop.time() + AHEAD_WAIT_SECONDS
         stream = self.keys.stream(job_id)
         while True:
-            async with self.hub.subscribe(stream, found.last, DEFAULT_BATCH_BYTES) as woken:
+            with self.hub.subscribe(stream, found.last, DEFAULT_BATCH_BYTES) as woken:
                 while not woken.lagged:  # a dropped subscription is made again
                     state, found = await self._state_and_stream(job_id, owner, cursor, count)
                     if state.terminal or not _past(cursor, found) or loop.time() >= deadline:
@@ -440,16 +440,19 @@ class Following:
         relay = self.relay
         stream = relay.keys.stream(self.job_id)
         while not self.stopped:
-            async with aclosing(self._catch_up()) as caught_up:
-                async for batch in caught_up:
-                    batch = _through_terminal(batch)
-                    self.cursor = batch[-1].id
-                    yield batch
-                    if batch[-1].terminal:
-                        return
-            if self.stopped:
-                return
-            async with relay.hub.subscribe(stream, self.cursor, self.batch_bytes) as subscription:
+            if self._at_end:  # nothing to catch up with first (`Relay.follow`): a waiting poll's case
+                self._at_end = False
+            else:
+                async with aclosing(self._catch_up()) as caught_up:
+                    async for batch in caught_up:
+                        batch = _through_terminal(batch)
+                        self.cursor = batch[-1].id
+                        yield batch
+                        if batch[-1].terminal:
+                            return
+                if self.stopped:
+                    return
+            with relay.hub.subscribe(stream, self.cursor, self.batch_bytes) as subscription:
                 self._subscription = subscription
                 try:
                     async with aclosing(self._live(subscription, idle_seconds)) as live:
@@ -469,11 +472,8 @@ class Following:
         """What the stream already holds after the cursor, with plain (non-blocking) reads of about
         `batch_bytes` each: each read's count follows the size of the entries the last one brought
         (a delta with 20 logprobs a token is ten times a plain one), so that a reader that cannot
-        keep up holds a bounded number of bytes, not of entries. Nothing at first for a follow
-        known to be at the end (`Relay.follow`); a follow dropped for lagging reads from then on."""
-        if self._at_end:
-            self._at_end = False
-            return
+        keep up holds a bounded number of bytes, not of entries (a follow known to be at the end
+        skips it at first: `batches`); a follow dropped for lagging reads from then on."""
         cursor, count = self.cursor, FIRST_READ
         while not self.stopped:
             entries = await self.relay.read(self.job_id, cursor, count)

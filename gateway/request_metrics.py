@@ -6,6 +6,7 @@ make a series per job; a path no route matches counts as `other`.
 
 from __future__ import annotations
 
+from prometheus_client import Counter
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.metrics import GatewayMetrics
@@ -26,9 +27,17 @@ class RequestMetrics:
     def __init__(self, app: ASGIApp, metrics: GatewayMetrics) -> None:
         self.app = app
         self.metrics = metrics
+        self._series: dict[tuple[str, int], Counter] = {}
+        """The counter of each route template and status met so far: `labels` takes a lock and builds
+        its key from the label values on every call, a cost a long-poll (one request a batch of
+        events) paid per page; there are as many series as templates times statuses, a few dozen."""
 
     def _count(self, scope: Scope, status: int) -> None:
-        self.metrics.http_requests.labels(route=route_template(scope), status=str(status)).inc()
+        key = (route_template(scope), status)
+        series = self._series.get(key)
+        if series is None:
+            series = self._series[key] = self.metrics.http_requests.labels(route=key[0], status=str(status))
+        series.inc()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":

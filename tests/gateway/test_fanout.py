@@ -5,11 +5,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import uuid
-from collections.abc import AsyncIterator, Collection
+from collections.abc import Collection, Iterator
 from typing import Any
 
 import httpx
 import pytest
+import redis
 import redis.asyncio as aioredis
 
 from gateway import fanout
@@ -181,7 +182,7 @@ async def test_a_long_poll_with_nothing_new_answers_empty_once_its_wait_is_over(
 
 
 async def test_a_long_poll_at_the_tip_waits_on_the_hub_without_reading_the_stream_itself(
-    relay: Relay, monkeypatch: pytest.MonkeyPatch
+    redis_url: str, relay: Relay, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The poll's check found the cursor at the stream's end: what comes after it, the hub brings
     (one round trip a poll fewer), also what came between the check and the subscription."""
@@ -195,15 +196,18 @@ async def test_a_long_poll_at_the_tip_waits_on_the_hub_without_reading_the_strea
         reads.append(cursor)
         return await read(job_id, cursor, count)
 
-    @contextlib.asynccontextmanager
-    async def late(stream: str, cursor: str, max_bytes: int) -> AsyncIterator[Subscription]:
-        await relay.redis.xadd(stream, {"type": "delta", "data": "{}"})  # no notice: only a read finds it
-        async with subscribe(stream, cursor, max_bytes) as subscription:
+    blocking = redis.Redis.from_url(redis_url, decode_responses=True)  # subscribing awaits nothing
+
+    @contextlib.contextmanager
+    def late(stream: str, cursor: str, max_bytes: int) -> Iterator[Subscription]:
+        blocking.xadd(stream, {"type": "delta", "data": "{}"})  # no notice: only a read finds it
+        with subscribe(stream, cursor, max_bytes) as subscription:
             yield subscription
 
     monkeypatch.setattr(relay, "read", counted)
     monkeypatch.setattr(relay.hub, "subscribe", late)
-    entries, state, done = await relay.page(job_id, cursor, 10, 30, ANONYMOUS_OWNER, LIMITS)
+    with blocking:
+        entries, state, done = await relay.page(job_id, cursor, 10, 30, ANONYMOUS_OWNER, LIMITS)
     assert [entry.id for entry in entries] == (await _stored(relay, job_id))[1:]
     assert (state, done, reads) == (JobState.running, False, [])
 
@@ -215,9 +219,9 @@ async def test_a_stream_followed_right_after_the_last_one_left_is_heard_at_once(
     gets a listener of its own, not the one on its way out (no sweep would make up for it here)."""
     monkeypatch.setattr(fanout, "SWEEP_SECONDS", 60.0)
     first, second = relay.keys.stream(uuid.uuid4().hex), relay.keys.stream(uuid.uuid4().hex)
-    async with relay.hub.subscribe(first, START, 1 << 20):
+    with relay.hub.subscribe(first, START, 1 << 20):
         await eventually(lambda: stream_reader_listening(redis_client, relay.keys), "the hub listens")
-    async with relay.hub.subscribe(second, START, 1 << 20) as subscription:
+    with relay.hub.subscribe(second, START, 1 << 20) as subscription:
         await eventually(lambda: stream_reader_listening(redis_client, relay.keys), "the hub listens again")
         entry_id = await redis_client.xadd(second, {"type": "done", "data": "{}"})
         await notify(redis_client, relay.keys, second)
@@ -232,7 +236,7 @@ async def test_lines_for_streams_not_watched_here_are_passed_over_without_a_read
     over, named or whole, with no read and nothing handed out; the watched stream's line is handed out."""
     monkeypatch.setattr(fanout, "SWEEP_SECONDS", 60.0)
     watched, other = relay.keys.stream(uuid.uuid4().hex), relay.keys.stream(uuid.uuid4().hex)
-    async with relay.hub.subscribe(watched, "2-1", 1 << 20) as subscription:
+    with relay.hub.subscribe(watched, "2-1", 1 << 20) as subscription:
         await eventually(lambda: asyncio.sleep(0, not relay.hub._due), "the new stream read", interval=0.01)
         reads = ReadCount(relay, monkeypatch)
         lines = [
@@ -265,10 +269,8 @@ async def test_a_notices_entries_written_to_clients_are_one_relay_lag_sample(
         return True
 
     try:
-        async with contextlib.AsyncExitStack() as stack:
-            subscriptions = [
-                await stack.enter_async_context(hub.subscribe(s, "2-1", 1 << 20)) for s in streams
-            ]
+        with contextlib.ExitStack() as stack:
+            subscriptions = [stack.enter_context(hub.subscribe(s, "2-1", 1 << 20)) for s in streams]
             await eventually(lambda: asyncio.sleep(0, not hub._due), "the new streams read", interval=0.01)
             for subscription in subscriptions:
                 subscription.direct = write
