@@ -144,6 +144,7 @@ async def test_a_declared_model_without_a_worker_queues_until_one_starts(
 
 
 BACKLOG = 300
+BULK_TOKENS = 32  # steps of the synthetic engine's 0.03 s
 FAIR_TENANTS = f"""
 [[tenants]]
 name = "bulk"
@@ -171,9 +172,12 @@ async def test_a_tenants_backlog_delays_another_tenants_next_job_by_at_most_a_pi
     )
     keys = Keys(settings.key_prefix)
     job = {"prompt": "Hello", "max_tokens": 1, "model": SECOND}
+    # A second a job at 4 at once: the worker drains none of the backlog while the rest is submitted,
+    # however slowly a loaded machine submits it (at one token a job it drained most of it by then).
+    bulk_job = {**job, "max_tokens": BULK_TOKENS}
     async with in_process_gateway(settings) as gateway:
         answers = await asyncio.gather(
-            *(gateway.post("/v1/jobs", json=job, headers=bearer(KEY_A)) for _ in range(BACKLOG))
+            *(gateway.post("/v1/jobs", json=bulk_job, headers=bearer(KEY_A)) for _ in range(BACKLOG))
         )
         assert [answer.status_code for answer in answers] == [202] * BACKLOG
         bulk = [answer.json()["id"] for answer in answers]
