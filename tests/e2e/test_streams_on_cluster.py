@@ -247,9 +247,9 @@ async def test_tenants_keep_their_jobs_and_their_bounds_with_the_streams_on_the_
     )
     processes = Processes(tmp_path)
     base_url = f"http://127.0.0.1:{settings.port}"
-    wait_answering(base_url, processes.start("gateway-tenants", "gateway", settings))
     other = bearer(KEY_B)
     try:
+        wait_answering(base_url, processes.start("gateway-tenants", "gateway", settings))
         async with httpx.AsyncClient(
             base_url=base_url, headers=bearer(KEY_A), timeout=JOB_DEADLINE_SECONDS
         ) as gateway:
