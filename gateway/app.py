@@ -29,10 +29,11 @@ from gateway.files.store import Files
 from gateway.generation import OpenRuns
 from gateway.metrics import GatewayMetrics
 from gateway.notice_sources import ClusterNotices, NoticeSource, ServerNotices
+from gateway.plain_polls import PlainPolls
 from gateway.processes import serve_processes
 from gateway.prompt_limit import PromptLimit
 from gateway.relay import Relay
-from gateway.request_metrics import RequestMetrics
+from gateway.request_metrics import RequestCounts, RequestMetrics
 from gateway.routes import (
     batches,
     files,
@@ -156,7 +157,8 @@ def create_app(settings: GatewaySettings) -> FastAPI:
         BodyLimit, max_bytes=settings.max_body_bytes, metrics=metrics, streamed=frozenset({files.FILES_PATH})
     )
     # Added after the body limit, so outside it: it sees every answer, the body limit's refusals included.
-    app.add_middleware(RequestMetrics, metrics=metrics)
+    counts = RequestCounts(metrics)
+    app.add_middleware(RequestMetrics, counts=counts)
     install_error_handlers(app)
     app.include_router(jobs.router)
     app.include_router(openai.router)
@@ -169,6 +171,9 @@ def create_app(settings: GatewaySettings) -> FastAPI:
     app.include_router(usage.router)
     app.include_router(files.router)
     app.include_router(batches.router)
+    # Outside the rest: plain long-polls skip the stack, and are counted as it counts every answer.
+    events = jobs.events_route(app.routes)
+    app.add_middleware(PlainPolls, route=events, template=events.path, counts=counts)
     return app
 
 

@@ -20,24 +20,33 @@ def route_template(scope: Scope) -> str:
     return str(getattr(route_of(scope), "path", OTHER))
 
 
+class RequestCounts:
+    """The answers counted so far, by route template and status: the series of each, kept.
+
+    `labels` takes a lock and builds its key from the label values on every call, a cost a long-poll
+    (one request a batch of events) paid per page; there are as many series as templates times
+    statuses, a few dozen."""
+
+    def __init__(self, metrics: GatewayMetrics) -> None:
+        self.metrics = metrics
+        self._series: dict[tuple[str, int], Counter] = {}
+
+    def count(self, template: str, status: int) -> None:
+        """One answer of `status` from the route of `template`."""
+        key = (template, status)
+        series = self._series.get(key)
+        if series is None:
+            series = self._series[key] = self.metrics.http_requests.labels(route=template, status=str(status))
+        series.inc()
+
+
 class RequestMetrics:
     """ASGI middleware, outermost: counts each answer once, when it starts (an event stream counts
     when it opens, not when it ends)."""
 
-    def __init__(self, app: ASGIApp, metrics: GatewayMetrics) -> None:
+    def __init__(self, app: ASGIApp, counts: RequestCounts) -> None:
         self.app = app
-        self.metrics = metrics
-        self._series: dict[tuple[str, int], Counter] = {}
-        """The counter of each route template and status met so far: `labels` takes a lock and builds
-        its key from the label values on every call, a cost a long-poll (one request a batch of
-        events) paid per page; there are as many series as templates times statuses, a few dozen."""
-
-    def _count(self, scope: Scope, status: int) -> None:
-        key = (route_template(scope), status)
-        series = self._series.get(key)
-        if series is None:
-            series = self._series[key] = self.metrics.http_requests.labels(route=key[0], status=str(status))
-        series.inc()
+        self.counts = counts
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -49,12 +58,12 @@ class RequestMetrics:
             nonlocal started
             if not started and message["type"] == "http.response.start":
                 started = True
-                self._count(scope, message["status"])
+                self.counts.count(route_template(scope), message["status"])
             await send(message)
 
         try:
             await self.app(scope, receive, counting_send)
         except Exception:
             if not started:  # the server answers it with a 500
-                self._count(scope, 500)
+                self.counts.count(route_template(scope), 500)
             raise

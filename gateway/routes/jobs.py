@@ -5,12 +5,12 @@ from __future__ import annotations
 import json
 import logging
 import re
-from collections.abc import Callable
-from typing import Annotated, Any, NamedTuple
+from typing import Annotated, NamedTuple
 
 from fastapi import APIRouter, Header, Query, Request, Response
 from fastapi.routing import APIRoute
-from starlette.types import Receive, Scope, Send
+from starlette.routing import BaseRoute
+from starlette.types import Scope
 
 from gateway.auth import REQUIRE_KEY, Owner, caller
 from gateway.deps import JobId, OwnedJobId, Services, ServicesDep, checked_job_id, services_of
@@ -202,8 +202,10 @@ PLAIN_VALUES = {
     b"wait": re.compile(rb"(0|[1-9][0-9]{0,3})(\.[0-9]{1,6})?"),
     b"limit": re.compile(rb"[1-9][0-9]{0,3}"),
 }
-"""The values of a long-poll's query that `_plain_poll` reads itself: plain digits, as clients send
+"""The values of a long-poll's query that `plain_poll` reads itself: plain digits, as clients send
 them; FastAPI reads every other form."""
+NOT_PLAIN_HEADERS = frozenset({b"content-length", b"transfer-encoding"})
+"""A request that declares a body is not a plain poll: the body limit (`gateway.body_limit`) sees it."""
 
 
 class Poll(NamedTuple):
@@ -215,12 +217,12 @@ class Poll(NamedTuple):
     last_event_id: str | None
 
 
-def _plain_poll(scope: Scope) -> Poll | None:
+def plain_poll(scope: Scope) -> Poll | None:
     """A long-poll's `after`, `wait`, `limit` and `Last-Event-ID`, where the query has no other
     parameter and each is absent or plain (`PLAIN_VALUES`) and within the bounds `job_events`
     declares, read as Starlette and FastAPI read them (the last of a repeated parameter, the first of
-    a repeated header); None for a request that is anything else: an event stream's, or one whose
-    values FastAPI is to refuse, or to read otherwise."""
+    a repeated header); None for a request that is anything else: an event stream's, one with a body,
+    or one whose values FastAPI is to refuse, or to read otherwise."""
     values: dict[bytes, bytes] = {}
     query: bytes = scope["query_string"]
     for pair in query.split(b"&") if query else ():
@@ -235,6 +237,8 @@ def _plain_poll(scope: Scope) -> Poll | None:
             accept = value
         elif name == b"last-event-id" and last_event_id is None:
             last_event_id = value.decode("latin-1")
+        elif name in NOT_PLAIN_HEADERS:
+            return None
     if (accept is not None and b"text/event-stream" in accept) or len(
         last_event_id or ""
     ) > CURSOR_MAX_LENGTH:
@@ -246,31 +250,13 @@ def _plain_poll(scope: Scope) -> Poll | None:
     return Poll(None if after is None else after.decode(), wait, limit, last_event_id)
 
 
-class EventsRoute(APIRoute):
-    """The events route. A long-poll comes once per batch of events: a plain one (`_plain_poll`) is
-    answered by the same steps as `job_events` takes (the caller's key, the job id's form, the
-    cursor, the page) without FastAPI's resolving of its parameters and wrapping of its call, which
-    cost the gateway as much as the page; what it raises is answered by the app's exception
-    handlers, as FastAPI's raising would be. Every other request goes through FastAPI, so that a
-    refusal is answered as FastAPI answers it, and its errors come in the same order."""
-
-    def __init__(self, path: str, endpoint: Callable[..., Any], **kwargs: Any) -> None:
-        super().__init__(path, endpoint, **kwargs)
-        resolving = self.app
-
-        async def app(scope: Scope, receive: Receive, send: Send) -> None:
-            plain = _plain_poll(scope)
-            if plain is None:
-                await resolving(scope, receive, send)
-                return
-            request = Request(scope, receive, send)
-            owner = await caller(request)
-            job_id = checked_job_id(scope["path_params"]["job_id"])
-            cursor = parse_cursor(plain.last_event_id or plain.after)
-            page = await _page(job_id, cursor, plain.wait, plain.limit, owner, services_of(request))
-            await page(scope, receive, send)
-
-        self.app = app
+async def plain_page(request: Request, poll: Poll) -> Response:
+    """A plain long-poll's page, by the steps `job_events` takes for it (the caller's key, the job id's
+    form, the cursor, the page) without FastAPI's resolving of its parameters (`gateway.plain_polls`)."""
+    owner = await caller(request)
+    job_id = checked_job_id(request.scope["path_params"]["job_id"])
+    cursor = parse_cursor(poll.last_event_id or poll.after)
+    return await _page(job_id, cursor, poll.wait, poll.limit, owner, services_of(request))
 
 
 router.add_api_route(
@@ -279,5 +265,9 @@ router.add_api_route(
     methods=["GET"],
     response_model=EventsPage,
     responses={200: {"content": EVENTS_CONTENT}, **documented(404, 410, 429)},
-    route_class_override=EventsRoute,
 )
+
+
+def events_route(routes: list[BaseRoute]) -> APIRoute:
+    """The events route among an application's routes (`gateway.plain_polls` answers its plain polls)."""
+    return next(route for route in routes if isinstance(route, APIRoute) and route.endpoint is job_events)

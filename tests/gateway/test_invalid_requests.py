@@ -145,7 +145,7 @@ async def test_a_poll_with_a_value_out_of_its_bounds_is_422(
 
 
 async def test_a_page_is_the_same_whichever_way_its_values_are_written(gateway: httpx.AsyncClient) -> None:
-    """Plain values are read by the route itself (`routes.jobs.EventsRoute`), others by FastAPI."""
+    """Plain values are read before the application's stack (`gateway.plain_polls`), others by FastAPI."""
     job_id = (await gateway.post("/v1/jobs", json={"prompt": "hi"})).json()["id"]
     await gateway.post(f"/v1/jobs/{job_id}/cancel")
     events = f"/v1/jobs/{job_id}/events"

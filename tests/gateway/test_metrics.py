@@ -95,6 +95,38 @@ async def test_refusals_count_by_reason_and_under_their_route() -> None:
     assert scraped.value("streampool_http_requests_total", route="/v1/jobs", status="413") == 1
 
 
+async def test_a_plain_poll_is_refused_and_counted_as_a_poll_fastapi_reads() -> None:
+    """A plain long-poll is answered outside the middlewares (`gateway.plain_polls`), one with values
+    written otherwise (`0.0e0`) through them: each refusal is the same both ways, and counted under the
+    events route's template. A body past the limit goes through the body limit both ways."""
+    settings = make_settings(
+        f"redis://127.0.0.1:{free_port()}/0", api_keys="a-key", max_body_bytes=MAX_BODY_BYTES
+    )
+    key = {"Authorization": "Bearer a-key"}
+    events = f"/v1/jobs/{uuid.uuid4().hex}/events"
+    cases = [  # (path, headers, body, status)
+        (events, {}, b"", 401),
+        ("/v1/jobs/not-a-job-id/events", key, b"", 404),
+        (events, key, b"", 503),  # Redis is asked
+        (events, key, b"x" * (MAX_BODY_BYTES + 1), 413),
+    ]
+    async with in_process_gateway(settings) as http:
+        for path, headers, body, status in cases:
+            plain, other = [
+                await http.request("GET", path, params={"wait": wait}, headers=headers, content=body)
+                for wait in ("0", "0.0e0")
+            ]
+            assert plain.status_code == other.status_code == status, path
+            assert plain.content == other.content
+            assert plain.headers.get("www-authenticate") == other.headers.get("www-authenticate")
+        scraped = await scrape(http)
+    for _, _, _, status in cases:
+        counted = scraped.value(
+            "streampool_http_requests_total", route="/v1/jobs/{job_id}/events", status=str(status)
+        )
+        assert counted == 2, status
+
+
 def test_relay_lag_counts_each_write_in_every_bucket_at_or_above_its_lag() -> None:
     lag = RelayLag()
     registry = CollectorRegistry()
