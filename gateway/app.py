@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import math
 import os
 import socket
@@ -198,6 +199,8 @@ class GatewayServer(uvicorn.Server):
             host=settings.host,
             port=settings.port,
             log_config=None,
+            # uvicorn computes an access line's values for every answer, logged or not.
+            access_log=logging.getLogger("uvicorn.access").isEnabledFor(logging.INFO),
             timeout_keep_alive=settings.keep_alive_seconds,
             timeout_graceful_shutdown=math.ceil(grace) + CANCEL_MARGIN_SECONDS,
         )

@@ -8,6 +8,8 @@ the test decides when each event is written: after the readers under test are in
 from __future__ import annotations
 
 import asyncio
+import json
+import socket
 from collections.abc import AsyncIterator
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
@@ -183,3 +185,53 @@ def _gateway_on(redis_url: str, folder: Path) -> AbstractContextManager[KeyedGat
     """A gateway process like `gateway_process`, on the Redis at `redis_url`."""
     folder.mkdir()
     return contextmanager(run_gateway)(redis_url, folder, allow_unauthenticated=True, poll_wait_max=POLL_WAIT)
+
+
+def _answers(
+    port: int, targets: list[str], version: str
+) -> tuple[list[tuple[bytes, dict[bytes, bytes], bytes]], bool]:
+    """The answers to `targets`, asked one after another on one socket: each one's status line,
+    headers and body; and whether the server closed the socket after the last."""
+    with socket.create_connection(("127.0.0.1", port), timeout=DEADLINE) as sock:
+        received, answers = b"", []
+        for target in targets:
+            sock.sendall(f"GET {target} {version}\r\nHost: test\r\n\r\n".encode())
+            while b"\r\n\r\n" not in received:
+                received += sock.recv(65536)
+            head, _, received = received.partition(b"\r\n\r\n")
+            status, *lines = head.split(b"\r\n")
+            headers = dict(line.lower().split(b": ", 1) for line in lines)
+            while len(received) < int(headers[b"content-length"]):
+                received += sock.recv(65536)
+            body, received = (
+                received[: int(headers[b"content-length"])],
+                received[int(headers[b"content-length"]) :],
+            )
+            answers.append((status, headers, body))
+        sock.settimeout(SETTLE_SECONDS)
+        try:
+            closed = sock.recv(1) == b""
+        except TimeoutError:  # kept open
+            closed = False
+        return answers, closed
+
+
+async def test_a_plain_poll_is_answered_whole_as_fastapi_answers_it_on_a_kept_and_a_closed_connection(
+    http: httpx.AsyncClient, gateway_process: KeyedGateway
+) -> None:
+    """On the gateway's own server, a plain poll is answered before the application's stack
+    (`gateway.plain_polls`), one written otherwise (`limit=01`) by FastAPI: both answers are the same
+    but for their date, and the connection is kept (HTTP/1.1) or closed (HTTP/1.0) as uvicorn keeps it."""
+    job_id = await submit(http, prompt="hi")
+    port, events = gateway_process.settings.port, f"/v1/jobs/{job_id}/events"
+    kept, kept_closed = await asyncio.to_thread(
+        _answers, port, [f"{events}?limit=1", f"{events}?limit=01", f"{events}?limit=1"], "HTTP/1.1"
+    )
+    once, once_closed = await asyncio.to_thread(_answers, port, [f"{events}?limit=1"], "HTTP/1.0")
+    for status, headers, _ in [*kept, *once]:
+        assert status.endswith(b"200 OK")
+        headers.pop(b"date")
+    assert once[0][1].pop(b"connection") == b"close"
+    assert [answer[1:] for answer in [*kept, *once]] == 4 * [kept[1][1:]]
+    assert json.loads(kept[0][2])["events"][0]["state"] == "queued"
+    assert (kept_closed, once_closed) == (False, True)
