@@ -49,6 +49,9 @@ ENGINE_FIXTURES = frozenset({"system", "pool", "adapter_worker"})
 (`STREAMPOOL_ENGINE=synthetic`: tests/faults' `outage`, `waiting_worker`, `impatient_worker` and the
 Redis outage's and failover's `deployment`, tests/scale's `cluster`, tests/e2e/test_models.py's
 `models_pool`) start in a second: their tests count as `unit`."""
+SYNTHETIC_FIXTURES = frozenset({"synthetic_system", "synthetic_pool"})
+"""The synthetic twins of `system` and `pool`, which a module names in a `system` or `pool` fixture of its
+own: its tests use no engine, though they use a fixture of that name."""
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -62,14 +65,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Every test is `system` when it uses an engine-starting fixture, directly or through another
-    fixture (and not `synthetic_system`, whose workers need no engine), and `unit` otherwise: a new
+    fixture (and no SYNTHETIC_FIXTURES, whose workers need no engine), and `unit` otherwise: a new
     test is classified by what it uses (`make test-fast` runs `-m unit`). In a test process of `-n`,
     the tests are ordered as tests/schedule.py deals them."""
     for item in items:
         # A parametrize argument named like a fixture (tests/deploy's `deployment`) replaces it.
         callspec = getattr(item, "callspec", None)
         used = set(getattr(item, "fixturenames", ())) - set(callspec.params if callspec else ())
-        on_engine = bool(used & ENGINE_FIXTURES) and "synthetic_system" not in used
+        on_engine = bool(used & ENGINE_FIXTURES) and not used & SYNTHETIC_FIXTURES
         item.add_marker(pytest.mark.system if on_engine else pytest.mark.unit)
     if os.environ.get("PYTEST_XDIST_WORKER"):
         items.sort(key=schedule.rank)  # stable: each module's tests keep their order

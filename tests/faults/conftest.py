@@ -1,8 +1,11 @@
-"""A pool for fault tests: a gateway and two real workers with short leases and drain time, shared
-by this package's tests, which kill, stop, freeze and replace individual workers.
+"""Pools for fault tests: a gateway and two workers with short leases and drain time, shared by this
+package's tests, which kill, stop, freeze and replace individual workers.
 
-Workers are `streampool worker` processes on the real engine, as in tests/conftest.py's
-`system`; that pool is not used here, since these tests take workers away.
+Workers are `streampool worker` processes, as in tests/conftest.py's `system`; that pool is not used
+here, since these tests take workers away. `pool` runs the real engine, for the tests whose subject
+is the engine (its core dying under jobs); `synthetic_pool` the synthetic one, for those whose subject
+is the lease and the queue (a worker killed, frozen or stopped, its jobs taken over by another), where
+each replaced worker starts in a second instead of a minute.
 """
 
 from __future__ import annotations
@@ -120,10 +123,31 @@ def start_gateway_and_worker(processes: Processes, settings: Settings) -> tuple[
 
 @pytest.fixture(scope="package")
 def pool(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pool]:
+    """Workers on the real engine."""
+    yield from run_pool(redis_url, tmp_path_factory, engine="vllm")
+
+
+@pytest.fixture(scope="package")
+def synthetic_pool(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pool]:
+    """Workers on the synthetic engine, whose answers end only at `max_tokens` or a stop: a test's job
+    runs as long as it asks for. A module names it in a `pool` fixture of its own (its tests are then
+    `unit`: see tests/conftest.py's `pytest_collection_modifyitems`)."""
+    yield from run_pool(redis_url, tmp_path_factory, engine="synthetic", synthetic_mean_tokens=0)
+
+
+def run_pool(
+    redis_url: str, tmp_path_factory: pytest.TempPathFactory, engine: str, **overrides: object
+) -> Iterator[Pool]:
     settings = make_settings(
-        redis_url, port=free_port(), host="127.0.0.1", allow_unauthenticated=True, **RECOVERY
+        redis_url,
+        port=free_port(),
+        host="127.0.0.1",
+        allow_unauthenticated=True,
+        engine=engine,
+        **RECOVERY,
+        **overrides,
     )
-    processes = Processes(tmp_path_factory.mktemp("fault-logs"))
+    processes = Processes(tmp_path_factory.mktemp(f"fault-{engine}-logs"))
     gateway = processes.start("gateway", "gateway", settings)
     pool = Pool(settings, f"http://127.0.0.1:{settings.port}", processes)
     try:

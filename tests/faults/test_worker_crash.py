@@ -11,6 +11,7 @@ from typing import Any
 
 import httpx
 import openai
+import pytest
 
 from tests.faults.conftest import (
     RECOVERY,
@@ -31,6 +32,13 @@ from tests.helpers import (
 )
 
 MAX_TOKENS = 200
+
+
+@pytest.fixture(scope="module")
+def pool(synthetic_pool: Pool) -> Pool:
+    """On the synthetic engine: the subject is the lease and the queue (a worker gone, its job taken over),
+    not generation; a job resumed on the real engine is tests/faults/test_engine_death.py's."""
+    return synthetic_pool
 
 
 async def test_a_killed_workers_job_is_resumed_by_another_and_each_of_its_clients_sees_one_stream(

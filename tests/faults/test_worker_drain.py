@@ -7,6 +7,7 @@ import asyncio
 import signal
 
 import httpx
+import pytest
 
 from tests.faults.conftest import (
     WAIT_TIMEOUT,
@@ -15,6 +16,13 @@ from tests.faults.conftest import (
     wait_for_tokens,
 )
 from tests.helpers import LONG_PROMPT, read_sse, record, streamed_token_ids, submit
+
+
+@pytest.fixture(scope="module")
+def pool(synthetic_pool: Pool) -> Pool:
+    """On the synthetic engine: the subject is a stopping worker's drain and hand-over through the queue,
+    not generation; a job resumed on the real engine is tests/faults/test_engine_death.py's."""
+    return synthetic_pool
 
 
 async def test_sigterm_hands_a_long_job_over_after_the_drain_time_and_exits_cleanly(

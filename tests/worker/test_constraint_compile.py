@@ -7,7 +7,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import Iterator
 
 import pytest
 
@@ -22,8 +22,10 @@ SLOW = StructuredOutputs(json={"type": "string", "maxLength": 10_000, "pattern":
 QUICK = StructuredOutputs(regex=r"[0-9]{3}-[0-9]{4}")
 
 
-@pytest.fixture
-async def compiler() -> AsyncIterator[ConstraintCompiler]:
+@pytest.fixture(scope="module")
+def compiler() -> Iterator[ConstraintCompiler]:
+    """One for the module, as a worker keeps one: a child takes seconds to start (xgrammar imports torch),
+    and the one the first test leaves running serves the next."""
     if not DEFAULT_MODEL_DIR.is_dir():
         pytest.skip(f"the default model is not prepared in {DEFAULT_MODEL_DIR} (streampool prepare-model)")
     compiler = ConstraintCompiler(str(DEFAULT_MODEL_DIR), TIMEOUT)
