@@ -41,8 +41,9 @@ class RequestCounts:
 
 
 class RequestMetrics:
-    """ASGI middleware, outermost: counts each answer once, when it starts (an event stream counts
-    when it opens, not when it ends)."""
+    """ASGI middleware, outside the others but `PlainPolls` (which counts the plain polls it answers
+    itself): counts each answer once, when it starts (an event stream counts when it opens, not when
+    it ends)."""
 
     def __init__(self, app: ASGIApp, counts: RequestCounts) -> None:
         self.app = app
