@@ -201,13 +201,11 @@ def _answers(
             head, _, received = received.partition(b"\r\n\r\n")
             status, *lines = head.split(b"\r\n")
             headers = dict(line.lower().split(b": ", 1) for line in lines)
-            while len(received) < int(headers[b"content-length"]):
+            length = int(headers[b"content-length"])
+            while len(received) < length:
                 received += sock.recv(65536)
-            body, received = (
-                received[: int(headers[b"content-length"])],
-                received[int(headers[b"content-length"]) :],
-            )
-            answers.append((status, headers, body))
+            answers.append((status, headers, received[:length]))
+            received = received[length:]
         sock.settimeout(SETTLE_SECONDS)
         try:
             closed = sock.recv(1) == b""
