@@ -124,6 +124,17 @@ async def test_a_cursor_ahead_of_the_hub_gets_its_entries_from_redis(relay: Rela
     assert await _checks(relay) == checks + 1
 
 
+async def test_a_poll_at_a_tip_the_hub_has_not_read_to_waits_from_its_own_cursor(relay: Relay) -> None:
+    """The poll's check finds its cursor at the stream's end, where the hub, watching the stream from
+    an earlier entry, has not read to yet: the next entry is read with the one the hub missed, and
+    the poll is answered only what comes after its cursor."""
+    await _at_the_tip(relay)
+    await _append(relay, "3-1", notice=False)
+    polling = await _poll(relay, "3-1")
+    await _append(relay, "4-1")
+    assert await _answer(polling) == (["4-1"], JobState.running, False)
+
+
 async def test_a_job_that_ends_while_a_poll_waits_at_the_tip_answers_done(relay: Relay) -> None:
     await _at_the_tip(relay)
     checks = await _checks(relay)
