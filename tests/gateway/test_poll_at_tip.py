@@ -135,6 +135,15 @@ async def test_a_poll_at_a_tip_the_hub_has_not_read_to_waits_from_its_own_cursor
     assert await _answer(polling) == (["4-1"], JobState.running, False)
 
 
+async def test_a_poll_waiting_at_the_tip_is_answered_at_once_when_the_gateway_stops(relay: Relay) -> None:
+    """As `GatewayServer.shutdown` ends the open streams: the poll answers with nothing new, long
+    before its wait is over, and its client polls again elsewhere from the same cursor."""
+    await _at_the_tip(relay)
+    polling = await _poll(relay, "2-1")
+    relay.open_streams.close()
+    assert await _answer(polling) == ([], JobState.running, False)
+
+
 async def test_a_job_that_ends_while_a_poll_waits_at_the_tip_answers_done(relay: Relay) -> None:
     await _at_the_tip(relay)
     checks = await _checks(relay)
