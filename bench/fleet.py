@@ -2,7 +2,7 @@
 client for every job, on a private Redis.
 
     python -m bench.fleet [--quick] [--workers W] [--gateways G] [--rate R] [--streams N ...]
-                          [--clients {mixed,sse,long-poll,resume}]
+                          [--clients {mixed,sse,long-poll,resume}] [--stream-step K]
 
 Each level runs `streams` jobs spread over the workers (`worker_max_jobs` each), every worker's jobs
 stepping together `steps_per_second` times a second on its own clock (`STREAMPOOL_ENGINE=synthetic`,
@@ -12,7 +12,8 @@ nobody following them (the steps alone), then every job gets a client (`fleet_cl
 resuming from a cursor) through the gateways in turn, and the same is measured with all followed. The
 jobs are then cancelled, the clients end with their streams, and what each received is checked against
 its stream (`delivery`): sent, delivered, duplicated, reordered, and the lag from each step's sending
-(its entries' `at`) to the client's receipt.
+(its entries' `at`) to the client's receipt. With `--stream-step K` each job's events carry K tokens
+(its `stream_step`), its steps running K times as fast, so that a level's events a second stay as asked.
 
 The levels: the followed streams from `streams` at a fixed total `rate` (events a second, the steps'
 rate falling as the streams grow), then `rate_streams` streams at a rate raised by `rate_factor` a level
@@ -117,7 +118,7 @@ async def run_level(
 ) -> FleetLevel:
     """`streams` jobs making `rate` events a second in all, measured unfollowed, then followed."""
     plan = fleet.plan
-    steps_per_second = rate / streams
+    steps_per_second = rate * plan.stream_step / streams
     on_progress(f"{streams} streams at {rate:,.0f} events/s: starting {plan.workers} workers and their jobs")
     try:
         job_ids = await fleet.start_jobs(streams, steps_per_second)
@@ -154,6 +155,7 @@ async def run_level(
         failures=failures,
         masters=len(fleet.masters),
         lifecycle=lifecycle if fleet.masters else None,  # on one Redis the steps run meanwhile
+        stream_step=plan.stream_step,
     )
 
 
@@ -319,6 +321,12 @@ def main_parser() -> argparse.ArgumentParser:
         " control plane on a Redis of its own: every level once per count",
     )
     parser.add_argument("--stream-partitions", type=int, help="with --masters: the streams' partitions")
+    parser.add_argument(
+        "--stream-step",
+        type=int,
+        help="each job's stream_step (tokens an event): its steps run that many times faster, at the same"
+        " events a second",
+    )
     return parser
 
 

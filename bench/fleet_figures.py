@@ -102,10 +102,12 @@ class FleetLevel:
     failures: list[str]
     masters: int = 0  # the streams' Redis Cluster's masters; 0: the streams on the one Redis
     lifecycle: Lifecycle | None = None  # with the streams on a cluster, the control plane's share
+    stream_step: int = 1  # tokens an event (`FleetPlan.stream_step`)
 
     @property
     def asked_rate(self) -> float:
-        return self.streams * self.steps_per_second
+        """Events a second asked of the level (tokens a second over `stream_step`)."""
+        return self.streams * self.steps_per_second / self.stream_step
 
     @property
     def achieved(self) -> float:
@@ -194,6 +196,9 @@ class FleetPlan:
     )
     masters: tuple[int, ...] = ()  # the streams on a Redis Cluster of each many masters in turn; (): on one
     stream_partitions: int | None = None  # the streams' partitions on a cluster; None: the setting's default
+    stream_step: int = 1
+    """Each job's `stream_step`, tokens an event: its steps run this many times faster than its events,
+    at the same events a second (coalescing at the source, as vLLM's `stream_interval` does)."""
 
 
 @dataclass

@@ -184,7 +184,9 @@ def section(run: FleetRun) -> list[str]:
         " commands (scripts: EVALSHA and EVAL, the steps' with their XADDs, and the cursor checks of"
         " follows and long-polls; reads: XREAD, XRANGE, XREVRANGE),"
         " without parsing requests and writing replies, and timed by the clock, so that on a busy machine it"
-        " can run past Redis's CPU. An event is one XADD (one job's delta of one step);"
+        " can run past Redis's CPU. An event is one XADD (one job's delta of one step"
+        + ("" if plan.stream_step == 1 else f"; here of {plan.stream_step} steps, its `stream_step`")
+        + ");"
         " gateway and worker µs are their processes' CPU over the same window (the gateway's kernel"
         " part: mostly its writes to the clients' sockets). Lag: from the step's"
         " sending (its entries' `at`, whole ms, taken at the middle of the ms) to the client's receipt, for"

@@ -123,7 +123,7 @@ class Fleet:
         return self.probe.busy(before, after), after.taken - before.taken
 
     async def _submit(self, count: int, max_tokens: int) -> list[str]:
-        request = JobRequest(prompt="fleet", max_tokens=max_tokens)
+        request = JobRequest(prompt="fleet", max_tokens=max_tokens, stream_step=self.plan.stream_step)
         model, job_ids = self.settings.model_name, list[str]()
         for start in range(0, count, BATCH):
             submitting = (

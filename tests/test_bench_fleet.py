@@ -80,6 +80,16 @@ def test_clients_of_one_kind_are_all_of_it_and_the_report_says_so() -> None:
     assert "every one long-polls" in described and "`--clients long-poll`" in described
 
 
+def test_a_stream_step_runs_the_steps_that_many_times_faster_at_the_events_asked() -> None:
+    plan = plan_of(main_parser().parse_args(["--quick", "--stream-step", "4"]))
+    assert plan.stream_step == 4 and plan_of(main_parser().parse_args(["--quick"])).stream_step == 1
+    coalesced = replace(level(), steps_per_second=16.0, stream_step=4)
+    assert coalesced.asked_rate == level().asked_rate == 4000  # 1,000 streams, an event each 4 steps
+    described = section(replace(run_of(coalesced), plan=plan))[2]
+    assert "of 4 steps, its `stream_step`" in described
+    assert "of 4 steps" not in section(run_of(level()))[2]
+
+
 def window(events: int, redis_cpu: float, gateway_cpu: float = 0.0, **more: object) -> Window:
     values: dict[str, object] = {
         "seconds": 2.0,
