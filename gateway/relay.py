@@ -470,10 +470,11 @@ class Following:
 
         A poll comes once per step of its job, at the stream's tip: there the hub's cursor for the
         stream is the follow's, so there is no gap to fill and nothing read twice, and the batch is
-        what one wait on the hub brings. That case takes no generator of `batches`' (measured on
-        long-polls alone: their layers, made and closed for each poll, cost about a tenth of a poll's
-        CPU). Elsewhere, and for a follower the hub dropped, `batches` gives it. A wait with nothing
-        at its end answers none, as `batches` does whether or not the job ended meanwhile.
+        what one wait on the hub brings. That case takes none of `batches`' generators, made and
+        closed for each poll (without them, long-polls alone cost the gateway about 0.73 of the CPU an
+        event: bench/RESULTS.md, section 9). Elsewhere, and for a follower the hub dropped, `batches`
+        gives it. A wait with nothing at its end answers none, as `batches` does whether or not the
+        job ended meanwhile.
         """
         if self._at_end and not self.stopped:
             self._at_end = False  # whatever comes of it, `batches` after it reads the stream first
