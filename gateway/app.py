@@ -7,6 +7,7 @@ import contextlib
 import logging
 import math
 import os
+import secrets
 import socket
 import sys
 import uuid
@@ -92,9 +93,10 @@ def create_app(settings: GatewaySettings) -> FastAPI:
         else:  # the notices come from where the streams are
             reader_url = streams_url or url
             reader = connect_reader(reader_url, keys.stream_reader_name, sentinel_password=sentinel_password)
-            source = ServerNotices(reader, keys.notices)
+            source = ServerNotices(reader, keys)
         hub = StreamHub(source, metrics.observe_relay_lag)
-        store = JobStore(redis, keys, settings, streams)  # it reads the Redis settings every role has
+        # it reads the Redis settings every role has
+        store = JobStore(redis, keys, settings, streams, own_notice_partition(settings, keys))
         # A record outlives its last change by the retention, and the wait for its next attempt.
         record_ttl = settings.retention_seconds + math.ceil(settings.webhook_max_retry_gap_seconds)
         deliveries = Deliveries(redis, keys, record_ttl)
@@ -176,6 +178,17 @@ def create_app(settings: GatewaySettings) -> FastAPI:
     events = jobs.events_route(app.routes)
     app.add_middleware(PlainPolls, route=events, template=events.path, counts=counts)
     return app
+
+
+def own_notice_partition(settings: GatewaySettings, keys: Keys) -> int | None:
+    """The notice partition of the jobs this gateway process submits: the setting's, or one drawn from
+    the system's randomness (processes forked from one parent share `random`'s state); None on a Redis
+    Cluster, where job ids stay random to spread the streams over the masters."""
+    if keys.partitions:
+        return None
+    if settings.gateway_notice_partition is None:
+        return secrets.randbelow(keys.notice_partitions)
+    return settings.gateway_notice_partition % keys.notice_partitions
 
 
 class GatewayServer(uvicorn.Server):

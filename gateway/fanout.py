@@ -2,13 +2,14 @@
 
 A follower catches up on its own with plain reads; once it has read all there is, it
 subscribes here. Every script that appends to job streams then publishes a notice of what it
-appended (`shared.notices`; a worker's step one message for all of its jobs): a line per entry,
-the entry itself, or only its stream's name. The hub listens to the notices and hands an entry
+appended (`shared.notices`; a worker's step one message for all of its jobs in a notice
+partition): a line per entry, the entry itself, or only its stream's name. The hub listens to
+the notices of the partitions of the streams it watches, and only to those, and hands an entry
 to a stream's followers straight from its line when it is the one after the stream's cursor: in
-steady flow, live events cost Redis one PUBLISH a step and no read at all, whatever the number
-of streams followed (as Centrifugo relays over Redis: pub/sub for what is live, the stream for
-catch-up and replay). A stream whose line is its name, or whose entry is not the next (the hub
-missed one), is read from its cursor instead, with every other such stream, in one XREAD; an
+steady flow, live events cost Redis one PUBLISH a step and partition and no read at all,
+whatever the number of streams followed (as Centrifugo relays over Redis: pub/sub for what is
+live, the stream for catch-up and replay). A stream whose line is its name, or whose entry is not
+the next (the hub missed one), is read from its cursor instead, with every other such stream, in one XREAD; an
 entry it already has is dropped. Connections do not grow with open streams: the hub has one for
 the notices and one for its reads. A notice missed entirely (the listening connection dropped)
 costs nothing: on every (re)subscription, and every `SWEEP_SECONDS` in any case, the hub reads
@@ -235,6 +236,7 @@ class _Watched:
 
     stream: str
     name: bytes  # packed (`notice_sources.bulk`)
+    partition: int  # whose notices tell of it (`NoticeSource.partition`)
     cursor: str
     next_id: str | None  # the id of the entry after the cursor, if a notice line may be taken as it
     subscriptions: tuple[Subscription, ...] = ()  # a tuple: handing out may drop one, mid-loop
@@ -243,8 +245,8 @@ class _Watched:
     linger_timer: bool = False  # a timer of `_linger`'s is set, to fire at or before `lingers_until`
 
     @classmethod
-    def at(cls, stream: str, cursor: str) -> _Watched:
-        return cls(stream, bulk(stream), cursor, _next_id(cursor))
+    def at(cls, stream: str, partition: int, cursor: str) -> _Watched:
+        return cls(stream, bulk(stream), partition, cursor, _next_id(cursor))
 
     def advance(self, cursor: str) -> None:
         self.cursor, self.next_id = cursor, _next_id(cursor)
@@ -276,7 +278,8 @@ class StreamHub:
         self._woken = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._listener: asyncio.Task[None] | None = None
-        self._hearing = False  # the listener is subscribed to the notices, and has not failed since
+        self._partitions: dict[int, int] = {}  # a notice partition: how many of its streams are watched
+        self._heard: set[int] = set()  # notice partitions subscribed to, since the listener's last failure
 
     @property
     def streams(self) -> int:
@@ -313,7 +316,7 @@ class StreamHub:
         if watched is None or watched.checked is None or watched.cursor != cursor:
             return None
         checked = watched.checked
-        if not self._hearing or stream in self._due or checked.state.terminal:
+        if watched.partition not in self._heard or stream in self._due or checked.state.terminal:
             return None
         if asyncio.get_running_loop().time() >= checked.until:
             watched.checked = None
@@ -336,9 +339,13 @@ class StreamHub:
         listener and the reader running."""
         watched = self._watched.get(stream)
         if watched is None:
-            watched = self._watched[stream] = _Watched.at(stream, cursor)
+            partition = self._source.partition(stream)
+            watched = self._watched[stream] = _Watched.at(stream, partition, cursor)
             self._due.add(stream)
             self._woken.set()
+            self._partitions[partition] = self._partitions.get(partition, 0) + 1
+            if self._partitions[partition] == 1:
+                self._source.want(partition)
         if self._listener is None or self._listener.done():
             self._listener = asyncio.create_task(self._listen(), name="stream notices")
         if self._task is None or self._task.done():
@@ -382,13 +389,17 @@ class StreamHub:
             loop.call_at(watched.lingers_until, self._linger_over, stream, watched)
 
     def _unwatch(self, stream: str) -> None:
-        del self._watched[stream]
+        partition = self._watched.pop(stream).partition
         self._due.discard(stream)
+        self._partitions[partition] -= 1
+        if not self._partitions[partition]:
+            del self._partitions[partition]
+            self._source.unwant(partition)
         if not self._watched:  # nothing to hear of: the notices stop, and the reader ends
             if self._listener is not None:
                 self._listener.cancel()
                 self._listener = None  # a stream followed next gets a listener of its own at once
-            self._hearing = False
+            self._heard.clear()
             self._woken.set()
 
     def _forget(self) -> None:
@@ -402,8 +413,7 @@ class StreamHub:
         """What a script appended, a line per entry: of the streams watched here, each entry that
         comes right after its stream's cursor goes to the followers now; the other streams are read
         next, except where the entry was handed out already. A line of a stream not watched here
-        (another gateway's client's, with two gateways or more most are) costs one partition and
-        one lookup."""
+        (another gateway's client's, of a partition heard here) costs one partition and one lookup."""
         watched = self._watched
         now = asyncio.get_running_loop().time()
         written_at = ""
@@ -454,21 +464,25 @@ class StreamHub:
         sweep, since notices sent meanwhile are gone."""
         retry_in = RETRY_FIRST_SECONDS
 
-        def subscribed() -> None:
+        def heard(partition: int, subscribed: bool) -> None:
             nonlocal retry_in
+            if not subscribed:
+                self._heard.discard(partition)
+                return
             retry_in = RETRY_FIRST_SECONDS
-            self._hearing = True
-            self._sweep()
+            self._heard.add(partition)
+            self._due.update(name for name, each in self._watched.items() if each.partition == partition)
+            self._woken.set()
 
         while self._watched:
             try:
-                await self._source.listen(self._notice, subscribed, SWEEP_SECONDS)
+                await self._source.listen(self._notice, heard, SWEEP_SECONDS)
             except Exception as exc:  # every follower waits on this task: it must not end with a fault
                 if not isinstance(exc, RedisError | OSError):
                     log.exception("stream notices: an unforeseen failure; listening again")
                 elif retry_in == RETRY_FIRST_SECONDS:
                     log.warning("stream notices: Redis failed (%s); listening again", exc)
-                self._hearing = False
+                self._heard.clear()
                 self._forget()
                 await asyncio.sleep(retry_in)
                 retry_in = min(2 * retry_in, RETRY_LAST_SECONDS)

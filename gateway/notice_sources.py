@@ -1,14 +1,19 @@
 """Where a gateway's stream hub (`gateway.fanout.StreamHub`) hears of new entries and reads streams:
 one Redis, or the masters of a Redis Cluster holding the job streams in partitions.
 
-On one Redis every script that appends publishes its notice on one channel (`Keys.notices`), and
-the hub reads the streams it must with one XREAD on a connection of its own. On a Redis Cluster a
+On one Redis every script that appends publishes its notice on its stream's notice partition's
+channel (`Keys.notice_channel`): the hub subscribes to the channels of the partitions of the streams
+it watches, and only to those (`want`, `unwant`), so that a gateway whose clients follow the jobs it
+submitted, in its own partition, hears of few others. It reads the streams it must with one XREAD
+on a connection of its own. On a Redis Cluster a
 partition's scripts publish on the partition's shard channel (`Keys.partition_notices`, SPUBLISH),
 which reaches only the subscribers of the master holding its slot: the hub subscribes on each
-master to the channels of the partitions it holds, and reads the streams of each partition with one
-XREAD, each partition's sent to its master, one round trip a master. When a slot moves, its master
-unsubscribes the hub from its channel (`sunsubscribe`): the hub subscribes again where the slots are
-now, and reads every stream it watches, as after any notice it may have missed.
+master to the channels of every partition it holds (job ids there stay random, so that a gateway's
+streams spread over the masters, and every gateway hears of every stream), and reads the streams of
+each partition with one XREAD, each partition's sent to its master, one round trip a master. When
+a slot moves, its master unsubscribes the hub from its channel (`sunsubscribe`): the hub subscribes
+again where the slots are now, and reads every stream it watches, as after any notice it may have
+missed.
 
 A source's failure is a `RedisError` or an `OSError`, which the hub meets by starting over.
 """
@@ -45,6 +50,10 @@ class Due(Protocol):
 Hear = Callable[[str], None]
 """What a source hands each notice to."""
 
+Heard = Callable[[int, bool], None]
+"""What a source tells of each notice partition whose subscription now holds (True: every notice of
+it is heard from now on) or has ended (False)."""
+
 RawEntries = list[list[Any]]
 """A stream's entries as XREAD answers them unparsed: [id, [field, value, ...]] each."""
 
@@ -56,11 +65,19 @@ def bulk(value: str) -> bytes:
 
 
 class NoticeSource(Protocol):
-    async def listen(
-        self, hear: Callable[[str], None], subscribed: Callable[[], None], timeout: float
-    ) -> None:
-        """Hand every notice to `hear`, once `subscribed` has been told the subscription holds, until
-        cancelled or a failure; `timeout`: the longest wait for a message."""
+    def partition(self, stream: str) -> int:
+        """The notice partition of a job's stream."""
+
+    def want(self, partition: int) -> None:
+        """Hear the partition's notices from now on: a stream of it is watched."""
+
+    def unwant(self, partition: int) -> None:
+        """Hear the partition's notices no longer: no stream of it is watched."""
+
+    async def listen(self, hear: Hear, heard: Heard, timeout: float) -> None:
+        """Hand every notice of the partitions wanted to `hear`, telling `heard` of each partition's
+        subscription as it starts and ends, until cancelled or a failure; `timeout`: the longest
+        wait for a message."""
 
     async def read(self, due: Collection[Due], count: int) -> list[tuple[str, RawEntries]]:
         """Up to `count` entries of each due stream after its cursor: (stream, entries) for each
@@ -73,28 +90,91 @@ class NoticeSource(Protocol):
 
 
 class ServerNotices:
-    """One Redis: the notices' channel, and one raw connection for the reads.
+    """One Redis: a channel a notice partition, and one raw connection for the reads.
+
+    The listening connection subscribes to the channels of the partitions wanted, and no others:
+    subscriptions change one command at a time, from a task of their own (`_resubscribe`), while the
+    listener reads; Redis confirms each on the same connection, in order with the notices, and from
+    its confirmation on every notice of the partition is heard.
 
     redis-py packs a command's arguments anew at every call, in Python, which for 1,000 streams cost
     the reader more than the entries it brought back; the hub keeps each stream's name packed, this
     packs the cursors of the streams it reads only, and reads the reply raw, without redis-py's
     per-entry dictionaries."""
 
-    def __init__(self, reader: aioredis.Redis, channel: str) -> None:
+    def __init__(self, reader: aioredis.Redis, keys: Keys) -> None:
         self._reader = reader  # its pool's connection listens to the notices; the reads have their own
-        self._channel = channel
+        self._keys = keys
+        self._partitions = {keys.notice_channel(n): n for n in range(keys.notice_partitions)}
+        self._wanted: set[int] = set()
+        self._asked: set[int] = set()  # subscribed to on the listening connection, or about to be
+        self._pubsub: aioredis.client.PubSub | None = None  # while listening
+        self._changing: asyncio.Task[None] | None = None
+        self._failure: RedisError | OSError | None = None  # met by `_resubscribe`
         self._connection: AbstractConnection | None = None
 
-    async def listen(
-        self, hear: Callable[[str], None], subscribed: Callable[[], None], timeout: float
-    ) -> None:
-        async with self._reader.pubsub(ignore_subscribe_messages=True) as pubsub:
-            await pubsub.subscribe(self._channel)
-            subscribed()
+    def partition(self, stream: str) -> int:
+        return self._keys.notice_partition(self._keys.stream_job(stream))
+
+    def want(self, partition: int) -> None:
+        self._wanted.add(partition)
+        self._change()
+
+    def unwant(self, partition: int) -> None:
+        self._wanted.discard(partition)
+        self._change()
+
+    async def listen(self, hear: Hear, heard: Heard, timeout: float) -> None:
+        partitions = self._partitions
+        async with self._reader.pubsub() as pubsub:
+            await pubsub.connect()
+            self._pubsub, self._asked, self._failure = pubsub, set(), None
+            try:
+                self._change()
+                while True:
+                    message = await pubsub.get_message(timeout=timeout)
+                    if message is None:
+                        self._check_changes()
+                        continue
+                    kind = message["type"]
+                    if kind == "message":
+                        hear(message["data"])
+                    elif kind == "subscribe" or kind == "unsubscribe":
+                        heard(partitions[message["channel"]], kind == "subscribe")
+            finally:
+                self._pubsub = None
+                if self._changing is not None:
+                    self._changing.cancel()
+                    self._changing = None
+
+    def _change(self) -> None:
+        """Bring the listening connection's subscriptions to what is wanted (from a task: `want` and
+        `unwant` are told as the hub watches and drops streams, and await nothing)."""
+        if self._pubsub is not None and (self._changing is None or self._changing.done()):
+            self._changing = asyncio.create_task(self._resubscribe(self._pubsub), name="notice subscriptions")
+
+    async def _resubscribe(self, pubsub: aioredis.client.PubSub) -> None:
+        """SUBSCRIBE and UNSUBSCRIBE until what is asked of the connection is what is wanted; what is
+        wanted meanwhile is taken up by the next command. A failure is kept for the listener to raise
+        (the connection is dropped with it: the listener starts over, subscribing to what is wanted)."""
+        try:
             while True:
-                message = await pubsub.get_message(timeout=timeout)
-                if message is not None and message["type"] == "message":
-                    hear(message["data"])
+                if more := self._wanted - self._asked:
+                    self._asked |= more
+                    await pubsub.subscribe(*(self._keys.notice_channel(n) for n in sorted(more)))
+                elif fewer := self._asked - self._wanted:
+                    self._asked -= fewer
+                    await pubsub.unsubscribe(*(self._keys.notice_channel(n) for n in sorted(fewer)))
+                else:
+                    return
+        except (RedisError, OSError) as exc:
+            self._failure = exc
+
+    def _check_changes(self) -> None:
+        """Raise what a change of subscriptions met."""
+        if self._failure is not None:
+            failure, self._failure = self._failure, None
+            raise failure
 
     async def read(self, due: Collection[Due], count: int) -> list[tuple[str, RawEntries]]:
         if self._connection is None:
@@ -130,14 +210,22 @@ class ClusterNotices:
 
     def __init__(self, cluster: StreamsCluster, keys: Keys) -> None:
         self._cluster = cluster
+        self._keys = keys
         self._channels = [keys.partition_notices(partition) for partition in range(keys.partitions)]
         self._mapped = False
         self._remapping = asyncio.Lock()
         self._connections: dict[str, AbstractConnection] = {}  # a master's name: the reads' connection
 
-    async def listen(
-        self, hear: Callable[[str], None], subscribed: Callable[[], None], timeout: float
-    ) -> None:
+    def partition(self, stream: str) -> int:
+        return self._keys.partition(self._keys.stream_job(stream))
+
+    def want(self, partition: int) -> None:
+        """Nothing: every partition is heard (see the module's docstring)."""
+
+    def unwant(self, partition: int) -> None:
+        """Nothing: every partition is heard."""
+
+    async def listen(self, hear: Hear, heard: Heard, timeout: float) -> None:
         await self._remap()
         by_node: dict[str, tuple[ClusterNode, list[str]]] = {}
         for channel in self._channels:
@@ -159,7 +247,8 @@ class ClusterNotices:
                 for channel in channels:
                     await pubsub.execute_command("SSUBSCRIBE", channel)
                 pubsubs.append(pubsub)
-            subscribed()
+            for partition in range(len(self._channels)):
+                heard(partition, True)
             await _first_failure([_hear(pubsub, hear, timeout) for pubsub in pubsubs])
 
     async def read(self, due: Collection[Due], count: int) -> list[tuple[str, RawEntries]]:

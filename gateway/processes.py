@@ -36,7 +36,7 @@ def serve_processes(settings: GatewaySettings, serve_one: ServeOne) -> int:
     # (no event loop, no thread, no connection) that a child could inherit half-way.
     context = multiprocessing.get_context("fork")
     processes = [
-        context.Process(target=serve_one, args=(settings, listening), name=f"gateway-{number}")
+        context.Process(target=serve_one, args=(_nth(settings, number), listening), name=f"gateway-{number}")
         for number in range(settings.processes)
     ]
     for process in processes:
@@ -60,3 +60,12 @@ def serve_processes(settings: GatewaySettings, serve_one: ServeOne) -> int:
     # uvicorn ends a process it stopped gracefully by raising the signal again: that is a clean end.
     clean = {0, *(-signum for signum in stopped_by)}
     return next((code for process in processes if (code := process.exitcode or 0) not in clean), 0)
+
+
+def _nth(settings: GatewaySettings, number: int) -> GatewaySettings:
+    """The settings of the process `number`: with `gateway_notice_partition` set, the partitions that
+    follow it are the next processes' own."""
+    first = settings.gateway_notice_partition
+    if first is None:
+        return settings
+    return settings.model_copy(update={"gateway_notice_partition": first + number})

@@ -66,6 +66,15 @@ class RedisSettings(BaseSettings):
         "are spread over (each one hash slot, moved between masters whole); the same for every gateway "
         "and worker, and fixed for the deployment's life",
     )
+    notice_partitions: int = Field(
+        16,
+        ge=1,
+        le=1024,
+        description="with the job streams on one Redis: how many channels the notices of their new "
+        "entries are spread over, a job's by its id; a gateway hears only the channels of the streams "
+        "it relays, and the jobs it submits are in its own (`gateway_notice_partition`); the same for "
+        "every gateway and worker (on a Redis Cluster the streams' partitions serve instead)",
+    )
     # Every acknowledged write (a 202 to a submission, a cancel, a job's terminal event) is one a
     # failover keeps only if a replica has it: Redis's WAIT, in the same round trip as the write.
     min_replicas_to_ack: int | None = Field(
@@ -134,6 +143,14 @@ class GatewaySettings(RedisSettings):
         le=256,
         description="gateway processes serving the port, each a whole gateway (its own Redis connections "
         "and stream reader) on one core at most: one a core scales a host's gateway to its cores",
+    )
+    gateway_notice_partition: int | None = Field(
+        None,
+        ge=0,
+        description="the notice partition (of `notice_partitions`) whose ids this gateway gives the jobs "
+        "it submits, so that it hears of them and little else; with `processes` N, the n-th process "
+        "takes the next ones; unset: one chosen at random per process (on a Redis Cluster job ids "
+        "stay random, spreading the streams over its masters)",
     )
     max_queued_jobs: int = Field(
         10_000,

@@ -208,9 +208,13 @@ class JobStore:
         keys: Keys,
         settings: RedisSettings,
         streams: StreamsRedis | None = None,
+        notice_partition: int | None = None,
     ) -> None:
-        """`streams`: the Redis of the job streams when they have their own (`streams_redis_url`)."""
+        """`streams`: the Redis of the job streams when they have their own (`streams_redis_url`).
+        `notice_partition`: the notice partition whose ids new jobs get (a gateway's own, so that it
+        hears of the jobs it submits and few others); None: random ids."""
         self.redis = redis
+        self.notice_partition = notice_partition
         self.keys = keys
         self.settings = settings
         self.transitions = Transitions(redis, keys, streams)
@@ -267,7 +271,9 @@ class JobStore:
         Acknowledged only once the replicas `acks` asks for hold the job; short of them,
         `BackendUnavailable` says the job may exist (a retry with the same idempotency key finds it).
         """
-        job_id = job_id or uuid.uuid4().hex
+        if job_id is None:
+            partition = self.notice_partition
+            job_id = uuid.uuid4().hex if partition is None else self.keys.job_id_in(partition)
         now = time.time()
         with redis_errors():
             wait = await self.acks.wait()

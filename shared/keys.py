@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import uuid
 import zlib
 from dataclasses import dataclass
 from functools import cached_property
@@ -14,6 +15,7 @@ from redis.crc import key_slot
 from shared.config import RedisSettings
 from shared.redis_url import is_cluster
 
+STREAM_SUFFIX = ":events"  # of a job's stream's name, after its id
 ANONYMOUS_OWNER = "anonymous"
 """The owner of jobs submitted where no API key is asked for (an owner id is never this word)."""
 
@@ -84,13 +86,18 @@ class Keys:
     its id (`partition`). The data-plane keys of a partition carry its hash tag (`partition_tag`), so
     that they share one slot: a script, or an XREAD, may name several keys only of one slot, and a
     partition moves between masters whole. 0: no partitions, the names as one Redis has them."""
+    notice_partitions: int = 1
+    """How many channels the notices of new stream entries are spread over, a job's by its id
+    (`notice_partition`), so that a gateway hears only of the streams it relays: on one Redis the
+    setting's, on a Redis Cluster the streams' partitions (each its shard channel)."""
 
     @classmethod
     def of(cls, settings: RedisSettings) -> Keys:
         """The keys of the deployment `settings` name: partitioned when its streams are on a cluster."""
         url = settings.streams_redis_url
-        clustered = url is not None and is_cluster(url)
-        return cls(settings.key_prefix, settings.stream_partitions if clustered else 0)
+        if url is not None and is_cluster(url):
+            return cls(settings.key_prefix, settings.stream_partitions, settings.stream_partitions)
+        return cls(settings.key_prefix, 0, settings.notice_partitions)
 
     def partition(self, job_id: str) -> int:
         """The partition of a job's data-plane keys (with `partitions`)."""
@@ -140,7 +147,7 @@ class Keys:
 
     def stream(self, job_id: str) -> str:
         """Stream: the job's events, one entry each."""
-        return f"{self._job_data(job_id)}:events"
+        return f"{self._job_data(job_id)}{STREAM_SUFFIX}"
 
     def cancel(self, job_id: str) -> str:
         """String: present once a cancel of the running job was asked for."""
@@ -259,14 +266,42 @@ class Keys:
 
     @property
     def notices(self) -> str:
-        """Pub/sub channel: the names of the job streams a script has just appended to, space-separated
-        (a worker's step names all its jobs' in one message), for the gateways' stream readers."""
+        """Pub/sub channel: what a script has just appended to job streams (`shared.notices`; a worker's
+        step tells of all its jobs' in one message), for the gateways' stream readers; with more than
+        one notice partition, the channel of each is this and its number (`notice_channel`)."""
         return f"{self.prefix}:streams-advanced"
 
     def partition_notices(self, partition: int) -> str:
         """Shard channel (SPUBLISH), with the streams on a Redis Cluster: `notices` of one partition's
         streams, on the master that holds them."""
         return f"{self.prefix}:{self.partition_tag(partition)}:streams-advanced"
+
+    def notice_partition(self, job_id: str) -> int:
+        """The notice partition of a job: on a Redis Cluster its streams' partition (`partition`)."""
+        return zlib.crc32(job_id.encode()) % self.notice_partitions
+
+    def notice_channel(self, partition: int) -> str:
+        """Where the notices of a partition's streams go: a shard channel on a Redis Cluster
+        (`partition_notices`), else `notices` alone or with the partition's number."""
+        if self.partitions:
+            return self.partition_notices(partition)
+        return self.notices if self.notice_partitions == 1 else f"{self.notices}:{partition}"
+
+    def notices_of(self, job_id: str) -> str:
+        """The channel of the notices of the job's stream."""
+        return self.notice_channel(self.notice_partition(job_id))
+
+    def job_id_in(self, partition: int) -> str:
+        """A new job id (a uuid4's 32 hex digits) whose notices are in `partition`: uuid4s drawn until
+        one falls there, `notice_partitions` draws on average."""
+        while True:
+            job_id = uuid.uuid4().hex
+            if self.notice_partition(job_id) == partition:
+                return job_id
+
+    def stream_job(self, stream: str) -> str:
+        """The id of the job whose stream (`stream`) this is."""
+        return stream[: -len(STREAM_SUFFIX)].rpartition(":")[2]
 
     @property
     def stream_reader_name(self) -> str:

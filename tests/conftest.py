@@ -255,7 +255,7 @@ async def store_factory(
 
     def make(**overrides: object) -> JobStore:
         settings = make_settings(redis_url, retention_seconds=UNIT_RETENTION_SECONDS, **overrides)
-        made.append(JobStore(redis_client, Keys(settings.key_prefix), settings))
+        made.append(JobStore(redis_client, Keys.of(settings), settings))
         return made[-1]
 
     yield make

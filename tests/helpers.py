@@ -277,11 +277,14 @@ async def arq_keys_of(redis: aioredis.Redis, job_ids: list[str]) -> list[str]:
 
 
 async def stream_reader_listening(redis: aioredis.Redis, keys: Keys) -> bool:
-    """Whether a gateway's stream reader listens to the stream notices: it watches some stream."""
-    return bool((await redis.pubsub_numsub(keys.notices))[0][1] >= 1)
+    """Whether a gateway's stream reader listens to some notice partition's channel: it watches some
+    stream."""
+    channels = [keys.notice_channel(partition) for partition in range(keys.notice_partitions)]
+    return any(listeners >= 1 for _, listeners in await redis.pubsub_numsub(*channels))
 
 
 async def notify(redis: aioredis.Redis, keys: Keys, *streams: str) -> None:
-    """The notice every script that appends to job streams sends (`Keys.notices`), for a test that
-    writes entries itself."""
-    await redis.publish(keys.notices, "\n".join(streams))
+    """The notice every script that appends to job streams sends (`Keys.notices_of` its job), for a
+    test that writes entries itself."""
+    for stream in streams:
+        await redis.publish(keys.notices_of(keys.stream_job(stream)), stream)

@@ -57,18 +57,20 @@ class StartArgs(TypedDict):
     retention: int
     lifetime: int
     share_prefix: str
-    notices: str  # `Keys.notices`
+    notices: str  # `Keys.notices_of` the job
 
 
 class StepArgs(NamedTuple):
-    """The step's first ARGV, in `step.lua`'s order; each job's part (`StepJobArgs`) follows them."""
+    """The step's first ARGV, in `step.lua`'s order; its notices follow them, then each job's part
+    (`StepJobArgs`)."""
 
     worker: str
     maxlen: int
     sent_at: int  # ms, by the worker's clock
     publish: str  # PUBLISH, or SPUBLISH for a partition's shard channel on a Redis Cluster
-    notices: str  # `Keys.notices`, or `Keys.partition_notices`
-    notice: str  # the call's every entry, `shared.notices.notice_line` each, a line apart
+    notices: int
+    """How many (channel, message) pairs follow, one a notice partition the call appends to:
+    `Keys.notice_channel`, and the partition's entries, `shared.notices.notice_line` each, a line apart."""
 
 
 class StepJobArgs(NamedTuple):
@@ -87,7 +89,7 @@ class FinishArgs(TypedDict):
     retention: int
     events: list[tuple[str, str]]  # (type, data), the terminal one last
     fields: dict[str, str]  # the record's, with its end
-    notices: str  # `Keys.notices`
+    notices: str  # `Keys.notices_of` the job
 
 
 class CancelArgs(TypedDict):
@@ -100,7 +102,7 @@ class CancelArgs(TypedDict):
     share_prefix: str
     stream_tip: str  # '' on a first call; then the id of the stream's last entry ('0-0' for none)
     fields: dict[str, str]  # the record's, computed from the stream up to `stream_tip`
-    notices: str  # `Keys.notices`
+    notices: str  # `Keys.notices_of` the job
 
 
 class FailureArgs(TypedDict):
@@ -123,7 +125,7 @@ class ReleaseArgs(TypedDict):
     wakeup: str
     share_prefix: str
     failure: FailureArgs | None  # None on a first call
-    notices: str  # `Keys.notices`
+    notices: str  # `Keys.notices_of` the job
 
 
 class RenewArgs(TypedDict):
@@ -168,7 +170,7 @@ class Notices(TypedDict):
     """Where a data-plane script publishes its notice (`shared.notices`), and with which command."""
 
     publish: str  # as `StepArgs.publish`
-    notices: str  # `Keys.notices`, or `Keys.partition_notices`
+    notices: str  # `Keys.notices_of` the job
 
 
 class StreamOpenArgs(TypedDict):

@@ -13,12 +13,14 @@
 -- again, or the first of its job since a round trip failed) the stream is read first: the script
 -- is atomic, so it holds either all of a step sent before or none, and events it holds (by seq:
 -- `append_event.lua`) are not appended twice.
--- `sent_at`: when the worker sent the steps, in ms by its clock (each entry's `at`). `notice`: the
--- message that tells the gateways' stream readers what the call appended (`Keys.notices`), made
--- by the worker as if every event of the call is appended: a line per entry, the entry itself
--- (`shared.notices.notice_line`), for the readers to relay as it is. It goes out as it came when every
--- event was appended, as at nearly every step, and costs Redis no more than its sending; else the
--- message names the streams appended to, a line each, and the readers read them.
+-- `sent_at`: when the worker sent the steps, in ms by its clock (each entry's `at`). `notices`: how
+-- many (channel, message) pairs follow, the messages that tell the gateways' stream readers what
+-- the call appended, one a notice partition (`Keys.notice_channel`), made by the worker as if every
+-- event of the call is appended: a line per entry, the entry itself (`shared.notices.notice_line`),
+-- for the readers to relay as it is. They go out as they came when every event was appended, as at
+-- nearly every step, and cost Redis no more than their sending; else each channel is told the names
+-- of the streams appended to, a line each (those of other partitions too: a reader skips a stream it
+-- does not watch), and the readers read them.
 -- Every job's lease is read by one MGET, before any append, rather than by a command a job: the
 -- script is atomic, so what they hold then is what they hold at the appends, a cancel asked for
 -- included. A job's record is not read: its record and stream are given their TTL by the same
@@ -27,14 +29,16 @@
 -- A step with no events writes nothing, and a job whose keys expired learns it at its next event.
 -- KEYS: every job's lease, then every job's stream, each in the jobs' order. The one script with
 -- positional ARGV, as `arguments.StepArgs` names the first ones (it runs for every running job at
--- every engine step, and decoding a table would cost more than the rest of it); then per job, in
+-- every engine step, and decoding a table would cost more than the rest of it); then the notices;
+-- then per job, in
 -- the same order: its `check`, its `trim` ('' when every event's seq is below `maxlen`: its stream
 -- cannot pass the cap, and is not trimmed), its number of events, and (stream id, type, data) per
 -- event. The worker sends each event's id ('<seq>-1', `append_event.lua`): an event sent for the
 -- first time, as at nearly every step, is appended with no reading of its JSON, and only a stream
 -- that is read compares seqs.
-local worker, maxlen, sent_at, publish, notices, notice = unpack(ARGV, 1, 6)
-local FIRST_JOB = 7
+local worker, maxlen, sent_at, publish, notices = unpack(ARGV, 1, 5)
+local FIRST_NOTICE = 6
+local FIRST_JOB = FIRST_NOTICE + 2 * tonumber(notices)
 local jobs = #KEYS / 2  -- job n: lease KEYS[n], stream KEYS[jobs + n]
 local leases = get_keys(1, jobs)
 local advanced = {}  -- the streams appended to
@@ -94,9 +98,10 @@ for job = 1, jobs do
   answers[job] = step(job, ARGV[at], ARGV[at + 1], first, last_arg)
   at = last_arg + 1
 end
-if whole and notice ~= '' then
-  redis.call(publish, notices, notice)
+if whole then
+  for i = FIRST_NOTICE, FIRST_JOB - 1, 2 do redis.call(publish, ARGV[i], ARGV[i + 1]) end
 elseif #advanced > 0 then
-  redis.call(publish, notices, table.concat(advanced, '\n'))
+  local names = table.concat(advanced, '\n')
+  for i = FIRST_NOTICE, FIRST_JOB - 1, 2 do redis.call(publish, ARGV[i], names) end
 end
 return answers

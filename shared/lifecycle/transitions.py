@@ -314,10 +314,8 @@ class Transitions:
 
     def _notices_of(self, job_id: str) -> Notices:
         """Where a data-plane script tells of its appends to the job's stream, and how."""
-        if self.keys.partitions:
-            partition = self.keys.partition(job_id)
-            return {"publish": SHARD_PUBLISH, "notices": self.keys.partition_notices(partition)}
-        return {"publish": PUBLISH, "notices": self.keys.notices}
+        publish = SHARD_PUBLISH if self.keys.partitions else PUBLISH
+        return {"publish": publish, "notices": self.keys.notices_of(job_id)}
 
     async def drop_writer(self, job_id: str, holder: str, lifetime_seconds: int | None = None) -> None:
         """With the streams apart, once the job is taken from `holder`: its writer goes."""
@@ -434,7 +432,7 @@ class Transitions:
             *self._announce_keys(job_id),
         ]
         args: StartArgs = {
-            "notices": self.keys.notices,
+            "notices": self.keys.notices_of(job_id),
             "id": job_id,
             "worker": worker_id,
             "now": repr(now),
@@ -495,7 +493,7 @@ class Transitions:
         """The step script for `steps`, jobs of `worker_id`'s, as one pipeline command; its answer
         holds one answer a step, in their order, each read with `StepAnswer.of`. Not for streams in
         partitions (`step_calls`)."""
-        return scripts.STEP.command(*self._step_parts(worker_id, steps, maxlen, self.keys.notices))
+        return scripts.STEP.command(*self._step_parts(worker_id, steps, maxlen))
 
     def step_calls(self, *, worker_id: str, steps: Sequence[JobStep], maxlen: int) -> list[StepCall]:
         """`step_command`, as one call a partition when the streams are in partitions (a script
@@ -509,42 +507,29 @@ class Transitions:
             StepCall(
                 positions,
                 scripts.STEP.command(
-                    *self._step_parts(
-                        worker_id,
-                        [steps[position] for position in positions],
-                        maxlen,
-                        self.keys.partition_notices(partition),
-                        SHARD_PUBLISH,
-                    )
+                    *self._step_parts(worker_id, [steps[position] for position in positions], maxlen)
                 ),
             )
-            for partition, positions in groups.items()
+            for positions in groups.values()
         ]
 
     async def step(self, *, worker_id: str, step: JobStep, maxlen: int) -> StepAnswer:
         """One job's step, sent on its own (a worker's publisher sends every job's in one call)."""
-        notices, publish = self.keys.notices, PUBLISH
-        if self.keys.partitions:
-            notices, publish = self.keys.partition_notices(self.keys.partition(step.job_id)), SHARD_PUBLISH
-        parts = self._step_parts(worker_id, [step], maxlen, notices, publish)
-        (answer,) = await scripts.STEP(self.streams, *parts)
+        (answer,) = await scripts.STEP(self.streams, *self._step_parts(worker_id, [step], maxlen))
         return StepAnswer.of(answer)
 
     def _step_parts(
-        self,
-        worker_id: str,
-        steps: Sequence[JobStep],
-        maxlen: int,
-        notices: str,
-        publish: str = PUBLISH,
+        self, worker_id: str, steps: Sequence[JobStep], maxlen: int
     ) -> tuple[list[str], list[Any]]:
         """KEYS and ARGV as `step.lua` reads them: every job's lease (`fence`), then every job's stream; the
-        call's `StepArgs`, then every job's part."""
+        call's `StepArgs`, its notices (channel, message) each, then every job's part. A message tells of
+        the entries of one notice partition's streams, so that a gateway hears only the partitions of
+        the streams it relays."""
         sent_at = str(time.time_ns() // 1_000_000)
         leases: list[str] = []
         streams: list[str] = []
         argv: list[Any] = []
-        lines: list[str] = []
+        lines: dict[str, list[str]] = {}  # a notice channel: its message's lines
         fence = self.keys.writer if self.split else self.keys.lease
         for step in steps:
             job_id = step.job_id
@@ -553,14 +538,18 @@ class Transitions:
             streams.append(stream)
             trim = "1" if step.events and step.events[-1].seq >= maxlen else ""
             argv += StepJobArgs("1" if step.check else "", trim, len(step.events))
+            if not step.events:
+                continue
+            channel = lines.setdefault(self.keys.notices_of(job_id), [])
             for event in step.events:
                 data = event_json(event)
                 entry_id = f"{event.seq}-1"
                 argv += (entry_id, event.type, data)
-                lines.append(notice_line(stream, entry_id, event.type, sent_at, data))
-        notice = LINE.join(lines)
+                channel.append(notice_line(stream, entry_id, event.type, sent_at, data))
+        publish = SHARD_PUBLISH if self.keys.partitions else PUBLISH
+        notices = [part for channel, message in lines.items() for part in (channel, LINE.join(message))]
         keys = [*leases, *streams]
-        return keys, [*StepArgs(worker_id, maxlen, int(sent_at), publish, notices, notice), *argv]
+        return keys, [*StepArgs(worker_id, maxlen, int(sent_at), publish, len(lines)), *notices, *argv]
 
     def finish_commands(
         self,
@@ -583,7 +572,7 @@ class Transitions:
         ]
         pairs: list[tuple[str, str]] = [(event.type, event_json(event)) for event in events]
         args: FinishArgs = {
-            "notices": self.keys.notices,
+            "notices": self.keys.notices_of(job_id),
             "id": job_id,
             "worker": worker_id,
             "state": state.value,
@@ -632,7 +621,7 @@ class Transitions:
             self.keys.running,
         ]
         args: CancelArgs = {
-            "notices": self.keys.notices,
+            "notices": self.keys.notices_of(job_id),
             "id": job_id,
             "now": repr(now),
             "cancelled_event": event_json(cancelled),
@@ -766,7 +755,7 @@ class Transitions:
             queue.batch_share_tenants,
         ]
         args: ReleaseArgs = {
-            "notices": self.keys.notices,
+            "notices": self.keys.notices_of(job_id),
             "id": job_id,
             "worker": worker_id,
             "attempt": attempt,

@@ -170,7 +170,7 @@ async def test_a_tenants_backlog_delays_another_tenants_next_job_by_at_most_a_pi
     settings = models_pool.settings.model_copy(
         update={"allow_unauthenticated": False, "api_keys_file": keys_file}
     )
-    keys = Keys(settings.key_prefix)
+    keys = Keys.of(settings)
     job = {"prompt": "Hello", "max_tokens": 1, "model": SECOND}
     # A second a job at 4 at once: the worker drains none of the backlog while the rest is submitted,
     # however slowly a loaded machine submits it (at one token a job it drained most of it by then).

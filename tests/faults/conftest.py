@@ -48,7 +48,7 @@ class Pool:
 
     @property
     def keys(self) -> Keys:
-        return Keys(self.settings.key_prefix)
+        return Keys.of(self.settings)
 
     def live_workers(self) -> dict[str, Popen[bytes]]:
         return {name: process for name, process in self.workers.items() if process.poll() is None}

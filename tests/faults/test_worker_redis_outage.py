@@ -75,7 +75,7 @@ async def outage(tmp_path: Path) -> AsyncIterator[Outage]:
     )
     worker = processes.start("worker", "worker", settings)
     client = aioredis.Redis.from_url(url, decode_responses=True)
-    store = JobStore(client, Keys(settings.key_prefix), settings)
+    store = JobStore(client, Keys.of(settings), settings)
 
     async def has_heartbeat() -> bool:
         assert worker.poll() is None, f"the worker exited; log in {processes.log_dir}"

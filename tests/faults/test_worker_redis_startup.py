@@ -103,7 +103,7 @@ async def test_a_worker_started_before_redis_waits_for_it_then_takes_jobs_on_the
 
     url = await asyncio.to_thread(waiting_worker.redis.start)
     client = aioredis.Redis.from_url(url, decode_responses=True)
-    store = JobStore(client, Keys(waiting_worker.settings.key_prefix), waiting_worker.settings)
+    store = JobStore(client, Keys.of(waiting_worker.settings), waiting_worker.settings)
     try:
 
         async def ready() -> bool:

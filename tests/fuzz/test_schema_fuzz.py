@@ -88,7 +88,7 @@ async def _submitted_and_started(gateway: KeyedGateway) -> str:
     no model, so its routes queue none)."""
     client = aioredis.Redis.from_url(gateway.settings.redis_url, decode_responses=True)
     try:
-        store = JobStore(client, Keys(gateway.settings.key_prefix), gateway.settings)
+        store = JobStore(client, Keys.of(gateway.settings), gateway.settings)
         request = JobRequest(prompt="every key", max_tokens=4)
         job_id = (await store.submit(request, owner=owner_id(KEY_A), model="model", max_queued=0)).job_id
         assert await store.start(job_id, "stand-in-worker", "model", lease_seconds=600) is not None

@@ -55,8 +55,8 @@ def gateway_process(redis_url: str, tmp_path_factory: pytest.TempPathFactory) ->
 
 @pytest.fixture
 async def relay(redis_url: str, redis_client: aioredis.Redis) -> AsyncIterator[Relay]:
-    keys = Keys(f"sptest-relay-{uuid.uuid4().hex[:8]}")
-    hub = StreamHub(ServerNotices(connect_reader(redis_url, keys.stream_reader_name), keys.notices))
+    keys = Keys.of(Settings(key_prefix=f"sptest-relay-{uuid.uuid4().hex[:8]}"))  # notice partitions too
+    hub = StreamHub(ServerNotices(connect_reader(redis_url, keys.stream_reader_name), keys))
     yield Relay(redis_client, keys, hub)
     await hub.close()
     delete_prefix(redis_url, keys.prefix)
@@ -71,5 +71,5 @@ def card(model_card: ModelCard | None) -> ModelCard:
 
 @pytest.fixture
 async def published(card: ModelCard, settings: Settings, redis_client: aioredis.Redis) -> ModelCard:
-    await publish_model_card(redis_client, Keys(settings.key_prefix), card)
+    await publish_model_card(redis_client, Keys.of(settings), card)
     return card

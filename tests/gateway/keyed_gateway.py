@@ -29,7 +29,7 @@ class KeyedGateway:
 
     @property
     def keys(self) -> Keys:
-        return Keys(self.settings.key_prefix)
+        return Keys.of(self.settings)
 
 
 def run_keyed_gateway(redis_url: str, folder: Path, **overrides: object) -> Iterator[KeyedGateway]:

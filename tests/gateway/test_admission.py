@@ -34,14 +34,14 @@ async def settings(redis_url: str, redis_client: aioredis.Redis) -> AsyncIterato
         default_model=MODEL,
     )
     yield settings
-    await delete_test_keys(redis_client, Keys(settings.key_prefix))
+    await delete_test_keys(redis_client, Keys.of(settings))
 
 
 async def _heartbeat(
     redis_client: aioredis.Redis, settings: Settings, worker_id: str, dtype: str | None = None
 ) -> None:
     """The gateway counts this worker as serving MODEL."""
-    await heartbeat(redis_client, Keys(settings.key_prefix), worker_id, MODEL, dtype=dtype)
+    await heartbeat(redis_client, Keys.of(settings), worker_id, MODEL, dtype=dtype)
 
 
 def _completion(model: str = MODEL) -> dict[str, Any]:
@@ -198,7 +198,7 @@ async def test_n_above_max_choices_is_refused_on_every_route_that_takes_it(
             native = await http.post("/v1/jobs", json={"prompt": "hi", "n": 3})
             openai = await http.post("/v1/completions", json={"model": MODEL, "prompt": "hi", "n": 3})
     finally:
-        await delete_test_keys(redis_client, Keys(settings.key_prefix))
+        await delete_test_keys(redis_client, Keys.of(settings))
     assert native.status_code == 422 and native.json()["error"] == "n: must be at most 2"
     assert openai.status_code == 400
     assert (openai.json()["error"]["param"], openai.json()["error"]["message"]) == (

@@ -114,7 +114,7 @@ async def test_the_record_keeps_an_owner_id_and_never_the_key(
     http: httpx.AsyncClient, keyed: KeyedGateway, redis_client: aioredis.Redis
 ) -> None:
     job_id = await submit(http, KEY_A, **{"Idempotency-Key": "kept"})
-    keys = Keys(keyed.settings.key_prefix)
+    keys = Keys.of(keyed.settings)
     record = await redis_client.hgetall(keys.job(job_id))  # type: ignore[misc]
     assert record["owner"] == owner_id(KEY_A) != owner_id(KEY_B)
     names = [name async for name in redis_client.scan_iter(match=f"{keys.prefix}:*")]

@@ -63,7 +63,8 @@ async def test_many_followers_share_one_reader_which_reads_only_the_streams_a_no
         await _append(redis_client, relay, job_id, "status")
     followers = [asyncio.create_task(_follow_all(relay, job_id)) for job_id in jobs]
     await _until_watched(relay, len(jobs))
-    assert (await redis_client.pubsub_numsub(relay.keys.notices))[0][1] == 1  # one listener for 50 streams
+    channels = {relay.keys.notices_of(job_id) for job_id in jobs}  # one listener for 50 streams:
+    assert {listeners for _, listeners in await redis_client.pubsub_numsub(*channels)} == {1}
     await eventually(lambda: asyncio.sleep(0, not relay.hub._due), "the new streams read", interval=0.01)
     named: list[int] = []
     read = relay.hub._source.read
@@ -258,7 +259,7 @@ async def test_a_notices_entries_written_to_clients_are_one_relay_lag_sample(
     waking their tasks, and tells the relay lag once for them all, with the step's `at`."""
     lags: list[str] = []
     hub = StreamHub(
-        ServerNotices(connect_reader(redis_url, relay.keys.stream_reader_name), relay.keys.notices),
+        ServerNotices(connect_reader(redis_url, relay.keys.stream_reader_name), relay.keys),
         lags.append,
     )
     streams = [relay.keys.stream(uuid.uuid4().hex) for _ in range(3)]
@@ -468,10 +469,10 @@ async def test_a_notice_heard_twice_hands_its_entries_out_once(store: JobStore, 
     (job_id,) = (await _started_jobs(store, ["worker-1"], each=1))["worker-1"]
     (follower,) = await _followed(relay, [job_id])
     async with relay.redis.pubsub(ignore_subscribe_messages=True) as pubsub:
-        await pubsub.subscribe(relay.keys.notices)
+        await pubsub.subscribe(relay.keys.notices_of(job_id))
         await _step(store, "worker-1", {job_id: [_delta(FIRST_DELTA), _delta(FIRST_DELTA + 1)]})
         heard = await eventually(lambda: pubsub.get_message(timeout=1), "the step's notice")
-    await relay.redis.publish(relay.keys.notices, heard["data"])
+    await relay.redis.publish(relay.keys.notices_of(job_id), heard["data"])
     await notify(relay.redis, relay.keys, relay.keys.stream(job_id))  # and its stream read too
     await _step(store, "worker-1", {job_id: [_done(FIRST_DELTA + 2)]})
     assert await asyncio.wait_for(follower, 30) == await _stored(relay, job_id)

@@ -26,7 +26,7 @@ KEY = {"Idempotency-Key": "order-42"}
 async def settings(redis_url: str, redis_client: aioredis.Redis) -> AsyncIterator[Settings]:
     settings = make_settings(redis_url, allow_unauthenticated=True)
     yield settings
-    await delete_test_keys(redis_client, Keys(settings.key_prefix))
+    await delete_test_keys(redis_client, Keys.of(settings))
 
 
 async def test_the_same_key_with_another_body_is_refused_and_creates_nothing(
@@ -38,7 +38,7 @@ async def test_the_same_key_with_another_body_is_refused_and_creates_nothing(
     assert other.status_code == 422
     assert other.json()["error_type"] == "idempotency_mismatch"
     assert first.json()["id"] in other.json()["error"]
-    assert await redis_client.zcard(Keys(settings.key_prefix).model(settings.default_model or "").queue) == 1
+    assert await redis_client.zcard(Keys.of(settings).model(settings.default_model or "").queue) == 1
 
 
 async def test_the_same_body_however_written_replays_the_job(gateway: httpx.AsyncClient) -> None:

@@ -199,7 +199,7 @@ async def test_cancel_of_a_queued_job_ends_it_without_a_worker(
     gateway: httpx.AsyncClient, redis_client: aioredis.Redis, settings: Settings
 ) -> None:
     job_id = (await gateway.post("/v1/jobs", json={"prompt": "hi"})).json()["id"]
-    queue = Keys(settings.key_prefix).model(settings.model_name).queue
+    queue = Keys.of(settings).model(settings.model_name).queue
     assert await redis_client.zscore(queue, job_id) is not None
     answer = await gateway.post(f"/v1/jobs/{job_id}/cancel")
     assert answer.status_code == 202
@@ -219,7 +219,7 @@ async def test_cancel_of_a_queued_job_ends_it_without_a_worker(
 async def test_cancel_of_a_finished_job_changes_nothing(
     gateway: httpx.AsyncClient, redis_client: aioredis.Redis, settings: Settings
 ) -> None:
-    store = JobStore(redis_client, Keys(settings.key_prefix), settings)
+    store = JobStore(redis_client, Keys.of(settings), settings)
     worker = StandInWorker(store, await submit(gateway, prompt="Hi", max_tokens=DELTAS))
     await worker.start()
     await worker.run_to_done()

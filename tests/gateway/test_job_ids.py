@@ -29,14 +29,14 @@ OTHER_FORMS = ["A" * 32, "0" * 31, "0" * 33, "12345678-1234-1234-1234-123456789a
 async def settings(redis_url: str, redis_client: aioredis.Redis) -> AsyncIterator[Settings]:
     settings = make_settings(redis_url, allow_unauthenticated=True)
     yield settings
-    await delete_test_keys(redis_client, Keys(settings.key_prefix))
+    await delete_test_keys(redis_client, Keys.of(settings))
 
 
 @pytest.fixture
 async def running_job(gateway: httpx.AsyncClient, settings: Settings, redis_client: aioredis.Redis) -> str:
     """A job whose stream, lease and cancel keys all exist: started by a stand-in worker, cancel asked."""
     job_id = await submit(gateway, prompt="crafted ids", max_tokens=4)
-    store = JobStore(redis_client, Keys(settings.key_prefix), settings)
+    store = JobStore(redis_client, Keys.of(settings), settings)
     assert await store.start(job_id, "stand-in-worker", "model", lease_seconds=60) is not None
     assert (await gateway.post(f"/v1/jobs/{job_id}/cancel")).status_code == 202
     for key in (store.keys.stream(job_id), store.keys.cancel(job_id), store.keys.lease(job_id)):

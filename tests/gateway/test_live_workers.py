@@ -40,7 +40,7 @@ class Crowded:
 
     @property
     def keys(self) -> Keys:
-        return Keys(self.settings.key_prefix)
+        return Keys.of(self.settings)
 
 
 @pytest.fixture

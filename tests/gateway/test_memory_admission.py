@@ -78,7 +78,7 @@ async def test_past_the_memory_mark_every_route_refuses_and_a_running_job_stream
     small_redis: tuple[Settings, aioredis.Redis],
 ) -> None:
     settings, client = small_redis
-    keys = Keys(settings.key_prefix)
+    keys = Keys.of(settings)
     store = JobStore(client, keys, settings)
     await heartbeat(client, keys, WORKER, MODEL)
     async with in_process_gateway(settings) as http:

@@ -38,7 +38,7 @@ async def test_queue_figures_are_read_from_redis_at_each_scrape_per_model(
 ) -> None:
     """Queued jobs are each model's queue's length; running ones what its workers' heartbeats say."""
     settings = make_settings(redis_url, allow_unauthenticated=True, models=["other"])
-    keys = Keys(settings.key_prefix)
+    keys = Keys.of(settings)
     model = settings.default_model or ""
     try:
         async with in_process_gateway(settings) as http:

@@ -26,14 +26,14 @@ JOB = {"prompt": "hi", "max_tokens": 8}
 async def settings(redis_url: str, redis_client: aioredis.Redis) -> AsyncIterator[Settings]:
     """Two models: `smol` with an alias and an adapter (live), `big` declared (no worker yet)."""
     settings = make_settings(redis_url, allow_unauthenticated=True, default_model=None, models=["big"])
-    keys = Keys(settings.key_prefix)
+    keys = Keys.of(settings)
     await heartbeat(redis_client, keys, "w1", "smol", aliases=["smol-chat"], adapters=["pirate"])
     yield settings
     await delete_test_keys(redis_client, keys)
 
 
 async def _queued(redis: aioredis.Redis, settings: Settings, model: str) -> list[str]:
-    queued: list[str] = await redis.zrange(Keys(settings.key_prefix).model(model).queue, 0, -1)
+    queued: list[str] = await redis.zrange(Keys.of(settings).model(model).queue, 0, -1)
     return queued
 
 

@@ -70,7 +70,7 @@ def settings(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterat
 async def http(
     settings: Settings, card: ModelCard, redis_client: aioredis.Redis
 ) -> AsyncIterator[httpx.AsyncClient]:
-    keys = Keys(settings.key_prefix)
+    keys = Keys.of(settings)
     # Before any request: a gateway that found no card looks again only seconds later.
     await publish_model_card(redis_client, keys, card)
     await heartbeat(redis_client, keys, "stand-in", MODEL)
@@ -104,7 +104,7 @@ async def _read(response: httpx.Response, received: Received) -> None:
 async def _publish(redis_client: aioredis.Redis, settings: Settings, job_id: str, event: Event) -> float:
     """The event appended as a worker appends it; when it was."""
     at = time.monotonic()
-    keys = Keys(settings.key_prefix)
+    keys = Keys.of(settings)
     await redis_client.xadd(keys.stream(job_id), {"type": event.type, "data": event.model_dump_json()})
     await notify(redis_client, keys, keys.stream(job_id))
     return at

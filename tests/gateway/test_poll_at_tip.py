@@ -41,8 +41,8 @@ async def relay(tmp_path: Path) -> AsyncIterator[Relay]:
     with private_redis(tmp_path) as url:
         redis = aioredis.Redis.from_url(url, decode_responses=True)
         await redis.script_load(scripts.CURSOR_CHECK.source)
-        keys = Keys("sptest-tip")
-        hub = StreamHub(ServerNotices(connect_reader(url, keys.stream_reader_name), keys.notices))
+        keys = Keys.of(GatewaySettings(key_prefix="sptest-tip"))
+        hub = StreamHub(ServerNotices(connect_reader(url, keys.stream_reader_name), keys))
         await redis.hset(keys.job(JOB), mapping={"status": "running", "owner": OWNER})
         await _append(Relay(redis, keys, hub), "1-1", "status", '{"state":"running"}')
         yield Relay(redis, keys, hub)
@@ -58,7 +58,7 @@ async def _append(
     await relay.redis.xadd(stream, {"type": kind, "data": data, "at": "1700000000000"}, id=entry_id)
     if notice:
         line = notice_line(stream, entry_id, kind, "1700000000000", data)
-        await relay.redis.publish(relay.keys.notices, line)
+        await relay.redis.publish(relay.keys.notices_of(JOB), line)
 
 
 async def _checks(relay: Relay) -> int:

@@ -111,7 +111,7 @@ async def test_a_chat_the_template_refuses_is_422(
 ) -> None:
     template = "{% if messages[0]['role'] != 'user' %}{{ raise_exception('user first') }}{% endif %}"
     strict = card.model_copy(update={"chat_template": template})
-    await publish_model_card(redis_client, Keys(settings.key_prefix), strict)
+    await publish_model_card(redis_client, Keys.of(settings), strict)
     answer = await gateway.post("/v1/jobs", json={"messages": [{"role": "assistant", "content": "hi"}]})
     assert answer.status_code == 422, answer.text
     assert "user first" in answer.json()["error"]

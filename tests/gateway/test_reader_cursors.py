@@ -41,7 +41,7 @@ async def http(gateway_process: KeyedGateway) -> AsyncIterator[httpx.AsyncClient
 
 @pytest.fixture
 def store(gateway_process: KeyedGateway, redis_client: aioredis.Redis) -> JobStore:
-    return JobStore(redis_client, Keys(gateway_process.settings.key_prefix), gateway_process.settings)
+    return JobStore(redis_client, Keys.of(gateway_process.settings), gateway_process.settings)
 
 
 async def _a_second_reader_gets_every_event(http: httpx.AsyncClient, worker: StandInWorker) -> None:

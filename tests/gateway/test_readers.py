@@ -116,7 +116,7 @@ async def test_a_reader_that_stops_reading_costs_bounded_memory_and_resumes_with
     )
     rss_before = _restart_peak_memory(gateway_process)
 
-    await _append_deltas(redis_client, gateway_process.keys.notices, stream, 1, STALL_EVENTS)
+    await _append_deltas(redis_client, gateway_process.keys.notices_of(job_id), stream, 1, STALL_EVENTS)
     usage = Usage(prompt_tokens=1, completion_tokens=STALL_EVENTS)
     done = DoneEvent(seq=STALL_EVENTS + 1, finish_reason="length", usage=usage)
     await redis_client.xadd(stream, {"type": "done", "data": done.model_dump_json()})

@@ -42,7 +42,7 @@ async def _tokens(gateway: httpx.AsyncClient, body: dict[str, Any]) -> list[int]
 
 
 async def _jobs(redis_client: aioredis.Redis, settings: Settings) -> set[str]:
-    keys = Keys(settings.key_prefix)
+    keys = Keys.of(settings)
     return {key async for key in redis_client.scan_iter(match=keys.job("*"), count=1000)}
 
 

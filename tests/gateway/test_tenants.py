@@ -98,7 +98,7 @@ async def http(gateway: KeyedGateway) -> AsyncIterator[httpx.AsyncClient]:
 @pytest.fixture
 async def store(gateway: KeyedGateway, redis_client: aioredis.Redis) -> JobStore:
     """The gateway's job store, to start and end its jobs as a worker would."""
-    return JobStore(redis_client, Keys(gateway.settings.key_prefix), gateway.settings)
+    return JobStore(redis_client, Keys.of(gateway.settings), gateway.settings)
 
 
 async def submitted(http: httpx.AsyncClient, tenant: str) -> str:
@@ -249,7 +249,7 @@ async def test_50_concurrent_submissions_admit_exactly_the_limit(http: httpx.Asy
 async def test_openai_and_tgi_routes_answer_429_in_their_own_shape(
     gateway: KeyedGateway, http: httpx.AsyncClient, redis_client: aioredis.Redis
 ) -> None:
-    await heartbeat(redis_client, Keys(gateway.settings.key_prefix), "stand-in", MODEL)
+    await heartbeat(redis_client, Keys.of(gateway.settings), "stand-in", MODEL)
     while (await http.post("/v1/jobs", json=JOB, headers=bearer(KEYS["queued"]))).status_code == 202:
         pass  # full, whatever the other tests left
     client = openai.AsyncOpenAI(base_url=f"{gateway.base_url}/v1", api_key=KEYS["queued"], max_retries=0)

@@ -157,7 +157,7 @@ async def test_version_is_streampools(gateway: httpx.AsyncClient) -> None:
 async def test_one_model_in_openai_shape_and_404_for_another(
     gateway: httpx.AsyncClient, settings: Settings, redis_client: aioredis.Redis
 ) -> None:
-    await heartbeat(redis_client, Keys(settings.key_prefix), "fake-worker", "org/some-model")
+    await heartbeat(redis_client, Keys.of(settings), "fake-worker", "org/some-model")
     listed = (await gateway.get("/v1/models")).json()["data"]
     one = await gateway.get("/v1/models/org/some-model")
     assert one.status_code == 200, one.text

@@ -44,7 +44,7 @@ class Cluster:
 
     @property
     def keys(self) -> Keys:
-        return Keys(self.settings.key_prefix)
+        return Keys.of(self.settings)
 
 
 @pytest.fixture(scope="module")

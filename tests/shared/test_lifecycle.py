@@ -216,7 +216,7 @@ def test_a_step_call_is_sent_byte_for_byte_as_step_lua_and_the_relay_read_it(
     store: JobStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Every job's lease, then its stream; the call's arguments, then each job's part and its events'
-    (id, type, JSON); the notice, one line an event (`shared.notices`)."""
+    (id, type, JSON); one notice a notice partition appended to, one line an event (`shared.notices`)."""
     monkeypatch.setattr(time, "time_ns", lambda: 1_700_000_000_123_456_789)
     (delta, delta_json), (status, status_json) = EVENTS_AS_SENT[0], EVENTS_AS_SENT[2]
     steps = [JobStep("job-a", [status, delta], check=True), JobStep("job-b", [])]
@@ -228,7 +228,7 @@ def test_a_step_call_is_sent_byte_for_byte_as_step_lua_and_the_relay_read_it(
     assert command == (
         "EVALSHA", sha, 4,
         f"{prefix}:job:job-a:lease", f"{prefix}:job:job-b:lease", stream, f"{prefix}:job:job-b:events",
-        "worker-1", 8, 1700000000123, "PUBLISH", store.keys.notices, "\n".join(lines),
+        "worker-1", 8, 1700000000123, "PUBLISH", 1, store.keys.notices_of("job-a"), "\n".join(lines),
         "1", "", 2, "2-1", "status", status_json, "7-1", "delta", delta_json,
         "", "", 0,
     )  # fmt: skip

@@ -54,7 +54,7 @@ async def master(replicated: ReplicatedRedis) -> AsyncIterator[aioredis.Redis]:
 def store_of(master: aioredis.Redis, replicated: ReplicatedRedis, **overrides: object) -> JobStore:
     # 1 s: a frozen replica fails a WAIT only after it, and a live one on a busy machine is within it.
     settings = make_settings(replicated.url("master"), replica_ack_timeout_ms=1000, **overrides)
-    return JobStore(master, Keys(settings.key_prefix), settings)
+    return JobStore(master, Keys.of(settings), settings)
 
 
 async def test_a_submission_is_acknowledged_once_the_replica_holds_it(

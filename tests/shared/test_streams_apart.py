@@ -45,7 +45,7 @@ async def store(redis_client: aioredis.Redis, redis_url: str, streams_url: str) 
     retention = UNIT_RETENTION_SECONDS
     settings = make_settings(redis_url, retention_seconds=retention, streams_redis_url=streams_url)
     streams = aioredis.Redis.from_url(streams_url, decode_responses=True)
-    made = JobStore(redis_client, Keys(settings.key_prefix), settings, streams)
+    made = JobStore(redis_client, Keys.of(settings), settings, streams)
     yield made
     await delete_test_keys(redis_client, made.keys)
     await delete_test_keys(streams, made.keys)
@@ -224,9 +224,7 @@ async def test_a_worker_stopped_between_its_end_and_the_record_has_the_job_end_a
 
 @pytest.fixture
 async def relay(store: JobStore, streams_url: str) -> AsyncIterator[Relay]:
-    hub = StreamHub(
-        ServerNotices(connect_reader(streams_url, store.keys.stream_reader_name), store.keys.notices)
-    )
+    hub = StreamHub(ServerNotices(connect_reader(streams_url, store.keys.stream_reader_name), store.keys))
     yield Relay(store.redis, store.keys, hub, store.streams)
     await hub.close()
 

@@ -120,7 +120,7 @@ async def private_store(tmp_path: Path) -> AsyncIterator[JobStore]:
     url = processes.start_redis("redis", free_port(), tmp_path / "data", "--appendonly", "no")
     client = aioredis.Redis.from_url(url, decode_responses=True)
     settings = make_settings(url)
-    yield JobStore(client, Keys(settings.key_prefix), settings)
+    yield JobStore(client, Keys.of(settings), settings)
     await client.aclose()
     processes.stop_all()
 
@@ -224,7 +224,7 @@ async def restartable(tmp_path: Path) -> AsyncIterator[Restartable]:
     url = server.start()
     client = aioredis.Redis.from_url(url, decode_responses=True)
     settings = make_settings(url)
-    yield Restartable(server, JobStore(client, Keys(settings.key_prefix), settings))
+    yield Restartable(server, JobStore(client, Keys.of(settings), settings))
     await client.aclose()
     processes.stop_all()
 

@@ -68,12 +68,12 @@ async def settings(
         webhook_takeover_seconds=0.5,
     )
     yield settings
-    await delete_test_keys(redis_client, Keys(settings.key_prefix))
+    await delete_test_keys(redis_client, Keys.of(settings))
 
 
 @pytest.fixture
 def store(settings: Settings, redis_client: aioredis.Redis) -> JobStore:
-    return JobStore(redis_client, Keys(settings.key_prefix), settings)
+    return JobStore(redis_client, Keys.of(settings), settings)
 
 
 async def complete(store: JobStore, job_id: str, finish_reason: str = "stop") -> None:
