@@ -80,8 +80,14 @@ class Fleet:
         self.ports = [settings.port, *(system.free_port() for _ in range(plan.gateways - 1))]
 
     def start_gateways(self) -> None:
+        """Each gateway on a port of its own, its processes each given a notice partition of their own
+        (`gateway_notice_partition`): the n-th gateway's first is `n` times the processes a gateway."""
         for n, port in enumerate(self.ports):
-            update = {"port": port, "processes": self.plan.gateway_processes}
+            update = {
+                "port": port,
+                "processes": self.plan.gateway_processes,
+                "gateway_notice_partition": n * self.plan.gateway_processes,
+            }
             settings = self.settings.model_copy(update=update)
             self.gateways.append(system.start(f"gateway-{n}", ["cli", "gateway"], settings, self.logs))
         for gateway, port in zip(self.gateways, self.ports, strict=True):
@@ -110,7 +116,7 @@ class Fleet:
             self.workers.append(system.start(f"worker-{n}", ["cli", "worker"], settings, self.logs))
             system.wait_ready(self.settings, [*self.gateways, *self.workers], n + 1)
             before = redis_probe.snapshot(self.probe.client)
-            share = await self._submit(min(jobs, streams - len(job_ids)), max_tokens)
+            share = await self._submit(len(job_ids), min(jobs, streams - len(job_ids)), max_tokens)
             await self._wait_running(share)
             cpu, seconds = self.control_since(before)
             self.starting = (self.starting[0] + cpu, self.starting[1] + seconds)
@@ -122,13 +128,24 @@ class Fleet:
         after = redis_probe.snapshot(self.probe.client)
         return self.probe.busy(before, after), after.taken - before.taken
 
-    async def _submit(self, count: int, max_tokens: int) -> list[str]:
+    async def _submit(self, first: int, count: int, max_tokens: int) -> list[str]:
+        """`count` jobs, the first the `first`-th of the level's. Each as the gateway its client follows
+        it through (`Clients`: the n-th job's, the n-th gateway in turn) would have submitted it, its
+        id in that gateway's notice partition, as a client that submits and follows through one
+        gateway has it; on a Redis Cluster ids stay random, as the gateways make them there."""
         request = JobRequest(prompt="fleet", max_tokens=max_tokens, stream_step=self.plan.stream_step)
-        model, job_ids = self.settings.model_name, list[str]()
-        for start in range(0, count, BATCH):
+        model, job_ids, keys = self.settings.model_name, list[str](), self.store.keys
+
+        def job_id(n: int) -> str | None:
+            if keys.partitions:
+                return None
+            gateway = n % self.plan.gateways
+            return keys.job_id_in(gateway * self.plan.gateway_processes % keys.notice_partitions)
+
+        for start in range(first, first + count, BATCH):
             submitting = (
-                self.store.submit(request, model=model, max_queued=0)
-                for _ in range(min(BATCH, count - start))
+                self.store.submit(request, model=model, max_queued=0, job_id=job_id(n))
+                for n in range(start, min(start + BATCH, first + count))
             )
             job_ids += [submission.job_id for submission in await asyncio.gather(*submitting)]
         return job_ids

@@ -36,7 +36,11 @@ def serve_processes(settings: GatewaySettings, serve_one: ServeOne) -> int:
     # (no event loop, no thread, no connection) that a child could inherit half-way.
     context = multiprocessing.get_context("fork")
     processes = [
-        context.Process(target=serve_one, args=(_nth(settings, number), listening), name=f"gateway-{number}")
+        context.Process(
+            target=serve_one,
+            args=(nth_process_settings(settings, number), listening),
+            name=f"gateway-{number}",
+        )
         for number in range(settings.processes)
     ]
     for process in processes:
@@ -62,7 +66,7 @@ def serve_processes(settings: GatewaySettings, serve_one: ServeOne) -> int:
     return next((code for process in processes if (code := process.exitcode or 0) not in clean), 0)
 
 
-def _nth(settings: GatewaySettings, number: int) -> GatewaySettings:
+def nth_process_settings(settings: GatewaySettings, number: int) -> GatewaySettings:
     """The settings of the process `number`: with `gateway_notice_partition` set, the partitions that
     follow it are the next processes' own."""
     first = settings.gateway_notice_partition

@@ -476,3 +476,86 @@ async def test_a_notice_heard_twice_hands_its_entries_out_once(store: JobStore, 
     await notify(relay.redis, relay.keys, relay.keys.stream(job_id))  # and its stream read too
     await _step(store, "worker-1", {job_id: [_done(FIRST_DELTA + 2)]})
     assert await asyncio.wait_for(follower, 30) == await _stored(relay, job_id)
+
+
+async def _started_in(store: JobStore, partition: int, worker: str = "worker-1") -> str:
+    """A job running on `worker`, its id in the notice partition `partition`."""
+    job_id = store.keys.job_id_in(partition)
+    await store.submit(JobRequest(prompt="Hi"), model=MODEL, max_queued=0, job_id=job_id)
+    assert await store.start(job_id, worker, MODEL, lease_seconds=60) is not None
+    return job_id
+
+
+async def _listened(redis_client: aioredis.Redis, relay: Relay) -> dict[int, int]:
+    """The notice partitions whose channels have listeners, and how many each (`PUBSUB NUMSUB`)."""
+    channels = [relay.keys.notice_channel(n) for n in range(relay.keys.notice_partitions)]
+    answer = await redis_client.pubsub_numsub(*channels)
+    return {partition: listeners for partition, (_, listeners) in enumerate(answer) if listeners}
+
+
+async def test_a_step_tells_each_notice_partition_of_its_own_streams_only(
+    store: JobStore, relay: Relay
+) -> None:
+    first, second = await _started_in(store, 1), await _started_in(store, 2)
+    channels = {store.keys.notice_channel(1): first, store.keys.notice_channel(2): second}
+    async with relay.redis.pubsub(ignore_subscribe_messages=True) as pubsub:
+        await pubsub.subscribe(*channels)
+        await _step(store, "worker-1", {first: [_delta(FIRST_DELTA)], second: [_delta(FIRST_DELTA)]})
+        heard = [await eventually(lambda: pubsub.get_message(timeout=1), "a notice") for _ in channels]
+    for message in heard:
+        streams = {line.partition("\x1f")[0] for line in message["data"].split(LINE)}
+        assert streams == {store.keys.stream(channels[message["channel"]])}
+    assert {message["channel"] for message in heard} == set(channels)
+
+
+async def test_the_hub_hears_only_the_partitions_of_the_streams_it_watches(
+    store: JobStore, relay: Relay, redis_client: aioredis.Redis
+) -> None:
+    async def listened_to(partitions: set[int]) -> None:
+        async def listened() -> bool:
+            return await _listened(redis_client, relay) == dict.fromkeys(partitions, 1)
+
+        await eventually(listened, f"the hub listens to the partitions {partitions} only")
+
+    first = await _started_in(store, 1)
+    (first_follower,) = await _followed(relay, [first])
+    await listened_to({1})
+    second = await _started_in(store, 2)
+    (second_follower,) = await _followed(relay, [second])
+    await listened_to({1, 2})
+    await _step(store, "worker-1", {first: [_done(FIRST_DELTA)]})
+    assert await asyncio.wait_for(first_follower, 30) == await _stored(relay, first)
+    await listened_to({2})
+    await _step(store, "worker-1", {second: [_delta(FIRST_DELTA), _done(FIRST_DELTA + 1)]})
+    assert await asyncio.wait_for(second_follower, 30) == await _stored(relay, second)
+
+
+async def test_a_stream_of_a_partition_not_heard_yet_misses_nothing_appended_before_its_subscription_holds(
+    store: JobStore, relay: Relay, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The subscription to a partition's channel is held back (a test double around the source's
+    change of subscriptions: the window between a stream's first read and its partition's
+    subscription lasts a round trip, too short to append in otherwise); steps appended meanwhile,
+    their notices gone unheard, reach the follower once its subscription holds, by the read that
+    follows it, not by a sweep."""
+    monkeypatch.setattr(fanout, "SWEEP_SECONDS", 60.0)
+    source = relay.hub._source
+    assert isinstance(source, ServerNotices)
+    held, resubscribe = asyncio.Event(), source._resubscribe
+
+    async def held_back(pubsub: Any) -> None:
+        await held.wait()
+        await resubscribe(pubsub)
+
+    monkeypatch.setattr(source, "_resubscribe", held_back)
+    job_id = await _started_in(store, 3)
+    (follower,) = await _followed(relay, [job_id])
+    await _step(store, "worker-1", {job_id: [_delta(FIRST_DELTA)]})
+    await _step(store, "worker-1", {job_id: [_delta(FIRST_DELTA + 1)]})
+    assert not follower.done()
+    held.set()
+    watched = relay.hub._watched[store.keys.stream(job_id)]
+    last = f"{FIRST_DELTA + 1}-1"
+    await eventually(lambda: asyncio.sleep(0, watched.cursor == last), "the steps read", timeout=10)
+    await _step(store, "worker-1", {job_id: [_done(FIRST_DELTA + 2)]})
+    assert await asyncio.wait_for(follower, 30) == await _stored(relay, job_id)

@@ -13,13 +13,15 @@ import httpx
 import pytest
 import redis.asyncio as aioredis
 
+from gateway.app import own_notice_partition
 from gateway.deps import JOB_ID
-from shared.config import Settings
+from gateway.processes import nth_process_settings
+from shared.config import GatewaySettings, Settings
 from shared.jobstore import JobStore
 from shared.keys import Keys
 from shared.requests import JobRequest
 from tests.conftest import delete_test_keys, make_settings
-from tests.helpers import submit
+from tests.helpers import in_process_gateway, submit
 
 LAYOUT_SUFFIXES = [":events", ":cancel", ":lease"]  # the stream, and two string keys (shared/keys.py)
 OTHER_FORMS = ["A" * 32, "0" * 31, "0" * 33, "12345678-1234-1234-1234-123456789abc", "x" * 10_000]
@@ -76,3 +78,25 @@ async def test_the_job_store_makes_ids_of_the_one_format(store_factory: type[Job
     store = store_factory()
     submission = await store.submit(JobRequest(prompt="an id", max_tokens=1), model="model", max_queued=0)
     assert JOB_ID.fullmatch(submission.job_id)
+
+
+async def test_a_gateway_gives_the_jobs_it_submits_ids_in_its_own_notice_partition(
+    redis_url: str, redis_client: aioredis.Redis
+) -> None:
+    """So that a gateway whose clients follow the jobs they submitted through it hears the notices of
+    its own partition only; ids stay of the one format."""
+    settings = make_settings(redis_url, allow_unauthenticated=True, gateway_notice_partition=21)
+    keys = Keys.of(settings)
+    async with in_process_gateway(settings) as gateway:
+        job_ids = [await submit(gateway, prompt=f"own partition {n}", max_tokens=1) for n in range(5)]
+    await delete_test_keys(redis_client, keys)
+    assert {keys.notice_partition(job_id) for job_id in job_ids} == {21 % keys.notice_partitions}
+    assert all(JOB_ID.fullmatch(job_id) for job_id in job_ids)
+
+
+def test_gateway_processes_on_one_port_take_the_partitions_after_the_first() -> None:
+    settings = GatewaySettings(gateway_notice_partition=5, processes=3)
+    keys = Keys.of(settings)
+    assert [own_notice_partition(nth_process_settings(settings, n), keys) for n in range(3)] == [5, 6, 7]
+    drawn = own_notice_partition(settings.model_copy(update={"gateway_notice_partition": None}), keys)
+    assert drawn in range(keys.notice_partitions)

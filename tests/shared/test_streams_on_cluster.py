@@ -248,7 +248,7 @@ async def test_a_cluster_on_tls_alone_carries_the_streams_through_a_rediss_clust
     notices = ClusterNotices(connect_cluster(tls_cluster.url, keys.stream_reader_name, 2), keys)
     heard: list[str] = []
     subscribed = asyncio.Event()
-    listening = asyncio.create_task(notices.listen(heard.append, subscribed.set, 1.0))
+    listening = asyncio.create_task(notices.listen(heard.append, lambda _, __: subscribed.set(), 1.0))
     jobs = [uuid.uuid4().hex for _ in range(24)]
     streams = [keys.stream(job_id) for job_id in jobs]
     try:
