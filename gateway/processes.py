@@ -13,6 +13,7 @@ import contextlib
 import logging
 import multiprocessing
 import os
+import secrets
 import signal
 import socket
 from collections.abc import Callable
@@ -36,12 +37,8 @@ def serve_processes(settings: GatewaySettings, serve_one: ServeOne) -> int:
     # (no event loop, no thread, no connection) that a child could inherit half-way.
     context = multiprocessing.get_context("fork")
     processes = [
-        context.Process(
-            target=serve_one,
-            args=(nth_process_settings(settings, number), listening),
-            name=f"gateway-{number}",
-        )
-        for number in range(settings.processes)
+        context.Process(target=serve_one, args=(each, listening), name=f"gateway-{number}")
+        for number, each in enumerate(each_process_settings(settings))
     ]
     for process in processes:
         process.start()
@@ -66,10 +63,14 @@ def serve_processes(settings: GatewaySettings, serve_one: ServeOne) -> int:
     return next((code for process in processes if (code := process.exitcode or 0) not in clean), 0)
 
 
-def nth_process_settings(settings: GatewaySettings, number: int) -> GatewaySettings:
-    """The settings of the process `number`: with `gateway_notice_partition` set, the partitions that
-    follow it are the next processes' own."""
+def each_process_settings(settings: GatewaySettings) -> list[GatewaySettings]:
+    """The settings of each process: their notice partitions one after the other, from the setting's or
+    from one drawn at random, so that no two processes of the host hear of each other's jobs (with as
+    many partitions as processes at least)."""
     first = settings.gateway_notice_partition
     if first is None:
-        return settings
-    return settings.model_copy(update={"gateway_notice_partition": first + number})
+        first = secrets.randbelow(settings.notice_partitions)
+    return [
+        settings.model_copy(update={"gateway_notice_partition": first + number})
+        for number in range(settings.processes)
+    ]

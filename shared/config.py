@@ -148,9 +148,9 @@ class GatewaySettings(RedisSettings):
         None,
         ge=0,
         description="the notice partition (of `notice_partitions`) whose ids this gateway gives the jobs "
-        "it submits, so that it hears of them and little else; with `processes` N, the n-th process "
-        "takes the next ones; unset: one chosen at random per process (on a Redis Cluster job ids "
-        "stay random, spreading the streams over its masters)",
+        "it submits, so that it hears of them and little else; with `processes` N, the next processes "
+        "take the next ones; unset: one drawn at random (on a Redis Cluster job ids stay random, "
+        "spreading the streams over its masters)",
     )
     max_queued_jobs: int = Field(
         10_000,

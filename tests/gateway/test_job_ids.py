@@ -15,7 +15,7 @@ import redis.asyncio as aioredis
 
 from gateway.app import own_notice_partition
 from gateway.deps import JOB_ID
-from gateway.processes import nth_process_settings
+from gateway.processes import each_process_settings
 from shared.config import GatewaySettings, Settings
 from shared.jobstore import JobStore
 from shared.keys import Keys
@@ -94,9 +94,9 @@ async def test_a_gateway_gives_the_jobs_it_submits_ids_in_its_own_notice_partiti
     assert all(JOB_ID.fullmatch(job_id) for job_id in job_ids)
 
 
-def test_gateway_processes_on_one_port_take_the_partitions_after_the_first() -> None:
+def test_gateway_processes_on_one_port_take_the_partitions_one_after_the_other() -> None:
     settings = GatewaySettings(gateway_notice_partition=5, processes=3)
     keys = Keys.of(settings)
-    assert [own_notice_partition(nth_process_settings(settings, n), keys) for n in range(3)] == [5, 6, 7]
-    drawn = own_notice_partition(settings.model_copy(update={"gateway_notice_partition": None}), keys)
-    assert drawn in range(keys.notice_partitions)
+    assert [own_notice_partition(each, keys) for each in each_process_settings(settings)] == [5, 6, 7]
+    drawn = each_process_settings(GatewaySettings(processes=keys.notice_partitions))
+    assert sorted(own_notice_partition(each, keys) for each in drawn) == list(range(keys.notice_partitions))
