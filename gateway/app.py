@@ -95,7 +95,8 @@ def create_app(settings: GatewaySettings) -> FastAPI:
             reader = connect_reader(reader_url, keys.stream_reader_name, sentinel_password=sentinel_password)
             source = ServerNotices(reader, keys)
         hub = StreamHub(source, metrics.observe_relay_lag)
-        # it reads the Redis settings every role has
+        # The store reads the Redis settings every role has; the jobs it submits get ids in this
+        # process's own notice partition.
         store = JobStore(redis, keys, settings, streams, own_notice_partition(settings, keys))
         # A record outlives its last change by the retention, and the wait for its next attempt.
         record_ttl = settings.retention_seconds + math.ceil(settings.webhook_max_retry_gap_seconds)
@@ -181,9 +182,8 @@ def create_app(settings: GatewaySettings) -> FastAPI:
 
 
 def own_notice_partition(settings: GatewaySettings, keys: Keys) -> int | None:
-    """The notice partition of the jobs this gateway process submits: the setting's, or one drawn from
-    the system's randomness (processes forked from one parent share `random`'s state); None on a Redis
-    Cluster, where job ids stay random to spread the streams over the masters."""
+    """The notice partition of the jobs this gateway process submits: the setting's, or one drawn at
+    random; None on a Redis Cluster, where job ids stay random to spread the streams over the masters."""
     if keys.partitions:
         return None
     if settings.gateway_notice_partition is None:
