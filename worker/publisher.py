@@ -258,7 +258,12 @@ class Publisher:
             log.info("steps are written again")
         self._failing = failed is not None
         if failed is not None:
+            # A failover may have lost what went before: the next step of every job reads its stream
+            # first, the steps already waiting for the next round trip too (they were handed over
+            # before this failure was known, and the next round trip may reach a new master at once).
             self._unchecked.update(self._sent)
+            for waiting in self._pending:
+                waiting.check = True
         return results
 
     async def _send(self, steps: list[_Step], ends: list[FinishCommands]) -> tuple[list[Any], list[Any]]:

@@ -282,6 +282,31 @@ async def test_events_a_failover_lost_are_written_again_with_their_ids_before_th
     assert [event.seq for event in await stream_events(store, job_id)] == list(range(8))
 
 
+async def test_a_step_handed_over_while_a_round_trip_fails_reads_its_stream_first(
+    restartable: Restartable,
+) -> None:
+    """A job's step that waits for the next round trip while the one in flight fails reads its
+    stream first, though the next round trip goes through at once (a failover's new master already
+    answering): else it would append after the steps the failover lost, leaving a gap."""
+    store, publisher = restartable.store, restartable.publisher()
+    first, second = await started_job(store), await started_job(store)
+    for job_id in (first, second):
+        assert await publisher.step(job_id, [delta(2, "a", 1)]) is Verdict.go
+    await lose_last_entries(store, second, 1)  # the failover's loss
+    admin = aioredis.Redis.from_url(f"redis://127.0.0.1:{restartable.server.port}/0", decode_responses=True)
+    await admin.client_pause(10_000, all=False)  # writes wait: the next round trip stays in flight
+    stepping = asyncio.create_task(publisher.step(first, [delta(3, "b", 2)]))
+    await eventually(lambda: asyncio.sleep(0, not publisher._pending), "the first job's step in flight")
+    waiting = asyncio.create_task(publisher.step(second, [delta(3, "b", 2)]))
+    await eventually(lambda: asyncio.sleep(0, bool(publisher._pending)), "the second job's step waiting")
+    await admin.execute_command("CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes")  # the round trip fails
+    await admin.client_unpause()
+    assert await stepping is Verdict.go and await waiting is Verdict.go
+    events = await stream_events(store, second)
+    assert events[2:] == [delta(2, "a", 1), delta(3, "b", 2)]  # the lost step written again, then this one
+    await admin.aclose()
+
+
 async def test_a_step_after_a_pause_longer_than_a_failover_reads_its_stream_first(
     store: JobStore, publisher: Publisher
 ) -> None:
