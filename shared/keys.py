@@ -283,13 +283,19 @@ class Keys:
     def notice_channel(self, partition: int) -> str:
         """Where the notices of a partition's streams go: a shard channel on a Redis Cluster
         (`partition_notices`), else `notices` alone or with the partition's number."""
+        return self._notice_channels[partition]
+
+    @cached_property
+    def _notice_channels(self) -> tuple[str, ...]:
         if self.partitions:
-            return self.partition_notices(partition)
-        return self.notices if self.notice_partitions == 1 else f"{self.notices}:{partition}"
+            return tuple(self.partition_notices(partition) for partition in range(self.partitions))
+        if self.notice_partitions == 1:
+            return (self.notices,)
+        return tuple(f"{self.notices}:{partition}" for partition in range(self.notice_partitions))
 
     def notices_of(self, job_id: str) -> str:
-        """The channel of the notices of the job's stream."""
-        return self.notice_channel(self.notice_partition(job_id))
+        """The channel of the notices of the job's stream (a step asks it of every job it carries)."""
+        return self._notice_channels[zlib.crc32(job_id.encode()) % self.notice_partitions]
 
     def job_id_in(self, partition: int) -> str:
         """A new job id (a uuid4's 32 hex digits) whose notices are in `partition`: uuid4s drawn until
