@@ -295,7 +295,7 @@ class Keys:
 
     def notices_of(self, job_id: str) -> str:
         """The channel of the notices of the job's stream (a step asks it of every job it carries)."""
-        return self._notice_channels[zlib.crc32(job_id.encode()) % self.notice_partitions]
+        return self._notice_channels[self.notice_partition(job_id)]
 
     def job_id_in(self, partition: int) -> str:
         """A new job id (a uuid4's 32 hex digits) whose notices are in `partition`: uuid4s drawn until

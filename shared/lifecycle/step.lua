@@ -30,12 +30,11 @@
 -- KEYS: every job's lease, then every job's stream, each in the jobs' order. The one script with
 -- positional ARGV, as `arguments.StepArgs` names the first ones (it runs for every running job at
 -- every engine step, and decoding a table would cost more than the rest of it); then the notices;
--- then per job, in
--- the same order: its `check`, its `trim` ('' when every event's seq is below `maxlen`: its stream
--- cannot pass the cap, and is not trimmed), its number of events, and (stream id, type, data) per
--- event. The worker sends each event's id ('<seq>-1', `append_event.lua`): an event sent for the
--- first time, as at nearly every step, is appended with no reading of its JSON, and only a stream
--- that is read compares seqs.
+-- then per job, in the same order: its `check`, its `trim` ('' when every event's seq is below
+-- `maxlen`: its stream cannot pass the cap, and is not trimmed), its number of events, and (stream
+-- id, type, data) per event. The worker sends each event's id ('<seq>-1', `append_event.lua`): an
+-- event sent for the first time, as at nearly every step, is appended with no reading of its JSON,
+-- and only a stream that is read compares seqs.
 local worker, maxlen, sent_at, publish, notices = unpack(ARGV, 1, 5)
 local FIRST_NOTICE = 6
 local FIRST_JOB = FIRST_NOTICE + 2 * tonumber(notices)
