@@ -32,23 +32,24 @@ from shared.keys import Keys
 from shared.model_card import ModelCard
 from tests import schedule
 from tests.gateway.stand_ins import CARD_CONTEXT, CARD_MODEL
+from tests.lora_adapter import ADAPTER, make_adapter
 from tests.processes import Processes, free_port, redis_answers
 from tests.redis_cleanup import delete_prefix
 from tests.redis_cluster import ClusteredRedis
 from worker.model_card import build_model_card
 
 if TYPE_CHECKING:
+    from tests.faults.conftest import Pool
     from tests.gateway.keyed_gateway import KeyedGateway
 
 SYSTEM_START_TIMEOUT = 240
 WORKERS = 2
 
-ENGINE_FIXTURES = frozenset({"system", "pool", "adapter_worker"})
-"""Every fixture that starts workers on the real engine: `system` here, `pool` in tests/faults/conftest.py,
-`adapter_worker` in tests/e2e/test_models.py. Fixtures of workers on the synthetic engine
-(`STREAMPOOL_ENGINE=synthetic`: tests/faults' `outage`, `waiting_worker`, `impatient_worker` and the
-Redis outage's and failover's `deployment`, tests/scale's `cluster`, tests/e2e/test_models.py's
-`models_pool`) start in a second: their tests count as `unit`."""
+ENGINE_FIXTURES = frozenset({"system", "pool"})
+"""Every fixture that starts workers on the real engine: `system` and `pool`, both here. Fixtures of
+workers on the synthetic engine (`STREAMPOOL_ENGINE=synthetic`: tests/faults' `outage`,
+`waiting_worker`, `impatient_worker` and the Redis outage's and failover's `deployment`, tests/scale's
+`cluster`, tests/e2e/test_models.py's `models_pool`) start in a second: their tests count as `unit`."""
 SYNTHETIC_FIXTURES = frozenset({"synthetic_system", "synthetic_pool"})
 """The synthetic twins of `system` and `pool`, which a module names in a `system` or `pool` fixture of its
 own: its tests use no engine, though they use a fixture of that name."""
@@ -189,6 +190,18 @@ def run_system(
     finally:
         processes.stop_all()
         delete_prefix(redis_url, settings.key_prefix)
+
+
+@pytest.fixture(scope="session")
+def pool(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pool]:
+    """Two workers on the real engine that tests may take away (tests/faults' short leases and drain),
+    serving the default model and a LoRA adapter of it, `ADAPTER`: one engine start for the tests of
+    an engine's death and of the adapter (tests/e2e/test_models.py), instead of one each. Adapter jobs
+    change nothing for a test of the engine's death, nor a worker gone for one of the adapter."""
+    from tests.faults.conftest import run_pool  # not at the top: it imports this module
+
+    adapter = f"{ADAPTER}={make_adapter(tmp_path_factory.mktemp('adapter'))}"
+    yield from run_pool(redis_url, tmp_path_factory, engine="vllm", lora=[adapter])
 
 
 @pytest.fixture(scope="session")

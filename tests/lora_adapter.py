@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+ADAPTER = "pirate"
+"""The name the tests serve it under."""
 HIDDEN = 576  # SmolLM2-135M: hidden size, 9 query heads and 3 key/value heads of 64
 LAYERS = 30
 OUTPUTS = {"q_proj": 576, "v_proj": 192}

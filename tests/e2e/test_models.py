@@ -5,9 +5,9 @@ model writes, also batched with it.
 
 The queue's tests run workers of the synthetic engine (their subject is where a job goes, not what
 it generates) under two served names of the default model, the first announcing an adapter, which the
-synthetic engine never reads. The adapter's test runs one worker of the real engine serving a real
-adapter (random weights, `tests/lora_adapter.py`), run by vLLM's CPU build, beside the session's
-workers of the same weights without one.
+synthetic engine never reads. The adapter's test runs on the session's workers of the real engine
+that serve a real adapter (`pool`; random weights, `tests/lora_adapter.py`), run by vLLM's CPU build,
+beside the session's workers of the same weights without one.
 """
 
 from __future__ import annotations
@@ -26,17 +26,16 @@ from cli.launcher import wait_healthy
 from shared.config import DEFAULT_MODEL_DIR, Settings
 from shared.keys import Keys
 from tests.conftest import SYSTEM_START_TIMEOUT, System, make_settings
-from tests.faults.conftest import start_gateway_and_worker
+from tests.faults.conftest import Pool
 from tests.gateway.keyed_gateway import KEY_A, KEY_B, bearer
 from tests.helpers import eventually, in_process_gateway, submit, wait_for_status
-from tests.lora_adapter import make_adapter
+from tests.lora_adapter import ADAPTER
 from tests.processes import Processes, free_port
 from tests.redis_cleanup import delete_prefix
 
 FIRST = "smol-a"
 SECOND = "smol-b"
 SECOND_ALIAS = "smol-b-alias"
-ADAPTER = "pirate"
 LATE = "smol-late"  # declared by the gateway; its worker starts only in the test that needs it
 PROMPT = {"prompt": "The capital of France is", "max_tokens": 8, "temperature": 0}
 STARTED = {"completed"}
@@ -201,34 +200,15 @@ async def test_a_tenants_backlog_delays_another_tenants_next_job_by_at_most_a_pi
     assert len(overtaking) <= SECOND_SLOTS, (len(overtaking), waiting_then)
 
 
-@pytest.fixture(scope="module")
-def adapter_worker(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A gateway and one worker of the real engine serving the default model with the adapter: the
-    gateway's URL."""
-    settings = make_settings(
-        redis_url,
-        port=free_port(),
-        host="127.0.0.1",
-        allow_unauthenticated=True,
-        metrics_port=free_port(),
-        lora=[f"{ADAPTER}={make_adapter(tmp_path_factory.mktemp('adapter'))}"],
-    )
-    processes = Processes(tmp_path_factory.mktemp("adapter-logs"))
-    try:
-        yield start_gateway_and_worker(processes, settings)[1]
-    finally:
-        processes.stop_all()
-        delete_prefix(redis_url, settings.key_prefix)
-
-
 async def test_an_adapter_changes_what_its_base_model_writes_also_when_batched_with_it(
-    adapter_worker: str, system: System
+    pool: Pool, system: System
 ) -> None:
-    """Base and adapter jobs at once on the adapter's worker, greedy: each kind gives one text, the base
-    model's that of the session's workers (the same weights, no adapter), the adapter's another."""
+    """Base and adapter jobs at once on the workers serving the adapter, greedy: each kind gives one
+    text, the base model's that of the session's workers (the same weights, no adapter), the adapter's
+    another."""
     model = DEFAULT_MODEL_DIR.name
     names = [model, f"{model}:{ADAPTER}", ADAPTER] * 3
-    async with httpx.AsyncClient(base_url=adapter_worker, timeout=120) as http:
+    async with httpx.AsyncClient(base_url=pool.base_url, timeout=120) as http:
         job_ids = [await submit(http, **PROMPT, model=name) for name in names]
         records = [await wait_for_status(http, job_id, STARTED) for job_id in job_ids]
     async with httpx.AsyncClient(base_url=system.base_url, timeout=120) as http:

@@ -2,10 +2,11 @@
 package's tests, which kill, stop, freeze and replace individual workers.
 
 Workers are `streampool worker` processes, as in tests/conftest.py's `system`; that pool is not used
-here, since these tests take workers away. `pool` runs the real engine, for the tests whose subject
-is the engine (its core dying under jobs); `synthetic_pool` the synthetic one, for those whose subject
-is the lease and the queue (a worker killed, frozen or stopped, its jobs taken over by another), where
-each replaced worker starts in a second instead of a minute.
+here, since these tests take workers away. `pool` (tests/conftest.py, made by `run_pool`) runs the
+real engine, for the tests whose subject is the engine (its core dying under jobs); `synthetic_pool`
+the synthetic one, for those whose subject is the lease and the queue (a worker killed, frozen or
+stopped, its jobs taken over by another), where each replaced worker starts in a second instead of a
+minute.
 """
 
 from __future__ import annotations
@@ -119,12 +120,6 @@ def start_gateway_and_worker(processes: Processes, settings: Settings) -> tuple[
     base_url = f"http://127.0.0.1:{settings.port}"
     assert wait_healthy(base_url, [gateway, worker], 1, SYSTEM_START_TIMEOUT), processes.log_dir
     return gateway, base_url
-
-
-@pytest.fixture(scope="package")
-def pool(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pool]:
-    """Workers on the real engine."""
-    yield from run_pool(redis_url, tmp_path_factory, engine="vllm")
 
 
 @pytest.fixture(scope="package")
