@@ -20,8 +20,9 @@ rate falling as the streams grow), then `rate_streams` streams at a rate raised 
 until a level is not sustained (lag p99 past 20 ms, or an event lost, duplicated or reordered). Beside
 them, `redis-benchmark` on the same Redis gives its physical limits: XADD pipelined, and XREAD of one
 entry of one stream; `bench.step_limit` the step script's cost a job on a busy Redis, as
-`redis-benchmark` takes its limits; and `bench.socket_limit` a gateway's: the CPU one event's write
-to a client's socket costs a process that does nothing else.
+`redis-benchmark` takes its limits; `bench.socket_limit` a gateway's: the CPU one event's write to a
+client's socket costs a process that does nothing else; and `bench.request_limit` a long-poll's: the CPU
+the gateway's HTTP server spends on a request answered at once, at the long-polls' own rate.
 
 It writes its section of bench/RESULTS.md and its part of results.json in place; `make bench` runs it
 as its last phase.
@@ -44,9 +45,18 @@ import redis
 import redis.asyncio as aioredis
 import uvloop
 
-from bench import fleet_cluster_report, fleet_report, redis_probe, report, socket_limit, step_limit, system
+from bench import (
+    fleet_cluster_report,
+    fleet_report,
+    redis_probe,
+    report,
+    request_limit,
+    socket_limit,
+    step_limit,
+    system,
+)
 from bench.delivery import Delivery, account, lags
-from bench.fleet_clients import CLIENT_MIXES, KINDS, ClientReport, Clients
+from bench.fleet_clients import CLIENT_MIXES, KINDS, LONG_POLL, ClientReport, Clients, kind_of
 from bench.fleet_figures import FleetLevel, FleetPlan, FleetRun, Lifecycle
 from bench.fleet_system import BATCH, START_TIMEOUT_SECONDS, Fleet
 from bench.redis_cluster import Cluster, partition_slots
@@ -60,6 +70,8 @@ from tests.redis_cleanup import delete_prefix
 OUT = Path(__file__).resolve().parent
 SETTLE_SECONDS = 1.0  # after the jobs run, and after the clients are live, before a window opens
 DRAIN_TIMEOUT_SECONDS = 60.0  # for the clients to end with their cancelled jobs
+REQUEST_LIMIT_REQUESTS = 2000  # long-polls in `request_limit`'s window: its CPU is counted in 10 ms ticks
+REQUEST_LIMIT_MOST_SECONDS = 20.0
 
 # The issue's levels: a fleet's rate over 250 to 4,000 followed streams (on a machine that has the cores).
 FULL = FleetPlan(
@@ -231,11 +243,35 @@ def measure(
         run.step_limit = step_limit.measure(probe, settings.key_prefix)
         on_progress("one event's write to a client's socket: the gateway's physical limit")
         run.write_cost = socket_limit.measure(max(plan.streams) // plan.gateways)
+        run.request_cost = long_poll_floor(plan, on_progress)
         uvloop.run(run_fleet(settings, logs, plan, probe, run, on_progress))
     finally:
         delete_prefix(redis_url, settings.key_prefix)
     run.minutes = (time.monotonic() - began) / 60
     return run
+
+
+def long_polls_of_a_gateway_process(plan: FleetPlan) -> tuple[int, float] | None:
+    """The long-polls one gateway process serves at the largest fixed-rate level: its connections, and
+    its requests a second (one an event, at a stream's tip); None where no client long-polls."""
+    streams = max(plan.streams)
+    polling = sum(kind_of(index, plan.clients) == LONG_POLL for index in range(streams))
+    if not polling:
+        return None
+    processes = plan.gateways * plan.gateway_processes
+    return max(1, polling // processes), plan.rate * polling / streams / processes
+
+
+def long_poll_floor(plan: FleetPlan, on_progress: Callable[[str], None]) -> request_limit.RequestCost | None:
+    """`bench.request_limit` at a gateway process's long-polls (`long_polls_of_a_gateway_process`), its
+    window long enough to count its CPU in 10 ms ticks."""
+    load = long_polls_of_a_gateway_process(plan)
+    if load is None:
+        return None
+    connections, rate = load
+    on_progress("one long-poll's request to the gateway's server: a long-poll's physical limit")
+    seconds = min(REQUEST_LIMIT_MOST_SECONDS, max(request_limit.SECONDS, REQUEST_LIMIT_REQUESTS / rate))
+    return request_limit.measure(connections, rate, seconds)
 
 
 def measure_clustered(

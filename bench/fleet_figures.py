@@ -20,6 +20,7 @@ from bench.stats import percentile
 
 if TYPE_CHECKING:  # a run keeps the limits of its Redis and of a gateway's writes beside its levels
     from bench.redis_probe import Limit
+    from bench.request_limit import RequestCost
     from bench.socket_limit import WriteCost
 
 LAG_TARGET_SECONDS = 0.020
@@ -214,4 +215,5 @@ class FleetRun:
     stopped: str | None = None  # why the run ended before its plan's last level
     minutes: float = 0.0
     write_cost: WriteCost | None = None  # one event's write to a client's socket, alone
+    request_cost: RequestCost | None = None  # one long-poll's request to the gateway's server, alone
     step_limit: Limit | None = None  # the step script's cost a job-step on a busy Redis (`step_limit`)

@@ -157,6 +157,23 @@ def _write_cost(run: FleetRun) -> list[str]:
     ]
 
 
+def _request_cost(run: FleetRun) -> list[str]:
+    """A long-poll's physical limit (`bench.request_limit`), beside the gateway's CPU per event."""
+    cost = run.request_cost
+    if cost is None:
+        return []
+    return [
+        f"A long-poll's physical limit in the same run (`bench.request_limit`): the gateway's HTTP server"
+        f" (uvicorn as the gateway runs it) with an application that only answers each request at once"
+        f" with a long-poll page of one delta ({cost.page_bytes} bytes), {cost.requests_per_second:,.0f}"
+        f" requests a second over {cost.connections} kept-alive connections (a gateway process's"
+        f" long-polls at the largest level), spends {_us(cost.cpu_us_per_request)} µs of CPU a request. A"
+        " client polling at a stream's tip sends a request an event: this is the floor under the"
+        " gateway's CPU per long-polled event.",
+        "",
+    ]
+
+
 def section(run: FleetRun) -> list[str]:
     """The section, from a run of `python -m bench.fleet` or of `make bench`."""
     plan = run.plan
@@ -207,6 +224,7 @@ def section(run: FleetRun) -> list[str]:
         *limits,
         "",
         *_write_cost(run),
+        *_request_cost(run),
         "Costs per event:",
         "",
         *_cost_rows(run),

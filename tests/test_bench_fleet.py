@@ -11,12 +11,13 @@ from pathlib import Path
 import pytest
 
 from bench.delivery import Delivery, account, delta_seq, lags
-from bench.fleet import QUICK, main_parser, next_level, plan_of
+from bench.fleet import QUICK, long_polls_of_a_gateway_process, main_parser, next_level, plan_of
 from bench.fleet_clients import KINDS, LONG_POLL, RESUME, SSE, kind_of
 from bench.fleet_figures import FleetLevel, FleetRun, Window, us_per
 from bench.fleet_report import HEADING, raw, section
 from bench.redis_probe import Limit
 from bench.report import Results, render, write_fleet
+from bench.request_limit import RequestCost
 from shared.events import DeltaEvent
 
 
@@ -169,6 +170,23 @@ def test_the_section_has_a_row_per_level_in_each_table_and_the_limits_per_comman
     costs = "| 1000 | 4 | 4,000 / 3,500 | 30.0 / 10.0 / 20.0 | 10.0 / 6.0 | 0.20 | 50.0 / 30.0 |"
     assert rows[0].startswith(costs)
     assert rows[-1].endswith("| 9000 | 9000 | 0 | 0 | 0 | no |")
+
+
+def test_a_gateway_process_long_polls_its_share_of_the_tenth_of_the_largest_levels_streams() -> None:
+    plan = replace(QUICK, streams=(250, 1000), rate=2000.0, gateways=2, gateway_processes=2)
+    assert long_polls_of_a_gateway_process(plan) == (25, 50.0)  # 100 polling clients, 200 events/s, 4 ways
+    alone = replace(plan, clients=LONG_POLL)
+    assert long_polls_of_a_gateway_process(alone) == (250, 500.0)
+    assert long_polls_of_a_gateway_process(replace(plan, clients=SSE)) is None
+
+
+def test_the_long_polls_floor_is_given_beside_the_sockets_when_it_was_measured() -> None:
+    run = run_of(level())
+    assert not any("bench.request_limit" in line for line in section(run))
+    run.request_cost = RequestCost(50, 100.0, 156, 2000, 97.25, 2000)
+    [line] = [line for line in section(run) if "bench.request_limit" in line]
+    assert "100 requests a second over 50 kept-alive connections" in line
+    assert "spends 97.2 µs of CPU a request" in line
 
 
 def test_a_run_whose_first_level_could_not_run_still_writes_its_section_and_says_why() -> None:

@@ -1,0 +1,19 @@
+"""`bench.request_limit`: its page is the events route's, and its server answers every request sent."""
+
+from __future__ import annotations
+
+from bench.request_limit import measure, poll_page
+from shared.requests import EventsPage
+
+
+def test_the_page_is_a_long_poll_page_of_one_delta() -> None:
+    page = EventsPage.model_validate_json(poll_page())
+    assert [event["type"] for event in page.events] == ["delta"]
+    assert (page.cursor, page.done) == ("1234-1", False)
+
+
+def test_every_request_sent_is_answered_and_the_servers_cpu_is_counted_a_request() -> None:
+    cost = measure(connections=10, requests_per_second=200, seconds=3)
+    assert cost.requests == 200  # the window: the 3 s less a settling second at each end
+    assert 3 * 200 - 10 <= cost.answered <= 3 * 200  # a connection's last due time may fall past the end
+    assert cost.cpu_us_per_request > 0
