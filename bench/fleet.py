@@ -264,13 +264,13 @@ def long_polls_of_a_gateway_process(plan: FleetPlan) -> tuple[int, float] | None
 def long_poll_floor(plan: FleetPlan, on_progress: Callable[[str], None]) -> request_limit.RequestCost | None:
     """`bench.request_limit` at a gateway process's long-polls (`long_polls_of_a_gateway_process`), its
     window long enough to count its CPU in 10 ms ticks, or twice the plan's followed window if that is
-    shorter (a quick run's)."""
+    shorter (a quick run's), and never shorter than `request_limit`'s own."""
     load = long_polls_of_a_gateway_process(plan)
     if load is None:
         return None
     connections, rate = load
     on_progress("one long-poll's request to the gateway's server: a long-poll's physical limit")
-    seconds = min(2 * plan.seconds, max(request_limit.SECONDS, REQUEST_LIMIT_REQUESTS / rate))
+    seconds = max(request_limit.SECONDS, min(2 * plan.seconds, REQUEST_LIMIT_REQUESTS / rate))
     return request_limit.measure(connections, rate, seconds)
 
 
