@@ -161,13 +161,18 @@ class Deliveries:
         return given_up
 
     async def leave(self, consumer: str) -> None:
-        """Remove `consumer` from the group if it holds nothing (what it holds would be lost with it)."""
+        """Remove `consumer` from the group if it holds nothing (what it holds would be lost with it).
+        Where there is no group (no job has had a webhook), there is nothing to leave."""
         with redis_errors():
-            pending = await self.redis.xpending_range(
-                self.keys.webhooks, GROUP, min="-", max="+", count=1, consumername=consumer
-            )
-            if not pending:
-                await self.redis.xgroup_delconsumer(self.keys.webhooks, GROUP, consumer)
+            try:
+                pending = await self.redis.xpending_range(
+                    self.keys.webhooks, GROUP, min="-", max="+", count=1, consumername=consumer
+                )
+                if not pending:
+                    await self.redis.xgroup_delconsumer(self.keys.webhooks, GROUP, consumer)
+            except ResponseError as exc:
+                if not str(exc).startswith("NOGROUP"):
+                    raise
 
     async def progress(self, job_ids: list[str]) -> list[Progress]:
         """Each job's delivery so far, read in one round trip."""

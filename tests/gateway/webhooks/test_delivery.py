@@ -4,6 +4,7 @@ receiver on loopback, which checks every signature with the Standard Webhooks li
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -193,6 +194,17 @@ async def test_the_webhook_is_no_part_of_the_idempotent_request(
         first = await gateway.post("/v1/jobs", json={**PROMPT, "webhook": receiver.url}, headers=key)
         again = await gateway.post("/v1/jobs", json=PROMPT, headers=key)
     assert again.status_code == 202 and again.json()["id"] == first.json()["id"]
+
+
+async def test_a_gateway_no_webhook_went_through_stops_quietly_and_leaves_no_key(
+    settings: Settings, redis_client: aioredis.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Its sender never found the webhooks stream, so it never made the consumer group: leaving it at
+    shutdown is nothing to do, not a Redis error to warn an operator of."""
+    async with in_process_gateway(settings) as gateway:
+        assert (await gateway.get("/health")).status_code == 200
+    assert not [record for record in caplog.records if record.levelno >= logging.WARNING], caplog.text
+    assert await redis_client.exists(Keys.of(settings).webhooks) == 0
 
 
 async def test_a_gone_gateways_delivery_is_taken_over(
