@@ -33,7 +33,7 @@ from shared.events import DeltaEvent, JobState
 CONNECTIONS = 200
 REQUESTS_PER_SECOND = 1000.0
 SECONDS = 5.0
-SETTLE_SECONDS = 1.0  # the connections' opening, left out of the measured window
+SETTLE_SECONDS = 1.0  # left out of the measured window at each end: the first polls, and the last
 
 
 def poll_page() -> bytes:
@@ -66,17 +66,18 @@ def _serve(listening: socket.socket) -> None:
     uvicorn.Server(config).run(sockets=[listening])
 
 
-async def _poll(port: int, connections: int, requests_per_second: float, seconds: float) -> int:
-    """Every connection polls at its share of the rate, its phase apart from the others'; the
-    requests answered."""
+async def _poll(port: int, connections: int, requests_per_second: float, seconds: float, ready: Any) -> int:
+    """Open every connection and set `ready`; then, for `seconds`, every connection polls at its share
+    of the rate, its phase apart from the others'. The requests answered."""
     interval = connections / requests_per_second
     request = b"GET /v1/jobs/job/events?after=1234-0&wait=30 HTTP/1.1\r\nHost: bench\r\n\r\n"
-    ends = time.monotonic() + seconds
+    opened = [await asyncio.open_connection("127.0.0.1", port) for _ in range(connections)]
+    ready.set()
+    began = time.monotonic()
 
-    async def connection(index: int) -> int:
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        due, answered = time.monotonic() + index / connections * interval, 0
-        while due < ends:
+    async def poll(index: int, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> int:
+        due, answered = began + index / connections * interval, 0
+        while due < began + seconds:
             await asyncio.sleep(max(0.0, due - time.monotonic()))
             writer.write(request)
             head = await reader.readuntil(b"\r\n\r\n")
@@ -90,11 +91,13 @@ async def _poll(port: int, connections: int, requests_per_second: float, seconds
         writer.close()
         return answered
 
-    return sum(await asyncio.gather(*(connection(index) for index in range(connections))))
+    return sum(await asyncio.gather(*(poll(index, *pair) for index, pair in enumerate(opened))))
 
 
-def _client(port: int, connections: int, requests_per_second: float, seconds: float, answered: Any) -> None:
-    answered.put(uvloop.run(_poll(port, connections, requests_per_second, seconds)))
+def _client(
+    port: int, connections: int, requests_per_second: float, seconds: float, ready: Any, answered: Any
+) -> None:
+    answered.put(uvloop.run(_poll(port, connections, requests_per_second, seconds, ready)))
 
 
 @dataclass(frozen=True)
@@ -120,11 +123,15 @@ def measure(
         try:
             measured = psutil.Process(server.pid)
             _wait_answering(port)
-            answered = context.Queue()
+            ready, answered = context.Event(), context.Queue()
             client = context.Process(
-                target=_client, args=(port, connections, requests_per_second, seconds, answered), daemon=True
+                target=_client,
+                args=(port, connections, requests_per_second, seconds, ready, answered),
+                daemon=True,
             )
             client.start()
+            if not ready.wait(timeout=60):
+                raise RuntimeError("the client did not open its connections within 60 s")
             time.sleep(SETTLE_SECONDS)
             began = measured.cpu_times()
             time.sleep(seconds - 2 * SETTLE_SECONDS)
