@@ -32,7 +32,7 @@ from redis.asyncio.cluster import RedisCluster
 
 from gateway.metrics import GatewayMetrics
 from gateway.prompt_limit import PromptLimit
-from shared.batches import line_job_id
+from shared.batches import BatchLineJob
 from shared.config import GatewaySettings
 from shared.errors import BodyTooLarge, InvalidRequest, Overloaded, PromptTooLong, RateLimited
 from shared.jobstore import JobStore, Submission, Turn, written_bytes
@@ -215,7 +215,7 @@ class Admission:
         annotations: Mapping[str, str] | None = None,
         fill_context: bool = False,
         turn: Turn | None = None,
-        batch_line: tuple[str, int] | None = None,
+        batch_line: BatchLineJob | None = None,
     ) -> Submission:
         """Queue `job` for `owner` on its model's queue, or raise why not (before anything is written).
 
@@ -227,9 +227,9 @@ class Admission:
         `turn`: the job is a turn of a conversation (`Turn`), `job` its own messages alone: the prompt
         checked is the whole conversation, what is written (and bounded by `max_request_write_bytes`,
         and counted against Redis's memory) is the turn's own.
-        `batch_line`: the job is line n of batch b, `(b, n)`: its id is derived from them (a second
-        submission of the line answers the first's job), it waits in the batch band, and the model's
-        queue limit does not refuse it (a batch bounds its own jobs in flight: `batch_in_flight`).
+        `batch_line`: the job is a batch's line: its id is derived from them (a second submission of the
+        line answers the first's job), it waits in the batch band until the batch's window ends at the
+        latest, and it takes only the room interactive work leaves in the model's queue (`submit.lua`).
         """
         self.check_limits(job)
         catalog = await self.catalog()
@@ -258,12 +258,13 @@ class Admission:
                 waiting=waiting_for(catalog, target.model),
                 idempotency_key=idempotency_key,
                 owner=owner,
-                max_queued=0 if batch_line else self.max_queued_jobs,
+                max_queued=self.max_queued_jobs,
                 annotations=annotations,
                 tenant=tenant,
                 turn=turn,
-                job_id=line_job_id(*batch_line) if batch_line else None,
-                batch=batch_line[0] if batch_line else None,
+                job_id=batch_line.job_id if batch_line else None,
+                batch=batch_line.batch_id if batch_line else None,
+                wait_until=batch_line.expires_at if batch_line else None,
             )
         except RateLimited as exc:
             self.metrics.rejected_by_tenant(tenant.name if tenant else "", exc.detail["limit"])

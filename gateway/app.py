@@ -114,7 +114,7 @@ def create_app(settings: GatewaySettings) -> FastAPI:
             webhook_targets=webhook_targets,
             deliveries=deliveries,
             files=Files(redis, keys, FileStorage.of_settings(settings)),
-            batches=Batches(redis, keys, settings.retention_seconds),
+            batches=Batches(redis, keys, settings),
         )
         services = app.state.services
         timeout = httpx.Timeout(settings.webhook_timeout_seconds)

@@ -5,18 +5,26 @@ A batch is driven by one gateway at a time, under a lease (`Keys.batch_lease`) i
 lives; whatever it does is written to the batch's record as it goes, so that the gateway that takes
 the lease after a crash goes on from there:
 
-- validating: every line is read once and checked (`lines`), with nothing submitted; a line that is
-  no request of the batch fails the batch with `errors`, else it is `in_progress` with its total.
+- validating: the input file is copied for the batch (`input_copy`: the batch reads its own copy to its
+  end, whatever becomes of the file), then every line is read once and checked (`lines`), with nothing
+  submitted; a line that is no request of the batch fails the batch with `errors`, else it is
+  `in_progress` with its total.
 - in_progress: the lines are submitted as jobs in order, as the batch's room (`batch_in_flight` jobs
   queued or running) and its tenant's limits allow, each under the job id its line's number gives
   (`shared.batches.line_job_id`): a line submitted again after a takeover finds its job. The record
   keeps how many lines are done and where the next begins in the input (`fed`, `fed_offset`), so a
   takeover reads on from there. A line admission refuses gets its error file entry (`Keys.batch_refusals`).
+  A line's job that ends has its keys kept until the window's end and a retention after it (`_keep_ended`),
+  however long the batch runs; once the files are written they expire after the retention as any job's.
 - once every line is done and every job ended: `finalizing`, and the output and error files are written
   in input order, under ids the batch's own gives them, each whole or not at all (a takeover writes them
-  again), before the batch ends `completed` in the same step as its files are named.
+  again), before the batch ends `completed` in the same step as its files are named, with the request
+  counts the files hold: a line whose result was lost all the same (every gateway down past the
+  retention) is in the error file as `batch_result_expired`, never missing or counted completed.
 - a cancel (`cancelling`) or the window's end stops the feeding, cancels the jobs still queued or
   running, waits for them to end, and writes the files of what finished: `cancelled` or `expired`.
+- a batch whose own copy of its input is gone (its storage lost it) cancels its jobs and fails with
+  `input_lost`; a run that fails otherwise is taken up again after a rest that doubles up to a minute.
 """
 
 from __future__ import annotations
@@ -31,7 +39,8 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from gateway.admission import Admission
@@ -43,21 +52,29 @@ from gateway.compat.responses_answers import Head, Standing, response_object
 from gateway.files.jsonl import Line
 from gateway.files.store import Files
 from gateway.generation import Collected, raise_for_failure, whole_answer
-from shared.batches import FILE_ID_PREFIX, BatchError, line_job_id, output_line, unrun_line
+from shared.batches import FILE_ID_PREFIX, BatchError, BatchLineJob, line_job_id, output_line, unrun_line
 from shared.config import GatewaySettings
 from shared.errors import BackendUnavailable, Overloaded, RateLimited, StreampoolError
 from shared.events import JobState, event_adapter
 from shared.jobstore import JobStore
+from shared.redis_client import redis_errors
 
 log = logging.getLogger(__name__)
 
 TICK_SECONDS = 0.2  # how often a driver looks for batches, and a batch for room
 FEED_GROUP = 64  # lines submitted between two writes of the batch's progress
 READ_GROUP = 64  # lines whose jobs are read in one round trip while the files are written
+KEEP_GROUP = 512  # ended jobs whose keys are kept in one round trip
+REST_SECONDS = (1.0, 60.0)  # a batch whose run failed rests this long before it is taken up again, doubling
 UNRUN = {
     "cancelled": ("batch_cancelled", "The batch was cancelled before this request completed."),
     "expired": ("batch_expired", "This request could not be executed before the completion window expired."),
 }
+LOST = (
+    "batch_result_expired",
+    "This request ran, but its result expired before the batch's output was written (no gateway drove "
+    "the batch for longer than the retention).",
+)
 Failure = Callable[[StreampoolError], tuple[int, dict[str, Any]]]
 """How a refused or failed request answers: status and body in OpenAI's error shape."""
 
@@ -87,14 +104,19 @@ class BatchDriver:
         self.failure = failure
         self.holder = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self._runs: dict[str, asyncio.Task[None]] = {}
+        self._rests: dict[str, tuple[float, float]] = {}  # batch id -> (its last rest, resting until)
 
     async def run(self) -> None:
         """Until cancelled; Redis failures pause it, never end it."""
         lease = self.settings.batch_lease_seconds
         while True:
             try:
-                for batch_id in await self.batches.active():
-                    if batch_id not in self._runs and await self.batches.take(batch_id, self.holder, lease):
+                now, active = time.monotonic(), await self.batches.active()
+                self._rests = {batch_id: rest for batch_id, rest in self._rests.items() if batch_id in active}
+                for batch_id in active:
+                    if batch_id in self._runs or self._rests.get(batch_id, (0, 0))[1] > now:
+                        continue
+                    if await self.batches.take(batch_id, self.holder, lease):
                         self._runs[batch_id] = asyncio.create_task(self._drive(batch_id), name=batch_id)
             except BackendUnavailable as exc:
                 log.warning("batches: %s", exc.message)
@@ -114,17 +136,30 @@ class BatchDriver:
         keeper = asyncio.create_task(self._keep(batch_id, driving))
         try:
             await BatchRun(self, batch_id).drive()
+            self._rests.pop(batch_id, None)
         except asyncio.CancelledError:
             raise
         except BackendUnavailable as exc:
-            log.warning("batch %s: %s; it is taken up again", batch_id, exc.message)
+            log.warning(
+                "batch %s: %s; it is taken up again in %.0f s", batch_id, exc.message, self._rest(batch_id)
+            )
         except Exception:
-            log.exception("batch %s: its run failed; it is taken up again", batch_id)
+            log.exception(
+                "batch %s: its run failed; it is taken up again in %.0f s", batch_id, self._rest(batch_id)
+            )
         finally:
             keeper.cancel()
             self._runs.pop(batch_id, None)
             with contextlib.suppress(StreampoolError):
                 await self.batches.let_go(batch_id, self.holder)
+
+    def _rest(self, batch_id: str) -> float:
+        """Rest the batch after a failed run, twice as long as after the last one (a fault that stays,
+        such as a bug its input meets, costs a traceback a minute, not five a second)."""
+        last = self._rests.get(batch_id, (REST_SECONDS[0] / 2, 0.0))[0]
+        rest = min(last * 2, REST_SECONDS[1])
+        self._rests[batch_id] = (rest, time.monotonic() + rest)
+        return rest
 
     async def _keep(self, batch_id: str, driving: asyncio.Task[None]) -> None:
         """Renew the lease a third of its time; once it is another's (this gateway stalled past it),
@@ -153,10 +188,18 @@ class BatchRun:
         self._next: Line | None = None  # read, and not yet submitted (its tenant was at a limit)
 
     async def drive(self) -> None:
+        try:
+            await self._drive()
+        except FileNotFoundError:
+            await self._input_lost()
+
+    async def _drive(self) -> None:
         while True:
             record = await self.batches.record(self.batch_id)
             status, self.endpoint = record["status"], record["endpoint"]
             self.owner, self.input_file_id = record["owner"], record["input_file_id"]
+            self.input = record.get("input_copy") or self.input_file_id  # a batch validated before copies
+            self.expires_at = int(record["expires_at"])
             ending = record.get("ending") or None
             if status == "validating":
                 await self._validate()
@@ -174,17 +217,22 @@ class BatchRun:
                 return
             if status != "in_progress":
                 return  # ended
+            await self._keep_ended()
             if not await self._feed(await self.batches.progress(self.batch_id)):
                 await asyncio.sleep(TICK_SECONDS)
 
     async def _validate(self) -> None:
-        """Read every line once; fail the batch with what is wrong, or set it going."""
+        """Copy the input for the batch and read every line once; fail the batch with what is wrong, or
+        set it going."""
         errors: list[BatchError] = []
         seen: set[bytes] = set()
         models: dict[str, str | None] = {}  # model -> why it is refused (None: it is served)
         total = 0
+        storage, copy = self.driver.files.storage, derived_file_id(self.batch_id, "input")
         try:
-            async for line in self.driver.files.lines(self.input_file_id, self.settings.max_body_bytes):
+            chunks = storage.read(self.input_file_id)
+            await storage.write(copy, _joined(await anext(chunks, b""), chunks))
+            async for line in self.driver.files.lines(copy, self.settings.max_body_bytes):
                 total += 1
                 try:
                     request = batch_line(line, self.endpoint)
@@ -203,9 +251,15 @@ class BatchRun:
             await self.batches.move(
                 self.batch_id, ("validating",), "failed", failed_at=int(time.time()), errors=data
             )
+            await storage.delete(copy)
             return
         await self.batches.move(
-            self.batch_id, ("validating",), "in_progress", in_progress_at=int(time.time()), total=total
+            self.batch_id,
+            ("validating",),
+            "in_progress",
+            in_progress_at=int(time.time()),
+            total=total,
+            input_copy=copy,
         )
 
     async def _check_request(
@@ -248,7 +302,7 @@ class BatchRun:
             return False
         if self._lines is None:
             self._lines = self.driver.files.lines(
-                self.input_file_id, self.settings.max_body_bytes, progress.fed_offset, progress.fed + 1
+                self.input, self.settings.max_body_bytes, progress.fed_offset, progress.fed + 1
             ).__aiter__()
         fed, offset = progress.fed, progress.fed_offset
         for _ in range(room):
@@ -281,7 +335,7 @@ class BatchRun:
                 model=body.model,
                 annotations=annotations,
                 fill_context=fill,
-                batch_line=(self.batch_id, line.number),
+                batch_line=BatchLineJob(self.batch_id, line.number, self.expires_at),
             )
         except (RateLimited, Overloaded) as exc:
             log.info("batch %s: line %d waits: %s", self.batch_id, line.number, exc.message)
@@ -296,12 +350,14 @@ class BatchRun:
     async def _stop(self, ending: str, status: str) -> None:
         """A cancel or the window's end: no more lines; the jobs still queued or running are cancelled,
         and once they have all ended the files are written."""
+        await self._cancel_jobs()
+        await self._finish(ending, status)
+
+    async def _cancel_jobs(self) -> None:
+        """Cancel the batch's jobs still queued or running, and wait until they have all ended."""
         progress = await self.batches.progress(self.batch_id)
         store = self.driver.store
-        for first in range(1, progress.fed + 1, READ_GROUP):
-            job_ids = [
-                line_job_id(self.batch_id, n) for n in range(first, min(first + READ_GROUP, progress.fed + 1))
-            ]
+        for job_ids in self._job_groups(progress.fed, READ_GROUP):
             async with store.redis.pipeline(transaction=False) as pipe:
                 for job_id in job_ids:
                     pipe.hget(store.keys.job(job_id), "status")
@@ -310,43 +366,110 @@ class BatchRun:
                 if state in (JobState.queued.value, JobState.running.value):
                     await store.cancel(job_id)
         while (await self.batches.progress(self.batch_id)).in_flight > 0:
+            await self._keep_ended()
             await asyncio.sleep(TICK_SECONDS)
-        await self._finish(ending, status)
 
-    async def _finish(self, ending: str, status: str) -> None:
-        """Write the output and error files (those that have a line), then end the batch naming them."""
-        progress = await self.batches.progress(self.batch_id)
-        unrun = progress.total - progress.fed
-        named: dict[str, str] = {}
-        failed = progress.failed + progress.refused + unrun
-        for kind, count in (("output", progress.completed), ("error", failed)):
-            if count:
-                file_id = derived_file_id(self.batch_id, kind)
-                chunks = self._file(kind == "output", ending, progress.fed)
-                await self.driver.files.create(
-                    file_id,
-                    self.owner,
-                    functools.partial(str, f"{self.batch_id}_{kind}.jsonl"),
-                    "batch_output",
-                    chunks,
-                )
-                named[f"{kind}_file_id"] = file_id
+    def _job_groups(self, fed: int, size: int) -> Iterator[list[str]]:
+        """The job ids of the batch's first `fed` lines, `size` at a time."""
+        for first in range(1, fed + 1, size):
+            yield [line_job_id(self.batch_id, n) for n in range(first, min(first + size, fed + 1))]
+
+    async def _keep_ended(self) -> None:
+        """Keep the keys of the batch's jobs that ended since the last call until its files can be
+        written: until the window's end and a retention after it (`Keys.batch_ended`)."""
+        store = self.driver.store
+        ended = store.keys.batch_ended(self.batch_id)
+        until = self.expires_at + self.settings.retention_seconds
+        with redis_errors():
+            while job_ids := await store.redis.lrange(ended, 0, KEEP_GROUP - 1):  # type: ignore[misc]
+                await self._expire(job_ids, until=until)
+                await store.redis.ltrim(ended, len(job_ids), -1)  # type: ignore[misc]
+                if len(job_ids) < KEEP_GROUP:
+                    return
+
+    async def _expire(self, job_ids: list[str], *, until: int | None = None, after: int = 0) -> None:
+        """Have the jobs' records and streams expire at `until` at the earliest, or else `after` seconds
+        from now at the latest."""
+        store = self.driver.store
+        keys = store.keys
+        for client, key_of in ((store.redis, keys.job), (store.streams, keys.stream)):
+            async with client.pipeline(transaction=False) as pipe:
+                for job_id in job_ids:
+                    if until is not None:
+                        pipe.expireat(key_of(job_id), until, gt=True)
+                    else:
+                        pipe.expire(key_of(job_id), after, lt=True)
+                await pipe.execute()
+
+    async def _input_lost(self) -> None:
+        """The batch's own copy of its input is gone (its storage lost it): nothing more can be read or
+        written of its lines, so its jobs are cancelled and it fails saying so."""
+        log.error("batch %s: its input %s is gone; the batch fails", self.batch_id, self.input)
+        await self._cancel_jobs()
+        error = BatchError(
+            code="input_lost", message=f"the batch's input (file {self.input_file_id}) is gone"
+        )
         await self.batches.move(
-            self.batch_id, (status,), ending, unrun=unrun, **named, **{f"{ending}_at": int(time.time())}
+            self.batch_id,
+            ("in_progress", "cancelling", "finalizing"),
+            "failed",
+            failed_at=int(time.time()),
+            errors=json.dumps([error.model_dump(exclude_none=True)]),
         )
 
-    async def _file(self, successes: bool, ending: str, fed: int) -> AsyncIterator[bytes]:
-        """The output file's lines (`successes`) or the error file's, in input order."""
+    async def _finish(self, ending: str, status: str) -> None:
+        """Write the output and error files (those that have a line), then end the batch naming them, with
+        the request counts they hold; then its jobs' keys expire after the retention, and its copy goes."""
+        progress = await self.batches.progress(self.batch_id)
+        await self._keep_ended()
+        unrun = progress.total - progress.fed
+        named: dict[str, str] = {}
+        tally = Tally()
+        for kind in ("output", "error"):
+            chunks = self._file(kind == "output", ending, progress.fed, tally).__aiter__()
+            if (first := await anext(chunks, None)) is None:
+                continue
+            file_id = derived_file_id(self.batch_id, kind)
+            await self.driver.files.create(
+                file_id,
+                self.owner,
+                functools.partial(str, f"{self.batch_id}_{kind}.jsonl"),
+                "batch_output",
+                _joined(first, chunks),
+            )
+            named[f"{kind}_file_id"] = file_id
+        if tally.lost:
+            log.warning(
+                "batch %s: %d lines' results expired before its files were written", self.batch_id, tally.lost
+            )
+        await self.batches.move(
+            self.batch_id,
+            (status,),
+            ending,
+            unrun=unrun,
+            completed=tally.completed,
+            failed=tally.lines - tally.completed - progress.refused - unrun,
+            **named,
+            **{f"{ending}_at": int(time.time())},
+        )
+        for job_ids in self._job_groups(progress.fed, KEEP_GROUP):
+            await self._expire(job_ids, after=self.settings.retention_seconds)
+        await self.driver.files.storage.delete(derived_file_id(self.batch_id, "input"))
+
+    async def _file(self, successes: bool, ending: str, fed: int, tally: Tally) -> AsyncIterator[bytes]:
+        """The output file's lines (`successes`) or the error file's, in input order, a group at a time
+        (none empty); the output file's pass counts the lines in `tally`."""
         group: list[Line] = []
-        async for line in self.driver.files.lines(self.input_file_id, self.settings.max_body_bytes):
+        async for line in self.driver.files.lines(self.input, self.settings.max_body_bytes):
             group.append(line)
             if len(group) == READ_GROUP:
-                yield await self._render(group, successes, ending, fed)
+                if chunk := await self._render(group, successes, ending, fed, tally):
+                    yield chunk
                 group = []
-        if group:
-            yield await self._render(group, successes, ending, fed)
+        if group and (chunk := await self._render(group, successes, ending, fed, tally)):
+            yield chunk
 
-    async def _render(self, lines: list[Line], successes: bool, ending: str, fed: int) -> bytes:
+    async def _render(self, lines: list[Line], successes: bool, ending: str, fed: int, tally: Tally) -> bytes:
         store = self.driver.store
         keys = store.keys
         requests = [batch_line(line, self.endpoint) for line in lines]
@@ -366,11 +489,16 @@ class BatchRun:
             if refusal is not None:
                 refused = json.loads(refusal)
                 entry = output_line(request.custom_id, job_id, refused["status_code"], refused["body"])
-            elif request.number > fed or state in (None, JobState.cancelled.value):
+            elif request.number > fed or state == JobState.cancelled.value:
                 entry = unrun_line(request.custom_id, job_id, *UNRUN.get(ending, UNRUN["cancelled"]))
+            elif state is None or not entries:
+                entry = unrun_line(request.custom_id, job_id, *LOST)
             else:
                 entry = await self._answer(request, job_id, float(created_at), entries)
-            if (entry["response"] is not None and entry["response"]["status_code"] == 200) == successes:
+            succeeded = entry["response"] is not None and entry["response"]["status_code"] == 200
+            if successes:
+                tally.count(succeeded, lost=entry["error"] is not None and entry["error"]["code"] == LOST[0])
+            if succeeded == successes:
                 rendered.append(entry)
         return b"".join(json.dumps(entry, separators=(",", ":")).encode() + b"\n" for entry in rendered)
 
@@ -397,3 +525,25 @@ class BatchRun:
         record = await self.driver.store.record(job_id)
         head = Head(job_id, created_at, body.stored(job))
         return output_line(request.custom_id, job_id, 200, response_object(head, Standing.of_record(record)))
+
+
+@dataclass
+class Tally:
+    """What a batch's files hold, counted as the output file is written: its lines, those that
+    completed, and those whose result was lost."""
+
+    lines: int = 0
+    completed: int = 0
+    lost: int = 0
+
+    def count(self, completed: bool, lost: bool) -> None:
+        self.lines += 1
+        self.completed += completed
+        self.lost += lost
+
+
+async def _joined(first: bytes, rest: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    """`first`, then `rest`: chunks of which the first was read ahead."""
+    yield first
+    async for chunk in rest:
+        yield chunk

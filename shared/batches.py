@@ -20,6 +20,7 @@ script answers `existing` for a record that is there.
 from __future__ import annotations
 
 import hashlib
+from dataclasses import dataclass
 from typing import Any, Generic, Literal, TypeVar
 
 from pydantic import BaseModel, Field
@@ -42,6 +43,20 @@ FilePurpose = Literal["batch", "batch_output"]
 def batch_share(tenant: str) -> str:
     """The share of the batch band a tenant's batch jobs wait in (`share_member.lua`'s `share_band`)."""
     return BATCH_SHARE_PREFIX + tenant
+
+
+@dataclass(frozen=True)
+class BatchLineJob:
+    """What makes a job a batch's line: its batch, its line's number (from 1), and the end of the batch's
+    window, until which the job may wait for a worker (the window's end cancels it, a lapse never)."""
+
+    batch_id: str
+    number: int
+    expires_at: int
+
+    @property
+    def job_id(self) -> str:
+        return line_job_id(self.batch_id, self.number)
 
 
 def line_job_id(batch_id: str, line: int) -> str:

@@ -155,7 +155,8 @@ class GatewaySettings(RedisSettings):
     max_queued_jobs: int = Field(
         10_000,
         ge=0,
-        description="length of a model's queue past which submissions for it get 429 (0: no limit)",
+        description="length of a model's queue past which submissions for it get 429 (0: no limit); "
+        "counted in interactive jobs alone, while a batch's line waits until the whole queue is under it",
     )
     max_tokens_limit: int = Field(2048, ge=1, description="highest `max_tokens` a request may ask for")
     max_choices: int = Field(
@@ -345,6 +346,18 @@ class GatewaySettings(RedisSettings):
         ge=1,
         description="most jobs of one batch queued or running at once: the next lines are submitted as "
         "these end, so a batch of any size holds this many jobs in Redis",
+    )
+    batch_max_running_per_key: int = Field(
+        16,
+        ge=0,
+        description="most batches one API key has validating, in progress or finalizing at once: "
+        "another is refused with 429 until one ends (0: no bound)",
+    )
+    batch_max_running_per_tenant: int = Field(
+        64,
+        ge=0,
+        description="most batches the keys of one tenant (the tenants file's) run at once, as "
+        "`batch_max_running_per_key` bounds one key's (0: no bound)",
     )
     batch_lease_seconds: float = Field(
         10.0,

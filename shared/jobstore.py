@@ -248,6 +248,7 @@ class JobStore:
         turn: Turn | None = None,
         job_id: str | None = None,
         batch: str | None = None,
+        wait_until: float | None = None,
     ) -> Submission:
         """Write record (with its owner and model), `queued` event and queue entry in one atomic round trip.
 
@@ -266,7 +267,9 @@ class JobStore:
 
         `job_id`: the job's id, given where the caller must find the job again (a batch's line, whose
         id `shared.batches.line_job_id` derives): a job of that id that exists is answered as a replay.
-        `batch`: the id of the batch the job is a line of (it waits in the batch band).
+        `batch`: the id of the batch the job is a line of (it waits in the batch band). `wait_until`: the
+        time until which the job's keys must outlive a wait in the queue, when that is longer than a
+        job lifetime from now (a batch's line waits until its window's end).
 
         Acknowledged only once the replicas `acks` asks for hold the job; short of them,
         `BackendUnavailable` says the job may exist (a retry with the same idempotency key finds it).
@@ -287,7 +290,8 @@ class JobStore:
                     idempotency_key=idempotency_key,
                     owner=owner,
                     model=model,
-                    lifetime_seconds=self.settings.job_lifetime_seconds,
+                    lifetime_seconds=self.settings.job_lifetime_seconds
+                    + max(0, int((wait_until or now) - now)),
                     max_queued=max_queued,
                     maxlen=self.settings.stream_maxlen,
                     annotations={

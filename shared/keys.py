@@ -340,6 +340,17 @@ class Keys:
         """Hash: input line number -> the error (JSON) of a line admission refused: its error file entry."""
         return f"{self.prefix}:batch:{batch_id}:refusals"
 
+    def batch_ended(self, batch_id: str) -> str:
+        """List: ids of the batch's jobs that ended and whose keys its driver has not yet kept until the
+        batch's output is written (`batch_end.lua` pushes, `gateway.batch_driver` keeps and trims)."""
+        return f"{self.prefix}:batch:{batch_id}:ended"
+
+    def batches_running(self, scope: str) -> str:
+        """Sorted set: the batches not yet ended of one API key (`key:<owner>`) or one tenant
+        (`tenant:<name>`), scored by creation (ms): what bounds how many each runs at once
+        (`batch_create.lua`)."""
+        return f"{self.prefix}:batches-active:{scope}"
+
     @property
     def batches_active(self) -> str:
         """Sorted set: the batches not yet ended, scored by creation (ms): what the gateways' batch

@@ -22,14 +22,16 @@ from shared.batches import (
     BatchObject,
     RequestCounts,
 )
-from shared.errors import JobNotFound
+from shared.config import GatewaySettings
+from shared.errors import JobNotFound, RateLimited
 from shared.keys import Keys
 from shared.lifecycle import scripts
-from shared.lifecycle.arguments import BatchMoveArgs
+from shared.lifecycle.arguments import BatchCreateArgs, BatchMoveArgs
 from shared.redis_client import redis_errors
 
 BATCH_ID_LENGTH = len(BATCH_ID_PREFIX) + 32
 MAX_ERRORS = 100  # a failed batch lists at most this many of its lines' errors
+RUNNING_RETRY_SECONDS = 60  # a batch refused for the running ones: a batch takes minutes to end
 TIMES = (
     "in_progress_at",
     "finalizing_at",
@@ -67,17 +69,25 @@ class Progress:
 class Batches:
     """Every batch's record."""
 
-    def __init__(self, redis: aioredis.Redis, keys: Keys, retention_seconds: int) -> None:
+    def __init__(self, redis: aioredis.Redis, keys: Keys, settings: GatewaySettings) -> None:
         self.redis = redis
         self.keys = keys
-        self.retention_seconds = retention_seconds
+        self.retention_seconds = settings.retention_seconds
+        self.max_of_key = settings.batch_max_running_per_key
+        self.max_of_tenant = settings.batch_max_running_per_tenant
         self._renew = redis.register_script(RENEW)
 
     async def create(
-        self, created: BatchCreate, owner: str, window_seconds: int, webhook: dict[str, str]
+        self,
+        created: BatchCreate,
+        owner: str,
+        tenant: str | None,
+        window_seconds: int,
+        webhook: dict[str, str],
     ) -> BatchObject:
         """A new batch, `validating`, among the active ones (a driver takes it up); `webhook`: the
-        annotations of its webhook (`WebhookTargets.annotations`), none for none."""
+        annotations of its webhook (`WebhookTargets.annotations`), none for none. `RateLimited` (nothing
+        written) when the key, or its `tenant`, runs as many batches as it may."""
         batch_id = BATCH_ID_PREFIX + uuid.uuid4().hex
         now = time.time()
         fields = {
@@ -97,12 +107,31 @@ class Batches:
             "fed_offset": 0,
             **{f"annotation:{name}": value for name, value in webhook.items()},
         }
+        args: BatchCreateArgs = {
+            "id": batch_id,
+            "fields": {name: str(value) for name, value in fields.items()},
+            "score": int(now * 1000),
+            "max_of_key": self.max_of_key,
+            "max_of_tenant": self.max_of_tenant,
+        }
+        batch_keys = [
+            self.keys.batch(batch_id),
+            self.keys.batches(owner),
+            self.keys.batches_active,
+            self.keys.batches_running(f"key:{owner}"),
+            self.keys.batches_running(f"tenant:{tenant}") if tenant is not None else "",
+        ]
         with redis_errors():
-            async with self.redis.pipeline(transaction=True) as pipe:
-                pipe.hset(self.keys.batch(batch_id), mapping=fields)
-                pipe.zadd(self.keys.batches(owner), {batch_id: int(now * 1000)})
-                pipe.zadd(self.keys.batches_active, {batch_id: int(now * 1000)})
-                await pipe.execute()
+            outcome, *refusal = await scripts.BATCH_CREATE(self.redis, batch_keys, args)
+        if outcome == "too_many":
+            scope, running, most = refusal
+            setting = f"batch_max_running_per_{scope}"
+            raise RateLimited(
+                f"this {'API key' if scope == 'key' else 'tenant'} runs {running} batches, the most it may "
+                f"({setting}: {most}); another may be created once one ends",
+                limit=setting,
+                retry_after=RUNNING_RETRY_SECONDS,
+            )
         return await self.get(batch_id, owner)
 
     async def record(self, batch_id: str) -> dict[str, str]:
@@ -176,6 +205,7 @@ class Batches:
             keys.batches_active,
             keys.webhooks,
             keys.webhook(batch_id),
+            keys.batch_ended(batch_id),
         ]
         with redis_errors():
             outcome, *_ = await scripts.BATCH_MOVE(self.redis, batch_keys, args)

@@ -29,7 +29,10 @@ async def create_batch(body: BatchCreate, owner: Owner, services: ServicesDep) -
     """A batch of the key's input file, `validating` at once; its lines are checked, then run."""
     await services.files.get(body.input_file_id, owner)
     webhook = services.webhook_targets.annotations(owner, None, BATCH_API)
-    return await services.batches.create(body, owner, services.settings.batch_window_seconds, webhook)
+    tenant = services.admission.tenants.get(owner)
+    return await services.batches.create(
+        body, owner, tenant.name if tenant else None, services.settings.batch_window_seconds, webhook
+    )
 
 
 @router.get("/{batch_id}", response_model=BatchObject)

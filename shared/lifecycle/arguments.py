@@ -157,6 +157,14 @@ class TenantUsageArgs(TypedDict):
     job_prefix: str
 
 
+class BatchCreateArgs(TypedDict):
+    id: str  # the batch's
+    fields: dict[str, str]  # its record
+    score: int  # its creation (ms), its place among its owner's and the active batches
+    max_of_key: int  # most batches its API key runs at once; 0: no bound
+    max_of_tenant: int  # as many for its tenant
+
+
 class BatchMoveArgs(TypedDict):
     id: str  # the batch's
     allowed: list[str]  # the states it may move from

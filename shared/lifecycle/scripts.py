@@ -24,6 +24,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import NoScriptError
 
 from shared.lifecycle.arguments import (
+    BatchCreateArgs,
     BatchMoveArgs,
     CancelArgs,
     ClaimArgs,
@@ -153,6 +154,7 @@ CANCEL: LuaScript[CancelArgs] = LuaScript.load("cancel")
 DELETE: LuaScript[list[Any]] = LuaScript.load("delete")  # no ARGV
 TENANT_USAGE: LuaScript[TenantUsageArgs] = LuaScript.load("tenant_usage")
 UNCLAIM: LuaScript[UnclaimArgs] = LuaScript.load("unclaim")
+BATCH_CREATE: LuaScript[BatchCreateArgs] = LuaScript.load("batch_create")
 BATCH_MOVE: LuaScript[BatchMoveArgs] = LuaScript.load("batch_move")
 CURSOR_CHECK: LuaScript[CursorCheckArgs] = LuaScript.load("cursor_check")  # a read: the gateway's relay
 # The streams' own Redis, when they have one (`Transitions`): each transition's part there.

@@ -1,12 +1,13 @@
--- uses: tenant_admit, append_event, hset_fields, enqueue
+-- uses: tenant_admit, append_event, hset_fields, share_member, enqueue
 -- queued: write the record (with the canonical name of the job's model, whose queue `queue` is),
 -- the `queued` event, and the `fields` the record keeps beside the job (what an API layer above the
 -- job needs of it: a response's own fields, a webhook), and put the job on its model's queue
 -- (`enqueue.lua`). Takes `arguments.SubmitArgs`.
 -- Answers {'created', id, created_at}, {'existing', id} (the idempotency key's job, asked for
 -- with the same request), {'mismatch', id} (the key's job was asked for with another request:
--- nothing written), {'overloaded', queue depth} or {'rate_limited', limit, retry after (s), count,
--- limit} (the job's tenant is at a limit: `tenant_admit.lua`; nothing written).
+-- nothing written), {'overloaded', queue depth} (the model's queue is at `max_queued`: below) or
+-- {'rate_limited', limit, retry after (s), count, limit} (the job's tenant is at a limit:
+-- `tenant_admit.lua`; nothing written).
 -- The idempotency key holds '<job id> <request digest>'; a value without a digest (written
 -- before digests were kept) matches any request.
 -- A job id given by its caller (a batch's line: `shared.batches.line_job_id`) whose record exists
@@ -35,7 +36,15 @@ if tenant then
   if refused then return {'rate_limited', unpack(refused)} end
 end
 if args.max_queued > 0 then
+  -- A batch's job comes in only while the whole queue is under the bound: it takes the room interactive
+  -- work leaves. An interactive job is refused only once interactive jobs alone fill the bound, so
+  -- waiting batch jobs never turn one away (the queue holds at most twice the bound).
   local depth = redis.call('ZCARD', queue)
+  if depth >= args.max_queued and share_band(share.name) == 'interactive' then
+    for _, batch_share in ipairs(redis.call('ZRANGE', batch_share_tenants, 0, -1)) do
+      depth = depth - redis.call('ZCARD', share.prefix .. batch_share)
+    end
+  end
   if depth >= args.max_queued then return {'overloaded', tostring(depth)} end
 end
 redis.call('HSET', record, 'id', id, 'status', 'queued', 'created_at', args.created_at, 'request', args.request,

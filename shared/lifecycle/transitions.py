@@ -356,6 +356,7 @@ class Transitions:
         fields = {**(self.keys.tenant_record_fields(tenant.name) if tenant else {}), **job.annotations}
         if job.batch:
             fields["batch"] = self.keys.batch(job.batch)
+            fields["batch_ended"] = self.keys.batch_ended(job.batch)
         stream = self.keys.stream(job.job_id)
         keys = [
             self.keys.job(job.job_id),

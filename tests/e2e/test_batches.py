@@ -10,6 +10,7 @@ webhook secret and a default webhook, a receiver on loopback: its batches' ends 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -33,8 +34,10 @@ from openai.types.webhooks import (
 )
 
 from cli.launcher import wait_healthy
+from gateway.batch_driver import derived_file_id
 from shared.batches import line_job_id
 from shared.config import Settings
+from shared.keys import Keys
 from tests.conftest import SYSTEM_START_TIMEOUT, make_settings
 from tests.gateway.webhooks.receiver import Delivery, Receiver, new_secret, receiving
 from tests.helpers import eventually_sync
@@ -96,24 +99,21 @@ def receiver() -> Iterator[Receiver]:
         yield receiver
 
 
-@pytest.fixture(scope="module")
-def batches(
-    redis_url: str, tmp_path_factory: pytest.TempPathFactory, receiver: Receiver
+@contextlib.contextmanager
+def deployed(
+    redis_url: str, tmp_path_factory: pytest.TempPathFactory, keys_file: str, **overrides: Any
 ) -> Iterator[Deployment]:
     """Two gateways and a synthetic worker serving `smol` at 100 steps a second, each answer as long as
-    its `max_tokens`; batches' leases of two seconds, so that a takeover comes soon."""
+    its `max_tokens`; batches' leases of two seconds, so that a takeover comes soon; `overrides` of
+    those settings."""
     logs = tmp_path_factory.mktemp("batch-logs")
-    keys_file = tmp_path_factory.mktemp("batch-keys") / "keys.toml"
-    keys_file.write_text(
-        f'[[keys]]\nkey = "{HOOKED_KEY}"\nwebhook_secret = "{receiver.secret}"\n'
-        f'webhook_url = "{receiver.url}"\n'
-    )
+    keys_path = tmp_path_factory.mktemp("batch-keys") / "keys.toml"
+    keys_path.write_text(keys_file)
     settings = make_settings(
         redis_url,
         host="127.0.0.1",
         api_keys=",".join(KEYS),
-        api_keys_file=keys_file,
-        webhook_allowed_prefixes=[receiver.url],
+        api_keys_file=keys_path,
         engine="synthetic",
         served_model_name=MODEL,
         default_model=MODEL,
@@ -123,6 +123,7 @@ def batches(
         files_dir=tmp_path_factory.mktemp("files"),
         batch_lease_seconds=2.0,
         metrics_port=free_port(),
+        **overrides,
     )
     processes = Processes(logs)
     batches = Deployment(settings, processes, {}, redis.Redis.from_url(redis_url, decode_responses=True), [])
@@ -137,6 +138,21 @@ def batches(
         batches.redis.close()
         processes.stop_all()
         delete_prefix(redis_url, settings.key_prefix)
+
+
+@pytest.fixture(scope="module")
+def batches(
+    redis_url: str, tmp_path_factory: pytest.TempPathFactory, receiver: Receiver
+) -> Iterator[Deployment]:
+    """The module's deployment; `HOOKED_KEY`'s batches' ends are announced to `receiver`."""
+    keys_file = (
+        f'[[keys]]\nkey = "{HOOKED_KEY}"\nwebhook_secret = "{receiver.secret}"\n'
+        f'webhook_url = "{receiver.url}"\n'
+    )
+    with deployed(
+        redis_url, tmp_path_factory, keys_file, webhook_allowed_prefixes=[receiver.url]
+    ) as deployment:
+        yield deployment
 
 
 def request_line(custom_id: str, max_tokens: int = 4, **overrides: Any) -> dict[str, Any]:
@@ -457,6 +473,150 @@ def test_a_batch_past_its_window_expires_with_what_finished_and_says_so_by_webho
     event = BatchExpiredWebhookEvent.model_validate(delivery.event)
     assert delivery.verified and event.type == "batch.expired" and done.expired_at is not None
     assert abs(event.created_at - done.expired_at) <= 1
+
+
+@pytest.fixture(scope="module")
+def short_retention(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
+    """A deployment whose jobs' keys expire three seconds after they end: shorter than its batches run."""
+    with deployed(redis_url, tmp_path_factory, "", retention_seconds=3) as deployment:
+        yield deployment
+
+
+def test_a_batch_running_past_the_retention_keeps_the_output_of_its_early_lines(
+    short_retention: Deployment,
+) -> None:
+    """The first line ends at once, the second runs eight seconds: past the first job's retention."""
+    client = short_retention.client()
+    batch = run_batch(client, [request_line("short", max_tokens=4), request_line("long", max_tokens=800)])
+
+    done = ended(client, batch.id)
+
+    assert done.status == "completed" and done.request_counts
+    assert (done.request_counts.completed, done.request_counts.failed) == (2, 0)
+    output = file_lines(client, done.output_file_id)
+    assert [line["custom_id"] for line in output] == ["short", "long"]
+    assert done.error_file_id is None
+    job = f"{short_retention.settings.key_prefix}:job:{line_job_id(batch.id, 1)}"
+    eventually_sync(lambda: short_retention.redis.ttl(job) <= 3, "once the files are written its keys go")
+
+
+def test_a_line_whose_result_expired_while_no_gateway_drove_the_batch_is_an_error_not_a_success(
+    short_retention: Deployment,
+) -> None:
+    """Every gateway is gone from before the first line's end until past its retention: its result is
+    lost, and the batch says so in its error file and its counts."""
+    client = short_retention.client()
+    lines = [request_line("lost", max_tokens=100), request_line("kept", max_tokens=1000)]
+    batch = run_batch(client, lines)
+    eventually_sync(
+        lambda: short_retention.field(batch.id, "fed") == "2", "both lines are fed", interval=0.01
+    )
+    for name in list(short_retention.gateways):
+        short_retention.processes.kill(name)
+    first = f"{short_retention.settings.key_prefix}:job:{line_job_id(batch.id, 1)}"
+    eventually_sync(lambda: not short_retention.redis.exists(first), "the first line's keys expire", 30)
+    short_retention.start_gateway("after")
+
+    done = ended(short_retention.client("after"), batch.id)
+
+    assert done.status == "completed" and done.request_counts
+    assert (done.request_counts.completed, done.request_counts.failed) == (1, 1)
+    client = short_retention.client("after")
+    assert [line["custom_id"] for line in file_lines(client, done.output_file_id)] == ["kept"]
+    (lost,) = file_lines(client, done.error_file_id)
+    assert lost["custom_id"] == "lost" and lost["error"]["code"] == "batch_result_expired"
+
+
+def test_a_batch_whose_input_file_is_deleted_while_it_runs_completes_from_its_own_copy(
+    batches: Deployment,
+) -> None:
+    batches.start_gateway("input-copy")  # of its own: earlier tests kill gateways
+    client = batches.client("input-copy")
+    lines = [request_line(f"r{n}", max_tokens=4 if n else 300) for n in range(5)]
+    batch = run_batch(client, lines)
+    eventually_sync(lambda: batches.field(batch.id, "status") == "in_progress", "the batch runs")
+
+    assert client.files.delete(batch.input_file_id).deleted
+    done = ended(client, batch.id)
+
+    assert done.status == "completed" and done.request_counts
+    assert (done.request_counts.completed, done.request_counts.failed) == (5, 0)
+    output = file_lines(client, done.output_file_id)
+    assert [line["custom_id"] for line in output] == [f"r{n}" for n in range(5)]
+    with pytest.raises(openai.NotFoundError):
+        client.files.retrieve(batch.input_file_id)
+    copy = Path(batches.settings.files_dir) / derived_file_id(batch.id, "input")
+    eventually_sync(lambda: not copy.exists(), "the batch's copy of its input goes with its end")
+
+
+IDLE_MODEL = "idle"
+"""A model the deployment declares and no worker serves: its jobs wait in its queue."""
+
+
+@pytest.fixture(scope="module")
+def bounded(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
+    """A deployment whose queues hold five jobs, where a key runs two batches and a tenant three; the
+    keys `team-1` and `team-2` are one tenant's."""
+    keys_file = (
+        '[[tenants]]\nname = "team"\n'
+        '[[keys]]\nkey = "team-1"\ntenant = "team"\n[[keys]]\nkey = "team-2"\ntenant = "team"\n'
+    )
+    with deployed(
+        redis_url,
+        tmp_path_factory,
+        keys_file,
+        models=[IDLE_MODEL],
+        max_queued_jobs=5,
+        batch_max_running_per_key=2,
+        batch_max_running_per_tenant=3,
+    ) as deployment:
+        yield deployment
+
+
+def test_batch_lines_take_only_the_room_interactive_work_leaves_in_a_queue(bounded: Deployment) -> None:
+    client = bounded.client()
+    idle_line = {"body": {**request_line("x")["body"], "model": IDLE_MODEL}}
+    running = [
+        run_batch(client, [request_line(f"b{b}-{n}") | idle_line for n in range(10)]) for b in range(2)
+    ]
+    queue = Keys.of(bounded.settings).model(IDLE_MODEL).queue
+    eventually_sync(
+        lambda: sum(int(bounded.field(batch.id, "fed") or 0) for batch in running) == 5,
+        "batch lines fill the queue's bound",
+    )
+
+    base_url, headers = bounded.gateways["a"], {"Authorization": f"Bearer {KEYS[1]}"}
+    answers = [
+        httpx.post(f"{base_url}/v1/jobs", json={"model": IDLE_MODEL, "prompt": "hi"}, headers=headers)
+        for _ in range(6)
+    ]
+
+    assert [answer.status_code for answer in answers] == [202] * 5 + [429]
+    assert bounded.redis.zcard(queue) == 10
+    for batch in running:
+        client.batches.cancel(batch.id)
+        assert ended(client, batch.id).status == "cancelled"
+
+
+def test_a_key_and_a_tenant_run_at_most_their_bound_of_batches_at_once(bounded: Deployment) -> None:
+    one, two = bounded.client(key="team-1"), bounded.client(key="team-2")
+    idle = [request_line("x") | {"body": {**request_line("x")["body"], "model": IDLE_MODEL}}]
+    first = [run_batch(one, idle) for _ in range(2)]
+    with pytest.raises(openai.RateLimitError) as per_key:
+        run_batch(one, idle)
+    third = run_batch(two, idle)
+    with pytest.raises(openai.RateLimitError) as per_tenant:
+        run_batch(two, idle)
+
+    assert "batch_max_running_per_key" in str(per_key.value)
+    assert "batch_max_running_per_tenant" in str(per_tenant.value)
+    one.batches.cancel(first[0].id)
+    assert ended(one, first[0].id).status == "cancelled"
+    fourth = run_batch(two, idle)
+    assert fourth.status == "validating"
+    one.batches.cancel(first[1].id)
+    for batch in (third, fourth):
+        two.batches.cancel(batch.id)
 
 
 @pytest.fixture

@@ -64,6 +64,7 @@ SCRIPTS = {
     "delete",
     "tenant_usage",
     "unclaim",
+    "batch_create",
     "batch_move",
     "cursor_check",
     # the streams' own Redis's part of each transition, when they have one
