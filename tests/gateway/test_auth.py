@@ -5,6 +5,7 @@ No worker runs: every check here is decided before a job would reach one (jobs s
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import uuid
@@ -74,6 +75,19 @@ async def test_health_metrics_and_the_playground_need_no_key(http: httpx.AsyncCl
     answer = await http.get(path)
     assert answer.status_code != 401
     assert answer.status_code in (200, 503)  # /health: 503, no worker runs here
+
+
+async def test_the_routes_that_answer_without_a_key_are_those_the_authentication_page_names(
+    http: httpx.AsyncClient,
+) -> None:
+    """Every GET route of the API document (without a path parameter) asked without a key: those that
+    answer are the API routes the page's first paragraph names as open, and only those."""
+    paths = (await http.get("/openapi.json")).json()["paths"]
+    gets = {path for path, operations in paths.items() if "get" in operations and "{" not in path}
+    answering = {path for path in gets if (await http.get(path)).status_code != 401}
+    first_paragraph = (ROOT / "docs" / "authentication.md").read_text().split("\n\n")[1]
+    assert answering == set(re.findall(r"`(?:GET )?(/[^`]*)`", first_paragraph)) & gets
+    assert "/version" in answering  # open, as on vLLM's server
 
 
 async def test_another_keys_job_is_404_on_every_route(http: httpx.AsyncClient) -> None:
