@@ -99,9 +99,10 @@ class PromptLimit:
     ) -> JobRequest:
         """The request, or `PromptTooLong` with the numbers when a prompt plus `max_tokens` exceed the
         model's context (`InvalidRequest` for a `truncate_prompt_tokens` over it, or a token id the model
-        does not have). `announced`: what the model's workers' heartbeats said of it, for a model without
-        a card. `fill`: the request named no `max_tokens`; as vLLM, it gets as many as the context leaves
-        after its longest prompt, at most `fill` (it keeps its own where the prompt cannot be counted)."""
+        does not have, in the prompt, `logit_bias` or `stop_token_ids`). `announced`: what the model's
+        workers' heartbeats said of it, for a model without a card. `fill`: the request named no
+        `max_tokens`; as vLLM, it gets as many as the context leaves after its longest prompt, at most
+        `fill` (it keeps its own where the prompt cannot be counted)."""
         counter = await self.counter(model)
         if counter is None:
             if announced is None or announced.max_model_len is None:
@@ -111,6 +112,7 @@ class PromptLimit:
         for prompt in request.prompts or []:
             if isinstance(prompt, list):
                 counter.check_token_ids(prompt, "prompt_token_ids")
+        counter.check_sampling_token_ids(request)
         measured = await measure_prompt(counter, request, context)
         if measured is None:
             return request

@@ -142,6 +142,26 @@ class PromptCounter:
             reason = f"{unknown} is not a token id of this model (its ids run from 0 to {bound - 1})"
             raise InvalidRequest.of_field(param, reason, param=param)
 
+    @property
+    def logits_size(self) -> int:
+        """How many logits the model gives a step, by which vLLM bounds `logit_bias` and `stop_token_ids`:
+        its embeddings' vocabulary, or its tokenizer's where the card does not say."""
+        return self.card.vocab_size or self.vocabulary_size
+
+    def check_sampling_token_ids(self, request: JobRequest) -> None:
+        """`InvalidRequest` naming the field, in vLLM's words, for a `logit_bias` or `stop_token_ids` id
+        past `logits_size`: the engine would fail the job."""
+        size = self.logits_size
+        given = {
+            "logit_bias": [int(token) for token in request.logit_bias or {}],
+            "stop_token_ids": request.stop_token_ids,
+        }
+        for field, token_ids in given.items():
+            unknown = [token_id for token_id in token_ids if token_id >= size]
+            if unknown:
+                reason = f"token_id(s) {unknown} in {field} contain out-of-vocab token ids"
+                raise InvalidRequest.of_field(field, f"{reason}. Vocabulary size: {size}", param=field)
+
     def decode(self, token_ids: list[int]) -> str:
         """The text of `token_ids`, special tokens kept, as vLLM's `/detokenize` decodes them."""
         self.check_token_ids(token_ids, "tokens")

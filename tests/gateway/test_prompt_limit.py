@@ -335,6 +335,46 @@ async def test_truncate_prompt_tokens_minus_one_keeps_what_the_context_holds_bes
         assert answer.json()["prompt_tokens"] == 1
 
 
+@pytest.mark.parametrize("field", ["logit_bias", "stop_token_ids"])
+@pytest.mark.parametrize("path", ["/v1/jobs", "/v1/completions", "/v1/chat/completions"])
+async def test_token_ids_past_the_vocabulary_are_refused_as_vllm_refuses_them(
+    http: httpx.AsyncClient,
+    redis_client: aioredis.Redis,
+    process: KeyedGateway,
+    carded: ModelCard,
+    field: str,
+    path: str,
+) -> None:
+    """vLLM fails the job for a `logit_bias` or `stop_token_ids` id past the model's vocabulary (the
+    card's `vocab_size`): the gateway refuses it in vLLM's words, naming the field, and makes no job."""
+    size = carded.vocab_size
+    assert size is not None
+    await eventually(
+        lambda: http.post("/tokenize", json={"model": carded.model, "prompt": "Hi"}),
+        "the gateway has read the card",
+        until=lambda answer: answer.status_code == 200,
+    )
+
+    def given(*token_ids: int) -> dict[str, Any]:
+        if field == "logit_bias":
+            return {"logit_bias": {str(token_id): 5 for token_id in token_ids}}
+        return {"stop_token_ids": list(token_ids)}
+
+    before = await _jobs(redis_client, process)
+    answer = await http.post(
+        path, json=_call(path, carded.model, "Hi", max_tokens=4, **given(1, size, 2**31 - 1))
+    )
+    assert answer.status_code == (422 if path == "/v1/jobs" else 400), answer.text
+    unknown = f"token_id(s) [{size}, {2**31 - 1}] in {field} contain out-of-vocab token ids"
+    assert f"{field}: {unknown}. Vocabulary size: {size}" in answer.text
+    if path != "/v1/jobs":
+        assert answer.json()["error"]["param"] == field
+    assert await _jobs(redis_client, process) == before
+    if path == "/v1/jobs":
+        last = await http.post(path, json=_call(path, carded.model, "Hi", max_tokens=4, **given(size - 1)))
+        assert last.status_code == 202, last.text
+
+
 def test_a_prompt_far_over_the_context_is_measured_without_tokenizing_it(card: ModelCard) -> None:
     """As vLLM: no token is longer than the vocabulary's longest, so a text longer than the context of
     such tokens is over it, and is not tokenized (450,000 tokens take a second of CPU)."""
