@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 from datetime import datetime
 from typing import Annotated, Any, Literal
@@ -98,11 +97,7 @@ class StructuredOutputs(BaseModel):
         text = schema if isinstance(schema, str | None) else json.dumps(schema)
         if text is not None and len(text) > MAX_GRAMMAR_CHARS:
             raise ValueError(f"must be at most {MAX_GRAMMAR_CHARS} characters of JSON")
-        parsed: object = schema
-        if isinstance(schema, str):
-            with contextlib.suppress(ValueError):  # JSON text that is no schema is the engine's to refuse
-                parsed = json.loads(schema)
-        if isinstance(parsed, dict) and (problem := schema_problem(parsed)) is not None:
+        if schema is not None and (problem := schema_problem(schema)) is not None:
             raise ValueError(f"refused before compiling: {problem}")
         return schema
 

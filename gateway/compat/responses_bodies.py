@@ -332,4 +332,5 @@ class ResponsesBody(SamplingOptions):
             "messages": [*self._instructions, *(message.job_message() for message in self.input_messages)],
         }
         fields = {name: value for name, value in fields.items() if value is not None}
-        return job_request_of(fields, {"max_tokens": "max_output_tokens", "messages": "input"})
+        names = {"max_tokens": "max_output_tokens", "messages": "input", "structured_outputs": "text.format"}
+        return job_request_of(fields, names)
