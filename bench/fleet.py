@@ -70,7 +70,7 @@ from tests.redis_cleanup import delete_prefix
 OUT = Path(__file__).resolve().parent
 SETTLE_SECONDS = 1.0  # after the jobs run, and after the clients are live, before a window opens
 DRAIN_TIMEOUT_SECONDS = 60.0  # for the clients to end with their cancelled jobs
-REQUEST_LIMIT_REQUESTS = 2000  # long-polls in `request_limit`'s window: its CPU is counted in 10 ms ticks
+REQUEST_LIMIT_REQUESTS = 2000  # long-polls in `request_limit`'s run: a window that averages many wake-ups
 
 # The issue's levels: a fleet's rate over 250 to 4,000 followed streams (on a machine that has the cores).
 FULL = FleetPlan(
@@ -263,7 +263,7 @@ def long_polls_of_a_gateway_process(plan: FleetPlan) -> tuple[int, float] | None
 
 def long_poll_floor(plan: FleetPlan, on_progress: Callable[[str], None]) -> request_limit.RequestCost | None:
     """`bench.request_limit` at a gateway process's long-polls (`long_polls_of_a_gateway_process`), its
-    window long enough to count its CPU in 10 ms ticks, or twice the plan's followed window if that is
+    window long enough to average many wake-ups, or twice the plan's followed window if that is
     shorter (a quick run's), and never shorter than `request_limit`'s own."""
     load = long_polls_of_a_gateway_process(plan)
     if load is None:

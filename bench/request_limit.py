@@ -9,6 +9,12 @@ one delta; another process sends `requests_per_second` requests a second over `c
 connections, each waiting for its answer before it sends the next, as a long-polling client does. The
 server's CPU per request is the floor under the gateway's CPU per long-polled event on the same
 machine, whatever the relay does.
+
+The measured window is counted in requests, not seconds: the server reads its own CPU clock (to the
+nanosecond, where the kernel's per-process times come in 10 ms ticks) as it answers the first request
+after a settling second's worth, and again a window's worth later. However late a loaded machine runs
+the client, the window holds exactly the requests it says, and the client sends exactly
+`requests_per_second` x `seconds`.
 """
 
 from __future__ import annotations
@@ -18,10 +24,10 @@ import asyncio
 import multiprocessing
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import psutil
 import uvicorn
 import uvloop
 from starlette.types import Receive, Scope, Send
@@ -33,7 +39,9 @@ from shared.events import DeltaEvent, JobState
 CONNECTIONS = 200
 REQUESTS_PER_SECOND = 1000.0
 SECONDS = 5.0
-SETTLE_SECONDS = 1.0  # left out of the measured window at each end: the first polls, and the last
+SETTLE_SECONDS = 1.0  # left out of the measured window at each end (in requests at the rate): the first
+# polls, and the last
+PATH = "/v1/jobs/job/events"
 
 
 def poll_page() -> bytes:
@@ -44,42 +52,51 @@ def poll_page() -> bytes:
 
 
 class PageServer:
-    """An ASGI application that answers every request with the same page, and nothing else."""
+    """An ASGI application that answers every request with the same page, and nothing else; at the
+    `marks`-th long-poll requests it answers (counted from one), it calls `mark` with its process's CPU
+    time in ns."""
 
-    def __init__(self, page: bytes) -> None:
+    def __init__(self, page: bytes, marks: tuple[int, ...], mark: Callable[[int], None]) -> None:
         self.body = {"type": "http.response.body", "body": page}
         self.start = {
             "type": "http.response.start",
             "status": 200,
             "headers": [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(page))],
         }
+        self.marks, self.mark, self.polls = frozenset(marks), mark, 0
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
+            if scope["path"] == PATH:
+                self.polls += 1
+                if self.polls in self.marks:
+                    self.mark(time.process_time_ns())
             await send(self.start)
             await send(self.body)
 
 
-def _serve(listening: socket.socket) -> None:
-    """uvicorn as `gateway.app.GatewayServer` configures it, on the socket the parent bound."""
-    config = uvicorn.Config(PageServer(poll_page()), http="httptools", log_config=None, access_log=False)
+def _serve(listening: socket.socket, marks: tuple[int, int], cpu: Any) -> None:
+    """uvicorn as `gateway.app.GatewayServer` configures it, on the socket the parent bound; the CPU
+    times at the `marks`-th long-polls go to the `cpu` queue."""
+    app = PageServer(poll_page(), marks, cpu.put)
+    config = uvicorn.Config(app, http="httptools", log_config=None, access_log=False)
     uvicorn.Server(config).run(sockets=[listening])
 
 
-async def _poll(port: int, connections: int, requests_per_second: float, seconds: float, ready: Any) -> int:
-    """Open every connection and set `ready`; then, for `seconds`, every connection polls at its share
-    of the rate, its phase apart from the others'. The requests answered."""
-    interval = connections / requests_per_second
-    request = b"GET /v1/jobs/job/events?after=1234-0&wait=30 HTTP/1.1\r\nHost: bench\r\n\r\n"
+async def _poll(port: int, connections: int, requests_per_second: float, total: int) -> tuple[int, int]:
+    """Open every connection; then send `total` requests, the n-th due n / `requests_per_second` s
+    after the connections opened, over the connection n modulo `connections` (each connection polls at
+    its share of the rate, its phase apart from the others'). The requests sent, and those answered."""
+    request = b"GET %s?after=1234-0&wait=30 HTTP/1.1\r\nHost: bench\r\n\r\n" % PATH.encode()
     opened = [await asyncio.open_connection("127.0.0.1", port) for _ in range(connections)]
-    ready.set()
     began = time.monotonic()
 
-    async def poll(index: int, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> int:
-        due, answered = began + index / connections * interval, 0
-        while due < began + seconds:
-            await asyncio.sleep(max(0.0, due - time.monotonic()))
+    async def poll(index: int, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> tuple[int, int]:
+        sent = answered = 0
+        for n in range(index, total, connections):
+            await asyncio.sleep(max(0.0, began + n / requests_per_second - time.monotonic()))
             writer.write(request)
+            sent += 1
             head = await reader.readuntil(b"\r\n\r\n")
             length = next(
                 int(line.split(b":")[1])
@@ -87,17 +104,16 @@ async def _poll(port: int, connections: int, requests_per_second: float, seconds
                 if line.lower().startswith(b"content-length")
             )
             await reader.readexactly(length)
-            answered, due = answered + 1, due + interval
+            answered += 1
         writer.close()
-        return answered
+        return sent, answered
 
-    return sum(await asyncio.gather(*(poll(index, *pair) for index, pair in enumerate(opened))))
+    counts = await asyncio.gather(*(poll(index, *pair) for index, pair in enumerate(opened)))
+    return sum(sent for sent, _ in counts), sum(answered for _, answered in counts)
 
 
-def _client(
-    port: int, connections: int, requests_per_second: float, seconds: float, ready: Any, answered: Any
-) -> None:
-    answered.put(uvloop.run(_poll(port, connections, requests_per_second, seconds, ready)))
+def _client(port: int, connections: int, requests_per_second: float, total: int, counts: Any) -> None:
+    counts.put(uvloop.run(_poll(port, connections, requests_per_second, total)))
 
 
 @dataclass(frozen=True)
@@ -105,47 +121,44 @@ class RequestCost:
     connections: int
     requests_per_second: float
     page_bytes: int
-    requests: int  # in the measured window, by the rate
+    requests: int  # in the measured window: the rate's worth of its seconds, counted by the server
     cpu_us_per_request: float
     answered: int  # every request the client had answered, the window's and those around it
+    sent: int  # every request the client sent: `answered` when the server answered them all
 
 
 def measure(
     connections: int = CONNECTIONS, requests_per_second: float = REQUESTS_PER_SECOND, seconds: float = SECONDS
 ) -> RequestCost:
-    """The server process's CPU (user and system) per request in the window after the connections
-    opened, in µs."""
+    """The server process's CPU (user and system) per request in the window of requests after the
+    first settling second's, in µs."""
+    settle = round(requests_per_second * SETTLE_SECONDS)
+    total = round(requests_per_second * seconds)
+    window = total - 2 * settle
+    if settle < 1 or window < 1:
+        raise ValueError(f"{seconds} s at {requests_per_second:g} a second leave no window past the settling")
     context = multiprocessing.get_context("spawn")
     with socket.create_server(("127.0.0.1", 0), backlog=connections) as listening:
         port = listening.getsockname()[1]
-        server = context.Process(target=_serve, args=(listening,), daemon=True)
+        cpu, counts = context.Queue(), context.Queue()
+        marks = (settle + 1, settle + window + 1)
+        server = context.Process(target=_serve, args=(listening, marks, cpu), daemon=True)
         server.start()
         try:
-            measured = psutil.Process(server.pid)
             _wait_answering(port)
-            ready, answered = context.Event(), context.Queue()
             client = context.Process(
-                target=_client,
-                args=(port, connections, requests_per_second, seconds, ready, answered),
-                daemon=True,
+                target=_client, args=(port, connections, requests_per_second, total, counts), daemon=True
             )
             client.start()
-            if not ready.wait(timeout=60):
-                raise RuntimeError("the client did not open its connections within 60 s")
-            time.sleep(SETTLE_SECONDS)
-            began = measured.cpu_times()
-            time.sleep(seconds - 2 * SETTLE_SECONDS)
-            ended = measured.cpu_times()
-            got = answered.get(timeout=seconds + 60)
+            sent, answered = counts.get(timeout=seconds + 60)
             client.join()
+            began, ended = cpu.get(timeout=10), cpu.get(timeout=10)
         finally:
             server.terminate()
             server.join()
-    window = seconds - 2 * SETTLE_SECONDS
-    requests = round(requests_per_second * window)
-    cpu = (ended.user + ended.system) - (began.user + began.system)
+    cpu_us = (ended - began) / 1000
     return RequestCost(
-        connections, requests_per_second, len(poll_page()), requests, cpu / requests * 1e6, got
+        connections, requests_per_second, len(poll_page()), window, cpu_us / window, answered, sent
     )
 
 

@@ -183,7 +183,7 @@ def test_a_gateway_process_long_polls_its_share_of_the_tenth_of_the_largest_leve
 def test_the_long_polls_floor_is_given_beside_the_sockets_when_it_was_measured() -> None:
     run = run_of(level())
     assert not any("bench.request_limit" in line for line in section(run))
-    run.request_cost = RequestCost(50, 100.0, 156, 2000, 97.25, 2000)
+    run.request_cost = RequestCost(50, 100.0, 156, 2000, 97.25, 2000, 2000)
     [line] = [line for line in section(run) if "bench.request_limit" in line]
     assert "100 requests a second over 50 kept-alive connections" in line
     assert "spends 97.2 µs of CPU a request" in line

@@ -14,6 +14,6 @@ def test_the_page_is_a_long_poll_page_of_one_delta() -> None:
 
 def test_every_request_sent_is_answered_and_the_servers_cpu_is_counted_a_request() -> None:
     cost = measure(connections=10, requests_per_second=200, seconds=3)
-    assert cost.requests == 200  # the window: the 3 s less a settling second at each end
-    assert 3 * 200 - 10 <= cost.answered <= 3 * 200  # a connection's last due time may fall past the end
-    assert cost.cpu_us_per_request > 0
+    assert cost.sent == cost.answered == 3 * 200  # the rate's worth of the seconds, however late they ran
+    assert cost.requests == 200  # the window, counted by the server: 3 s less a settling second at each end
+    assert cost.cpu_us_per_request > 0  # the server's clock is read to the ns, not in 10 ms ticks
