@@ -9,6 +9,7 @@ what the client receives before and after each one.
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
@@ -35,6 +36,7 @@ MESSAGES = [{"role": "user", "content": "Hi there!"}]
 PING_SECONDS = 0.1
 QUIET_SECONDS = 0.5  # how long a queued stream is watched for a chunk that must not come
 FLOWING_SECONDS = 0.02  # between two events of a flowing stream: a fifth of the keep-alive interval
+MARK = re.compile(r"#(\d+)#")  # a seq, as `_marked` writes it into a delta's text
 STREAMED = {  # a streamed request of each API whose answer is made from the job's events
     "openai": ("/v1/chat/completions", {"model": MODEL, "messages": MESSAGES, "stream": True}),
     "tgi": ("/generate_stream", {"inputs": "Hi there!", "parameters": {"max_new_tokens": 40}}),
@@ -121,7 +123,8 @@ async def test_a_waiting_stream_gets_keep_alive_comments_and_its_first_chunk_wit
         reading = asyncio.create_task(_read(response, received))
         try:
             await asyncio.sleep(QUIET_SECONDS)
-            assert received.comments() and received.data() == [], "a chunk went out before the first token"
+            await eventually(_now(received.comments), "a keep-alive while queued")
+            assert received.data() == [], "a chunk went out before the first token"
             await _publish(redis_client, settings, job_id, StatusEvent(seq=1, state=JobState.running))
             pings = len(received.comments())
             await eventually(_now(lambda: len(received.comments()) > pings), "a keep-alive after running")
@@ -204,24 +207,27 @@ async def test_a_flowing_stream_gets_no_keep_alive_and_a_silent_one_does(
     own pings go, one lands between two chunks of a flowing stream, and vLLM's benchmark client (which
     strips each read) then holds every later chunk in its buffer: a stall of all streams at once."""
     path, body = STREAMED[api]
+    asked = time.monotonic()
     async with http.stream("POST", path, json=body, headers=EVENT_STREAM) as response:
         assert response.status_code == 200, await response.aread()
         job_id = response.headers[JOB_ID_HEADER]
         received = Received()
         reading = asyncio.create_task(_read(response, received))
         try:
-            await _publish(redis_client, settings, job_id, StatusEvent(seq=1, state=JobState.running))
+            published = {0: asked}  # when each event was appended, by seq: frames carry `_marked(seq)`
+            published[1] = await _publish(
+                redis_client, settings, job_id, StatusEvent(seq=1, state=JobState.running)
+            )
             seq = 1
             began = time.monotonic()
             while time.monotonic() - began < 10 * PING_SECONDS:  # the clock's pings would come 10 times
                 seq += 1
-                token = TokenLogprob(token_id=1, token="a", logprob=-0.5)  # TGI's tokens come from these
-                delta = DeltaEvent(seq=seq, text="a", token_ids=[1], logprobs=[token])
-                await _publish(redis_client, settings, job_id, delta)
+                token = TokenLogprob(token_id=1, token=_marked(seq), logprob=-0.5)  # TGI's tokens
+                delta = DeltaEvent(seq=seq, text=_marked(seq), token_ids=[1], logprobs=[token])
+                published[seq] = await _publish(redis_client, settings, job_id, delta)
                 await asyncio.sleep(FLOWING_SECONDS)
             flowed = len(received.frames)
-            await asyncio.sleep(3 * PING_SECONDS)
-            silent = received.frames[flowed:]
+            await eventually(_now(lambda: _pings(received.frames[flowed:])), "a keep-alive in a silence")
             usage = Usage(prompt_tokens=3, completion_tokens=seq - 1)
             await _publish(
                 redis_client, settings, job_id, DoneEvent(seq=seq + 1, finish_reason="length", usage=usage)
@@ -231,10 +237,24 @@ async def test_a_flowing_stream_gets_no_keep_alive_and_a_silent_one_does(
             reading.cancel()
     events = [frame for _, frame in received.frames if not frame.startswith(":")]
     assert len(events) >= seq - 1, received.frames  # every token went out
-    assert any(frame.startswith(": ping") for _, frame in silent), "no keep-alive in a silence"
-    # A keep-alive on a clock lands within a flowing stream's interval (FLOWING_SECONDS) after a chunk;
-    # the bound leaves a loaded machine room to hand the client a chunk late (seen: 0.0497 s where a
-    # silence of PING_SECONDS had been kept).
-    for (before, _), (at, frame) in zip(received.frames, received.frames[1:], strict=False):
+    # A keep-alive goes out `PING_SECONDS` after the gateway read the newest event any earlier frame
+    # carries, which was appended (`published`) before the gateway could read it, and the client reads
+    # the keep-alive after it went out: however late a loaded machine runs either side, it arrives at
+    # least `PING_SECONDS` after that event was appended. One on a clock lands within a flowing
+    # stream's interval (FLOWING_SECONDS) of the newest event.
+    newest = 0
+    for at, frame in received.frames:
         if frame.startswith(":"):
-            assert at - before >= PING_SECONDS / 4, f"a keep-alive {at - before:.3f} s after a chunk"
+            since = at - published[newest]
+            assert since >= PING_SECONDS, f"a keep-alive {since:.3f} s after event {newest} was appended"
+        else:
+            newest = max([newest, *map(int, MARK.findall(frame))])
+
+
+def _marked(seq: int) -> str:
+    """A delta's text (and token) that names its seq in whatever frame carries it."""
+    return f"#{seq}#"
+
+
+def _pings(frames: list[tuple[float, str]]) -> bool:
+    return any(frame.startswith(": ping") for _, frame in frames)
