@@ -512,11 +512,11 @@ async def test_a_cancel_asked_of_a_running_job_reaches_its_next_step_and_leaves_
     await store.redis.pexpire(lease, 4000)  # some way into the lease: a cancel must not renew it
     asked_at = time.time()
     assert (await store.cancel(job_id))[0].status is JobState.running
-    assert 3000 < await store.redis.pttl(lease) <= 4000
+    assert 0 < await store.redis.pttl(lease) <= 4000  # not renewed (6 s), however late this reads it
     assert (await store.cancel(job_id))[0].status is JobState.running  # asked again: the first ask stands
     answer = StepAnswer.of(await step(store, job_id, [DeltaEvent(seq=2, text="a", token_ids=[1])]))
     assert answer.verdict is Verdict.cancel
-    assert answer.cancel_asked_at is not None and abs(answer.cancel_asked_at - asked_at) < 1
+    assert answer.cancel_asked_at is not None and asked_at <= answer.cancel_asked_at <= time.time()
     assert await seqs(store, job_id) == [0, 1, 2]  # the step's events go in first
     assert StepAnswer.of(await step(store, job_id, [])).verdict is Verdict.cancel  # and at every step after
     assert await renew(store, job_id, "worker-2") == [job_id]

@@ -35,7 +35,7 @@ async def test_a_command_that_finds_no_free_connection_in_time_fails_as_redis_un
     name = f"sptest-pool-{uuid.uuid4().hex[:8]}"
     client = connect(redis_url, name, max_connections=1)
     try:
-        holding = asyncio.create_task(client.blpop([f"{name}:empty"], timeout=2))
+        holding = asyncio.create_task(client.blpop([f"{name}:empty"], timeout=0))  # until a push
 
         async def blocked() -> bool:  # the BLPOP has the one connection
             clients = await redis_client.client_list()
@@ -45,7 +45,8 @@ async def test_a_command_that_finds_no_free_connection_in_time_fails_as_redis_un
         with pytest.raises(BackendUnavailable, match="No connection available"):
             with redis_errors():
                 await client.ping()
-        assert await holding is None
+        await redis_client.rpush(f"{name}:empty", "free")
+        assert await holding == (f"{name}:empty", "free")
         assert await client.ping() is True  # the connection is back in the pool once the BLPOP answers
     finally:
         await client.aclose()

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Callable
 from datetime import datetime, timezone
@@ -15,6 +14,7 @@ from shared.events import DeltaEvent, JobState, event_adapter
 from shared.jobstore import JobStore
 from shared.lifecycle.transitions import ReleaseOutcome, Verdict
 from shared.requests import JobRequest
+from tests.helpers import eventually
 from tests.shared.transitions import claimed
 from worker.leases import KEYS_EXTENDED_EVERY, WORKER_LOST, Leases
 from worker.publisher import Publisher
@@ -128,14 +128,17 @@ async def test_one_worker_a_turn_looks_for_lapsed_leases_and_the_turn_passes_onc
     """Every worker asks every interval; the one that takes the turn looks, the others do not until it
     ends, a little before its holder's next look (so one that died holds it less than an interval)."""
     first, second = Leases(store, store.settings), Leases(store, store.settings)
-    first.reap_every = second.reap_every = 0.3
+    first.reap_every = second.reap_every = 60.0  # a turn no loaded machine outlasts within the test
     await first.reap("worker-1")  # its turn: nothing has lapsed yet
     job_id = await started(store)
     await lapse(store, job_id)
     await second.reap("worker-2")  # not its turn: the job stays where it is
     assert await store.redis.sismember(store.keys.running, job_id)
-    assert 0 < await store.redis.pttl(store.keys.reaper_turn) <= 270
-    await asyncio.sleep(0.3)
+    assert 0 < await store.redis.pttl(store.keys.reaper_turn) <= 54_000  # 0.9 of the interval
+    await store.redis.pexpire(store.keys.reaper_turn, 1)  # the turn's time runs out
+    await eventually(
+        lambda: store.redis.exists(store.keys.reaper_turn), "the turn ended", until=lambda n: n == 0
+    )
     await second.reap("worker-2")
     assert not await store.redis.sismember(store.keys.running, job_id)
     assert await store.redis.zscore(store.keys.model(MODEL).queue, job_id) is not None
