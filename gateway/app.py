@@ -26,6 +26,7 @@ from gateway.body_limit import BodyLimit
 from gateway.deps import Services
 from gateway.errors import install_error_handlers
 from gateway.fanout import StreamHub
+from gateway.files.expiry import sweep_expired_files
 from gateway.files.storage import FileStorage
 from gateway.files.store import Files
 from gateway.generation import OpenRuns
@@ -113,7 +114,7 @@ def create_app(settings: GatewaySettings) -> FastAPI:
             ),
             webhook_targets=webhook_targets,
             deliveries=deliveries,
-            files=Files(redis, keys, FileStorage.of_settings(settings)),
+            files=Files(redis, keys, FileStorage.of_settings(settings), settings, api_keys.tenants),
             batches=Batches(redis, keys, settings),
         )
         services = app.state.services
@@ -137,10 +138,13 @@ def create_app(settings: GatewaySettings) -> FastAPI:
             openai.OPENAI_ERRORS.failure,
         )
         driving = asyncio.create_task(driver.run(), name="batch driver")
+        sweeping = asyncio.create_task(
+            sweep_expired_files(services.files, settings.files_sweep_seconds), name="file sweeper"
+        )
         try:
             yield
         finally:
-            for task in (sending, driving):
+            for task in (sending, driving, sweeping):
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task

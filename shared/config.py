@@ -335,6 +335,43 @@ class GatewaySettings(RedisSettings):
     max_file_lines: int = Field(
         50_000, ge=1, description="most lines (requests) a batch input file may hold (OpenAI's: 50,000)"
     )
+    files_max_per_key: int = Field(
+        1_000,
+        ge=0,
+        description="most files one API key holds (uploaded, and batches' output and error files): an "
+        "upload past it is refused with 429 `rate_limited`, nothing kept, until one is deleted or "
+        "expires (0: no bound)",
+    )
+    files_max_bytes_per_key: int = Field(
+        20 * 1024**3,
+        ge=0,
+        description="most bytes one API key's files hold together, bounded as `files_max_per_key` "
+        "bounds their number (0: no bound)",
+    )
+    files_max_per_tenant: int = Field(
+        10_000,
+        ge=0,
+        description="most files the keys of one tenant (the tenants file's) hold together, as "
+        "`files_max_per_key` bounds one key's (0: no bound)",
+    )
+    files_max_bytes_per_tenant: int = Field(
+        200 * 1024**3,
+        ge=0,
+        description="most bytes the files of one tenant's keys hold together, as "
+        "`files_max_bytes_per_key` bounds one key's (0: no bound)",
+    )
+    files_batch_output_expire_seconds: int = Field(
+        30 * 86_400,
+        ge=0,
+        description="how long a batch's output and error files live, from their writing (OpenAI's: 30 "
+        "days; 0: until deleted)",
+    )
+    files_sweep_seconds: float = Field(
+        60.0,
+        gt=0,
+        description="how often a gateway removes the files past their `expires_at` that no one read "
+        "since (a read of one removes it at once)",
+    )
     batch_window_seconds: int = Field(
         86_400,
         ge=1,

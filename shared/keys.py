@@ -323,6 +323,22 @@ class Keys:
         """Sorted set: the ids of an owner's files, scored by creation (ms)."""
         return f"{self.prefix}:files:{owner}"
 
+    def files_of_purpose(self, owner: str, purpose: str) -> str:
+        """Sorted set: the ids of an owner's files of one purpose, scored by creation (ms): a listing
+        filtered by purpose reads a page of it, as an unfiltered one reads `files`."""
+        return f"{self.prefix}:files-of-purpose:{owner}:{purpose}"
+
+    def files_usage(self, scope: str) -> str:
+        """Hash: `count` and `bytes` of the files of one API key (`key:<owner>`) or one tenant
+        (`tenant:<name>`), which bound its uploads (`gateway.files.records`)."""
+        return f"{self.prefix}:files-usage:{scope}"
+
+    @property
+    def files_expiring(self) -> str:
+        """Sorted set: the ids of the files that expire, scored by when (s): what the gateways' file
+        sweeper removes once due (`gateway.files.expiry`)."""
+        return f"{self.prefix}:files-expiring"
+
     def batch(self, batch_id: str) -> str:
         """Hash: a batch's record (`gateway.batches.store`), which its jobs' ends count (`batch_end.lua`)."""
         return f"{self.prefix}:batch:{batch_id}"

@@ -36,6 +36,7 @@ GROUPS = {
     "tests/gateway/test_openai_stream_timing.py": "stream-timing",  # a gateway process of its own
     "tests/gateway/test_reader_bounds.py": "stream-limits",  # a gateway process of its own
     "tests/gateway/test_tenants.py": "tenants",  # a gateway process of its own
+    "tests/gateway/test_files.py": "files",  # its Redis and gateway process
     "tests/scale/test_many_processes.py": "scale",  # gateways and synthetic workers of its own
     "tests/e2e/test_synthetic_worker.py": "synthetic-system",  # tests/conftest.py's `synthetic_system`
     "tests/e2e/test_replay.py": "synthetic-system",

@@ -1,6 +1,10 @@
 """`POST /v1/files`'s multipart body, read as it arrives: the `file` part's bytes go on to the storage
 chunk by chunk, each of its lines checked as JSON on the way (a batch input file), the whole bounded
-in bytes and lines, so that a gateway never holds more than a chunk and one line of it."""
+in bytes and lines, so that a gateway never holds more than a chunk and one line of it.
+
+Every byte of the body counts: the file part's against `max_file_bytes`, all the rest (the other
+fields, each part's headers, the boundaries) against `max_body_bytes`. Of the other fields only those
+the route reads are kept, each at most `MAX_FIELD_BYTES`; any other is read past and dropped."""
 
 from __future__ import annotations
 
@@ -15,7 +19,11 @@ from shared.errors import BodyTooLarge, InvalidRequest
 
 FILE_FIELD = "file"
 PURPOSE_FIELD = "purpose"
-MAX_FIELD_BYTES = 1024  # a form field besides the file (`purpose`)
+ANCHOR_FIELD = "expires_after[anchor]"  # as the `openai` package sends `expires_after`
+SECONDS_FIELD = "expires_after[seconds]"
+KEPT_FIELDS = frozenset({PURPOSE_FIELD, ANCHOR_FIELD, SECONDS_FIELD})
+MAX_FIELD_BYTES = 1024  # a kept form field
+EXPIRES_AFTER_SECONDS = (3600, 2_592_000)  # OpenAI's bounds on `expires_after[seconds]`: 1 hour to 30 days
 
 
 def boundary_of(content_type: str) -> bytes:
@@ -34,33 +42,44 @@ def _disposition(raw: bytes) -> tuple[str, str | None]:
 
 
 class Upload:
-    """One upload's form: `file_chunks` streams the file part (checked), after which `filename` and
-    `purpose` hold what the form said."""
+    """One upload's form: `file_chunks` streams the file part (checked), after which `filename`,
+    `purpose` and `expires_after` (seconds, or None) hold what the form said."""
 
     def __init__(
-        self, body: AsyncIterator[bytes], boundary: bytes, max_bytes: int, max_lines: int, max_line_bytes: int
+        self,
+        body: AsyncIterator[bytes],
+        boundary: bytes,
+        max_bytes: int,
+        max_lines: int,
+        max_line_bytes: int,
+        max_form_bytes: int,
     ) -> None:
         self.body = body
         self.max_bytes = max_bytes
         self.max_lines = max_lines
+        self.max_form_bytes = max_form_bytes
         self.filename: str | None = None
         self.purpose: str | None = None
+        self.expires_after: int | None = None
         self.fields: dict[str, bytearray] = {}
         self.lines = LineSplitter(max_line_bytes)
         self._header = b""
+        self._header_name = b""
         self._current = ""
         self._out: list[bytes] = []
         self._size = 0
+        self._received = 0  # the body's bytes, every part's
+        self._file_received = 0  # those of the file part's data
         self._parser = MultipartParser(
             boundary,
             {
                 "on_header_field": self._on_header_field,
                 "on_header_value": self._on_header_value,
+                "on_header_end": self._on_header_end,
                 "on_headers_finished": self._on_headers_finished,
                 "on_part_data": self._on_part_data,
             },
         )
-        self._header_name = b""
 
     def _on_header_field(self, data: bytes, start: int, end: int) -> None:
         self._header_name += data[start:end]
@@ -69,15 +88,23 @@ class Upload:
         if self._header_name.lower() == b"content-disposition":
             self._header += data[start:end]
 
+    def _on_header_end(self) -> None:
+        self._header_name = b""  # a part's headers come in any order: each names itself
+
     def _on_headers_finished(self) -> None:
         self._current, filename = _disposition(self._header)
         if self._current == FILE_FIELD:
+            if self.filename is not None:
+                raise InvalidRequest("file: the form holds more than one file", param="file")
             self.filename = filename or "upload.jsonl"
-        self._header, self._header_name = b"", b""
+        self._header = b""
 
     def _on_part_data(self, data: bytes, start: int, end: int) -> None:
         if self._current == FILE_FIELD:
+            self._file_received += end - start
             self._out.append(data[start:end])
+            return
+        if self._current not in KEPT_FIELDS:
             return
         field = self.fields.setdefault(self._current, bytearray())
         field += data[start:end]
@@ -109,7 +136,12 @@ class Upload:
         """The file part's bytes as they arrive, each line checked; the form's other fields are read
         on the way."""
         async for chunk in self.body:
+            self._received += len(chunk)
             self._parse(chunk)
+            if self._received - self._file_received > self.max_form_bytes:
+                raise BodyTooLarge(
+                    f"the form beside the file is larger than {self.max_form_bytes} bytes (max_body_bytes)"
+                )
             for part in self._take():
                 yield self._checked(part)
         self._parse(None)
@@ -120,10 +152,30 @@ class Upload:
             raise InvalidRequest("file: a file is required", param="file")
         if self.lines.number == 0:
             raise InvalidRequest("file: the file holds no line", param="file")
-        purpose = self.fields.get(PURPOSE_FIELD)
-        self.purpose = purpose.decode("utf-8", "replace") if purpose is not None else None
+        self.purpose = self._field(PURPOSE_FIELD)
         if self.purpose != "batch":
             raise InvalidRequest("purpose: only 'batch' files are served here", param="purpose")
+        self.expires_after = self._expires_after()
+
+    def _field(self, name: str) -> str | None:
+        value = self.fields.get(name)
+        return value.decode("utf-8", "replace") if value is not None else None
+
+    def _expires_after(self) -> int | None:
+        """`expires_after[seconds]` after `expires_after[anchor]` (`created_at`, the one anchor), or None
+        where the form names no expiry."""
+        anchor, seconds = self._field(ANCHOR_FIELD), self._field(SECONDS_FIELD)
+        if anchor is None and seconds is None:
+            return None
+        if anchor != "created_at":
+            raise InvalidRequest("expires_after.anchor: must be 'created_at'", param="expires_after.anchor")
+        low, high = EXPIRES_AFTER_SECONDS
+        if seconds is None or not seconds.strip().isdigit() or not low <= int(seconds) <= high:
+            raise InvalidRequest(
+                f"expires_after.seconds: must be a whole number of seconds from {low} to {high}",
+                param="expires_after.seconds",
+            )
+        return int(seconds)
 
     def _parse(self, chunk: bytes | None) -> None:
         """Feed the parser a chunk, or tell it the body has ended (None); a body that is no multipart

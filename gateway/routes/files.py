@@ -12,7 +12,7 @@ from fastapi.responses import StreamingResponse
 from gateway.auth import REQUIRE_KEY, Owner
 from gateway.deps import ServicesDep
 from gateway.files.store import new_file_id
-from gateway.files.upload import Upload, boundary_of
+from gateway.files.upload import EXPIRES_AFTER_SECONDS, Upload, boundary_of
 from gateway.routes.openai import ERRORS, OpenAIRoute
 from shared.batches import FileDeleted, FileList, FileObject
 
@@ -32,6 +32,12 @@ UPLOAD_FORM = {
                             "description": "JSONL, one request a line",
                         },
                         "purpose": {"type": "string", "enum": ["batch"]},
+                        "expires_after[anchor]": {"type": "string", "enum": ["created_at"]},
+                        "expires_after[seconds]": {
+                            "type": "integer",
+                            "minimum": EXPIRES_AFTER_SECONDS[0],
+                            "maximum": EXPIRES_AFTER_SECONDS[1],
+                        },
                     },
                 }
             }
@@ -47,7 +53,9 @@ router = APIRouter(
 @router.post("", response_model=FileObject, openapi_extra=UPLOAD_FORM)
 async def create_file(request: Request, owner: Owner, services: ServicesDep) -> FileObject:
     """Upload a batch input file (`purpose: batch`): JSONL of at most `max_file_lines` lines and
-    `max_file_bytes` bytes, each line a JSON object (what each must hold is checked by the batch)."""
+    `max_file_bytes` bytes, each line a JSON object (what each must hold is checked by the batch),
+    the rest of the form at most `max_body_bytes`; within the key's and its tenant's bounds on files
+    (429 past them); gone after `expires_after[seconds]` where the form names it."""
     settings = services.settings
     upload = Upload(
         request.stream(),
@@ -55,9 +63,16 @@ async def create_file(request: Request, owner: Owner, services: ServicesDep) -> 
         settings.max_file_bytes,
         settings.max_file_lines,
         settings.max_body_bytes,
+        settings.max_body_bytes,
     )
-    chunks = upload.file_chunks()
-    return await services.files.create(new_file_id(), owner, lambda: upload.filename or "", "batch", chunks)
+    return await services.files.create(
+        new_file_id(),
+        owner,
+        lambda: upload.filename or "",
+        "batch",
+        upload.file_chunks(),
+        lambda: upload.expires_after,
+    )
 
 
 @router.get("", response_model=FileList)
