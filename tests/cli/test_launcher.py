@@ -51,12 +51,19 @@ def python(code: str) -> subprocess.Popen[bytes]:
     return subprocess.Popen([sys.executable, "-c", code])
 
 
+def held_gateway() -> subprocess.Popen[bytes]:
+    """A gateway that lives until the test closes its stdin, however slowly the machine runs."""
+    return subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+
+
 def test_a_worker_that_exits_non_zero_is_replaced_until_the_gateway_exits() -> None:
-    gateway = python("import time; time.sleep(3)")
+    gateway = held_gateway()
     started: list[subprocess.Popen[bytes]] = []
 
     def start_worker() -> subprocess.Popen[bytes]:  # each replacement dies at once too
         started.append(python("raise SystemExit(1)"))
+        if len(started) == 2 and gateway.stdin is not None:
+            gateway.stdin.close()  # replaced twice: the gateway exits
         return started[-1]
 
     worker = python("raise SystemExit(1)")
@@ -70,10 +77,12 @@ def test_a_worker_that_exits_non_zero_is_replaced_until_the_gateway_exits() -> N
         for child in [gateway, worker, *started]:
             child.kill()
             child.wait()
+        assert gateway.stdin is not None
+        gateway.stdin.close()
 
 
 def test_a_worker_that_exits_cleanly_ends_the_watch() -> None:
-    gateway = python("import time; time.sleep(60)")
+    gateway = held_gateway()
     worker = python("pass")
     try:
         assert supervise(gateway, worker, lambda: python("pass"), [gateway, worker]) == 1
@@ -81,3 +90,5 @@ def test_a_worker_that_exits_cleanly_ends_the_watch() -> None:
     finally:
         gateway.kill()
         gateway.wait()
+        assert gateway.stdin is not None
+        gateway.stdin.close()
