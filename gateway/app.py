@@ -102,12 +102,14 @@ def create_app(settings: GatewaySettings) -> FastAPI:
         # A record outlives its last change by the retention, and the wait for its next attempt.
         record_ttl = settings.retention_seconds + math.ceil(settings.webhook_max_retry_gap_seconds)
         deliveries = Deliveries(redis, keys, record_ttl)
+        relay = Relay(redis, keys, hub, streams)
+        metrics.readers_open.set_function(lambda: relay.open_streams.held)
         app.state.services = Services(
             settings=settings,
             keys=keys,
             redis=redis,
             store=store,
-            relay=Relay(redis, keys, hub, streams),
+            relay=relay,
             metrics=metrics,
             admission=Admission(
                 settings, redis, keys, store, PromptLimit(redis, keys), metrics, api_keys.tenants

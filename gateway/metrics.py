@@ -164,6 +164,13 @@ class GatewayMetrics:
         self.streams_open = Gauge(
             "streampool_sse_streams_open", "SSE streams this gateway is relaying", registry=self.registry
         )
+        # Every reader that holds a place against max_open_streams, not only the SSE streams above:
+        # waiting polls and cursors, streamed OpenAI, TGI and Responses answers, cancels waiting.
+        self.readers_open = Gauge(
+            "streampool_readers_open",
+            "Requests holding a place among this gateway's open readers (max_open_streams)",
+            registry=self.registry,
+        )
         self.relay_lag = RelayLag()
         self.registry.register(self.relay_lag)
         self.http_requests = Counter(

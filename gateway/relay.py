@@ -147,6 +147,11 @@ class OpenStreams:
     def __len__(self) -> int:
         return len(self._followings)
 
+    @property
+    def held(self) -> int:
+        """The places held now, by readers of every kind (`streampool_readers_open`)."""
+        return self._held
+
     def hold(self, owner: str, limits: StreamLimits) -> Hold:
         """A place for one more reader of `owner`'s, until the hold is given back; `Overloaded` (429)
         when the gateway, or the owner's API key, is at its limit. Where no key is required every

@@ -12,7 +12,6 @@ import threading
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import AsyncExitStack
-from typing import Any
 
 import httpx
 import pytest
@@ -29,11 +28,12 @@ from shared.requests import JobRequest
 from tests.gateway.keyed_gateway import KEY_A, KEY_B, KeyedGateway, bearer, run_keyed_gateway
 from tests.gateway.raw_http import raw_request
 from tests.gateway.stand_ins import StandInWorker
-from tests.helpers import eventually
+from tests.helpers import eventually, scrape
 
 MOST_STREAMS = 3
+ANSWER_DEADLINE = 60  # for an answer's head: one comes at once, but a loaded machine may be slow
 MOST_PER_KEY = 2
-POLL_WAIT = 3  # long enough to be seen waiting, short enough to give its place back soon after
+POLL_WAIT = 30  # outlasts the test on any machine: each waiting poll is ended by its job's next event
 BATCH_BYTES = 64 * 1024
 BIG_DATA = "x" * 10_000  # an entry as large as a delta of a few tokens with 20 logprobs each
 MODEL = DEFAULT_MODEL_DIR.name  # the gateway's default model (tests.conftest.make_settings)
@@ -60,23 +60,34 @@ async def _job_of(keyed: KeyedGateway, key: str) -> tuple[str, str]:
         return job_id, page.json()["cursor"]
 
 
-async def _open(keyed: KeyedGateway, streams: AsyncExitStack, key: str, sse: bool = True) -> bytes:
-    """Open a stream (or a waiting long-poll) of a job of `key`'s and hold it; the answer's head,
-    or b"" for a poll that is waiting."""
+async def _open(keyed: KeyedGateway, streams: AsyncExitStack, key: str) -> bytes:
+    """Open an event stream of a job of `key`'s and hold it; the answer's head."""
+    job_id, _ = await _job_of(keyed, key)
+    headers = {**bearer(key), "Accept": "text/event-stream"}
+    head = await streams.enter_async_context(
+        raw_request(keyed.settings.port, f"/v1/jobs/{job_id}/events", headers)
+    )
+    return await asyncio.wait_for(head, ANSWER_DEADLINE)
+
+
+async def _poll(keyed: KeyedGateway, streams: AsyncExitStack, key: str) -> tuple[str, asyncio.Task[bytes]]:
+    """Send a long-poll at the end of a new job of `key`'s, held open: the job, and its answer's head
+    (a refused poll answers at once, one let in once its job has a new event)."""
     job_id, cursor = await _job_of(keyed, key)
-    target, headers = f"/v1/jobs/{job_id}/events", {**bearer(key), "Accept": "text/event-stream"}
-    if not sse:
-        target, headers = f"{target}?after={cursor}&wait={POLL_WAIT}", bearer(key)
-    head = await streams.enter_async_context(raw_request(keyed.settings.port, target, headers))
-    if sse or not await _waits(head):
-        return await asyncio.wait_for(head, 10)
-    return b""
+    target = f"/v1/jobs/{job_id}/events?after={cursor}&wait={POLL_WAIT}"
+    return job_id, await streams.enter_async_context(raw_request(keyed.settings.port, target, bearer(key)))
 
 
-async def _waits(head: asyncio.Task[bytes]) -> bool:
-    """Whether a long-poll is still waiting after a moment (a refused one answers at once)."""
-    done, _ = await asyncio.wait([head], timeout=1)
-    return not done
+async def _readers_are(keyed: KeyedGateway, expected: int) -> None:
+    """Until the gateway holds `expected` places among its open readers, as its /metrics says."""
+    async with httpx.AsyncClient(base_url=keyed.base_url) as http:
+
+        async def held() -> float:
+            return (await scrape(http)).value("streampool_readers_open")
+
+        await eventually(
+            held, f"{expected} places held among the open readers", until=lambda n: n == expected
+        )
 
 
 def _refused(head: bytes) -> bool:
@@ -84,23 +95,25 @@ def _refused(head: bytes) -> bool:
 
 
 async def test_streams_past_the_limits_per_key_and_per_gateway_get_429_before_they_start(
-    keyed: KeyedGateway,
+    keyed: KeyedGateway, redis_client: aioredis.Redis
 ) -> None:
+    await _readers_are(keyed, 0)  # an earlier test's streams have given their places back
     async with AsyncExitStack() as streams:
         for _ in range(MOST_PER_KEY):
             assert (await _open(keyed, streams, KEY_A)).startswith(b"HTTP/1.1 200")
         assert _refused(await _open(keyed, streams, KEY_A))  # the key is at its limit
-        assert await _open(keyed, streams, KEY_B, sse=False) == b""  # a waiting poll counts too
+        polled, poll = await _poll(keyed, streams, KEY_B)
+        await _readers_are(keyed, MOST_STREAMS)  # a waiting poll counts too
         assert _refused(await _open(keyed, streams, KEY_B))  # the gateway is at its limit
-    async with AsyncExitStack() as streams:  # every place is given back as its stream ends
-
-        async def opens() -> bool:
-            async with AsyncExitStack() as probe:
-                return (await _open(keyed, probe, KEY_A)).startswith(b"HTTP/1.1 200")
-
-        await eventually(opens, "a stream opens once the others closed")
-        for _ in range(MOST_STREAMS - 1):
-            assert (await _open(keyed, streams, KEY_B if _ else KEY_A)).startswith(b"HTTP/1.1 200")
+        store = JobStore(redis_client, keyed.keys, keyed.settings)
+        await StandInWorker(store, polled).start(await store.model_of(polled))
+        assert (await asyncio.wait_for(poll, ANSWER_DEADLINE)).startswith(
+            b"HTTP/1.1 200"
+        )  # let in, not refused
+    await _readers_are(keyed, 0)  # every place is given back as its stream ends
+    async with AsyncExitStack() as streams:
+        for n in range(MOST_STREAMS):
+            assert (await _open(keyed, streams, KEY_B if n else KEY_A)).startswith(b"HTTP/1.1 200")
 
 
 async def test_a_catch_up_reads_batches_of_bounded_bytes_not_of_entries(relay: Relay) -> None:
@@ -170,16 +183,19 @@ async def _open_response_stream(keyed: KeyedGateway, streams: AsyncExitStack, ke
     job_id = await _response_of(keyed, key)
     target = f"/v1/responses/resp_{job_id}?stream=true"
     head = await streams.enter_async_context(raw_request(keyed.settings.port, target, bearer(key)))
-    return await asyncio.wait_for(head, 10)
+    return await asyncio.wait_for(head, ANSWER_DEADLINE)
 
 
 async def test_responses_openai_and_tgi_streams_count_against_the_reader_limits(keyed: KeyedGateway) -> None:
+    await _readers_are(keyed, 0)  # an earlier test's streams have given their places back
     async with AsyncExitStack() as streams:
         for _ in range(MOST_PER_KEY):
             assert (await _open_response_stream(keyed, streams, KEY_A)).startswith(b"HTTP/1.1 200")
         assert _refused(await _open_response_stream(keyed, streams, KEY_A))
         assert _refused(await _open(keyed, streams, KEY_A))  # the same places as the job API's
-        async with httpx.AsyncClient(base_url=keyed.base_url, headers=bearer(KEY_A), timeout=10) as http:
+        async with httpx.AsyncClient(
+            base_url=keyed.base_url, headers=bearer(KEY_A), timeout=ANSWER_DEADLINE
+        ) as http:
             chat = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "stream": True}
             for path, body in (("/v1/chat/completions", chat), ("/generate_stream", {"inputs": "hi"})):
                 assert (await http.post(path, json=body)).status_code == 429, path
@@ -188,6 +204,7 @@ async def test_responses_openai_and_tgi_streams_count_against_the_reader_limits(
 async def test_a_cursor_waiting_for_its_stream_and_a_responses_cancel_waiting_for_its_end_hold_places(
     keyed: KeyedGateway, redis_client: aioredis.Redis
 ) -> None:
+    await _readers_are(keyed, 0)  # an earlier test's streams have given their places back
     store = JobStore(redis_client, keyed.keys, keyed.settings)
     waiting = StandInWorker(store, (await _job_of(keyed, KEY_A))[0])
     await waiting.start(await store.model_of(waiting.job_id))
@@ -197,18 +214,18 @@ async def test_a_cursor_waiting_for_its_stream_and_a_responses_cancel_waiting_fo
         target = f"/v1/jobs/{waiting.job_id}/events?after={PAST_END}&wait={POLL_WAIT}"
         ahead = await streams.enter_async_context(raw_request(keyed.settings.port, target, bearer(KEY_A)))
         cancel = asyncio.create_task(
-            http.post(f"/v1/responses/resp_{cancelled.job_id}/cancel", headers=bearer(KEY_A), timeout=30)
+            http.post(
+                f"/v1/responses/resp_{cancelled.job_id}/cancel",
+                headers=bearer(KEY_A),
+                timeout=ANSWER_DEADLINE,
+            )
         )
-        assert not await _answered_soon(ahead) and not await _answered_soon(cancel)
+        await _readers_are(keyed, MOST_PER_KEY)  # the cursor and the cancel wait, each in a place
+        # Refused while the cursor still waits: it does for AHEAD_WAIT_SECONDS (10 s), which this
+        # one request, and the check above since the cursor was sent, take a small part of.
         assert _refused(await _open(keyed, streams, KEY_A))  # both places of the key are held
         await cancelled.end_cancelled()
-        assert (await asyncio.wait_for(cancel, 10)).json()["status"] == "cancelled"
+        assert (await asyncio.wait_for(cancel, ANSWER_DEADLINE)).json()["status"] == "cancelled"
         assert (await _open(keyed, streams, KEY_A)).startswith(b"HTTP/1.1 200")  # one given back
         await waiting.run_to_done()  # the job ends short of the cursor
-        assert (await asyncio.wait_for(ahead, 10)).startswith(b"HTTP/1.1 422")
-
-
-async def _answered_soon(answer: asyncio.Task[Any]) -> bool:
-    """Whether a request is answered within a second (one waiting in the gateway is not)."""
-    done, _ = await asyncio.wait([answer], timeout=1)
-    return bool(done)
+        assert (await asyncio.wait_for(ahead, ANSWER_DEADLINE)).startswith(b"HTTP/1.1 422")
