@@ -301,11 +301,11 @@ class GatewaySettings(RedisSettings):
         description="webhook POSTs one gateway has under way at once for one tenant's jobs: a tenant's slow "
         "or failing receiver delays only that tenant's deliveries",
     )
-    webhook_max_pending: int = Field(
+    webhook_max_pending_per_tenant: int = Field(
         10_000,
         ge=1,
-        description="deliveries under way (to send, or waiting to retry) across all gateways, the webhooks "
-        "stream's length: beyond it the oldest are given up (`failed`)",
+        description="one tenant's webhook deliveries under way (to send, or waiting to retry) across all "
+        "gateways: beyond it that tenant's oldest are given up (`failed`), never another tenant's",
     )
 
     # Files and batches

@@ -156,7 +156,14 @@ class Keys:
     def webhook(self, job_id: str) -> str:
         """Hash: the delivery record of the job's webhook (attempts, last answer, when delivered), written
         when the job ends, updated by the sender; it outlives its last change by the retention period."""
-        return f"{self.prefix}:job:{job_id}:webhook"
+        prefix, suffix = self.webhook_affixes
+        return f"{prefix}{job_id}{suffix}"
+
+    @cached_property
+    def webhook_affixes(self) -> tuple[str, str]:
+        """What comes before and after the job id in a delivery record's name, for the script that gives
+        up a tenant's oldest deliveries, which it finds by their entries (`gateway/webhooks/hold.lua`)."""
+        return f"{self.prefix}:job:", ":webhook"
 
     @property
     def webhooks(self) -> str:
@@ -164,6 +171,12 @@ class Keys:
         consumer group; an entry is deleted once delivered or given up, so the stream holds only the
         deliveries under way."""
         return f"{self.prefix}:webhooks"
+
+    def tenant_webhooks(self, tenant: str) -> str:
+        """Sorted set: the webhooks stream's entry ids of one tenant's deliveries under way, scored by
+        the entry's time (ms), added by the sender that holds one and removed where the entry leaves the
+        stream: what `webhook_max_pending_per_tenant` bounds (`gateway/webhooks/hold.lua`)."""
+        return f"{self.prefix}:tenant:{tenant}:webhooks"
 
     def lease(self, job_id: str) -> str:
         """String with a TTL: the id of the worker running the job, renewed by its heartbeat, followed

@@ -3,7 +3,8 @@
 Every gateway's sender reads the stream through one consumer group: an entry goes to one sender,
 stays pending with it until delivered or given up (then it is acknowledged and deleted in the same
 step as its record says so), and a sender that stops touching its entries (its gateway is gone) has
-them taken over by another (`XAUTOCLAIM`).
+them taken over by another (`XAUTOCLAIM`). Each entry held is also in its tenant's index
+(`Keys.tenant_webhooks`), which bounds the tenant's deliveries under way and no other's.
 """
 
 from __future__ import annotations
@@ -30,9 +31,16 @@ from shared.webhooks import (
     subject_id,
 )
 
+
+def _script(name: str) -> LuaScript[list[Any]]:
+    """This package's `<name>.lua`, which takes positional ARGV."""
+    return LuaScript(name, files(__package__).joinpath(f"{name}.lua").read_text())
+
+
 GROUP = "senders"
-KEEP: LuaScript[list[str]] = LuaScript("keep", files(__package__).joinpath("keep.lua").read_text())
-GIVE_UP: LuaScript[list[str]] = LuaScript("give_up", files(__package__).joinpath("give_up.lua").read_text())
+KEEP = _script("keep")
+HOLD = _script("hold")
+ATTEMPTED = _script("attempted")
 MAX_ERROR_CHARS = 500
 BATCH = 1000  # the most entries one script call keeps or gives up: Redis serves no one else meanwhile
 
@@ -79,7 +87,23 @@ class Progress:
 
     attempts: int
     next_attempt_at: float  # 0: at once
-    done: bool  # delivered or given up: nothing more to send
+
+
+@dataclass(frozen=True)
+class Holding:
+    """What `Deliveries.hold` found: each entry's progress (None: not to hold, finished or gone), and the
+    ids of the deliveries it gave up, past their tenants' bound."""
+
+    progress: list[Progress | None]
+    given_up: list[str]
+
+
+def _mapping(fields: dict[str, Any]) -> dict[str, str]:
+    """A record's fields as Redis keeps them (None: cleared), the error cut to `MAX_ERROR_CHARS`."""
+    mapping = {name: "" if value is None else str(value) for name, value in fields.items()}
+    if "last_error" in mapping:
+        mapping["last_error"] = mapping["last_error"][:MAX_ERROR_CHARS]
+    return mapping
 
 
 def _time(value: str | None) -> datetime | None:
@@ -147,18 +171,23 @@ class Deliveries:
                 lost += await KEEP(self.redis, [self.keys.webhooks], [GROUP, consumer, *batch])
         return lost
 
-    async def bound(self, max_pending: int, reason: str) -> int:
-        """Give up the oldest deliveries beyond `max_pending` (at most `BATCH` a call); answers how many."""
+    async def hold(self, entries: list[tuple[Announcement, str]], max_pending: int, reason: str) -> Holding:
+        """Each entry read, with its tenant: its delivery so far, and its place in the tenant's index;
+        then each of those tenants' oldest deliveries beyond `max_pending` given up (at most `BATCH` a
+        tenant a call), in one round trip (`hold.lua`)."""
+        keys = [self.keys.webhooks]
+        for announcement, tenant in entries:
+            keys += [self.keys.webhook(announcement.job_id), self.keys.tenant_webhooks(tenant)]
+        record_prefix, record_suffix = self.keys.webhook_affixes
+        ids = [announcement.entry_id for announcement, _ in entries]
         with redis_errors():
-            excess = await self.redis.xlen(self.keys.webhooks) - max_pending
-            if excess <= 0:
-                return 0
-            entries = await self.redis.xrange(self.keys.webhooks, count=min(excess, BATCH))
-            oldest = [entry for entry in self._announcements(entries) if isinstance(entry, Announcement)]
-            records = [self.keys.webhook(announcement.job_id) for announcement in oldest]
-            ids = [announcement.entry_id for announcement in oldest]
-            given_up: int = await GIVE_UP(self.redis, [self.keys.webhooks, *records], [GROUP, reason, *ids])
-        return given_up
+            progress, given_up = await HOLD(
+                self.redis, keys, [GROUP, max_pending, BATCH, reason, record_prefix, record_suffix, *ids]
+            )
+        return Holding(
+            [Progress(int(so_far[0]), float(so_far[1] or 0)) if so_far else None for so_far in progress],
+            given_up,
+        )
 
     async def leave(self, consumer: str) -> None:
         """Remove `consumer` from the group if it holds nothing (what it holds would be lost with it).
@@ -174,34 +203,25 @@ class Deliveries:
                 if not str(exc).startswith("NOGROUP"):
                     raise
 
-    async def progress(self, job_ids: list[str]) -> list[Progress]:
-        """Each job's delivery so far, read in one round trip."""
-        with redis_errors():
-            async with self.redis.pipeline(transaction=False) as pipe:
-                for job_id in job_ids:
-                    pipe.hmget(self.keys.webhook(job_id), ["status", "attempts", "next_attempt_at"])
-                answers = await pipe.execute()
-        done = (DeliveryStatus.delivered.value, DeliveryStatus.failed.value)
-        return [
-            Progress(int(attempts or 0), float(next_at or 0), status in done)
-            for status, attempts, next_at in answers
-        ]
-
     async def attempted(self, announcement: Announcement, fields: dict[str, Any]) -> None:
-        """Record an attempt that failed; the entry stays pending, for the next."""
+        """Record an attempt that failed; the entry stays pending, for the next. A delivery given up
+        while the attempt was under way keeps the record its give-up wrote (`attempted.lua`)."""
+        pairs = [part for field in _mapping(fields).items() for part in field]
         with redis_errors():
-            async with self.redis.pipeline(transaction=True) as pipe:
-                self._record(pipe, announcement, fields)
-                await pipe.execute()
+            await ATTEMPTED(
+                self.redis, [self.keys.webhook(announcement.job_id)], [self.record_ttl_seconds, *pairs]
+            )
 
-    async def finished(self, announcement: Announcement, fields: dict[str, Any]) -> None:
-        """Record the delivery's end (delivered or given up) and drop its entry, in one step: once the
-        record says delivered, no sender has the entry any more, so the event is never sent again."""
+    async def finished(self, announcement: Announcement, tenant: str, fields: dict[str, Any]) -> None:
+        """Record the delivery's end (delivered or given up) and drop its entry, from its tenant's index
+        too, in one step: once the record says delivered, no sender has the entry any more, so the
+        event is never sent again."""
         with redis_errors():
             async with self.redis.pipeline(transaction=True) as pipe:
                 self._record(pipe, announcement, fields)
                 pipe.xack(self.keys.webhooks, GROUP, announcement.entry_id)
                 pipe.xdel(self.keys.webhooks, announcement.entry_id)
+                pipe.zrem(self.keys.tenant_webhooks(tenant), announcement.entry_id)
                 await pipe.execute()
 
     async def drop(self, entry_id: str) -> None:
@@ -213,12 +233,9 @@ class Deliveries:
                 await pipe.execute()
 
     def _record(self, pipe: Any, announcement: Announcement, fields: dict[str, Any]) -> None:
-        """Write the record's fields (None: cleared) with a fresh TTL, which outlives the next wait."""
+        """Write the record's fields with a fresh TTL, which outlives the next wait."""
         key = self.keys.webhook(announcement.job_id)
-        mapping = {name: "" if value is None else str(value) for name, value in fields.items()}
-        if "last_error" in mapping:
-            mapping["last_error"] = mapping["last_error"][:MAX_ERROR_CHARS]
-        pipe.hset(key, mapping=mapping)
+        pipe.hset(key, mapping=_mapping(fields))
         pipe.expire(key, self.record_ttl_seconds)
 
     async def record(self, job_id: str, webhook_url: str | None) -> WebhookDelivery:

@@ -8,8 +8,10 @@ Sending is bounded twice: `webhook_max_in_flight` POSTs at once in all, and
 `webhook_max_in_flight_per_tenant` for one tenant's jobs, taken in turn across the tenants that have
 deliveries ready; so a tenant whose receiver is slow or failing delays only its own deliveries. A
 delivery waiting for its retry holds no slot and no task: it is a timer of the event loop, due when
-its wait ends. What is retried, and how often, is `retried` and `retry_gap` below; the webhooks
-stream holds at most `webhook_max_pending` deliveries under way, beyond which the oldest are given up.
+its wait ends. What is retried, and how often, is `retried` and `retry_gap` below. A tenant has at
+most `webhook_max_pending_per_tenant` deliveries under way across all gateways, beyond which its own
+oldest are given up as the sender holds its newer ones: a tenant whose receiver fails for long gives
+up its own deliveries, never another's.
 
 A receiver that answered 2xx is never sent the event again: the delivery record says so and the
 entry leaves the stream in one step. Should a gateway vanish between a receiver's 2xx and that step,
@@ -45,7 +47,7 @@ READ_BATCH = 256  # the most entries one read (or takeover) takes from the strea
 REDIS_RETRY_SECONDS = 1.0
 USER_AGENT = "streampool-webhooks"
 NO_SECRET = "no webhook_secret for the job's API key in this gateway's keys file"
-TOO_MANY = "given up: more than webhook_max_pending deliveries were under way"
+TOO_MANY = "given up: more than webhook_max_pending_per_tenant of its tenant's deliveries were under way"
 RETRIED_STATUSES = frozenset({408, 409, 425, 429})
 """Answers that say "later" (timeout, conflict, too early, too many requests); with 5xx and no answer
 at all, the only ones retried."""
@@ -129,10 +131,6 @@ class WebhookSender:
         self._sweep_every = min(settings.webhook_takeover_seconds / 3, READ_BLOCK_SECONDS)
         self._cursor = "0-0"
 
-    def _room(self) -> int:
-        """How many more entries this sender may take from the stream."""
-        return min(self.settings.webhook_max_pending - len(self._held), READ_BATCH)
-
     async def run(self) -> None:
         """Until cancelled; Redis failures pause it, never end it."""
         joined, next_sweep = False, 0.0
@@ -146,11 +144,8 @@ class WebhookSender:
                 if time.monotonic() >= next_sweep:
                     await self._sweep()
                     next_sweep = time.monotonic() + self._sweep_every
-                if self._room() <= 0:
-                    await asyncio.sleep(self._sweep_every)
-                    continue
                 block_ms = int(self._sweep_every * 1000)
-                await self._hold(await self.deliveries.read_new(self.consumer, self._room(), block_ms))
+                await self._hold(await self.deliveries.read_new(self.consumer, READ_BATCH, block_ms))
             except BackendUnavailable as exc:
                 log.warning("webhooks: %s", exc.message)
                 joined = False  # a Redis that restarted empty lost the group too
@@ -160,38 +155,42 @@ class WebhookSender:
                 await asyncio.sleep(REDIS_RETRY_SECONDS)
 
     async def _sweep(self) -> None:
-        """Bound the stream, keep what this sender holds from being taken over, and take over what a gone
-        sender held."""
-        if given_up := await self.deliveries.bound(self.settings.webhook_max_pending, TOO_MANY):
-            log.warning("webhooks: %d deliveries given up: webhook_max_pending reached", given_up)
+        """Keep what this sender holds from being taken over, and take over what a gone sender held."""
         for entry_id in await self.deliveries.keep(self.consumer, list(self._held)):
             # Taken over by another gateway, given up, or finished meanwhile by its own attempt.
             if self._forget(entry_id):
                 log.warning("webhooks: entry %s is no longer this gateway's", entry_id)
-        if self._room() > 0:
-            idle_ms = int(self.settings.webhook_takeover_seconds * 1000)
-            self._cursor, taken = await self.deliveries.take_over(
-                self.consumer, idle_ms, self._room(), self._cursor
-            )
-            await self._hold(taken)
+        idle_ms = int(self.settings.webhook_takeover_seconds * 1000)
+        self._cursor, taken = await self.deliveries.take_over(
+            self.consumer, idle_ms, READ_BATCH, self._cursor
+        )
+        await self._hold(taken)
 
     async def _hold(self, entries: list[Announcement | str]) -> None:
-        """Hold the entries read: each due at once, or when the wait its record names ends."""
-        new: list[Announcement] = []
+        """Hold the entries read, each due at once or when the wait its record names ends, and let go
+        of those given up past their tenant's bound (other gateways' sweeps find theirs gone)."""
+        new: list[tuple[Announcement, str]] = []
         for entry in entries:
             if isinstance(entry, str):
                 log.error("webhooks: entry %s is no announcement; dropped", entry)
                 await self.deliveries.drop(entry)
             elif entry.entry_id not in self._held:
-                new.append(entry)
-        progress = await self.deliveries.progress([announcement.job_id for announcement in new])
-        for announcement, so_far in zip(new, progress, strict=True):
-            if so_far.done:  # finished, and its gateway went before it dropped the entry
-                await self.deliveries.drop(announcement.entry_id)
-                continue
-            held = Held(announcement, self.tenant_of(announcement.owner), so_far.attempts)
-            self._held[announcement.entry_id] = held
-            self._due_at(held, so_far.next_attempt_at)
+                new.append((entry, self.tenant_of(entry.owner)))
+        if not new:
+            return
+        holding = await self.deliveries.hold(new, self.settings.webhook_max_pending_per_tenant, TOO_MANY)
+        given_up = set(holding.given_up)
+        for entry_id in given_up:
+            self._forget(entry_id)
+        if given_up:
+            log.warning(
+                "webhooks: %d deliveries given up: webhook_max_pending_per_tenant reached", len(given_up)
+            )
+        for (announcement, tenant), so_far in zip(new, holding.progress, strict=True):
+            if so_far is not None and announcement.entry_id not in given_up:
+                held = Held(announcement, tenant, so_far.attempts)
+                self._held[announcement.entry_id] = held
+                self._due_at(held, so_far.next_attempt_at)
 
     def _due_at(self, held: Held, at: float) -> None:
         delay = at - time.time()
@@ -289,7 +288,9 @@ class WebhookSender:
         if secret is None:
             if time.time() > give_up_at:
                 await self.deliveries.finished(
-                    announcement, {"status": DeliveryStatus.failed.value, "last_error": NO_SECRET}
+                    announcement,
+                    held.tenant,
+                    {"status": DeliveryStatus.failed.value, "last_error": NO_SECRET},
                 )
                 return None
             # Another gateway's keys file may know the key (a new one being rolled out): the entry is
@@ -313,7 +314,7 @@ class WebhookSender:
                 "delivered_at": now,
                 "next_attempt_at": None,
             }
-            await self.deliveries.finished(announcement, outcome)
+            await self.deliveries.finished(announcement, held.tenant, outcome)
             log.info("webhook %s delivered", event.type, extra=extra)
             return None
         longest = self.settings.webhook_max_retry_gap_seconds
@@ -322,7 +323,7 @@ class WebhookSender:
             wait = min(max(wait, asked), longest)
         if not retried(answer.status) or now + wait > give_up_at:
             outcome |= {"status": DeliveryStatus.failed.value, "next_attempt_at": None}
-            await self.deliveries.finished(announcement, outcome)
+            await self.deliveries.finished(announcement, held.tenant, outcome)
             log.warning("webhook %s given up after %d attempts", event.type, held.attempts, extra=extra)
             return None
         await self.deliveries.attempted(announcement, outcome | {"next_attempt_at": now + wait})

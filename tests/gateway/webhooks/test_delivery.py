@@ -257,10 +257,11 @@ async def test_a_response_cut_by_its_token_limit_is_announced_as_openai_names_it
 async def test_past_max_pending_the_oldest_deliveries_are_given_up_and_say_so(
     settings: Settings, store: JobStore, receiver: Receiver
 ) -> None:
-    """A receiver that never answers 2xx, and more ended jobs than `webhook_max_pending`: the stream keeps
-    that many, and the oldest deliveries are `failed` with the reason, their records still expiring."""
+    """A receiver that never answers 2xx, and more ended jobs of one tenant than its
+    `webhook_max_pending_per_tenant`: the stream keeps that many, and the oldest deliveries are `failed`
+    with the reason, their records still expiring."""
     receiver.failures = 10**6
-    bounded = settings.model_copy(update={"webhook_max_pending": 3})
+    bounded = settings.model_copy(update={"webhook_max_pending_per_tenant": 3})
     async with in_process_gateway(bounded) as gateway:
         job_ids = [(await submit(gateway, KEY_A, webhook=receiver.url)).json()["id"] for _ in range(8)]
         for job_id in job_ids:
