@@ -18,12 +18,12 @@ from fastapi import FastAPI, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from fastapi.routing import APIRoute
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import Scope
 
-from gateway.routing import route_of
+from gateway.json_text import MAX_JSON_DEPTH
+from gateway.routing import JSONRoute, route_of
 from shared.errors import (
     BackendUnavailable,
     BodyTooLarge,
@@ -118,8 +118,9 @@ class ErrorShape:
 NATIVE = ErrorShape()
 
 
-class ShapedRoute(APIRoute):
-    """A route whose errors take `error_shape`; a router of another dialect subclasses it."""
+class ShapedRoute(JSONRoute):
+    """A route whose errors take `error_shape` (and whose body is JSON, no more); a router of another
+    dialect subclasses it."""
 
     error_shape: ClassVar[ErrorShape] = NATIVE
 
@@ -157,22 +158,37 @@ async def _streampool_error(request: Request, exc: Exception) -> JSONResponse:
     return error_response(request.scope, exc)
 
 
-def _encodable(value: Any) -> Any:
-    """`value` as JSON can carry it: refused input is echoed, lone surrogates and NaN included."""
+ELIDED = "..."
+"""What stands, in echoed input, for what nests deeper than MAX_JSON_DEPTH."""
+
+
+def _encodable(value: Any, depth: int = 0) -> Any:
+    """`value` as JSON can carry it: refused input is echoed, lone surrogates and NaN included, and
+    no deeper than MAX_JSON_DEPTH, so that no input makes this (or `jsonable_encoder`, which is given
+    its result) recurse without bound."""
+    if depth > MAX_JSON_DEPTH:
+        return ELIDED
     if isinstance(value, float) and not math.isfinite(value):
         return str(value)
     if isinstance(value, str):
         return value.encode("utf-8", "backslashreplace").decode()
-    if isinstance(value, list):
-        return [_encodable(item) for item in value]
+    if isinstance(value, list | tuple):
+        return [_encodable(item, depth + 1) for item in value]
     if isinstance(value, dict):
-        return {_encodable(key): _encodable(item) for key, item in value.items()}
+        return {_encodable(key): _encodable(item, depth + 1) for key, item in value.items()}
     return value
+
+
+def _message(error: Mapping[str, Any], where: str) -> str:
+    """What is wrong, in a sentence: the field and pydantic's message, or why the body is not JSON."""
+    if error.get("type") == "json_invalid" and where.isdigit():  # FastAPI's: `loc` ends at the character
+        return f"the body is not valid JSON at character {where}: {error.get('ctx', {}).get('error')}"
+    return f"{where}: {error.get('msg', 'invalid')}" if where else error.get("msg", "invalid request")
 
 
 async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
-    errors = _encodable(jsonable_encoder(exc.errors()))
+    errors = jsonable_encoder(_encodable(exc.errors()))
     # Of a union's errors, the one of the member that fits the value's type says what is wrong.
     first = next(
         (error for error in errors if not error["type"].endswith("_type")), errors[0] if errors else {}
@@ -180,8 +196,7 @@ async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
     where = ".".join(
         str(part) for part in first.get("loc", ()) if part != "body" and FIELD.fullmatch(str(part))
     )
-    message = f"{where}: {first.get('msg', 'invalid')}" if where else first.get("msg", "invalid request")
-    status, body = shape_of(request.scope).invalid(message, where, first.get("type"), errors)
+    status, body = shape_of(request.scope).invalid(_message(first, where), where, first.get("type"), errors)
     return JSONResponse(body, status_code=status)
 
 

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
+
+from gateway import json_text
 
 
 class LineError(Exception):
@@ -26,9 +27,10 @@ class Line:
     end: int
 
     def parsed(self) -> dict[str, Any]:
-        """The line's JSON object; `LineError` when it is none."""
+        """The line's JSON object; `LineError` when it is none (JSON as a request body must be: nested
+        no deeper than `json_text.MAX_JSON_DEPTH`, numbers finite)."""
         try:
-            value = json.loads(self.data)
+            value = json_text.loads(self.data)
         except (ValueError, UnicodeDecodeError) as exc:
             raise LineError(self.number, f"not valid JSON ({exc})") from None
         if not isinstance(value, dict):

@@ -15,7 +15,7 @@ from starlette.types import Scope
 from gateway.auth import REQUIRE_KEY, Owner, caller
 from gateway.deps import JobId, OwnedJobId, Services, ServicesDep, checked_job_id, services_of
 from gateway.entries import Entry
-from gateway.errors import documented
+from gateway.errors import ShapedRoute, documented
 from gateway.generation import JOB_ID_HEADER
 from gateway.relay import NOT_HELD, START, StreamLimits, parse_cursor
 from gateway.sse import EventStream
@@ -33,7 +33,11 @@ from shared.webhooks import JOB_API, WEBHOOK_URL, WebhookDelivery
 log = logging.getLogger(__name__)
 
 router = APIRouter(
-    prefix="/v1/jobs", tags=["jobs"], dependencies=[REQUIRE_KEY], responses=documented(401, 422, 503)
+    prefix="/v1/jobs",
+    tags=["jobs"],
+    dependencies=[REQUIRE_KEY],
+    responses=documented(401, 422, 503),
+    route_class=ShapedRoute,
 )
 
 EVENTS_CONTENT = {
