@@ -22,7 +22,6 @@ from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import Scope
 
-from gateway.json_text import MAX_JSON_DEPTH
 from gateway.routing import JSONRoute, route_of
 from shared.errors import (
     BackendUnavailable,
@@ -40,6 +39,7 @@ from shared.errors import (
     Unauthorized,
     WebhookRefused,
 )
+from shared.json_text import MAX_JSON_DEPTH
 from shared.requests import ErrorBody
 
 log = logging.getLogger(__name__)

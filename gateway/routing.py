@@ -11,7 +11,7 @@ from fastapi.routing import APIRoute
 from starlette.routing import BaseRoute, Match
 from starlette.types import Scope
 
-from gateway import json_text
+from shared import json_text
 
 
 def route_of(scope: Scope) -> BaseRoute | None:
@@ -34,7 +34,7 @@ def route_of(scope: Scope) -> BaseRoute | None:
 
 
 class JSONBodyRequest(Request):
-    """A request whose body is parsed as JSON and nothing more (`gateway.json_text`): too deep a nesting
+    """A request whose body is parsed as JSON and nothing more (`shared.json_text`): too deep a nesting
     or a number JSON cannot hold is a `JSONDecodeError`, which FastAPI answers as any body that is not
     JSON, before the route's model validates it."""
 

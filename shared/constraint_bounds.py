@@ -14,11 +14,12 @@ A schema's `$ref` outside the schema is no constraint at all: xgrammar reads it 
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
+
+from shared import json_text
 
 MAX_EXPANSION = 10_000
 """The most characters one repeated part of a regex may expand to (counts nested in each other
@@ -205,9 +206,9 @@ def schema_problem(schema: dict[str, Any] | str) -> str | None:
     item or property count past MAX_EXPANSION, or a `pattern` that `regex_problem` refuses; None when
     none of these, or for text that is no JSON, which is the engine's to refuse."""
     try:
-        document: object = json.loads(schema) if isinstance(schema, str) else schema
-    except RecursionError:  # Python's parser recurses once a level
-        return _SCHEMA_TOO_DEEP
+        document: object = json_text.loads(schema) if isinstance(schema, str) else schema
+    except json_text.OutsideJSON as exc:  # nested past any schema's bound, or a number JSON has not
+        return exc.msg
     except ValueError:
         return None
     if not isinstance(document, dict | list):

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from gateway import json_text
+from shared import json_text
 
 
 class LineError(Exception):

@@ -14,10 +14,14 @@ import httpx
 import openai
 import pytest
 import redis.asyncio as aioredis
+from fastapi.routing import APIRoute
 
-from gateway.json_text import MAX_JSON_DEPTH
+from gateway.app import create_app
+from gateway.routing import JSONRoute
 from shared.config import DEFAULT_MODEL_DIR
+from shared.json_text import MAX_JSON_DEPTH
 from shared.model_card import ModelCard, publish_model_card
+from tests.conftest import make_settings
 from tests.gateway.keyed_gateway import KeyedGateway, run_gateway
 
 MODEL = DEFAULT_MODEL_DIR.name  # the gateway's default model
@@ -219,3 +223,10 @@ async def test_a_schema_number_that_is_not_finite_is_a_bad_request_before_any_jo
     assert f"character {text.index(literal)}" in error["message"], error
     assert error["type"] == error_type
     assert await _keys(redis_client, process) == before
+
+
+def test_every_route_with_a_body_reads_it_as_json_and_no_more(redis_url: str) -> None:
+    app = create_app(make_settings(redis_url, allow_unauthenticated=True))
+    with_body = [route for route in app.routes if isinstance(route, APIRoute) and route.body_field]
+    assert with_body
+    assert [route.path for route in with_body if not isinstance(route, JSONRoute)] == []

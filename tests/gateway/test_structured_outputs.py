@@ -105,6 +105,11 @@ UNSAFE: dict[str, tuple[str, dict[str, Any], str]] = {
         {"prompt": "Hi", "structured_outputs": {"json": "[" * 30_000 + "]" * 30_000}},
         "structured_outputs.json",
     ),
+    "schema-text-not-finite": (
+        "/v1/jobs",
+        {"prompt": "Hi", "structured_outputs": {"json": '{"type": "number", "maximum": NaN}'}},
+        "structured_outputs.json",
+    ),
     "regex-too-deep": (
         "/v1/completions",
         {"model": MODEL, "prompt": "Hi", "structured_outputs": {"regex": "(" * DEEP + "a" + ")" * DEEP}},

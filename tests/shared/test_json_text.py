@@ -1,17 +1,12 @@
-"""`gateway.json_text`: JSON and no more, refused at the offending character; and the rule that every
-route of the gateway with a body reads it so."""
+"""`shared.json_text`: JSON and no more, refused at the offending character."""
 
 from __future__ import annotations
 
 import json
 
 import pytest
-from fastapi.routing import APIRoute
 
-from gateway.app import create_app
-from gateway.json_text import MAX_JSON_DEPTH, loads
-from gateway.routing import JSONRoute
-from tests.conftest import make_settings
+from shared.json_text import MAX_JSON_DEPTH, loads
 
 LONG_INTEGER_FIRST = '{"s": "NaN 1e999 [[[", "i": ' + "9" * 400 + ', "x": 1e999}'
 """An integer past a double's range is read exactly, and a string is text: the 1e999 after them is refused."""
@@ -43,10 +38,3 @@ def test_what_strings_hold_is_text_and_numbers_are_read_as_json_reads_them() -> 
     deepest = "[" * MAX_JSON_DEPTH + "]" * MAX_JSON_DEPTH
     assert loads(deepest) == json.loads(deepest)
     assert loads('{"a": 1}'.encode("utf-16")) == {"a": 1}  # any of JSON's encodings, as json.loads
-
-
-def test_every_route_with_a_body_reads_it_as_json_and_no_more(redis_url: str) -> None:
-    app = create_app(make_settings(redis_url, allow_unauthenticated=True))
-    with_body = [route for route in app.routes if isinstance(route, APIRoute) and route.body_field]
-    assert with_body
-    assert [route.path for route in with_body if not isinstance(route, JSONRoute)] == []

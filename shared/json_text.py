@@ -1,4 +1,5 @@
-"""JSON text as the gateway takes it, from a request body or a batch file's line: JSON, no more. Pure, no I/O.
+"""JSON text as streampool takes it, from a request body, a batch file's line or a schema given as text:
+JSON, no more. Pure, no I/O.
 
 Python's parser takes more than JSON. It reads `NaN`, `Infinity` and `-Infinity`, and a literal past a
 float's range (`1e999`) as an infinity; none of them can be written back as JSON (`json.dumps` writes
@@ -25,6 +26,11 @@ _NUMBERS = re.compile(_STRING + r"|(?P<number>NaN|-?Infinity|-?\d+(?:\.\d+)?(?:[
 """Tokens of JSON text: a string is passed over whole, so that what it holds is never taken for one."""
 
 
+class OutsideJSON(json.JSONDecodeError):
+    """Text Python's parser would take and this one does not: a number that is not finite, or nesting
+    past MAX_JSON_DEPTH."""
+
+
 class _NotFinite(Exception):
     """Raised by the parser's hooks at a number no JSON number can be; located by `_non_finite`."""
 
@@ -46,8 +52,8 @@ _DECODER = json.JSONDecoder(parse_constant=_constant, parse_float=_finite)
 
 def loads(data: bytes | str) -> Any:
     """The value of JSON text (bytes in any of JSON's encodings, as `json.loads` reads them);
-    `json.JSONDecodeError`, at the offending character, for text that is not JSON, nests deeper than
-    MAX_JSON_DEPTH or holds a number that is not finite."""
+    `json.JSONDecodeError`, at the offending character, for text that is not JSON, and `OutsideJSON`
+    for text that nests deeper than MAX_JSON_DEPTH or holds a number that is not finite."""
     text = data if isinstance(data, str) else data.decode(json.detect_encoding(data), "surrogatepass")
     if text.count("[") + text.count("{") > MAX_JSON_DEPTH:  # fewer cannot nest that deep: no scan
         _check_depth(text)
@@ -65,7 +71,7 @@ def _check_depth(text: str) -> None:
             depth += 1
             if depth > MAX_JSON_DEPTH:
                 message = f"arrays and objects nest deeper than {MAX_JSON_DEPTH} levels"
-                raise json.JSONDecodeError(message, text, token.start())
+                raise OutsideJSON(message, text, token.start())
         elif token["close"]:
             depth -= 1
 
@@ -76,10 +82,10 @@ def _past_floats(literal: str | None) -> bool:
     return literal is not None and not literal.lstrip("-").isdigit() and not math.isfinite(float(literal))
 
 
-def _non_finite(text: str) -> json.JSONDecodeError:
+def _non_finite(text: str) -> OutsideJSON:
     """The error at the first number of `text` that is not finite, which the parser's hooks met."""
     found = (token for token in _NUMBERS.finditer(text) if _past_floats(token["number"]))
     token = next(found)  # the parser met one: everything before it was JSON, tokenized as it read it
     literal = token["number"] if len(token["number"]) <= 40 else token["number"][:40] + "..."
     message = f"{literal} is not a finite number: JSON has no NaN or Infinity, nor numbers past 1.8e308"
-    return json.JSONDecodeError(message, text, token.start())
+    return OutsideJSON(message, text, token.start())
