@@ -18,6 +18,7 @@ from typing import Any
 from standardwebhooks import Webhook, WebhookVerificationError
 
 POLL_SECONDS = 0.05
+HELD_SECONDS = 120.0  # the longest a held request waits for `answering` (a test that forgot to set it)
 """How often a receiver's server looks for `shutdown()`: each test's receivers end at once, not within
 http.server's default half second."""
 
@@ -47,7 +48,8 @@ class Delivery:
 @dataclass
 class Receiver:
     """What the receiver got, and how it answers: 401 to a signature that does not hold, else 503 to
-    the first `failures` (with `retry_after`, if given), then 204; or `status` to every one, if given."""
+    the first `failures` (with `retry_after`, if given), then 204; or `status` to every one, if given;
+    each answer only once `answering` is set (cleared, it holds every request it gets)."""
 
     secret: str
     url: str = ""
@@ -56,6 +58,10 @@ class Receiver:
     retry_after: str | None = None
     deliveries: list[Delivery] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    answering: threading.Event = field(default_factory=threading.Event)
+
+    def __post_init__(self) -> None:
+        self.answering.set()
 
     def received(self, path: str, headers: dict[str, str], body: bytes) -> int:
         try:
@@ -87,6 +93,7 @@ def receiving(secret: str, failures: int = 0) -> Iterator[Receiver]:
         def do_POST(self) -> None:  # noqa: N802 (http.server's name)
             body = self.rfile.read(int(self.headers.get("content-length", 0)))
             status = receiver.received(self.path, dict(self.headers.items()), body)
+            receiver.answering.wait(HELD_SECONDS)
             self.send_response(status)
             if status == 503 and receiver.retry_after is not None:
                 self.send_header("retry-after", receiver.retry_after)
