@@ -442,7 +442,7 @@ class BatchRun:
             log.warning(
                 "batch %s: %d lines' results expired before its files were written", self.batch_id, tally.lost
             )
-        await self.batches.move(
+        ended = await self.batches.move(
             self.batch_id,
             (status,),
             ending,
@@ -452,6 +452,8 @@ class BatchRun:
             **named,
             **{f"{ending}_at": int(time.time())},
         )
+        if not ended:  # a cancel came meanwhile: the next drive ends it, from the same lines and copy
+            return
         for job_ids in self._job_groups(progress.fed, KEEP_GROUP):
             await self._expire(job_ids, after=self.settings.retention_seconds)
         await self.driver.files.storage.delete(derived_file_id(self.batch_id, "input"))
