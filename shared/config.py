@@ -468,6 +468,26 @@ class WorkerSettings(RedisSettings):
         "priority (lower first) and may preempt a running job for a more urgent one",
     )
     worker_max_jobs: int = Field(256, ge=1, description="jobs one worker runs at once (vLLM batches them)")
+    # The chat front end's flags of `vllm serve`, under its names: how a pool's output is parsed.
+    enable_auto_tool_choice: bool = Field(
+        False, description="let the model decide when to call tools (`tool_choice` auto); needs tool_call_parser"
+    )
+    tool_call_parser: str | None = Field(
+        None,
+        description="vLLM's tool-call parser for the model's format (hermes, llama3_json, mistral, pythonic, "
+        "qwen3_xml, ...): needed by every tool_choice but none",
+    )
+    tool_parser_plugin: str | None = Field(
+        None, description="a Python file that registers a tool-call parser of one's own (vLLM's plugin)"
+    )
+    reasoning_parser: str | None = Field(
+        None,
+        description="vLLM's reasoning parser (deepseek_r1, qwen3, gpt-oss, granite, ...): the model's "
+        "thinking goes to `reasoning`, apart from the answer",
+    )
+    trust_request_chat_template: bool = Field(
+        False, description="take a chat template given in a request (`chat_template`) instead of refusing it"
+    )
     batch_reserved_share: float = Field(
         0.05,
         ge=0,

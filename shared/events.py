@@ -39,6 +39,10 @@ def _none(value: object) -> bool:
     return value is None
 
 
+def _empty(value: str) -> bool:
+    return not value
+
+
 class TopLogprob(BaseModel):
     token_id: int
     token: str
@@ -67,9 +71,31 @@ class StatusEvent(BaseModel):
     attempt: int | None = None  # on `running` events: which run of the job (1 first) starts
 
 
+class FunctionDelta(BaseModel):
+    """A part of a tool call's function: its name comes whole, once; its arguments in fragments of
+    JSON text that add up to the whole."""
+
+    name: str | None = Field(None, exclude_if=_none)
+    arguments: str = ""
+
+
+class ToolCallDelta(BaseModel):
+    """A part of one tool call of a choice, in OpenAI's streamed shape: `index` numbers the choice's
+    calls; a call's first part carries its `id`, `type` and the function's name."""
+
+    index: int
+    id: str | None = Field(None, exclude_if=_none)
+    type: Literal["function"] | None = Field(None, exclude_if=_none)
+    function: FunctionDelta
+
+
 class DeltaEvent(BaseModel):
     """New tokens of one choice; `index` (a job's choice, 0 to n-1) is left out for the first, so
-    that a job of one choice streams as it always has."""
+    that a job of one choice streams as it always has.
+
+    Where the worker's pool parses output (a chat with tools, a reasoning model), `text` is the
+    answer's content alone, `reasoning` the model's thinking and `tool_calls` the parts of its calls,
+    as vLLM's parsers split the tokens' text; `token_ids` are all the tokens, whatever they became."""
 
     type: Literal["delta"] = "delta"
     seq: int
@@ -77,13 +103,16 @@ class DeltaEvent(BaseModel):
     text: str
     token_ids: list[int]
     logprobs: list[TokenLogprob] | None = None
+    reasoning: str = Field("", exclude_if=_empty)
+    tool_calls: list[ToolCallDelta] | None = Field(None, exclude_if=_none)
 
 
 class DoneEvent(BaseModel):
     """The end of a job; usage counts the prompts and the tokens of every choice, as vLLM's.
     With several choices, `finish_reasons` holds each choice's, `finish_reason` the first one's.
     `stop_reasons`, when a stop string or stop token ended a choice, holds each choice's (vLLM's
-    `stop_reason`: that string or token id; null where the end of sequence or the length ended it)."""
+    `stop_reason`: that string or token id; null where the end of sequence or the length ended it).
+    A choice that called tools ends `tool_calls` where vLLM says so (auto and required choices)."""
 
     type: Literal["done"] = "done"
     seq: int

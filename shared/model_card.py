@@ -17,7 +17,7 @@ from shared.redis_client import redis_errors
 
 
 class ModelCard(BaseModel):
-    """A model's context length, tokenizer and chat template."""
+    """A model's context length, tokenizer and chat template, and how its pool parses output."""
 
     model: str  # the canonical name
     max_model_len: int
@@ -25,6 +25,9 @@ class ModelCard(BaseModel):
     chat_template: str | None
     special_tokens: dict[str, str | list[str]]  # what the chat template sees: bos_token, eos_token, ...
     vocab_size: int | None = None  # the model's own (its embeddings'), which may pass the tokenizer's
+    tool_call_parser: str | None = None  # the pool's, when it has auto tool choice: tool_choice needs one
+    reasoning_parser: str | None = None
+    trust_request_chat_template: bool = False  # a request's own `chat_template` is taken, not refused
 
     @property
     def digest(self) -> str:

@@ -18,9 +18,11 @@ from pydantic import (
     model_validator,
 )
 
+from shared.chat import ChatMessage, ChatOptions
 from shared.constraint_bounds import grammar_problem, regex_problem, schema_problem
 from shared.errors import InvalidRequest
 from shared.events import JobState, Usage
+from shared.text import Text
 
 MAX_PROMPT_CHARS = 1_000_000
 MAX_MODEL_NAME_CHARS = 256
@@ -40,19 +42,6 @@ QUICK_TO_TOKENIZE_CHARS = 2_000
 """A prompt this short is tokenized on the event loop (well under a millisecond): a thread hop costs more."""
 
 
-def _plain_text(value: str) -> str:
-    """Text that tokenizers, templates and Redis all take as it is. NUL is text like any other
-    character (vLLM takes it, and its benchmark's random prompts hold it at some seeds)."""
-    if not value.isascii():
-        try:
-            value.encode()
-        except UnicodeEncodeError:
-            raise ValueError("must be valid Unicode text (it holds a lone surrogate)") from None
-    return value
-
-
-Text = Annotated[str, AfterValidator(_plain_text)]
-"""A string that holds no lone surrogate (which JSON's `\\ud800` escapes can make)."""
 
 StopString = Annotated[Text, Field(min_length=1, max_length=MAX_STOP_CHARS)]
 TokenId = Annotated[int, Field(ge=0, le=MAX_TOKEN_ID)]
@@ -64,13 +53,6 @@ PromptInput = str | list[int]
 """One prompt as the engine takes it: a text to tokenize, or the token ids themselves."""
 CACHE_SALT_FORBIDDEN = frozenset("@/\\\x00")  # what vLLM refuses in a salt
 MAX_CACHE_SALT_CHARS = 128  # vLLM's bound
-
-
-class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
-
-    role: Literal["system", "user", "assistant"]
-    content: Text = Field(max_length=MAX_PROMPT_CHARS)
 
 
 class StructuredOutputs(BaseModel):
@@ -132,10 +114,11 @@ GREEDY_BELOW = 1e-5
 """A temperature under this is greedy sampling, as vLLM counts it."""
 
 
-class JobRequest(BaseModel):
+class JobRequest(ChatOptions):
     """What to generate and how; one of `prompt` (text), `prompt_token_ids` (exactly the tokens the
-    engine sees) or `messages` (rendered with the chat template). A list of prompts is several: each
-    gets `n` choices, choice `i * n + j` being prompt i's j-th, as vLLM indexes them."""
+    engine sees) or `messages` (rendered with the chat template, with the chat's options: tools and
+    the template's controls). A list of prompts is several: each gets `n` choices, choice `i * n + j`
+    being prompt i's j-th, as vLLM indexes them."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
@@ -240,6 +223,12 @@ class JobRequest(BaseModel):
         given = [self.prompt, self.prompt_token_ids, self.messages]
         if sum(value is not None for value in given) != 1:
             raise ValueError("give exactly one of 'prompt', 'prompt_token_ids' or 'messages'")
+        if self.messages is None:
+            chat_only = [
+                name for name, field in ChatOptions.model_fields.items() if getattr(self, name) != field.default
+            ]
+            if chat_only:
+                raise ValueError(f"{', '.join(chat_only)}: only a chat (messages) takes these")
         return self
 
     @property
@@ -286,7 +275,7 @@ class JobRequest(BaseModel):
     def prompt_chars(self) -> int:
         """The characters of the prompts' texts, or of the messages' contents (0 for token ids)."""
         texts = [prompt for prompt in self.prompts or [] if isinstance(prompt, str)]
-        return sum(map(len, texts)) + sum(len(message.content) for message in self.messages or [])
+        return sum(map(len, texts)) + sum(message.chars for message in self.messages or [])
 
     @property
     def quick_to_tokenize(self) -> bool:
