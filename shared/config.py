@@ -432,6 +432,11 @@ class WorkerSettings(RedisSettings):
         "end-of-sequence token with a chance of one in this many (unless `ignore_eos`); 0: a choice "
         "ends only at `max_tokens`, a stop string or a stop token",
     )
+    synthetic_script: str | None = Field(
+        None,
+        description="text every choice of the synthetic engine emits, token by token, instead of drawn "
+        "tokens (then the end of sequence): for load tests and for parsers' syntax on any model",
+    )
     served_model_name: str | None = Field(
         None,
         description="the model's names, comma-separated: the first is its canonical name, which names its "
