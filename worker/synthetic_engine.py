@@ -28,6 +28,9 @@ from shared.prompt_tokens import PromptCounter
 from shared.requests import JobRequest
 from worker.engine import EngineDelta, Prompt
 
+SCRIPT_AFTER_TOOL = "|||"
+"""Between a script's two parts: the first answers a request, the second a chat after a tool's result."""
+
 SPECIAL_TOKEN_FIELDS = ("bos_token", "eos_token", "unk_token", "pad_token", "sep_token", "cls_token")
 
 
@@ -109,13 +112,34 @@ class _Choice:
     token_ids: list[int] = field(default_factory=list)
     text: str = ""
     sent: int = 0
+    script: list[int] | None = None  # the tokens it emits before any drawn one
     finish_reason: str | None = None
     stop_reason: int | str | None = None  # the stop token or string that ended it, as vLLM's
+    ended_by_token: bool = False  # by the end of sequence or a stop token id, left out of the text
+
+
+@dataclass(frozen=True)
+class Script:
+    """A script's token ids: `first` for a request, `after_tool` for a chat whose last message is a
+    tool's result (`first` again when the script has one part)."""
+
+    first: list[int]
+    after_tool: list[int]
+
+    @classmethod
+    def read(cls, text: str, counter: PromptCounter) -> Script:
+        first, separated, after = text.partition(SCRIPT_AFTER_TOOL)
+        first_ids = counter.encode(first, add_special_tokens=False)
+        return cls(first_ids, counter.encode(after, add_special_tokens=False) if separated else first_ids)
+
+    def tokens_for(self, request: JobRequest) -> list[int]:
+        after_tool = request.messages is not None and request.messages[-1].role == "tool"
+        return self.after_tool if after_tool else self.first
 
 
 class SyntheticEngine:
-    """The Engine protocol on drawn tokens: honours `n`, `max_tokens`, `min_tokens`, `stop`,
-    `stop_token_ids`, `ignore_eos`, `seed`, `logprobs` and abort; ends at the context length."""
+    """The Engine protocol on drawn or scripted tokens: honours `n`, `max_tokens`, `min_tokens`,
+    `stop`, `stop_token_ids`, `ignore_eos`, `seed`, `logprobs` and abort; ends at the context length."""
 
     dtype = "synthetic"
 
@@ -129,6 +153,8 @@ class SyntheticEngine:
         # Each drawn token ends its choice with this chance: answers of about this many tokens on average.
         mean = settings.synthetic_mean_tokens
         self._eos_chance = 1 / mean if mean else 0.0
+        script = settings.synthetic_script
+        self._script = None if script is None else Script.read(script, self._counter)
         self._aborted: dict[str, asyncio.Event] = {}
         eos = card.special_tokens.get("eos_token")
         self._eos_id = self._counter.token_id(eos) if isinstance(eos, str) else None
@@ -173,6 +199,7 @@ class SyntheticEngine:
                 random.Random(f"{seed}:{index}"),
                 random.Random(f"{seed}:{index}:alternatives"),
                 self._counter.text_stream(skip),
+                script=None if self._script is None else self._script.tokens_for(request),
             )
             for index in range(request.n)
         ]
@@ -192,28 +219,44 @@ class SyntheticEngine:
             self._aborted.pop(request_id, None)
 
     def _next_token(self, choice: _Choice, request: JobRequest, room: int) -> int:
-        """Draw the choice's next token, and decide whether it ends the choice."""
-        may_end = len(choice.token_ids) >= request.min_tokens and not request.ignore_eos
-        if may_end and self._eos_id is not None and choice.draw.random() < self._eos_chance:
+        """The choice's next token, scripted or drawn, and whether it ends the choice."""
+        emitted = len(choice.token_ids)
+        if self._eos_id is not None and self._ends_here(choice, request):
             token = self._eos_id
-            choice.finish_reason = "stop"
+            choice.finish_reason, choice.ended_by_token = "stop", True
         else:
-            token = choice.draw.choice(self._vocabulary)
-            if len(choice.token_ids) + 1 >= request.min_tokens and token in request.stop_token_ids:
-                choice.finish_reason, choice.stop_reason = "stop", token
+            script = choice.script or []
+            token = script[emitted] if emitted < len(script) else choice.draw.choice(self._vocabulary)
+            if emitted + 1 >= request.min_tokens and token in request.stop_token_ids:
+                choice.finish_reason, choice.stop_reason, choice.ended_by_token = "stop", token, True
         choice.token_ids.append(token)
         if choice.finish_reason is None and len(choice.token_ids) >= room:
             choice.finish_reason = "length"
         return token
 
+    def _ends_here(self, choice: _Choice, request: JobRequest) -> bool:
+        """The end of sequence comes now: past the script, or by chance without one, where the request
+        lets the choice end (past `min_tokens`, without `ignore_eos`); else tokens are drawn on."""
+        emitted = len(choice.token_ids)
+        if emitted < request.min_tokens or request.ignore_eos:
+            return False
+        if choice.script is not None:
+            return emitted >= len(choice.script)
+        return choice.draw.random() < self._eos_chance
+
     def _delta(self, choice: _Choice, new_ids: list[int], request: JobRequest) -> EngineDelta:
         """The text the new tokens add; a stop string cuts the text (and ends the choice) as vLLM's does."""
-        for token_id in new_ids:
+        # A token that ended the choice (the end of sequence, a stop token id) is not in the text
+        # unless `include_stop_str_in_output`, as vLLM's detokenizer leaves it out.
+        shown = new_ids[:-1] if choice.ended_by_token and not request.include_stop_str_in_output else new_ids
+        for token_id in shown:
             choice.text += choice.decode(token_id)
         end = len(choice.text)
         cut = _stop_cut(choice.text, choice.sent, request)
         if cut is not None:
             end, choice.finish_reason, choice.stop_reason = max(cut[0], choice.sent), "stop", cut[1]
+        elif choice.finish_reason is None:  # what could begin a stop string is held back, as vLLM's is
+            end = max(end - _stop_held_back(request), choice.sent)
         added, choice.sent = choice.text[choice.sent : end], end
         return EngineDelta(
             text=added,
@@ -271,6 +314,12 @@ def _seed(request: JobRequest, prompt_ids: list[int]) -> int:
     if request.temperature == 0:
         return zlib.crc32(array("q", prompt_ids).tobytes())
     return random.randrange(2**63)
+
+
+def _stop_held_back(request: JobRequest) -> int:
+    """How many characters of a running choice's text wait until a stop string can no longer end there."""
+    stops = request.stop_strings
+    return 0 if not stops or request.include_stop_str_in_output else max(map(len, stops)) - 1
 
 
 def _stop_cut(text: str, sent: int, request: JobRequest) -> tuple[int, str] | None:

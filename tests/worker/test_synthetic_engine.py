@@ -10,7 +10,7 @@ from shared.config import DEFAULT_MODEL_DIR, WorkerSettings
 from shared.errors import EngineError
 from shared.requests import ChatMessage, JobRequest
 from worker.engine import EngineDelta, abort, generate, render
-from worker.synthetic_engine import SyntheticEngine, next_step_at, read_model_card
+from worker.synthetic_engine import SCRIPT_AFTER_TOOL, SyntheticEngine, next_step_at, read_model_card
 
 STEP_SECONDS = 0.001
 
@@ -183,3 +183,74 @@ async def test_abort_of_a_job_of_several_prompts_ends_every_request(engine: Synt
 )
 def test_steps_keep_a_fixed_period_whatever_their_waiters_take(now: float, fires_at: float) -> None:
     assert next_step_at(10.0, now, 0.03) == pytest.approx(fires_at)
+
+
+SCRIPT = (
+    "<think>I should look it up.</think>"
+    '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+)
+ANSWER = "It is sunny in Paris."
+
+
+@pytest.fixture(scope="module")
+def scripted() -> SyntheticEngine:
+    if not DEFAULT_MODEL_DIR.is_dir():
+        pytest.skip("the default model is not prepared (make setup)")
+    settings = WorkerSettings(
+        engine="synthetic",
+        synthetic_step_seconds=STEP_SECONDS,
+        max_model_len=256,
+        synthetic_script=f"{SCRIPT}{SCRIPT_AFTER_TOOL}{ANSWER}",
+    )
+    return SyntheticEngine(settings, read_model_card(settings.model, settings.model_name, 256))
+
+
+def chat(*messages: ChatMessage, **options: object) -> JobRequest:
+    return JobRequest.model_validate({"messages": list(messages), "max_tokens": 200, **options})
+
+
+USER = ChatMessage(role="user", content="What is the weather in Paris?")
+
+
+async def test_a_script_is_emitted_a_token_a_step_then_the_end_of_sequence(scripted: SyntheticEngine) -> None:
+    """Every choice writes the script, one token a delta, and ends with the end of sequence, which is
+    not in the text even where special tokens are kept (as vLLM's detokenizer leaves it out)."""
+    deltas = await run(scripted, chat(USER, n=2, skip_special_tokens=False))
+    script_ids = scripted._counter.encode(SCRIPT, add_special_tokens=False)
+    eos = scripted._counter.token_id(str(scripted.card.special_tokens["eos_token"]))
+    for index in range(2):
+        ids, text, reason = choice(deltas, index)
+        assert ids == [*script_ids, eos] and text == SCRIPT and reason == "stop"
+        assert all(len(delta.token_ids) == 1 for delta in deltas if delta.index == index)
+
+
+async def test_a_chat_after_a_tool_s_result_gets_the_script_s_second_part(scripted: SyntheticEngine) -> None:
+    called = ChatMessage.model_validate(
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": "{}"}}
+            ],
+        }
+    )
+    result = ChatMessage(role="tool", content="sunny", tool_call_id="call_1")
+    assert choice(await run(scripted, chat(USER, called, result)))[1] == ANSWER
+    assert choice(await run(scripted, chat(USER, called, result, USER)))[1] == SCRIPT
+    assert choice(await run(scripted, JobRequest(prompt="Hi", max_tokens=200)))[1] == SCRIPT
+
+
+async def test_a_script_honours_max_tokens_stops_and_ignore_eos(scripted: SyntheticEngine) -> None:
+    ids, text, reason = choice(await run(scripted, chat(USER, max_tokens=5)))
+    assert len(ids) == 5 and reason == "length" and SCRIPT.startswith(text)
+    stopped = await run(scripted, chat(USER, stop=["</think>"]))
+    assert choice(stopped)[1:] == ("<think>I should look it up.", "stop")
+    assert stopped[-1].stop_reason == "</think>"
+    script_ids = scripted._counter.encode(SCRIPT, add_special_tokens=False)
+    ids, text, reason = choice(await run(scripted, chat(USER, stop_token_ids=[script_ids[3]])))
+    assert ids == script_ids[:4] and reason == "stop"
+    assert text == scripted._counter.decode(script_ids[:3])  # the stop token left out, as vLLM does
+    ids, text, reason = choice(
+        await run(scripted, chat(USER, max_tokens=len(script_ids) + 5, ignore_eos=True))
+    )
+    assert ids[: len(script_ids)] == script_ids and len(ids) == len(script_ids) + 5 and reason == "length"
