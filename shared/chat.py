@@ -186,7 +186,9 @@ class ChatOptions(BaseModel):
         if choice not in (None, "none") and self.tools is None:
             raise ValueError("When using `tool_choice`, `tools` must be set.")
         if isinstance(choice, NamedToolChoice) and choice.function.name not in self.tool_names:
-            raise ValueError("The tool specified in `tool_choice` does not match any of the specified `tools`")
+            raise ValueError(
+                "The tool specified in `tool_choice` does not match any of the specified `tools`"
+            )
         return self
 
     @property
@@ -206,23 +208,28 @@ class ChatOptions(BaseModel):
         return self.tools is not None and self.effective_tool_choice != "none"
 
     def template_kwargs(self) -> dict[str, Any]:
-        """The chat template's variables beside the messages, as vLLM's `build_chat_params` sets them:
-        `reasoning_effort` also turns thinking on or off where the request's kwargs do not say."""
-        kwargs: dict[str, Any] = dict(self.chat_template_kwargs or {})
-        if self.reasoning_effort is not None:
-            kwargs.setdefault("enable_thinking", self.reasoning_effort != "none")
-            kwargs["reasoning_effort"] = self.reasoning_effort
-        if self.tools is not None:
-            kwargs["tools"] = [tool.model_dump(exclude_none=True) for tool in self.tools]
-        if self.documents is not None:
-            kwargs["documents"] = self.documents
-        return kwargs
-
-    def template_inputs(self, messages: list[ChatMessage]) -> dict[str, Any]:
-        """Everything the chat template renders, as transformers' `apply_chat_template` is called."""
-        return {
-            "conversation": [message.template_message() for message in messages],
+        """The chat template's variables beside the messages and tools, as vLLM's `build_chat_params`
+        sets them (its parsers get the same): `reasoning_effort` also turns thinking on or off where the
+        request's kwargs do not say."""
+        kwargs: dict[str, Any] = {
+            **(self.chat_template_kwargs or {}),
             "add_generation_prompt": self.add_generation_prompt,
             "continue_final_message": self.continue_final_message,
-            **self.template_kwargs(),
         }
+        if self.documents is not None:
+            kwargs["documents"] = self.documents
+        if self.reasoning_effort is not None:
+            kwargs["reasoning_effort"] = self.reasoning_effort
+            if "enable_thinking" not in (self.chat_template_kwargs or {}):
+                kwargs["enable_thinking"] = self.reasoning_effort != "none"
+        return kwargs
+
+    def template_inputs(self, messages: list[ChatMessage]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+        """The conversation and the keyword arguments of transformers' `apply_chat_template`, as the
+        worker calls it and the gateway's count follows it (`chat_template`: the request's own, if any)."""
+        kwargs = self.template_kwargs()
+        if self.tools is not None:
+            kwargs["tools"] = [tool.model_dump(exclude_none=True) for tool in self.tools]
+        if self.chat_template is not None:
+            kwargs["chat_template"] = self.chat_template
+        return [message.template_message() for message in messages], kwargs

@@ -475,7 +475,8 @@ class WorkerSettings(RedisSettings):
     worker_max_jobs: int = Field(256, ge=1, description="jobs one worker runs at once (vLLM batches them)")
     # The chat front end's flags of `vllm serve`, under its names: how a pool's output is parsed.
     enable_auto_tool_choice: bool = Field(
-        False, description="let the model decide when to call tools (`tool_choice` auto); needs tool_call_parser"
+        False,
+        description="let the model decide when to call tools (`tool_choice` auto); needs tool_call_parser",
     )
     tool_call_parser: str | None = Field(
         None,
@@ -493,6 +494,12 @@ class WorkerSettings(RedisSettings):
     trust_request_chat_template: bool = Field(
         False, description="take a chat template given in a request (`chat_template`) instead of refusing it"
     )
+
+    @property
+    def auto_tool_parser(self) -> str | None:
+        """The tool-call parser, where auto tool choice is on: as in vLLM, no tool choice works without."""
+        return self.tool_call_parser if self.enable_auto_tool_choice else None
+
     batch_reserved_share: float = Field(
         0.05,
         ge=0,

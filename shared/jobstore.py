@@ -15,6 +15,7 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
+from shared.chat import ChatMessage
 from shared.config import RedisSettings
 from shared.errors import IdempotencyMismatch, InvalidRequest, JobNotFound, Overloaded, RateLimited
 from shared.events import (
@@ -45,7 +46,6 @@ from shared.requests import (
     MAX_MESSAGES,
     MAX_PROMPT_CHARS,
     CancelAnswer,
-    ChatMessage,
     JobOutput,
     JobRecord,
     JobRequest,
@@ -410,7 +410,7 @@ class JobStore:
             own = (JobRequest.model_validate_json(request).messages or [])[turn.at :]
             turns.append([*own, ChatMessage(role="assistant", content=text or "")])
             messages += len(turns[-1])
-            chars += sum(len(message.content) for message in turns[-1])
+            chars += sum(message.chars for message in turns[-1])
             if messages > MAX_MESSAGES or chars > MAX_PROMPT_CHARS:
                 raise InvalidRequest(
                     f"the conversation holds more than one request may: {MAX_MESSAGES} messages, "

@@ -2,12 +2,13 @@
 
 Chat messages are rendered the way Hugging Face transformers' `apply_chat_template` renders
 them (a sandboxed Jinja environment with `trim_blocks` and `lstrip_blocks`, the special
-tokens as variables, `add_generation_prompt`), then encoded without special tokens; a plain
-prompt is encoded with them, as the worker does.
+tokens as variables, the chat's tools, documents and template controls), then encoded without
+special tokens; a plain prompt is encoded with them, as the worker does.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Callable
 from datetime import datetime
@@ -19,9 +20,10 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer
 from tokenizers.decoders import DecodeStream
 
+from shared.chat import ChatMessage, ChatOptions
 from shared.errors import InvalidRequest
 from shared.model_card import ModelCard
-from shared.requests import ChatMessage, JobRequest
+from shared.requests import JobRequest
 
 
 class _Generation(Extension):
@@ -65,6 +67,23 @@ def compile_chat_template(source: str) -> jinja2.Template:
     return environment.from_string(source)
 
 
+@functools.lru_cache(maxsize=16)
+def compiled_chat_template(source: str) -> jinja2.Template:
+    """A request's own chat template, compiled once for the requests that give the same."""
+    return compile_chat_template(source)
+
+
+def ending_with_final_message(rendered: str, conversation: list[dict[str, Any]]) -> str:
+    """The rendering cut after the last message's text, so that the model goes on with it
+    (`continue_final_message`), as transformers cuts it; a template that trims it is matched trimmed."""
+    final = conversation[-1].get("content") or ""
+    if final in rendered:
+        return rendered[: rendered.rindex(final) + len(final)]
+    if final.strip() in rendered:
+        return rendered[: rendered.rindex(final.strip()) + len(final.strip())]
+    raise ValueError("continue_final_message is set but the final message does not appear in the chat")
+
+
 class PromptCounter:
     """The prompt token count of a job on the card's model."""
 
@@ -80,18 +99,20 @@ class PromptCounter:
         """The chat as the model sees it; None without a chat template (the worker will refuse it)."""
         if request.messages is None:
             return None
-        return self.render_messages(request.messages)
+        return self.render_messages(request.messages, request)
 
-    def render_messages(self, messages: list[ChatMessage], add_generation_prompt: bool = True) -> str | None:
-        """Messages through the model's chat template; None when it has none."""
-        if self._template is None:
+    def render_messages(self, messages: list[ChatMessage], options: ChatOptions | None = None) -> str | None:
+        """Messages through the chat template (the request's own, or the model's; None when it has
+        none), with the chat's tools, documents and template controls, as transformers renders them."""
+        conversation, kwargs = (options or ChatOptions()).template_inputs(messages)
+        source = kwargs.pop("chat_template", None)
+        template = self._template if source is None else compiled_chat_template(source)
+        if template is None:
             return None
+        continue_final_message = kwargs.pop("continue_final_message")
         try:
-            return self._template.render(
-                messages=[message.model_dump() for message in messages],
-                add_generation_prompt=add_generation_prompt,
-                **self.card.special_tokens,
-            )
+            rendered = template.render(messages=conversation, **{**self.card.special_tokens, **kwargs})
+            return ending_with_final_message(rendered, conversation) if continue_final_message else rendered
         except (jinja2.TemplateError, TypeError, ValueError) as exc:
             raise InvalidRequest(f"messages: the model's chat template refuses them: {exc}") from exc
 

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import json
 from datetime import datetime
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 from pydantic import (
-    AfterValidator,
     AwareDatetime,
     BaseModel,
     ConfigDict,
@@ -18,11 +17,12 @@ from pydantic import (
     model_validator,
 )
 
-from shared.chat import ChatMessage, ChatOptions
+from shared.chat import ChatMessage as ChatMessage  # part of a job's request: its callers import it here
+from shared.chat import ChatOptions
 from shared.constraint_bounds import grammar_problem, regex_problem, schema_problem
 from shared.errors import InvalidRequest
 from shared.events import JobState, Usage
-from shared.text import Text
+from shared.text import Text as Text  # callers of the job models import it here
 
 MAX_PROMPT_CHARS = 1_000_000
 MAX_MODEL_NAME_CHARS = 256
@@ -40,7 +40,6 @@ MAX_PRIORITY = 1_000_000
 MAX_TOKEN_ID = 2**31 - 1  # vLLM checks the model's vocabulary, which no model comes near to this
 QUICK_TO_TOKENIZE_CHARS = 2_000
 """A prompt this short is tokenized on the event loop (well under a millisecond): a thread hop costs more."""
-
 
 
 StopString = Annotated[Text, Field(min_length=1, max_length=MAX_STOP_CHARS)]
@@ -224,9 +223,8 @@ class JobRequest(ChatOptions):
         if sum(value is not None for value in given) != 1:
             raise ValueError("give exactly one of 'prompt', 'prompt_token_ids' or 'messages'")
         if self.messages is None:
-            chat_only = [
-                name for name, field in ChatOptions.model_fields.items() if getattr(self, name) != field.default
-            ]
+            options = ChatOptions.model_fields.items()
+            chat_only = [name for name, field in options if getattr(self, name) != field.default]
             if chat_only:
                 raise ValueError(f"{', '.join(chat_only)}: only a chat (messages) takes these")
         return self

@@ -12,6 +12,7 @@ import socket
 import time
 from dataclasses import dataclass
 from functools import partial
+from typing import TYPE_CHECKING
 
 import redis.asyncio as aioredis
 import uvloop
@@ -36,6 +37,9 @@ from worker.periodic import Periodic
 from worker.publisher import Publisher
 from worker.redis_wait import RedisWait
 from worker.synthetic_engine import SyntheticEngine, read_model_card
+
+if TYPE_CHECKING:
+    from worker.replies import ReplyParsing
 
 log = logging.getLogger(__name__)
 
@@ -130,6 +134,7 @@ class WorkerApp:
             worker_id,
             self.metrics,
             self.engine_died,
+            reply_parsing(settings, engine),
         )
 
         def describe() -> WorkerInfo:
@@ -239,11 +244,32 @@ def start_engine(settings: WorkerSettings) -> Engine:
     return VllmEngine(settings)
 
 
+def reply_parsing(settings: WorkerSettings, engine: Engine) -> ReplyParsing | None:
+    """The pool's output parsers, where its flags ask for any (vLLM is then imported, by either engine):
+    on the engine's own tokenizer where it has vLLM's."""
+    if settings.auto_tool_parser is None and settings.reasoning_parser is None:
+        return None
+    from worker.replies import ReplyParsing  # heavy: imports vLLM
+
+    return ReplyParsing(settings, getattr(engine, "tokenizer", None))
+
+
 async def engine_card(settings: WorkerSettings, engine: Engine) -> ModelCard | None:
-    """The card to publish: the synthetic engine's own, or one built as vLLM loads the tokenizer."""
+    """The card to publish: the synthetic engine's own, or one built as vLLM loads the tokenizer; with
+    what the pool's parsers take, so that gateways refuse what they cannot (vLLM's start-up flags)."""
     if isinstance(engine, SyntheticEngine):
-        return engine.card
-    return await model_card.build(settings.model, engine.model_name, engine.max_model_len)
+        card: ModelCard | None = engine.card
+    else:
+        card = await model_card.build(settings.model, engine.model_name, engine.max_model_len)
+    if card is None:
+        return None
+    return card.model_copy(
+        update={
+            "tool_call_parser": settings.auto_tool_parser,
+            "reasoning_parser": settings.reasoning_parser,
+            "trust_request_chat_template": settings.trust_request_chat_template,
+        }
+    )
 
 
 def build_worker(settings: WorkerSettings) -> QueueWorker:

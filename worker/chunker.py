@@ -13,6 +13,7 @@ from shared.events import (
     JobState,
     Progress,
     StatusEvent,
+    ToolCallDelta,
     Usage,
 )
 from worker.engine import EngineDelta
@@ -28,6 +29,22 @@ class _Choice:
     stop_reason: int | str | None = None
     held: list[EngineDelta] = field(default_factory=list)
     held_tokens: int = 0
+
+
+def joined_calls(parts: list[ToolCallDelta]) -> list[ToolCallDelta] | None:
+    """Tool-call parts in order, each run of parts of one call joined into one: its id, type and name
+    from the first that has them, its argument fragments end to end."""
+    joined: list[ToolCallDelta] = []
+    for part in parts:
+        last = joined[-1] if joined else None
+        if last is None or last.index != part.index or (part.id is not None and last.id is not None):
+            joined.append(part.model_copy(deep=True))
+            continue
+        last.id = last.id or part.id
+        last.type = last.type or part.type
+        last.function.name = last.function.name or part.function.name
+        last.function.arguments += part.function.arguments
+    return joined or None
 
 
 class Chunker:
@@ -111,15 +128,24 @@ class Chunker:
         choice = self._choices[index]
         held, choice.held, choice.held_tokens = choice.held, [], 0
         if len(held) == 1:  # as at every step when `stream_step` is 1: the delta's own, as they are
-            text, token_ids, logprobs = held[0].text, held[0].token_ids, held[0].logprobs
+            one = held[0]
+            text, token_ids, logprobs = one.text, one.token_ids, one.logprobs
+            reasoning, tool_calls = one.reasoning, one.tool_calls
         else:
             text = "".join(delta.text for delta in held)
             token_ids = [token_id for delta in held for token_id in delta.token_ids]
             some = [delta.logprobs for delta in held if delta.logprobs is not None]
             logprobs = [logprob for part in some for logprob in part] if some else None
+            reasoning = "".join(delta.reasoning for delta in held)
+            tool_calls = joined_calls([call for delta in held for call in delta.tool_calls or []])
         if not token_ids and not text:
             return []
-        return [DeltaEvent(seq=self._seq(), index=index, text=text, token_ids=token_ids, logprobs=logprobs)]
+        event = DeltaEvent(seq=self._seq(), index=index, text=text, token_ids=token_ids, logprobs=logprobs)
+        if reasoning:
+            event.reasoning = reasoning
+        if tool_calls:
+            event.tool_calls = tool_calls
+        return [event]
 
     def flush(self) -> list[Event]:
         """The held-back tokens of every choice, one delta event each that has any."""

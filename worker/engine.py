@@ -10,9 +10,9 @@ import asyncio
 from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from dataclasses import dataclass, field, replace
-from typing import Protocol
+from typing import Any, Protocol
 
-from shared.events import TokenLogprob
+from shared.events import TokenLogprob, ToolCallDelta
 from shared.requests import JobRequest
 
 
@@ -20,6 +20,8 @@ from shared.requests import JobRequest
 class EngineDelta:
     """What one engine step added to one choice (`index`, 0 to n-1) of a request; `finished`: that
     choice has ended, and `stop_reason` names the stop string or token id that ended it, if one did.
+    Where the pool parses a chat's output (worker/replies.py), `text` is the content alone, beside the
+    `reasoning` and `tool_calls` parts the parsers made of the step's tokens.
 
     Not frozen, though never changed: one is made per job and step, and a frozen one takes twice as
     long to make."""
@@ -31,14 +33,19 @@ class EngineDelta:
     finish_reason: str | None = None
     index: int = 0
     stop_reason: int | str | None = None
+    reasoning: str = ""
+    tool_calls: list[ToolCallDelta] | None = None
 
 
 @dataclass(frozen=True)
 class Prompt:
-    """A request's prompt as the engine sees it: token ids, counted exactly for usage."""
+    """A request's prompt as the engine sees it: token ids, counted exactly for usage; and for a chat
+    whose output is parsed, what vLLM's chat serving gives its engine beside the sampling options
+    (`engine_options`: the constraint a tool choice sets, where reasoning ends)."""
 
     token_ids: list[int]
     request: JobRequest = field(repr=False)
+    engine_options: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @classmethod
     def truncated(cls, token_ids: list[int], request: JobRequest, max_model_len: int) -> Prompt:
@@ -57,7 +64,7 @@ class Prompt:
             "min_tokens": max(self.request.min_tokens - len(emitted), 0),
         }
         rest = self.request.model_copy(update=left)
-        return Prompt(token_ids=self.token_ids + emitted, request=rest)
+        return Prompt(token_ids=self.token_ids + emitted, request=rest, engine_options=self.engine_options)
 
 
 class Engine(Protocol):

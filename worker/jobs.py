@@ -12,7 +12,9 @@ import logging
 import time
 from collections.abc import Callable
 from contextlib import aclosing
+from dataclasses import replace
 from enum import Enum
+from typing import TYPE_CHECKING
 
 from shared.errors import (
     BackendUnavailable,
@@ -26,11 +28,15 @@ from shared.events import Event, JobState
 from shared.jobstore import JobStore, Outcome, Started
 from shared.lifecycle.transitions import FinishOutcome, Verdict
 from shared.logs import job_context
+from shared.requests import JobRequest
 from worker.chunker import Chunker
 from worker.engine import Engine, Prompt, abort, generate, render
 from worker.leases import Leases
 from worker.metrics import RunClock, WorkerMetrics
 from worker.publisher import Publisher
+
+if TYPE_CHECKING:  # imports vLLM: only a worker whose pool parses output has one
+    from worker.replies import Reply, ReplyParsing
 
 log = logging.getLogger(__name__)
 
@@ -61,8 +67,11 @@ class JobRunner:
         worker_id: str,
         metrics: WorkerMetrics,
         engine_died: Callable[[], None],
+        replies: ReplyParsing | None = None,
     ) -> None:
         self.engine = engine
+        self.replies = replies
+        """The pool's output parsers (tool calls, reasoning), if it has any."""
         self.store = store
         self.publisher = publisher
         self.leases = leases
@@ -154,6 +163,9 @@ class JobRunner:
         chunker.prompt_tokens = sum(len(prompt.token_ids) for prompt in prompts)
         for prompt in prompts:
             self._check_fits(prompt)
+        reply = self._reply(request, prompts)
+        if reply is not None:
+            prompts = [replace(prompts[0], engine_options=reply.engine_options)]  # a chat: one prompt
         if started.resumed:
             self.metrics.resumes.inc()
             emitted = started.progress.token_ids
@@ -163,11 +175,14 @@ class JobRunner:
             if verdict is not Verdict.go:
                 return await self._stop(job_id, chunker, verdict, len(prompts))
             prompts = [prompts[0].continued(emitted)]  # a job of one choice: one prompt
+            if reply is not None:
+                reply.resumed(emitted)
         else:
             log.info("running: %d prompt tokens, max_tokens %d", chunker.prompt_tokens, request.max_tokens)
         clock = self.jobs[job_id]
         async with aclosing(generate(self.engine, job_id, prompts)) as deltas:
-            async for delta in deltas:
+            async for engine_delta in deltas:
+                delta = engine_delta if reply is None else reply.parse(engine_delta)
                 clock.output(len(delta.token_ids))
                 events = chunker.feed(delta)
                 if delta.finished and chunker.finished:  # only a choice's last delta can end the job
@@ -176,6 +191,16 @@ class JobRunner:
                 if verdict is not Verdict.go:
                     return await self._stop(job_id, chunker, verdict, len(prompts))
         raise EngineError("the engine ended the request without finishing it")
+
+    def _reply(self, request: JobRequest, prompts: list[Prompt]) -> Reply | None:
+        """The parsing of a chat's output, where the pool parses; a request its parsers refuse (a
+        constraint its tools make that vLLM cannot take) fails the job."""
+        if self.replies is None:
+            return None
+        try:
+            return self.replies.reply(request, prompts[0].token_ids)
+        except (ValueError, TypeError) as exc:
+            raise EngineError(f"the chat's tools cannot be parsed: {exc}") from exc
 
     def _check_fits(self, prompt: Prompt) -> None:
         budget = self.engine.max_model_len - prompt.request.max_tokens

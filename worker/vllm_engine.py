@@ -115,6 +115,7 @@ class VllmEngine:
         tokenizer = self._llm.tokenizer
         if tokenizer is None:
             raise EngineError(f"{settings.model} has no tokenizer; streampool renders prompts with it")
+        self.tokenizer = tokenizer  # the one vLLM's output parsers take (worker/replies.py)
         self._tokenizer = tokenizer
         self.max_chars_per_token = tokenizer.max_chars_per_token
         self._cores_before = cpu_placement.keep_off_model_cores() if current_platform.is_cpu() else None
@@ -151,21 +152,29 @@ class VllmEngine:
         elif prompt is not None:
             ids = self._tokenizer.encode(prompt)
         else:
-            text = self._tokenizer.apply_chat_template(
-                [m.model_dump() for m in request.messages or []], add_generation_prompt=True, tokenize=False
-            )
+            conversation, kwargs = request.template_inputs(request.messages or [])
+            text = self._tokenizer.apply_chat_template(conversation, tokenize=False, **kwargs)  # type: ignore[arg-type]
             ids = self._tokenizer.encode(str(text), add_special_tokens=False)
         return Prompt.truncated(ids, request, self.max_model_len)
 
     @staticmethod
-    def sampling_params(request: JobRequest) -> SamplingParams:
-        """vLLM's parameters for a job: every sampling option of a job has vLLM's own name."""
+    def sampling_params(request: JobRequest, engine_options: dict[str, Any] | None = None) -> SamplingParams:
+        """vLLM's parameters for a job: every sampling option of a job has vLLM's own name. A chat's
+        parsers may set its constraint (a tool choice's), which replaces the job's own."""
         fields = vllm_sampling_fields(request)
-        fields["structured_outputs"] = _structured_outputs(request.structured_outputs)
+        fields["structured_outputs"] = (engine_options or {}).get(
+            "structured_outputs", _structured_outputs(request.structured_outputs)
+        )
+        fields["thinking_token_budget"] = request.thinking_token_budget
         return SamplingParams(**fields, output_kind=RequestOutputKind.DELTA)
 
     async def generate(self, request_id: str, prompt: Prompt) -> AsyncGenerator[EngineDelta, None]:
-        params = self.sampling_params(prompt.request)
+        params = self.sampling_params(prompt.request, prompt.engine_options)
+        reasoning = {
+            name: value
+            for name, value in prompt.engine_options.items()
+            if name in ("reasoning_ended", "reasoning_parser_kwargs")
+        }
         adapter = self._adapter(prompt.request)
         wanted = prompt.request.logprobs or 0
         await self._constraints.check(prompt.request.structured_outputs)
@@ -182,6 +191,7 @@ class VllmEngine:
                     request_id,
                     lora_request=adapter,
                     priority=engine_priority(prompt.request, self.scheduling_policy),
+                    **reasoning,
                 ):
                     # With n > 1 each choice streams apart (`index`); one output may hold several.
                     for completion in output.outputs:

@@ -12,6 +12,7 @@ from typing import Annotated
 from pydantic import BaseModel, ConfigDict, Field
 
 from gateway.compat.openai_bodies import Message, Name, PromptText
+from shared.chat import ChatOptions
 from shared.errors import InvalidRequest
 from shared.prompt_tokens import PromptCounter
 from shared.requests import MAX_MESSAGES
@@ -67,7 +68,8 @@ class DetokenizeResponse(BaseModel):
 def tokenize(counter: PromptCounter, body: TokenizeCompletionBody | TokenizeChatBody) -> TokenizeResponse:
     if isinstance(body, TokenizeChatBody):
         messages = [message.job_message() for message in body.messages]
-        text = counter.render_messages(messages, body.add_generation_prompt)
+        options = ChatOptions(add_generation_prompt=body.add_generation_prompt)
+        text = counter.render_messages(messages, options)
         if text is None:
             raise InvalidRequest("messages: the model has no chat template", param="messages")
     else:
