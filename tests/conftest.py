@@ -153,8 +153,11 @@ class System:
 @pytest.fixture(scope="session")
 def system(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[System]:
     """A gateway and two workers on the real engine, started once for the whole run, as `streampool`
-    processes."""
-    yield from run_system(redis_url, tmp_path_factory, engine="vllm")
+    processes; with vLLM's `pythonic` tool-call parser, whose `required` and named tool choices hold
+    the default model to the tools' JSON schemas."""
+    yield from run_system(
+        redis_url, tmp_path_factory, engine="vllm", enable_auto_tool_choice=True, tool_call_parser="pythonic"
+    )
 
 
 @pytest.fixture(scope="session")
