@@ -1,16 +1,25 @@
 """Tool choices on the real engine, through the `openai` package: `required` and a named function hold
 the default model to the tools' JSON schemas, as vLLM's server does (its `pythonic` parser, which the
-`system` fixture's pool is started with, takes them as JSON), and the answer carries the calls."""
+`system` fixture's pool is started with, takes them as JSON), and the answer carries the calls; side by
+side with vLLM's own server started with the same engine arguments and tool flags, greedy answers are
+the same calls, the same arguments and the same text."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from typing import Any
 
 import openai
+import pytest
 
+from bench import vllm_server
+from bench.system import start
 from tests.conftest import System
 from tests.helpers import job_record
+from tests.processes import free_port
+
+TOOL_FLAGS = ["--enable-auto-tool-choice", "--tool-call-parser", "pythonic"]
 
 CITIES = ["Paris", "London", "Tokyo"]
 WEATHER_TOOL: Any = {
@@ -44,8 +53,8 @@ def test_a_named_tool_choice_answers_a_call_of_that_function_with_arguments_of_i
     assert choice.finish_reason == "stop"  # vLLM's, for a named choice
     (call,) = choice.message.tool_calls or []
     assert call.type == "function" and call.id
-    assert call.function.name == "get_weather"  # type: ignore[union-attr]
-    assert json.loads(call.function.arguments)["city"] in CITIES  # type: ignore[union-attr]
+    assert call.function.name == "get_weather"
+    assert json.loads(call.function.arguments)["city"] in CITIES
 
 
 def test_a_required_tool_choice_streams_its_calls_in_parts_the_client_adds_up(
@@ -80,3 +89,47 @@ def test_a_required_tool_choice_streams_its_calls_in_parts_the_client_adds_up(
     assert json.loads(arguments[0])["city"] in CITIES
     # The job's record counts every token the calls took.
     assert job_id is not None and job_record(system.base_url, job_id)["usage"]["completion_tokens"] > 0
+
+
+@pytest.fixture(scope="module")
+def vllm_openai(system: System, tmp_path_factory: pytest.TempPathFactory) -> Iterator[openai.OpenAI]:
+    """vLLM's own OpenAI server on the engine arguments the workers give theirs, with their tool flags."""
+    port = free_port()
+    flags = [*vllm_server.server_flags(system.settings, port), *TOOL_FLAGS]
+    server = start(
+        "vllm-server", ["bench.vllm_server", *flags], system.settings, tmp_path_factory.mktemp("vllm")
+    )
+    try:
+        vllm_server.wait_ready(port, server)
+        with openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0) as client:
+            yield client
+    finally:
+        vllm_server.stop(server)
+
+
+def answer(client: openai.OpenAI, model: str, tool_choice: Any) -> tuple[Any, ...]:
+    """A greedy answer's text, calls (name and arguments) and finish reason."""
+    completion = client.chat.completions.create(
+        model=model,
+        messages=QUESTION,
+        tools=[WEATHER_TOOL],
+        tool_choice=tool_choice,
+        temperature=0,
+        max_tokens=40,
+    )
+    choice = completion.choices[0]
+    calls = [(call.function.name, call.function.arguments) for call in choice.message.tool_calls or []]  # type: ignore[union-attr]
+    return choice.message.content or "", calls, choice.finish_reason
+
+
+@pytest.mark.parametrize(
+    "tool_choice", ["required", {"type": "function", "function": {"name": "get_weather"}}, "auto"]
+)
+def test_greedy_answers_are_vllm_s_servers_own(
+    sync_openai: openai.OpenAI, vllm_openai: openai.OpenAI, tool_choice: Any
+) -> None:
+    ours = answer(sync_openai, sync_openai.models.list().data[0].id, tool_choice)
+    theirs = answer(vllm_openai, vllm_openai.models.list().data[0].id, tool_choice)
+    assert ours == theirs
+    if tool_choice != "auto":
+        assert ours[1], "the constraint holds the model to a call"
