@@ -105,6 +105,9 @@ class DeltaEvent(BaseModel):
     logprobs: list[TokenLogprob] | None = None
     reasoning: str = Field("", exclude_if=_empty)
     tool_calls: list[ToolCallDelta] | None = Field(None, exclude_if=_none)
+    prompt_logprobs: list[TokenLogprob | None] | None = Field(None, exclude_if=_none)
+    """On the job's first delta, where the job asked for them: each prompt token's (null for the first,
+    which nothing comes before), as vLLM's `prompt_logprobs`."""
 
 
 class DoneEvent(BaseModel):

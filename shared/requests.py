@@ -186,6 +186,13 @@ class JobRequest(ChatOptions):
     )
     stream_step: int = Field(1, ge=1, le=1024, description="tokens per delta event")
     logprobs: int | None = Field(None, ge=0, le=20, description="alternatives to report per token")
+    prompt_logprobs: int | None = Field(
+        None,
+        ge=0,
+        le=20,
+        description="the prompt's tokens' log-probabilities, with this many alternatives each (vLLM's), "
+        "on the job's first delta event",
+    )
     deadline: AwareDatetime | None = Field(
         None, strict=False, description="RFC 3339 or unix seconds; still queued then, the job fails unrun"
     )

@@ -18,6 +18,7 @@ SAME_NAMES = frozenset(
         "top_p",
         "seed",
         "logprobs",
+        "prompt_logprobs",
         "stop_token_ids",
         "include_stop_str_in_output",
         "ignore_eos",

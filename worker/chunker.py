@@ -130,7 +130,7 @@ class Chunker:
         if len(held) == 1:  # as at every step when `stream_step` is 1: the delta's own, as they are
             one = held[0]
             text, token_ids, logprobs = one.text, one.token_ids, one.logprobs
-            reasoning, tool_calls = one.reasoning, one.tool_calls
+            reasoning, tool_calls, prompt_logprobs = one.reasoning, one.tool_calls, one.prompt_logprobs
         else:
             text = "".join(delta.text for delta in held)
             token_ids = [token_id for delta in held for token_id in delta.token_ids]
@@ -138,6 +138,7 @@ class Chunker:
             logprobs = [logprob for part in some for logprob in part] if some else None
             reasoning = "".join(delta.reasoning for delta in held)
             tool_calls = joined_calls([call for delta in held for call in delta.tool_calls or []])
+            prompt_logprobs = held[0].prompt_logprobs if held else None
         if not token_ids and not text:
             return []
         event = DeltaEvent(seq=self._seq(), index=index, text=text, token_ids=token_ids, logprobs=logprobs)
@@ -145,6 +146,8 @@ class Chunker:
             event.reasoning = reasoning
         if tool_calls:
             event.tool_calls = tool_calls
+        if prompt_logprobs is not None:
+            event.prompt_logprobs = prompt_logprobs
         return [event]
 
     def flush(self) -> list[Event]:

@@ -35,6 +35,7 @@ class EngineDelta:
     stop_reason: int | str | None = None
     reasoning: str = ""
     tool_calls: list[ToolCallDelta] | None = None
+    prompt_logprobs: list[TokenLogprob | None] | None = None  # on a request's first delta, if asked for
 
 
 @dataclass(frozen=True)
@@ -62,6 +63,7 @@ class Prompt:
         left = {
             "max_tokens": self.request.max_tokens - len(emitted),
             "min_tokens": max(self.request.min_tokens - len(emitted), 0),
+            "prompt_logprobs": None,  # the first run's first delta has given them
         }
         rest = self.request.model_copy(update=left)
         return Prompt(token_ids=self.token_ids + emitted, request=rest, engine_options=self.engine_options)

@@ -14,7 +14,7 @@ from typing import Any
 from vllm import SamplingParams
 from vllm.engine.arg_utils import AsyncEngineArgs
 from vllm.inputs import TokensPrompt
-from vllm.logprobs import SampleLogprobs
+from vllm.logprobs import Logprob, PromptLogprobs, SampleLogprobs
 from vllm.lora.request import LoRARequest
 from vllm.platforms import current_platform
 from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
@@ -61,6 +61,24 @@ def engine_args(settings: WorkerSettings) -> AsyncEngineArgs:
     )
 
 
+def _token_logprob(token_id: int, alternatives: dict[int, Logprob], wanted: int) -> TokenLogprob:
+    """A token's log-probability and its `wanted` likeliest alternatives, likeliest first."""
+    chosen = alternatives[token_id]
+    top = sorted(
+        (item for item in alternatives.items() if item[1].rank is not None and item[1].rank <= wanted),
+        key=lambda item: item[1].rank or 0,
+    )
+    return TokenLogprob(
+        token_id=token_id,
+        token=chosen.decoded_token or "",
+        logprob=chosen.logprob,
+        rank=chosen.rank,
+        top_logprobs=[
+            TopLogprob(token_id=tid, token=lp.decoded_token or "", logprob=lp.logprob) for tid, lp in top
+        ],
+    )
+
+
 def _logprobs(
     token_ids: list[int], logprobs: SampleLogprobs | None, wanted: int
 ) -> list[TokenLogprob] | None:
@@ -70,24 +88,21 @@ def _logprobs(
     for token_id, alternatives in zip(token_ids, logprobs, strict=True):
         if alternatives is None:
             return None
-        chosen = alternatives[token_id]
-        top = sorted(
-            (item for item in alternatives.items() if item[1].rank is not None and item[1].rank <= wanted),
-            key=lambda item: item[1].rank or 0,
-        )
-        result.append(
-            TokenLogprob(
-                token_id=token_id,
-                token=chosen.decoded_token or "",
-                logprob=chosen.logprob,
-                rank=chosen.rank,
-                top_logprobs=[
-                    TopLogprob(token_id=tid, token=lp.decoded_token or "", logprob=lp.logprob)
-                    for tid, lp in top
-                ],
-            )
-        )
+        result.append(_token_logprob(token_id, alternatives, wanted))
     return result
+
+
+def _prompt_logprobs(
+    token_ids: list[int], logprobs: PromptLogprobs | None, wanted: int
+) -> list[TokenLogprob | None] | None:
+    """vLLM's prompt logprobs as a job's: each prompt token's, with its alternatives (null for the
+    first token, which nothing comes before)."""
+    if not logprobs:
+        return None
+    return [
+        None if alternatives is None else _token_logprob(token_id, alternatives, wanted)
+        for token_id, alternatives in zip(token_ids, logprobs, strict=False)
+    ]
 
 
 def engine_priority(request: JobRequest, scheduling_policy: str) -> int:
@@ -193,6 +208,10 @@ class VllmEngine:
                     priority=engine_priority(prompt.request, self.scheduling_policy),
                     **reasoning,
                 ):
+                    prompt_logprobs = _prompt_logprobs(
+                        prompt.token_ids, output.prompt_logprobs, prompt.request.prompt_logprobs or 0
+                    )
+                    output.prompt_logprobs = None  # given once, with the first delta
                     # With n > 1 each choice streams apart (`index`); one output may hold several.
                     for completion in output.outputs:
                         token_ids = list(completion.token_ids)
@@ -204,6 +223,7 @@ class VllmEngine:
                             finish_reason=completion.finish_reason,
                             index=completion.index,
                             stop_reason=completion.stop_reason,
+                            prompt_logprobs=prompt_logprobs if completion.index == 0 else None,
                         )
             except EngineDeadError as exc:
                 raise EngineDead(f"the engine died: {exc!r}") from exc

@@ -163,3 +163,16 @@ def test_the_chunker_joins_a_call_s_parts_into_one_delta_event() -> None:
     assert event.tool_calls is not None and event.reasoning == "rrr"  # type: ignore[union-attr]
     (call,) = event.tool_calls  # type: ignore[union-attr]
     assert (call.id, call.function.name, call.function.arguments) == ("call-1", "f", '{"a": 1}')
+
+
+def test_the_prompt_s_logprobs_go_with_the_first_delta_event_only() -> None:
+    from shared.events import TokenLogprob
+
+    prompt = [None, TokenLogprob(token_id=5, token="a", logprob=-1.0)]
+    chunker = Chunker(stream_step=2, prompt_tokens=2, next_seq=0)
+    events = chunker.feed(EngineDelta(text="x", token_ids=[1], prompt_logprobs=prompt))
+    events += chunker.feed(EngineDelta(text="y", token_ids=[2]))
+    events += chunker.feed(EngineDelta(text="z", token_ids=[3], finished=True, finish_reason="stop"))
+    first, second = events
+    assert first.prompt_logprobs == prompt  # type: ignore[union-attr]
+    assert second.prompt_logprobs is None  # type: ignore[union-attr]
