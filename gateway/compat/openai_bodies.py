@@ -1,8 +1,10 @@
 """OpenAI's completions and chat completions bodies, checked and turned into jobs. Pure, no I/O.
 
-Bodies are checked as vLLM's OpenAI server checks them, with vLLM's own sampling
-options, and what a job cannot do (tools, ...) is refused with the parameter named, never
-ignored. The answers are in `openai_answers`.
+Bodies are checked as vLLM's OpenAI server checks them, with vLLM's own sampling options, tools and
+chat template controls, in vLLM's words; what a job cannot do is refused with the parameter named.
+Fields neither OpenAI's API nor vLLM's defines are accepted and ignored, as vLLM's request models
+allow extra fields: `ignored_fields` names them for the route to say so. The answers are in
+`openai_answers`.
 """
 
 from __future__ import annotations
@@ -11,8 +13,9 @@ from abc import abstractmethod
 from collections.abc import Mapping
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from shared.chat import MAX_TOOL_CALLS, MAX_TOOLS, ToolCall
 from shared.errors import InvalidRequest
 from shared.requests import (
     MAX_MESSAGES,
@@ -93,7 +96,7 @@ def refuse(refusals: list[Refusal]) -> None:
 
 
 class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="allow")  # as vLLM's: taken and ignored
 
     include_usage: bool = False
     continuous_usage_stats: bool = False  # vLLM's: the usage so far on every chunk
@@ -105,7 +108,7 @@ class StreamOptions(BaseModel):
 
 
 class JsonSchemaFormat(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="allow")  # as vLLM's: taken and ignored
 
     name: Name
     description: Text | None = None
@@ -124,8 +127,9 @@ class ResponseFormat(BaseModel):
 
 class SamplingOptions(BaseModel):
     """The sampling options every OpenAI-compatible endpoint takes, OpenAI's and vLLM's, under their
-    names; the job's bounds apply. Unknown parameters are refused (400), as OpenAI refuses them;
-    null stands for the default wherever OpenAI's API allows it."""
+    names; the job's bounds apply. Unknown parameters are refused (400), as OpenAI refuses them, unless
+    a body says otherwise (completions and chat take them as vLLM does: `_Body`); null stands for the
+    default wherever OpenAI's API allows it."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -162,8 +166,22 @@ class SamplingOptions(BaseModel):
         }
 
 
+def extra_fields(model: BaseModel, path: str = "") -> list[str]:
+    """The names a body gave that its model does not define, its nested models' by their path
+    (`stream_options.x`)."""
+    names = [f"{path}{name}" for name in model.model_extra or {}]
+    for name in type(model).model_fields:
+        value = getattr(model, name)
+        if isinstance(value, BaseModel):
+            names += extra_fields(value, f"{path}{name}.")
+    return names
+
+
 class _Body(SamplingOptions):
-    """What both endpoints take."""
+    """What both endpoints take. Fields neither OpenAI nor vLLM defines are taken and ignored, as vLLM's
+    request models take them (`ignored_fields`)."""
+
+    model_config = ConfigDict(extra="allow")
 
     chat: ClassVar[bool]
     default_max_tokens: ClassVar[int]
@@ -180,6 +198,12 @@ class _Body(SamplingOptions):
     guided_regex: Any = None
     guided_choice: Any = None
     cache_salt: Name | None = None  # vLLM's: salts the engine's prefix cache
+    prompt_logprobs: Integer | None = None  # vLLM's: the prompt tokens' logprobs, whole answers only
+
+    @property
+    def ignored_fields(self) -> list[str]:
+        """The fields given that neither OpenAI's API nor vLLM's defines: taken, and ignored."""
+        return extra_fields(self)
 
     @property
     def fills_context(self) -> bool:
@@ -214,6 +238,25 @@ class _Body(SamplingOptions):
                 "type 'json_schema' needs json_schema.schema",
             ),
         ]
+
+    def _prompt_logprobs_checks(self) -> None:
+        """vLLM's checks of `prompt_logprobs`, in its words: a job's come with its first delta, which a
+        stream's chunks have no place for."""
+        asked = self.prompt_logprobs
+        if asked is None:
+            return
+        if self.stream and (asked > 0 or asked == -1):
+            raise InvalidRequest(
+                "`prompt_logprobs` are not available when `stream=True`.",
+                param="prompt_logprobs",
+                code="invalid_value",
+            )
+        if asked < 0 and asked != -1:
+            raise InvalidRequest(
+                "`prompt_logprobs` must be a positive value or -1.",
+                param="prompt_logprobs",
+                code="invalid_value",
+            )
 
     def _structured_outputs(self) -> dict[str, Any] | None:
         """`structured_outputs`, with `response_format`'s constraint in place of its own, as vLLM does."""
@@ -263,6 +306,7 @@ class _Body(SamplingOptions):
         admission's to refuse.
         """
         refuse(self._refusals())
+        self._prompt_logprobs_checks()
         max_tokens = self._max_tokens()[1]
         if max_tokens is None:
             max_tokens = min(self.default_max_tokens, max_tokens_limit)
@@ -272,6 +316,7 @@ class _Body(SamplingOptions):
             **self.sampling_fields(),
             "structured_outputs": self._structured_outputs(),
             "cache_salt": self.cache_salt,
+            "prompt_logprobs": self.prompt_logprobs,
             **self._input(),
         }
         fields = {name: value for name, value in fields.items() if value is not None}
@@ -339,34 +384,98 @@ class ContentPart(BaseModel):
     text: PromptText | None = None
 
 
-class Message(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class CalledFunction(BaseModel):
+    name: Name
+    arguments: PromptText
 
-    role: Literal["system", "developer", "user", "assistant"]
-    content: PromptText | Annotated[list[ContentPart], Field(max_length=MAX_MESSAGES)]
+
+class MessageToolCall(BaseModel):
+    """A call of an assistant message in the history, as OpenAI's client sends it back."""
+
+    id: Name
+    type: Literal["function"] = "function"
+    function: CalledFunction
+
+
+class Message(BaseModel):
+    """A message of the chat. Keys no role has are ignored, as vLLM's message types ignore them."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: PromptText | Annotated[list[ContentPart], Field(max_length=MAX_MESSAGES)] | None = None
+    name: Name | None = None
+    tool_calls: Annotated[list[MessageToolCall], Field(max_length=MAX_TOOL_CALLS)] | None = None
+    tool_call_id: Name | None = None
+    reasoning: PromptText | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _reasoning_content_is_reasoning(cls, data: Any) -> Any:
+        """vLLM still takes a message's reasoning under its old name, `reasoning_content`."""
+        if isinstance(data, dict) and data.get("reasoning") is None and "reasoning_content" in data:
+            data = {**data, "reasoning": data["reasoning_content"]}
+        return data
 
     @field_validator("content")
     @classmethod
-    def _text_only(cls, content: str | list[ContentPart]) -> str | list[ContentPart]:
+    def _text_only(cls, content: str | list[ContentPart] | None) -> str | list[ContentPart] | None:
         for part in content if isinstance(content, list) else []:
             if part.type != "text" or part.text is None:
                 raise ValueError(f"only text content parts are supported, not {part.type!r}")
         return content
 
+    @model_validator(mode="after")
+    def _as_its_role_has_it(self) -> Message:
+        if self.tool_calls is not None and self.role != "assistant":
+            raise ValueError("only an assistant message has tool_calls")
+        if self.content is None and not (self.role == "assistant" and self.tool_calls):
+            raise ValueError("content is required, save for an assistant message with tool_calls")
+        return self
+
     @property
-    def text(self) -> str:
+    def text(self) -> str | None:
         """The content; text parts are joined by newlines, as vLLM joins them."""
-        if isinstance(self.content, str):
+        if self.content is None or isinstance(self.content, str):
             return self.content
         return "\n".join(part.text or "" for part in self.content)
 
     def job_message(self) -> ChatMessage:
         """As the chat template takes it: `developer`, OpenAI's new name for `system`, as `system`."""
-        return ChatMessage(role="system" if self.role == "developer" else self.role, content=self.text)
+        return ChatMessage(
+            role="system" if self.role == "developer" else self.role,
+            content=self.text,
+            name=self.name,
+            tool_calls=[ToolCall.model_validate(call.model_dump()) for call in self.tool_calls]
+            if self.tool_calls is not None
+            else None,
+            tool_call_id=self.tool_call_id,
+            reasoning=self.reasoning,
+        )
+
+
+class FunctionParam(BaseModel):
+    name: Name
+    description: PromptText | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class ToolParam(BaseModel):
+    """A tool offered (`tools`); vLLM's own extras (`defer_loading`) are ignored."""
+
+    type: Literal["function"] = "function"
+    function: FunctionParam
+
+
+ToolChoiceParam = Name | dict[str, Any]
+"""`tool_choice` as given: checked as vLLM checks it (`ChatBody._tool_refusal`), then the job's."""
+NAMED_CHOICE_USAGE = 'Correct usage: `{"type": "function", "function": {"name": "my_function"}}`'
 
 
 class ChatBody(_Body):
-    """`POST /v1/chat/completions`: messages rendered with the model's chat template."""
+    """`POST /v1/chat/completions`: messages rendered with the model's chat template, with the tools
+    offered and the template's controls as vLLM takes them."""
 
     chat = True
     default_max_tokens = JobRequest.model_fields["max_tokens"].default
@@ -375,21 +484,94 @@ class ChatBody(_Body):
     max_completion_tokens: Integer | None = None
     logprobs: bool | None = None
     top_logprobs: Integer | None = None
-    tools: Objects | None = None
-    tool_choice: Name | dict[str, Any] | None = None
-    functions: Objects | None = None
-    function_call: Name | dict[str, Any] | None = None
-    parallel_tool_calls: bool | None = None  # meaningless without tools
+    tools: Annotated[list[ToolParam], Field(max_length=MAX_TOOLS)] | None = None
+    tool_choice: ToolChoiceParam | None = None
+    parallel_tool_calls: bool | None = None
+    echo: bool | None = None  # vLLM's: the last message's content, when it is the answer's role, first
+    # vLLM's chat template controls, each the job's own.
+    chat_template: PromptText | None = None
+    chat_template_kwargs: Annotated[dict[Name, Any], Field(max_length=128)] | None = None
+    add_generation_prompt: bool | None = None
+    continue_final_message: bool | None = None
+    documents: Objects | None = None
+    reasoning_effort: Name | None = None
+    include_reasoning: bool | None = None
+    thinking_token_budget: Integer | None = None
 
     def _refusals(self) -> list[Refusal]:
         return [
             *super()._refusals(),
-            (bool(self.tools), "tools", "tool calling is not supported"),
-            (self.tool_choice not in (None, "none"), "tool_choice", "tool calling is not supported"),
-            (bool(self.functions), "functions", "function calling is not supported"),
-            (self.function_call not in (None, "none"), "function_call", "function calling is not supported"),
             (bool(self.top_logprobs) and not self.logprobs, "top_logprobs", "needs logprobs=true"),
         ]
+
+    def _vllm_checks(self) -> None:
+        """vLLM's own checks of the tools and the template controls, in its words
+        (`ChatCompletionRequest.check_tool_usage`, `check_generation_prompt`)."""
+        if self.tools == []:
+            raise InvalidRequest(
+                "`tools` must not be an empty array. Either provide at least one tool or omit the field "
+                "entirely.",
+                param="tools",
+                code="invalid_value",
+            )
+        if (refusal := self._tool_choice_refusal()) is not None:
+            raise InvalidRequest(refusal[1], param=refusal[0], code="invalid_value")
+        if self.continue_final_message and self.add_generation_prompt is not False:
+            raise InvalidRequest(
+                "Cannot set both `continue_final_message` and `add_generation_prompt` to True.",
+                code="invalid_value",
+            )
+        constraint = any(
+            (self.structured_outputs or {}).get(kind) is not None for kind in ("json", "regex", "choice")
+        )
+        if constraint and isinstance(self.tool_choice, dict):
+            raise InvalidRequest(
+                "You can only either use constraints for structured outputs or tools, not both.",
+                code="invalid_value",
+            )
+
+    def _tool_choice_refusal(self) -> tuple[str, str] | None:
+        """(parameter, vLLM's message) when `tool_choice` is not one vLLM takes with these tools."""
+        choice = self.tool_choice
+        if choice is None or choice == "none":
+            return None
+        if self.tools is None:
+            return "tool_choice", "When using `tool_choice`, `tools` must be set."
+        if isinstance(choice, str):
+            if choice in ("auto", "required"):
+                return None
+            return (
+                "tool_choice",
+                f'Invalid value for `tool_choice`: {choice}! Only named tools, "none", "auto" or '
+                '"required" are supported.',
+            )
+        function = choice.get("function")
+        if not isinstance(function, dict):
+            return (
+                "tool_choice.function",
+                f"Invalid value for `function`: `{function}` in `tool_choice`! {NAMED_CHOICE_USAGE}",
+            )
+        if "name" not in function:
+            return (
+                "tool_choice.function.name",
+                f"Expected field `name` in `function` in `tool_choice`! {NAMED_CHOICE_USAGE}",
+            )
+        name = function["name"]
+        if not isinstance(name, str) or not name:
+            return (
+                "tool_choice.function.name",
+                f"Invalid `name` in `function`: `{name}` in `tool_choice`! {NAMED_CHOICE_USAGE}",
+            )
+        if name not in [tool.function.name for tool in self.tools]:
+            return (
+                "tool_choice",
+                "The tool specified in `tool_choice` does not match any of the specified `tools`",
+            )
+        return None
+
+    def job_request(self, max_tokens_limit: int) -> JobRequest:
+        self._vllm_checks()
+        return super().job_request(max_tokens_limit)
 
     def _max_tokens(self) -> tuple[str, int | None]:
         # As vLLM: the newer name wins when both are given.
@@ -397,8 +579,44 @@ class ChatBody(_Body):
             return "max_completion_tokens", self.max_completion_tokens
         return super()._max_tokens()
 
+    @property
+    def role(self) -> str:
+        """The role of the answer's message: the assistant's, or, where no new turn is opened
+        (`add_generation_prompt` false), the last message's, as vLLM's answers say."""
+        return "assistant" if self.add_generation_prompt is not False else self.messages[-1].role
+
+    @property
+    def echoed(self) -> str:
+        """With `echo`, the last message's content when its role is the answer's: it goes before the
+        answer's own, as vLLM answers."""
+        last = self.messages[-1]
+        return (last.text or "") if self.echo and last.role == self.role else ""
+
     def _input(self) -> dict[str, Any]:
+        tool_choice = self.tool_choice
+        if isinstance(tool_choice, dict):  # checked by `_tool_choice_refusal`: the job keeps its name
+            tool_choice = {"type": "function", "function": {"name": tool_choice["function"]["name"]}}
+        chat_fields = {
+            "tools": None
+            if self.tools is None
+            else [tool.model_dump(exclude_none=True) for tool in self.tools],
+            "tool_choice": tool_choice,
+            **self.model_dump(
+                include={
+                    "parallel_tool_calls",
+                    "chat_template",
+                    "chat_template_kwargs",
+                    "add_generation_prompt",
+                    "continue_final_message",
+                    "documents",
+                    "reasoning_effort",
+                    "include_reasoning",
+                    "thinking_token_budget",
+                }
+            ),
+        }
         return {
             "messages": [message.job_message() for message in self.messages],
             "logprobs": (self.top_logprobs or 0) if self.logprobs else None,
+            **chat_fields,
         }
