@@ -37,6 +37,7 @@ from shared.config import GatewaySettings
 from shared.errors import BodyTooLarge, InvalidRequest, Overloaded, PromptTooLong, RateLimited
 from shared.jobstore import JobStore, Submission, Turn, written_bytes
 from shared.keys import Keys
+from shared.model_card import ModelCard
 from shared.models import Catalog, Target, read_registry
 from shared.redis_client import StreamsRedis, redis_errors
 from shared.requests import JobRequest
@@ -106,6 +107,31 @@ def waiting_for(catalog: Catalog, model: str) -> str | None:
     if catalog.workers[model]:
         return None
     return f"waiting for a worker of model {model}: none is live"
+
+
+def check_pool_serves(job: JobRequest, card: ModelCard | None) -> None:
+    """`InvalidRequest`, in vLLM's words, for a chat its model's pool would refuse as `vllm serve` with
+    the same flags refuses it: a tool choice with no tool-call parser to follow it, a chat template of
+    the request's own where the pool does not trust one. Without a card the worker checks."""
+    if card is None or job.messages is None:
+        return
+    choice = job.effective_tool_choice
+    if choice != "none" and card.tool_call_parser is None:
+        if choice == "auto":
+            message = '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set'
+        else:
+            named = f'"{choice}"' if isinstance(choice, str) else f'function "{choice.function.name}"'
+            message = f"tool_choice={named} requires --tool-call-parser to be set"
+        raise InvalidRequest(message, param="tool_choice", code="invalid_value")
+    template_kwargs = job.chat_template_kwargs or {}
+    own_template = job.chat_template is not None or template_kwargs.get("chat_template") is not None
+    if own_template and not card.trust_request_chat_template:
+        raise InvalidRequest(
+            "Chat template is passed with request, but --trust-request-chat-template is not set. Refused "
+            "request with untrusted chat template.",
+            param="chat_template",
+            code="invalid_value",
+        )
 
 
 class Admission:
@@ -235,6 +261,7 @@ class Admission:
         catalog = await self.catalog()
         target = catalog.resolve(model if model is not None else job.model, self.default_model)
         job = job.model_copy(update={"model": target.qualified})
+        check_pool_serves(job, await self.prompt_limit.card(target.model))
         try:
             whole = await self.prompt_limit.check(
                 turn.whole(job) if turn else job,

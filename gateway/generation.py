@@ -13,7 +13,7 @@ import json
 import math
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator
 from contextlib import aclosing, contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from typing import Any
 
@@ -21,7 +21,13 @@ from fastapi import Request
 from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.types import Receive, Scope, Send
 
-from gateway.compat.openai_answers import Answer, completion
+from gateway.compat.openai_answers import (
+    Answer,
+    CalledFunctionObject,
+    ChoiceOutput,
+    ToolCallObject,
+    completion,
+)
 from gateway.compat.openai_bodies import ChatBody, CompletionBody
 from gateway.deps import Services
 from gateway.entries import Entry
@@ -34,6 +40,7 @@ from shared.events import (
     ErrorEvent,
     Event,
     TokenLogprob,
+    ToolCallDelta,
     Usage,
     event_adapter,
 )
@@ -59,14 +66,37 @@ def raise_for_failure(event: Event) -> None:
 
 
 @dataclass
+class CalledTool:
+    """One tool call of a choice, put together from its parts (`ToolCallDelta`) in order."""
+
+    id: str | None = None
+    name: str = ""
+    arguments: list[str] = field(default_factory=list)
+
+    def add(self, part: ToolCallDelta) -> None:
+        self.id = self.id or part.id
+        self.name += part.function.name or ""
+        self.arguments.append(part.function.arguments)
+
+    def openai(self, fallback_id: str) -> ToolCallObject:
+        """As `message.tool_calls` holds it; `fallback_id` where the parser gave the call none."""
+        function = CalledFunctionObject(name=self.name, arguments="".join(self.arguments))
+        return ToolCallObject(id=self.id or fallback_id, function=function)
+
+
+@dataclass
 class Choice:
-    """One choice of a whole generation."""
+    """One choice of a whole generation: its content, and where the pool parses output, its reasoning
+    and tool calls."""
 
     text: str = ""
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[TokenLogprob] = field(default_factory=list)
     finish_reason: str = "stop"
     stop_reason: int | str | None = None
+    reasoning: str = ""
+    tool_calls: list[CalledTool] = field(default_factory=list)
+    prompt_logprobs: list[TokenLogprob | None] | None = None
 
 
 @dataclass
@@ -182,14 +212,22 @@ class Collected:
     def __init__(self) -> None:
         self._result = Result()
         self._texts: dict[int, list[str]] = {}
+        self._reasoning: dict[int, list[str]] = {}
+        self._calls: dict[int, dict[int, CalledTool]] = {}  # by choice, then by the call's index
 
     def add(self, event: Event) -> None:
         result = self._result
         if isinstance(event, DeltaEvent):
             choice = result.choice(event.index)
             self._texts.setdefault(event.index, []).append(event.text)
+            self._reasoning.setdefault(event.index, []).append(event.reasoning)
+            calls = self._calls.setdefault(event.index, {})
+            for part in event.tool_calls or []:
+                calls.setdefault(part.index, CalledTool()).add(part)
             choice.token_ids.extend(event.token_ids)
             choice.logprobs.extend(event.logprobs or [])
+            if event.prompt_logprobs is not None:
+                choice.prompt_logprobs = event.prompt_logprobs
         elif isinstance(event, DoneEvent):
             result.usage = event.usage
             for index, reason in enumerate(event.finish_reasons or [event.finish_reason]):
@@ -199,7 +237,10 @@ class Collected:
 
     def result(self) -> Result:
         for index, parts in self._texts.items():
-            self._result.choice(index).text = "".join(parts)
+            choice = self._result.choice(index)
+            choice.text = "".join(parts)
+            choice.reasoning = "".join(self._reasoning[index])
+            choice.tool_calls = [call for _, call in sorted(self._calls[index].items())]
         return self._result
 
 
@@ -286,12 +327,29 @@ def whole_answer(
 ) -> dict[str, Any]:
     """OpenAI's answer (not streamed) to `body`, whose job `job` generated `result`: a route's, or a
     batch's line's."""
+    answer = replace(answer, role=body.role)
     choices = [
-        (
-            body.echoed + choice.text,
-            choice.logprobs if job.logprobs is not None else None,
-            choice.finish_reason,
+        ChoiceOutput(
+            content=_content(body.echoed, choice, job),
+            logprobs=choice.logprobs if job.logprobs is not None else None,
+            finish_reason=choice.finish_reason,
+            stop_reason=choice.stop_reason,
+            reasoning=choice.reasoning or None,
+            tool_calls=[
+                call.openai(f"chatcmpl-tool-{answer.job_id}-{index}-{number}")
+                for number, call in enumerate(choice.tool_calls)
+            ],
+            prompt_logprobs=choice.prompt_logprobs if job.prompt_logprobs is not None else None,
         )
-        for choice in result.choices
+        for index, choice in enumerate(result.choices)
     ]
     return completion(answer, choices, result.usage)
+
+
+def _content(echoed: str, choice: Choice, job: JobRequest) -> str | None:
+    """A choice's content as vLLM's whole answer has it: none where only tool calls (of an `auto`
+    choice) or only reasoning came, empty for a `required` or named choice's calls; an echo before it."""
+    content: str | None = choice.text
+    if not choice.text and (choice.reasoning or choice.tool_calls):
+        content = "" if choice.tool_calls and job.effective_tool_choice != "auto" else None
+    return echoed + (content or "") if echoed else content

@@ -20,7 +20,7 @@ import redis.asyncio as aioredis
 
 from shared.errors import PromptTooLong
 from shared.keys import Keys
-from shared.model_card import model_card_digest, read_model_card
+from shared.model_card import ModelCard, model_card_digest, read_model_card
 from shared.models import ModelEntry
 from shared.prompt_tokens import Measure, PromptCounter, least_tokens
 from shared.requests import JobRequest
@@ -81,6 +81,11 @@ class PromptLimit:
                     )
                 card.looked_at = time.monotonic()
         return card.counter
+
+    async def card(self, model: str) -> ModelCard | None:
+        """The model's card as last read (None while no worker of it has published one)."""
+        counter = await self.counter(model)
+        return None if counter is None else counter.card
 
     async def count(self, request: JobRequest, model: str) -> int | None:
         """The prompts' tokens together as the model's workers will count them (after truncation); None

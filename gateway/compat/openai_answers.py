@@ -4,10 +4,10 @@ jobs and events, in the shapes the `openai` package parses. Pure, no I/O.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from shared.events import DeltaEvent, DoneEvent, Event, TokenLogprob, Usage
 
@@ -89,6 +89,28 @@ def completion_logprobs(logprobs: list[TokenLogprob], text_offset: int) -> dict[
     }
 
 
+def prompt_logprobs_object(logprobs: list[TokenLogprob | None]) -> list[dict[str, Any] | None]:
+    """vLLM's `prompt_logprobs`: per prompt token (null for the first), by token id, that token's and its
+    alternatives' logprob, rank and text."""
+
+    def entry(logprob: float, rank: int | None, token: str) -> dict[str, Any]:
+        return {"logprob": clamped(logprob), "rank": rank, "decoded_token": token}
+
+    return [
+        None
+        if lp is None
+        else {
+            str(lp.token_id): entry(lp.logprob, lp.rank, lp.token),
+            **{
+                str(top.token_id): entry(top.logprob, rank, top.token)
+                for rank, top in enumerate(lp.top_logprobs, start=1)
+                if top.token_id != lp.token_id
+            },
+        }
+        for lp in logprobs
+    ]
+
+
 @dataclass(frozen=True)
 class Answer:
     """What every response and chunk of one request carries: kind, id, time and model."""
@@ -97,6 +119,7 @@ class Answer:
     job_id: str
     model: str
     created: int
+    role: str = "assistant"  # a chat's answer's (vLLM's: the last message's, with no generation prompt)
 
     @property
     def id(self) -> str:
@@ -124,11 +147,18 @@ class _Response(BaseModel):
     usage: UsageObject
 
 
+StopReason = int | str | None
+"""vLLM's `stop_reason`: the stop string or token id that ended a choice, null for any other end."""
+PromptLogprobs = list[dict[str, Any] | None] | None
+
+
 class CompletionChoice(BaseModel):
     index: int
     text: str
     logprobs: dict[str, Any] | None
     finish_reason: str
+    stop_reason: StopReason = None
+    prompt_logprobs: PromptLogprobs = None
 
 
 class CompletionResponse(_Response):
@@ -138,9 +168,31 @@ class CompletionResponse(_Response):
     choices: list[CompletionChoice]
 
 
+class CalledFunctionObject(BaseModel):
+    name: str
+    arguments: str
+
+
+class ToolCallObject(BaseModel):
+    """A call of `message.tool_calls`: its id, and the function's name and JSON arguments."""
+
+    id: str
+    type: Literal["function"] = "function"
+    function: CalledFunctionObject
+
+
+def _no_calls(calls: list[ToolCallObject]) -> bool:
+    return not calls
+
+
 class AssistantMessage(BaseModel):
-    role: Literal["assistant"] = "assistant"
-    content: str
+    """The answer's message, as vLLM gives it: `tool_calls` only when the model called tools, and
+    `reasoning` (null unless the pool parses it out)."""
+
+    role: str = "assistant"
+    content: str | None
+    tool_calls: list[ToolCallObject] = Field(default_factory=list, exclude_if=_no_calls)
+    reasoning: str | None = None
 
 
 class ChatChoice(BaseModel):
@@ -148,6 +200,7 @@ class ChatChoice(BaseModel):
     message: AssistantMessage
     logprobs: dict[str, Any] | None
     finish_reason: str
+    stop_reason: StopReason = None
 
 
 class ChatCompletionResponse(_Response):
@@ -155,10 +208,21 @@ class ChatCompletionResponse(_Response):
 
     object: Literal["chat.completion"] = "chat.completion"
     choices: list[ChatChoice]
+    prompt_logprobs: PromptLogprobs = None  # vLLM's, when asked for
 
 
-ChoiceOutput = tuple[str, list[TokenLogprob] | None, str]
-"""One choice of a whole answer: (text, logprobs when asked for, finish_reason)."""
+@dataclass
+class ChoiceOutput:
+    """One choice of a whole answer, as its job generated it. A chat's `content` is None where vLLM
+    gives none (only tool calls or reasoning came)."""
+
+    content: str | None
+    logprobs: list[TokenLogprob] | None = None  # when asked for
+    finish_reason: str = "stop"
+    stop_reason: StopReason = None
+    reasoning: str | None = None
+    tool_calls: list[ToolCallObject] = field(default_factory=list)
+    prompt_logprobs: list[TokenLogprob | None] | None = None  # when asked for
 
 
 def completion(answer: Answer, choices: list[ChoiceOutput], usage: Usage) -> dict[str, Any]:
@@ -171,42 +235,71 @@ def completion(answer: Answer, choices: list[ChoiceOutput], usage: Usage) -> dic
     }
     response: BaseModel
     if answer.chat:
+        asked = choices[0].prompt_logprobs if choices else None
         response = ChatCompletionResponse(
             **envelope,
             choices=[
                 ChatChoice(
                     index=index,
-                    message=AssistantMessage(content=text),
-                    logprobs=answer.logprobs(logprobs),
-                    finish_reason=finish_reason,
+                    message=AssistantMessage(
+                        role=answer.role,
+                        content=choice.content,
+                        tool_calls=choice.tool_calls,
+                        reasoning=choice.reasoning,
+                    ),
+                    logprobs=answer.logprobs(choice.logprobs),
+                    finish_reason=choice.finish_reason,
+                    stop_reason=choice.stop_reason,
                 )
-                for index, (text, logprobs, finish_reason) in enumerate(choices)
+                for index, choice in enumerate(choices)
             ],
+            prompt_logprobs=None if asked is None else prompt_logprobs_object(asked),
         )
     else:
         response = CompletionResponse(
             **envelope,
             choices=[
                 CompletionChoice(
-                    index=index, text=text, logprobs=answer.logprobs(logprobs), finish_reason=finish_reason
+                    index=index,
+                    text=choice.content or "",
+                    logprobs=answer.logprobs(choice.logprobs),
+                    finish_reason=choice.finish_reason,
+                    stop_reason=choice.stop_reason,
+                    prompt_logprobs=None
+                    if choice.prompt_logprobs is None
+                    else prompt_logprobs_object(choice.prompt_logprobs),
                 )
-                for index, (text, logprobs, finish_reason) in enumerate(choices)
+                for index, choice in enumerate(choices)
             ],
         )
     return response.model_dump()
 
 
+def chat_delta(event: DeltaEvent) -> dict[str, Any]:
+    """A chat chunk's `delta`, with the parts of vLLM's `DeltaMessage` the event has, in its order."""
+    delta: dict[str, Any] = {}
+    if event.text:
+        delta["content"] = event.text
+    if event.reasoning:
+        delta["reasoning"] = event.reasoning
+    if event.tool_calls:
+        delta["tool_calls"] = [call.model_dump() for call in event.tool_calls]
+    return delta
+
+
 class ChunkStream:
-    """Turns one job's events, in order, into the chunks of one streamed answer.
+    """Turns one job's events, in order, into the chunks of one streamed answer, as vLLM streams them.
 
     Nothing goes out before the first token (or the end): status events make no chunk, so that
     a client measures the job's time to first token, as on vLLM's server. Chat opens with the
-    assistant's role, then content deltas; both kinds end with an empty delta carrying
-    `finish_reason`, and, if asked for, a chunk with only `usage`. With `continuous_usage`
-    every chunk carries the usage so far, as vLLM's `continuous_usage_stats`: the prompt's
-    count is the gateway's own (`prompt_tokens`, 0 when it has no model card) until the end,
-    where the worker's usage is given. A job of `n` choices streams each chunk with its choice's
-    `index`: each choice opens, goes on and ends as one alone would, and usage adds all of them up.
+    answer's role (then, with `echo`, the echoed message), then deltas of content, reasoning and tool
+    calls (a delta with none of them, whose tokens a parser held back as markup, makes no chunk); both
+    kinds end with an empty delta carrying `finish_reason` and `stop_reason`. Chunks have no `usage`
+    unless asked for: then a last chunk with only `usage`, or, with `continuous_usage` (vLLM's
+    `continuous_usage_stats`), the usage so far on every chunk: the prompt's count is the gateway's own
+    (`prompt_tokens`, 0 when it has no model card) until the end, where the worker's usage is given.
+    A job of `n` choices streams each chunk with its choice's `index`: each choice opens, goes on and
+    ends as one alone would, and usage adds all of them up.
     """
 
     def __init__(
@@ -221,7 +314,7 @@ class ChunkStream:
         self.include_usage = include_usage
         self.continuous_usage = continuous_usage
         self.usage = Usage(prompt_tokens=prompt_tokens or 0, completion_tokens=0)
-        self.echoed = echoed  # goes out before each choice's first text
+        self.echoed = echoed  # goes out before each choice's first output
         self.opened: set[int] = set()  # the choices with a chunk out
         self.text_offsets: dict[int, int] = {}  # per choice
 
@@ -230,10 +323,8 @@ class ChunkStream:
             **self.answer.envelope("chat.completion.chunk" if self.answer.chat else "text_completion"),
             "choices": choices,
         }
-        if self.continuous_usage:
+        if self.continuous_usage or usage is not None:
             chunk["usage"] = usage_object(usage or self.usage)
-        elif self.include_usage:  # as OpenAI: present on every chunk, null but on the last
-            chunk["usage"] = usage_object(usage) if usage else None
         return chunk
 
     def _choice(
@@ -243,38 +334,58 @@ class ChunkStream:
         logprobs: dict[str, Any] | None = None,
         finish_reason: str | None = None,
     ) -> dict[str, Any]:
-        return {"index": index, **output, "logprobs": logprobs, "finish_reason": finish_reason}
-
-    def _text(self, text: str) -> dict[str, Any]:
-        return {"delta": {"content": text} if text else {}} if self.answer.chat else {"text": text}
+        choice = {"index": index, **output, "logprobs": logprobs, "finish_reason": finish_reason}
+        if not self.answer.chat:
+            choice["stop_reason"] = None  # a completion's chunks all have it; the last one's is set
+        return choice
 
     def _open(self, index: int) -> tuple[list[dict[str, Any]], str]:
-        """What goes before choice `index`'s first output: chat's role chunk, a completion's echo."""
+        """What goes before choice `index`'s first output: chat's role chunk and echo chunk, a
+        completion's echo (the text to put before its first text)."""
         if index in self.opened:
             return [], ""
         self.opened.add(index)
         if not self.answer.chat:
             return [], self.echoed
-        return [self._chunk([self._choice(index, {"delta": {"role": "assistant", "content": ""}})])], ""
+        role = {"role": self.answer.role, "content": ""}
+        chunks = [self._chunk([self._choice(index, {"delta": role})])]
+        if self.echoed:
+            chunks.append(self._chunk([self._choice(index, {"delta": {"content": self.echoed}})]))
+        return chunks, ""
 
     def feed(self, event: Event) -> list[dict[str, Any]]:
         """The chunks one event makes; each choice's first delta (or the end) of a chat opens it with
         the role. The end closes every choice with its `finish_reason`, in order."""
         if isinstance(event, DeltaEvent):
-            chunks, echoed = self._open(event.index)
-            completion_tokens = self.usage.completion_tokens + len(event.token_ids)
-            self.usage = self.usage.model_copy(update={"completion_tokens": completion_tokens})
-            offset = self.text_offsets.get(event.index, 0)
-            logprobs = self.answer.logprobs(event.logprobs, offset)
-            self.text_offsets[event.index] = offset + sum(len(lp.token) for lp in event.logprobs or [])
-            chunks.append(self._chunk([self._choice(event.index, self._text(echoed + event.text), logprobs)]))
-            return chunks
+            return self._delta(event)
         if not isinstance(event, DoneEvent):
             return []
         self.usage, chunks = event.usage, []
+        stop_reasons = event.stop_reasons or []
         for index, reason in enumerate(event.finish_reasons or [event.finish_reason]):
             chunks += self._open(index)[0]
-            chunks.append(self._chunk([self._choice(index, self._text(""), finish_reason=reason)]))
+            end = self._choice(
+                index, {"delta": {}} if self.answer.chat else {"text": ""}, finish_reason=reason
+            )
+            end["stop_reason"] = stop_reasons[index] if index < len(stop_reasons) else None
+            chunks.append(self._chunk([end]))
         if self.include_usage:
             chunks.append(self._chunk([], event.usage))
+        return chunks
+
+    def _delta(self, event: DeltaEvent) -> list[dict[str, Any]]:
+        chunks, echoed = self._open(event.index)
+        completion_tokens = self.usage.completion_tokens + len(event.token_ids)
+        self.usage = self.usage.model_copy(update={"completion_tokens": completion_tokens})
+        offset = self.text_offsets.get(event.index, 0)
+        logprobs = self.answer.logprobs(event.logprobs, offset)
+        self.text_offsets[event.index] = offset + sum(len(lp.token) for lp in event.logprobs or [])
+        if not self.answer.chat:
+            return [
+                *chunks,
+                self._chunk([self._choice(event.index, {"text": echoed + event.text}, logprobs)]),
+            ]
+        delta = chat_delta(event)
+        if delta or logprobs is not None:
+            chunks.append(self._chunk([self._choice(event.index, {"delta": delta}, logprobs)]))
         return chunks

@@ -279,6 +279,11 @@ class _Body(SamplingOptions):
         """What goes before the answer's text: the prompt, for a completion with `echo`, as vLLM answers."""
         return ""
 
+    @property
+    def role(self) -> str:
+        """The role of a chat answer's message."""
+        return "assistant"
+
     def _max_tokens(self) -> tuple[str, int | None]:
         """The parameter that sets the most tokens to generate, and its value."""
         return "max_tokens", self.max_tokens

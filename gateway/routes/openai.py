@@ -1,11 +1,15 @@
 """OpenAI-compatible completions and chat completions, run as jobs on the shared queue.
 
 They answer as vLLM's OpenAI server does, and name the job in `X-Streampool-Job-Id`
-so that it can also be followed, replayed or cancelled through the native API.
+so that it can also be followed, replayed or cancelled through the native API. A body's fields that
+neither OpenAI's API nor vLLM's defines are ignored, as vLLM ignores them, with a warning in the log,
+and named in `X-Streampool-Ignored-Fields` (comma-separated; a nested one by its path, e.g.
+`stream_options.x`), so that a client can see what had no effect.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any
 
@@ -34,6 +38,12 @@ from shared.errors import (
     StreampoolError,
     Unauthorized,
 )
+
+log = logging.getLogger(__name__)
+
+IGNORED_FIELDS_HEADER = "X-Streampool-Ignored-Fields"
+MAX_IGNORED_NAMED = 32  # a body of thousands of unknown keys gets a header of bounded size
+MAX_NAME_CHARS = 100
 
 
 class OpenAIErrors(ErrorShape):
@@ -93,7 +103,10 @@ router = APIRouter(tags=["openai"], dependencies=[REQUIRE_KEY], responses=ERRORS
 async def completions(
     body: CompletionBody, request: Request, owner: Owner, services: ServicesDep
 ) -> Response:
-    """OpenAI's (legacy) text completion: one prompt, one choice."""
+    """OpenAI's (legacy) text completion: a prompt (or several), `n` choices each.
+
+    Fields neither OpenAI's API nor vLLM's defines are ignored and named in the answer's
+    `X-Streampool-Ignored-Fields` header."""
     return await _answer(body, request, owner, services)
 
 
@@ -103,7 +116,11 @@ async def completions(
     responses={200: {"model": ChatCompletionResponse, "content": STREAM}},
 )
 async def chat_completions(body: ChatBody, request: Request, owner: Owner, services: ServicesDep) -> Response:
-    """OpenAI's chat completion: the messages rendered with the model's chat template."""
+    """OpenAI's chat completion: the messages rendered with the model's chat template, with the tools
+    offered; the answer carries the model's tool calls and reasoning where its pool parses them.
+
+    Fields neither OpenAI's API nor vLLM's defines are ignored and named in the answer's
+    `X-Streampool-Ignored-Fields` header."""
     return await _answer(body, request, owner, services)
 
 
@@ -120,6 +137,7 @@ async def _answer_held(
     body: CompletionBody | ChatBody, request: Request, owner: str, services: Services, hold: Hold
 ) -> Response:
     job = body.job_request(services.settings.max_tokens_limit)
+    headers = _ignored_fields_header(body)
     try:
         submission = await services.admission.admit(
             job, owner, model=body.model, fill_context=body.fills_context
@@ -127,7 +145,9 @@ async def _answer_held(
     except InvalidRequest as exc:
         raise body.in_own_terms(exc) from exc
     run = JobRun(services, submission.job_id, request)
-    answer = Answer(chat=body.chat, job_id=run.job_id, model=body.model, created=int(time.time()))
+    answer = Answer(
+        chat=body.chat, job_id=run.job_id, model=body.model, created=int(time.time()), role=body.role
+    )
     if body.stream:
         continuous = body.stream_options is not None and body.stream_options.continuous_usage
         prompt_tokens = None
@@ -136,6 +156,25 @@ async def _answer_held(
             prompt_tokens = await services.admission.prompt_limit.count(job, target.model)
         chunks = ChunkStream(answer, body.include_usage, continuous, prompt_tokens, body.echoed)
         frames = chunk_frames(run, chunks.feed, lambda exc: OPENAI_ERRORS.failure(exc)[1], SEPARATOR)
-        return event_source(run, frames, hold.hand_over(), sep=SEPARATOR)
+        response = event_source(run, frames, hold.hand_over(), sep=SEPARATOR)
+        response.headers.update(headers)
+        return response
     result = await run.result()
-    return JSONResponse(whole_answer(body, job, answer, result), headers={JOB_ID_HEADER: run.job_id})
+    return JSONResponse(
+        whole_answer(body, job, answer, result), headers={JOB_ID_HEADER: run.job_id, **headers}
+    )
+
+
+def _ignored_fields_header(body: CompletionBody | ChatBody) -> dict[str, str]:
+    """The header naming the fields the body gave that nothing defines, logged once per request as
+    vLLM logs them."""
+    ignored = body.ignored_fields
+    if not ignored:
+        return {}
+    # A header holds printable ASCII alone: any other character of a name goes escaped.
+    names = [name[:MAX_NAME_CHARS].encode("unicode_escape").decode() for name in ignored]
+    if len(names) > MAX_IGNORED_NAMED:
+        names = [*names[:MAX_IGNORED_NAMED], f"and {len(names) - MAX_IGNORED_NAMED} more"]
+    named = ", ".join(names)
+    log.warning("fields no API defines, ignored: %s", named)
+    return {IGNORED_FIELDS_HEADER: named}
