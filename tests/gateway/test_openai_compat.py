@@ -18,7 +18,14 @@ from openai.types import Completion
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from pydantic import ValidationError
 
-from gateway.compat.openai_answers import Answer, ChunkStream, chat_logprobs, completion, completion_logprobs
+from gateway.compat.openai_answers import (
+    Answer,
+    ChoiceOutput,
+    ChunkStream,
+    chat_logprobs,
+    completion,
+    completion_logprobs,
+)
 from gateway.compat.openai_bodies import ChatBody, CompletionBody
 from gateway.routes.openai import OPENAI_ERRORS
 from shared.errors import (
@@ -254,10 +261,6 @@ UNSUPPORTED: list[tuple[str, dict[str, Any], str]] = [
     ("chat", {"response_format": {"type": "structural_tag", "structures": []}}, "response_format"),
     ("chat", {"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}, "response_format"),
     ("completion", {"suffix": "end"}, "suffix"),
-    ("chat", {"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
-    ("chat", {"tool_choice": "auto"}, "tool_choice"),
-    ("chat", {"functions": [{"name": "f"}]}, "functions"),
-    ("chat", {"function_call": {"name": "f"}}, "function_call"),
     ("chat", {"top_logprobs": 2}, "top_logprobs"),
     ("completion", {"stream_options": {"include_usage": True}}, "stream_options"),
 ]
@@ -302,8 +305,10 @@ def test_null_options_mean_their_defaults() -> None:
 @pytest.mark.parametrize(
     "body",
     [
-        {"model": MODEL, "prompt": "hi", "metadata": {"a": "b"}},  # unknown parameter
-        {"model": MODEL, "messages": [{"role": "tool", "content": "42"}]},
+        {"model": MODEL, "messages": [{"role": "user"}]},  # content is only optional with tool calls
+        {"model": MODEL, "messages": [{"role": "assistant", "content": None}]},
+        {"model": MODEL, "messages": [{"role": "user", "content": "x", "tool_calls": []}]},
+        {"model": MODEL, "messages": [{"role": "critic", "content": "x"}]},
         {"model": MODEL, "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
     ],
 )
@@ -368,7 +373,7 @@ USAGE = Usage(prompt_tokens=5, completion_tokens=2)
 
 def test_completion_answer_parses_as_an_openai_completion() -> None:
     answer = Answer(chat=False, job_id="abc", model=MODEL, created=1700000000)
-    parsed = Completion.model_validate(completion(answer, [("Hello", None, "length")], USAGE))
+    parsed = Completion.model_validate(completion(answer, [ChoiceOutput("Hello", None, "length")], USAGE))
     assert (parsed.id, parsed.object, parsed.model, parsed.created) == (
         "cmpl-abc",
         "text_completion",
@@ -383,7 +388,7 @@ def test_completion_answer_parses_as_an_openai_completion() -> None:
 
 def test_answer_of_several_choices_lists_each_with_its_index() -> None:
     answer = Answer(chat=True, job_id="abc", model=MODEL, created=1700000000)
-    choices = [("A", None, "stop"), ("B", None, "length"), ("C", None, "stop")]
+    choices = [ChoiceOutput("A", None, "stop"), ChoiceOutput("B", None, "length"), ChoiceOutput("C")]
     parsed = ChatCompletion.model_validate(completion(answer, choices, USAGE))
     assert [(c.index, c.message.content, c.finish_reason) for c in parsed.choices] == [
         (0, "A", "stop"),
@@ -399,7 +404,7 @@ def test_n_goes_into_the_job() -> None:
 def test_chat_answer_parses_as_an_openai_chat_completion_with_logprobs() -> None:
     answer = Answer(chat=True, job_id="abc", model=MODEL, created=1700000000)
     logprobs = [_logprob("Hi", -0.25, ("Hi", -0.25), ("Hey", -1.5))]
-    parsed = ChatCompletion.model_validate(completion(answer, [("Hi", logprobs, "stop")], USAGE))
+    parsed = ChatCompletion.model_validate(completion(answer, [ChoiceOutput("Hi", logprobs, "stop")], USAGE))
     assert (parsed.id, parsed.object) == ("chatcmpl-abc", "chat.completion")
     choice = parsed.choices[0]
     assert (choice.message.role, choice.message.content, choice.finish_reason) == ("assistant", "Hi", "stop")
@@ -474,11 +479,12 @@ def test_continuous_usage_counts_the_tokens_of_every_choice() -> None:
     assert chunk["choices"][0]["index"] == 2 and chunk["usage"]["completion_tokens"] == 3
 
 
-def test_include_usage_adds_a_last_chunk_with_no_choices_and_usage_null_before() -> None:
+def test_include_usage_adds_a_last_chunk_with_no_choices_and_no_usage_key_before() -> None:
+    """As vLLM streams it: only the last chunk has `usage`, the others not even a null one."""
     answer = Answer(chat=True, job_id="abc", model=MODEL, created=1700000000)
     raw = _stream(answer, True, _events(_delta(2, "Hel")))
     chunks = [ChatCompletionChunk.model_validate(chunk) for chunk in raw]
-    assert [chunk["usage"] for chunk in raw[:-1]] == [None, None, None]
+    assert ["usage" in chunk for chunk in raw] == [False, False, False, True]
     assert chunks[-2].choices[0].finish_reason == "stop"
     assert chunks[-1].choices == []
     assert chunks[-1].usage is not None
@@ -597,7 +603,7 @@ async def test_refused_option_answers_an_openai_400_naming_it(gateway: httpx.Asy
 @pytest.mark.parametrize(
     ("content", "param"),
     [
-        (json.dumps({"model": MODEL, "prompt": "hi", "frobnicate": 1}), "frobnicate"),
+        (json.dumps({"model": MODEL, "prompt": "hi", "temperature": "warm"}), "temperature"),
         (json.dumps({"prompt": "hi"}), "model"),
         ("{not json", None),
     ],
