@@ -9,6 +9,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, Field, TypeAdapter
 
+from shared.chat import FunctionCall, ToolCall
+
 
 class JobState(str, Enum):
     queued = "queued"
@@ -164,13 +166,39 @@ class Progress:
     next_seq: int
     token_ids: list[int] = field(default_factory=list)
     text: str = ""
+    reasoning: str = ""
+    tool_call_parts: list[ToolCallDelta] = field(default_factory=list)
 
     @classmethod
     def of(cls, events: Iterable[Event]) -> Progress:
-        next_seq, token_ids, texts = 0, [], []
+        next_seq, token_ids, texts, reasonings, parts = 0, [], [], [], []
         for event in events:
             next_seq = event.seq + 1
             if isinstance(event, DeltaEvent) and event.index == 0:
                 token_ids.extend(event.token_ids)
                 texts.append(event.text)
-        return cls(next_seq, token_ids, "".join(texts))
+                reasonings.append(event.reasoning)
+                parts.extend(event.tool_calls or [])
+        return cls(next_seq, token_ids, "".join(texts), "".join(reasonings), parts)
+
+
+def whole_calls(parts: Iterable[ToolCallDelta]) -> list[ToolCall]:
+    """The calls a choice's tool-call parts add up to, in order: each call's id and name from the
+    parts that carry them, its arguments the fragments end to end."""
+    ids: dict[int, str] = {}
+    names: dict[int, str] = {}
+    arguments: dict[int, list[str]] = {}
+    for part in parts:
+        if part.id:
+            ids.setdefault(part.index, part.id)
+        if part.function.name:
+            names.setdefault(part.index, part.function.name)
+        arguments.setdefault(part.index, []).append(part.function.arguments)
+    return [
+        ToolCall(
+            id=ids.get(index, f"call_{index}"),
+            function=FunctionCall(name=names.get(index, "?"), arguments="".join(arguments[index])),
+        )
+        for index in sorted(arguments)
+        if index in names  # a call cut before its name came is none
+    ]

@@ -14,8 +14,9 @@ from datetime import datetime, timezone
 from typing import Any
 
 import redis.asyncio as aioredis
+from pydantic import TypeAdapter
 
-from shared.chat import ChatMessage
+from shared.chat import ChatMessage, ToolCall
 from shared.config import RedisSettings
 from shared.errors import IdempotencyMismatch, InvalidRequest, JobNotFound, Overloaded, RateLimited
 from shared.events import (
@@ -161,6 +162,10 @@ class Started:
         return self.attempt > 1
 
 
+TOOL_CALLS: TypeAdapter[list[ToolCall]] = TypeAdapter(list[ToolCall])
+"""A record's `tool_calls` field, JSON."""
+
+
 @dataclass(frozen=True)
 class Outcome:
     """How a running job ended, as the record keeps it."""
@@ -171,19 +176,31 @@ class Outcome:
     usage: Usage
     finish_reason: str | None = None
     error: str | None = None
+    reasoning: str | None = None  # where the pool parses a chat's output: its parts beside `text`
+    tool_calls: list[ToolCall] | None = None
 
     @classmethod
     def of_stream(cls, events: list[Event]) -> Outcome:
         """How the job whose stream holds `events`, the last one terminal, ended."""
-        progress, end = Progress.of(events), events[-1]
-        text, tokens = progress.text, len(progress.token_ids)
+        output, end = JobOutput.of(Progress.of(events)), events[-1]
         if isinstance(end, DoneEvent):
-            return cls(JobState.completed, text, tokens, end.usage, end.finish_reason)
-        if isinstance(end, CancelledEvent):
-            return cls(JobState.cancelled, text, tokens, end.usage)
-        usage = Usage(prompt_tokens=0, completion_tokens=tokens)
-        error = end.message if isinstance(end, ErrorEvent) else None
-        return cls(JobState.failed, text, tokens, usage, error=error)
+            state, usage, finish_reason, error = JobState.completed, end.usage, end.finish_reason, None
+        elif isinstance(end, CancelledEvent):
+            state, usage, finish_reason, error = JobState.cancelled, end.usage, None, None
+        else:
+            state, finish_reason = JobState.failed, None
+            usage = Usage(prompt_tokens=0, completion_tokens=output.token_count)
+            error = end.message if isinstance(end, ErrorEvent) else None
+        return cls(
+            state,
+            output.text,
+            output.token_count,
+            usage,
+            finish_reason,
+            error,
+            reasoning=output.reasoning,
+            tool_calls=output.tool_calls,
+        )
 
     def record_fields(self, finished_at: float) -> dict[str, str]:
         fields: dict[str, Any] = {
@@ -196,6 +213,10 @@ class Outcome:
             fields["finish_reason"] = self.finish_reason
         if self.error is not None:
             fields["error"] = self.error
+        if self.reasoning:
+            fields["reasoning"] = self.reasoning
+        if self.tool_calls:
+            fields["tool_calls"] = json.dumps([call.model_dump() for call in self.tool_calls])
         return {name: str(value) for name, value in fields.items()}
 
 
@@ -559,7 +580,12 @@ class JobStore:
             # round trip only then.
             rank = await self._queue_position(job_id, fields) if state is JobState.queued else None
         if state.terminal:
-            output = JobOutput(text=fields.get("text", ""), token_count=int(fields.get("token_count", 0)))
+            output = JobOutput(
+                text=fields.get("text", ""),
+                token_count=int(fields.get("token_count", 0)),
+                reasoning=fields.get("reasoning"),
+                tool_calls=TOOL_CALLS.validate_json(fields["tool_calls"]) if "tool_calls" in fields else None,
+            )
         else:
             output = await self._output_so_far(job_id)
         model = fields.get("model")
@@ -609,5 +635,4 @@ async def _output_of(entries: list[tuple[str, dict[str, str]]]) -> JobOutput:
 
 
 def _output(entries: list[tuple[str, dict[str, str]]]) -> JobOutput:
-    progress = Progress.of(_events(fields for _, fields in entries))
-    return JobOutput(text=progress.text, token_count=len(progress.token_ids))
+    return JobOutput.of(Progress.of(_events(fields for _, fields in entries)))

@@ -18,10 +18,10 @@ from pydantic import (
 )
 
 from shared.chat import ChatMessage as ChatMessage  # part of a job's request: its callers import it here
-from shared.chat import ChatOptions
+from shared.chat import ChatOptions, ToolCall
 from shared.constraint_bounds import grammar_problem, regex_problem, schema_problem
 from shared.errors import InvalidRequest
-from shared.events import JobState, Usage
+from shared.events import JobState, Progress, Usage, whole_calls
 from shared.text import Text as Text  # callers of the job models import it here
 
 MAX_PROMPT_CHARS = 1_000_000
@@ -360,8 +360,24 @@ class JobAccepted(BaseModel):
 
 
 class JobOutput(BaseModel):
+    """The job's output (its first choice's): where its pool parses a chat's output, `text` is the
+    answer's content, beside the model's `reasoning` and its `tool_calls`."""
+
     text: str
     token_count: int
+    reasoning: str | None = Field(None, exclude_if=lambda value: value is None)
+    tool_calls: list[ToolCall] | None = Field(None, exclude_if=lambda value: value is None)
+
+    @classmethod
+    def of(cls, progress: Progress) -> JobOutput:
+        """The output a stream holds so far."""
+        calls = whole_calls(progress.tool_call_parts)
+        return cls(
+            text=progress.text,
+            token_count=len(progress.token_ids),
+            reasoning=progress.reasoning or None,
+            tool_calls=calls or None,
+        )
 
 
 class JobRecord(BaseModel):

@@ -16,6 +16,7 @@ from shared.events import (
     ToolCallDelta,
     Usage,
 )
+from shared.requests import JobOutput
 from worker.engine import EngineDelta
 
 
@@ -24,6 +25,8 @@ class _Choice:
     """One choice's output so far, and the engine deltas it holds back for its next delta event."""
 
     text_parts: list[str] = field(default_factory=list)
+    reasoning_parts: list[str] = field(default_factory=list)
+    tool_call_parts: list[ToolCallDelta] = field(default_factory=list)
     tokens: int = 0
     finish_reason: str | None = None
     stop_reason: int | str | None = None
@@ -71,8 +74,11 @@ class Chunker:
     def after(cls, progress: Progress, stream_step: int, n: int = 1) -> Chunker:
         """A chunker that goes on from what the job's stream holds: seq, output and usage continue."""
         chunker = cls(stream_step, 0, progress.next_seq, n)
-        chunker._choices[0].text_parts.append(progress.text)
-        chunker._choices[0].tokens = len(progress.token_ids)
+        first = chunker._choices[0]
+        first.text_parts.append(progress.text)
+        first.reasoning_parts.append(progress.reasoning)
+        first.tool_call_parts.extend(progress.tool_call_parts)
+        first.tokens = len(progress.token_ids)
         return chunker
 
     @property
@@ -81,9 +87,12 @@ class Chunker:
         return "".join(self._choices[0].text_parts)
 
     @property
-    def output_tokens(self) -> int:
-        """The first choice's token count, which the job's output record holds."""
-        return self._choices[0].tokens
+    def output(self) -> JobOutput:
+        """The job's output, its first choice's: its text, its token count, and the reasoning and tool
+        calls where the pool parses a chat's output."""
+        first = self._choices[0]
+        progress = Progress(0, [], self.text, "".join(first.reasoning_parts), first.tool_call_parts)
+        return JobOutput.of(progress).model_copy(update={"token_count": first.tokens})
 
     @property
     def completion_tokens(self) -> int:
@@ -114,6 +123,10 @@ class Chunker:
         choice = self._choices[delta.index]
         tokens = len(delta.token_ids)
         choice.text_parts.append(delta.text)
+        if delta.reasoning:
+            choice.reasoning_parts.append(delta.reasoning)
+        if delta.tool_calls:
+            choice.tool_call_parts.extend(delta.tool_calls)
         choice.tokens += tokens
         choice.held.append(delta)
         choice.held_tokens += tokens

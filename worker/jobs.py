@@ -249,13 +249,16 @@ class JobRunner:
         error: str | None = None,
     ) -> Ending:
         """Publish the last events (the terminal one last) and write the outcome to the record."""
+        output = chunker.output
         outcome = Outcome(
             state=state,
-            text=chunker.text,
-            token_count=chunker.output_tokens,
+            text=output.text,
+            token_count=output.token_count,
             usage=chunker.usage,
             finish_reason=finish_reason,
             error=error,
+            reasoning=output.reasoning,
+            tool_calls=output.tool_calls,
         )
         finished = await self.publisher.finish(job_id, events, outcome)
         if finished.outcome is FinishOutcome.behind:

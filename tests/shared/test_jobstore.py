@@ -10,12 +10,14 @@ import pytest
 import redis.asyncio as aioredis
 
 from shared.errors import JobNotFound, Overloaded
-from shared.events import JobState
-from shared.jobstore import JobStore
+from shared.events import DeltaEvent, DoneEvent, Event, FunctionDelta, JobState, ToolCallDelta, Usage
+from shared.jobstore import JobStore, Outcome
 from shared.keys import Keys
+from shared.lifecycle.transitions import FinishOutcome, Verdict
 from shared.requests import JobRequest
 from tests.conftest import UNIT_RETENTION_SECONDS
 from tests.helpers import arq_keys_of
+from worker.publisher import Publisher
 
 REQUEST = JobRequest(prompt="The capital of France is", max_tokens=8)
 MODEL = "smol"
@@ -181,3 +183,35 @@ async def test_idempotency_key_expires_with_the_ended_job(store: JobStore) -> No
     job_id = (await store.submit(REQUEST, model=MODEL, idempotency_key="k", max_queued=0)).job_id
     await store.cancel(job_id)
     assert 0 < await store.redis.ttl(store.keys.idempotency("k")) <= UNIT_RETENTION_SECONDS
+
+
+async def test_a_chat_s_reasoning_and_tool_calls_are_in_its_record_while_it_runs_and_once_it_ended(
+    store: JobStore,
+) -> None:
+    """The record's output reads them from the stream as the job runs, and keeps them once it ends."""
+    job_id = (await store.submit(REQUEST, model=MODEL, max_queued=0)).job_id
+    await store.start(job_id, "worker-1", MODEL, lease_seconds=LEASE_SECONDS)
+    name = ToolCallDelta(index=0, id="call-1", type="function", function=FunctionDelta(name="get_weather"))
+    arguments = ToolCallDelta(index=0, function=FunctionDelta(arguments='{"city": "Paris"}'))
+    events: list[Event] = [
+        DeltaEvent(seq=2, text="", token_ids=[1, 2], reasoning="Look it up."),
+        DeltaEvent(seq=3, text="", token_ids=[3], tool_calls=[name]),
+        DeltaEvent(seq=4, text="", token_ids=[4, 5], tool_calls=[arguments]),
+    ]
+    publisher = Publisher(store.streams, store, "worker-1")
+    assert await publisher.step(job_id, events) is Verdict.go
+    call = {"name": "get_weather", "arguments": '{"city": "Paris"}'}
+    expected = [{"id": "call-1", "type": "function", "function": call}]
+    running = (await store.record(job_id)).output
+    assert (running.reasoning, running.token_count) == ("Look it up.", 5)
+    assert [call.model_dump() for call in running.tool_calls or []] == expected
+    done = DoneEvent(seq=5, finish_reason="tool_calls", usage=Usage(prompt_tokens=4, completion_tokens=5))
+    finished = await publisher.finish(job_id, [done], Outcome.of_stream([*events, done]))
+    assert finished.outcome is FinishOutcome.ended
+    record = await store.record(job_id)
+    assert (record.status, record.finish_reason, record.output.reasoning) == (
+        JobState.completed,
+        "tool_calls",
+        "Look it up.",
+    )
+    assert [call.model_dump() for call in record.output.tool_calls or []] == expected

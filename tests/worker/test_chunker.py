@@ -197,7 +197,7 @@ def test_choices_keep_apart_in_one_sequence_and_add_up_in_usage() -> None:
     assert [event.seq for event in events] == list(range(FIRST_SEQ, FIRST_SEQ + len(events)))
     deltas = delta_events(events)
     assert [(event.index, event.token_ids) for event in deltas] == [(0, [1, 2]), (1, [11, 12]), (0, [3])]
-    assert chunker.text == "a0a1a2" and chunker.output_tokens == 3
+    assert chunker.text == "a0a1a2" and chunker.output.token_count == 3
     done = events[-1]
     assert isinstance(done, DoneEvent)
     assert (done.finish_reason, done.finish_reasons) == ("length", ["length", "stop"])
