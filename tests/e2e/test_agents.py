@@ -39,6 +39,7 @@ MODEL = DEFAULT_MODEL_DIR.name
 REASONING = "I should look it up."
 CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
 ANSWER = "It is sunny in Paris."
+AFTER_TOOL = f"<think>The tool says sunny.</think>{ANSWER}"  # qwen3's parser: thinking until </think>
 ARGUMENTS = {"city": "Paris"}
 WEATHER_TOOL: Any = {
     "type": "function",
@@ -63,7 +64,7 @@ def agents_system(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> I
         tmp_path_factory,
         engine="synthetic",
         synthetic_step_seconds=0.005,
-        synthetic_script=f"<think>{REASONING}</think>{CALL}{SCRIPT_AFTER_TOOL}{ANSWER}",
+        synthetic_script=f"<think>{REASONING}</think>{CALL}{SCRIPT_AFTER_TOOL}{AFTER_TOOL}",
         enable_auto_tool_choice=True,
         tool_call_parser="hermes",
         reasoning_parser="qwen3",
