@@ -13,11 +13,21 @@ from types import SimpleNamespace
 def vllm_protocol() -> SimpleNamespace:
     """`GenerateRequest`, the tokens-in/tokens-out answers and chunks (`GenerateTokensResponse`,
     `GenerateTextResponse`, `GenerateTokensStreamResponse`, `GenerateTextStreamResponse`),
-    `ErrorResponse`, `CompletionRequest`, `ChatCompletionRequest` and `SamplingParams`."""
+    `ErrorResponse`, `CompletionRequest`, `ChatCompletionRequest` and `SamplingParams`; the chat
+    completions' and completions' answers and chunks (`ChatCompletionResponse`,
+    `ChatCompletionStreamResponse`, `CompletionResponse`, `CompletionStreamResponse`)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
-        from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
-        from vllm.entrypoints.openai.completion.protocol import CompletionRequest
+        from vllm.entrypoints.openai.chat_completion.protocol import (
+            ChatCompletionRequest,
+            ChatCompletionResponse,
+            ChatCompletionStreamResponse,
+        )
+        from vllm.entrypoints.openai.completion.protocol import (
+            CompletionRequest,
+            CompletionResponse,
+            CompletionStreamResponse,
+        )
         from vllm.entrypoints.scale_out.token_in_token_out import protocol
         from vllm.entrypoints.serve.engine.protocol import ErrorResponse
         from vllm.sampling_params import SamplingParams
@@ -30,5 +40,9 @@ def vllm_protocol() -> SimpleNamespace:
         ErrorResponse=ErrorResponse,
         CompletionRequest=CompletionRequest,
         ChatCompletionRequest=ChatCompletionRequest,
+        ChatCompletionResponse=ChatCompletionResponse,
+        ChatCompletionStreamResponse=ChatCompletionStreamResponse,
+        CompletionResponse=CompletionResponse,
+        CompletionStreamResponse=CompletionStreamResponse,
         SamplingParams=SamplingParams,
     )
