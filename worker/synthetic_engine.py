@@ -132,9 +132,10 @@ class Script:
         first_ids = counter.encode(first, add_special_tokens=False)
         return cls(first_ids, counter.encode(after, add_special_tokens=False) if separated else first_ids)
 
-    def tokens_for(self, request: JobRequest) -> list[int]:
+    def tokens_for(self, request: JobRequest, written: int) -> list[int]:
+        """What is left to write of the part `request` gets, `written` of its tokens written already."""
         after_tool = request.messages is not None and request.messages[-1].role == "tool"
-        return self.after_tool if after_tool else self.first
+        return (self.after_tool if after_tool else self.first)[written:]
 
 
 class SyntheticEngine:
@@ -193,13 +194,14 @@ class SyntheticEngine:
         room = min(request.max_tokens, self.max_model_len - len(prompt.token_ids))
         seed = _seed(request, prompt.token_ids)
         skip = request.skip_special_tokens
+        script = None if self._script is None else self._script.tokens_for(request, self._written(prompt))
         choices = [
             _Choice(
                 index,
                 random.Random(f"{seed}:{index}"),
                 random.Random(f"{seed}:{index}:alternatives"),
                 self._counter.text_stream(skip),
-                script=None if self._script is None else self._script.tokens_for(request),
+                script=script,
             )
             for index in range(request.n)
         ]
@@ -217,6 +219,11 @@ class SyntheticEngine:
                     yield self._delta(choice, [self._next_token(choice, request, room)], request)
         finally:
             self._aborted.pop(request_id, None)
+
+    def _written(self, prompt: Prompt) -> int:
+        """The tokens a resumed job's earlier runs wrote: its prompt holds them after the request's own,
+        so that a script goes on where the last run stopped, as a model goes on from its own tokens."""
+        return len(prompt.token_ids) - len(self.render(prompt.request).token_ids)
 
     def _next_token(self, choice: _Choice, request: JobRequest, room: int) -> int:
         """The choice's next token, scripted or drawn, and whether it ends the choice."""

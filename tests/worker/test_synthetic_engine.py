@@ -254,3 +254,14 @@ async def test_a_script_honours_max_tokens_stops_and_ignore_eos(scripted: Synthe
         await run(scripted, chat(USER, max_tokens=len(script_ids) + 5, ignore_eos=True))
     )
     assert ids[: len(script_ids)] == script_ids and len(ids) == len(script_ids) + 5 and reason == "length"
+
+
+async def test_a_resumed_job_goes_on_with_the_script_where_its_last_run_stopped(
+    scripted: SyntheticEngine,
+) -> None:
+    request = chat(USER)
+    script_ids = scripted._counter.encode(SCRIPT, add_special_tokens=False)
+    resumed = scripted.render(request).continued(script_ids[:7])
+    ids, text, reason = choice([delta async for delta in scripted.generate("resumed", resumed)])
+    assert ids[:-1] == script_ids[7:] and reason == "stop"
+    assert scripted._counter.decode(script_ids[:7]) + text == SCRIPT
