@@ -7,6 +7,7 @@ the same calls, the same arguments and the same text."""
 from __future__ import annotations
 
 import json
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -95,7 +96,9 @@ def test_a_required_tool_choice_streams_its_calls_in_parts_the_client_adds_up(
 def vllm_openai(system: System, tmp_path_factory: pytest.TempPathFactory) -> Iterator[openai.OpenAI]:
     """vLLM's own OpenAI server on the engine arguments the workers give theirs, with their tool flags."""
     port = free_port()
-    flags = [*vllm_server.server_flags(system.settings, port), *TOOL_FLAGS]
+    with warnings.catch_warnings():  # the flags come from the worker's engine arguments: vLLM's import
+        warnings.simplefilter("ignore", DeprecationWarning)
+        flags = [*vllm_server.server_flags(system.settings, port), *TOOL_FLAGS]
     server = start(
         "vllm-server", ["bench.vllm_server", *flags], system.settings, tmp_path_factory.mktemp("vllm")
     )
@@ -107,29 +110,46 @@ def vllm_openai(system: System, tmp_path_factory: pytest.TempPathFactory) -> Ite
         vllm_server.stop(server)
 
 
-def answer(client: openai.OpenAI, model: str, tool_choice: Any) -> tuple[Any, ...]:
-    """A greedy answer's text, calls (name and arguments) and finish reason."""
-    completion = client.chat.completions.create(
-        model=model,
-        messages=QUESTION,
-        tools=[WEATHER_TOOL],
-        tool_choice=tool_choice,
-        temperature=0,
-        max_tokens=40,
-    )
-    choice = completion.choices[0]
-    calls = [(call.function.name, call.function.arguments) for call in choice.message.tool_calls or []]  # type: ignore[union-attr]
-    return choice.message.content or "", calls, choice.finish_reason
+def answer(client: openai.OpenAI, model: str, tool_choice: Any, stream: bool) -> tuple[Any, ...]:
+    """A greedy answer's text, calls (name and arguments) and finish reason, streamed (the client adds
+    the parts up) or whole."""
+    request: Any = {
+        "model": model,
+        "messages": QUESTION,
+        "tools": [WEATHER_TOOL],
+        "tool_choice": tool_choice,
+        "temperature": 0,
+        "max_tokens": 40,
+    }
+    if not stream:
+        choice = client.chat.completions.create(**request).choices[0]
+        calls = [(call.function.name, call.function.arguments) for call in choice.message.tool_calls or []]
+        return choice.message.content or "", calls, choice.finish_reason
+    text, names, arguments, reason = "", {}, {}, None
+    for chunk in client.chat.completions.create(**request, stream=True):
+        for part in chunk.choices:
+            text += part.delta.content or ""
+            for call in part.delta.tool_calls or []:
+                function = call.function
+                if function is not None and function.name:
+                    names[call.index] = function.name
+                fragment = (function.arguments or "") if function is not None else ""
+                arguments[call.index] = arguments.get(call.index, "") + fragment
+            reason = part.finish_reason or reason
+    return text, [(names[index], arguments[index]) for index in sorted(names)], reason
 
 
+@pytest.mark.parametrize("stream", [True, False], ids=["streamed", "whole"])
 @pytest.mark.parametrize(
-    "tool_choice", ["required", {"type": "function", "function": {"name": "get_weather"}}, "auto"]
+    "tool_choice",
+    ["required", {"type": "function", "function": {"name": "get_weather"}}, "auto"],
+    ids=["required", "named", "auto"],
 )
 def test_greedy_answers_are_vllm_s_servers_own(
-    sync_openai: openai.OpenAI, vllm_openai: openai.OpenAI, tool_choice: Any
+    sync_openai: openai.OpenAI, vllm_openai: openai.OpenAI, tool_choice: Any, stream: bool
 ) -> None:
-    ours = answer(sync_openai, sync_openai.models.list().data[0].id, tool_choice)
-    theirs = answer(vllm_openai, vllm_openai.models.list().data[0].id, tool_choice)
+    ours = answer(sync_openai, sync_openai.models.list().data[0].id, tool_choice, stream)
+    theirs = answer(vllm_openai, vllm_openai.models.list().data[0].id, tool_choice, stream)
     assert ours == theirs
     if tool_choice != "auto":
         assert ours[1], "the constraint holds the model to a call"
