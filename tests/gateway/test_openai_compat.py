@@ -42,6 +42,7 @@ from shared.events import DeltaEvent, DoneEvent, Event, JobState, StatusEvent, T
 from tests.conftest import make_settings
 from tests.helpers import in_process_gateway
 from tests.processes import free_port
+from tests.vllm_protocol import vllm_protocol
 
 LIMIT = 2048
 MODEL = "SmolLM2-135M-Instruct"
@@ -638,3 +639,39 @@ async def test_native_routes_keep_their_error_shape(gateway: httpx.AsyncClient) 
     answer = await gateway.get(f"/v1/jobs/{uuid.uuid4().hex}")  # a well-formed id, so Redis is asked
     assert answer.status_code == 503
     assert answer.json()["error_type"] == "unavailable"
+
+
+def test_completion_chunks_carry_stop_reason_as_vllm_streams_them() -> None:
+    """Every chunk of a completion has `stop_reason` (null until the end); the last says which stop
+    string ended the choice. vLLM's own chunk model takes each."""
+    answer = Answer(chat=False, job_id="abc", model=MODEL, created=1700000000)
+    done = DoneEvent(seq=3, finish_reason="stop", stop_reasons=["."], usage=USAGE)
+    chunks = _stream(answer, False, [_delta(2, "Hi"), done])
+    for chunk in chunks:
+        vllm_protocol().CompletionStreamResponse.model_validate(chunk)
+    assert [chunk["choices"][0]["stop_reason"] for chunk in chunks] == [None, "."]
+    assert all("usage" not in chunk for chunk in chunks)
+
+
+def test_a_whole_completion_has_each_choices_stop_reason_and_prompt_logprobs() -> None:
+    answer = Answer(chat=False, job_id="abc", model=MODEL, created=1700000000)
+    prompt_logprobs = [None, TokenLogprob(token_id=5, token="Once", logprob=-2.0, rank=3)]
+    choices = [
+        ChoiceOutput("Hello", None, "stop", stop_reason=2, prompt_logprobs=prompt_logprobs),
+        ChoiceOutput("Hi", None, "length"),
+    ]
+    whole = json.loads(json.dumps(completion(answer, choices, USAGE)))
+    vllm_protocol().CompletionResponse.model_validate(whole)
+    Completion.model_validate(whole)
+    assert [choice["stop_reason"] for choice in whole["choices"]] == [2, None]
+    assert whole["choices"][0]["prompt_logprobs"] == [
+        None,
+        {"5": {"logprob": -2.0, "rank": 3, "decoded_token": "Once"}},
+    ]
+
+
+@pytest.mark.parametrize(("asked", "stream"), [(1, True), (-2, False)])
+def test_prompt_logprobs_are_refused_as_vllm_refuses_them(asked: int, stream: bool) -> None:
+    body = _completion(prompt_logprobs=asked, stream=stream)
+    assert _refusal(body).detail["param"] == "prompt_logprobs"
+    assert _completion(prompt_logprobs=2).job_request(LIMIT).prompt_logprobs == 2
