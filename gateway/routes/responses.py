@@ -31,6 +31,7 @@ from gateway.compat.responses_answers import (
     deleted,
     error_event,
     item_list,
+    logprob_object,
     response_object,
 )
 from gateway.compat.responses_bodies import RESPONSES_PATH, ResponsesBody, Stored
@@ -244,14 +245,17 @@ async def _created(
         return _stream(head, run.entries(), -1, services, hold.hand_over())
     if background:
         return JSONResponse(response_object(head, Standing("queued")), headers=headers)
+    logprobs = None
     try:
         with contextlib.suppress(JobCancelled, EngineError, PromptTooLong):  # the record says how it ended
-            await JobRun(services, head.job_id, request).result()
+            result = await JobRun(services, head.job_id, request).result()
+            if stored.output_logprobs:  # the record does not keep them: the job's events do
+                logprobs = [logprob_object(logprob, stored.top_logprobs) for logprob in result.first.logprobs]
         record = await services.store.record(head.job_id)
     finally:
         if not stored.store:
             await asyncio.shield(_forget(services, head.job_id))
-    return JSONResponse(response_object(head, Standing.of_record(record)), headers=headers)
+    return JSONResponse(response_object(head, Standing.of_record(record, logprobs)), headers=headers)
 
 
 @router.get("/{response_id}", response_model=None, responses={200: {"content": STREAM}})

@@ -12,7 +12,14 @@ from openai.types.responses import Response, ResponseItemList, ResponseStreamEve
 from openai.types.responses.response_format_text_json_schema_config import ResponseFormatTextJSONSchemaConfig
 from pydantic import TypeAdapter
 
-from gateway.compat.responses_answers import Head, ResponseEvents, Standing, item_list, response_object
+from gateway.compat.responses_answers import (
+    Head,
+    ResponseEvents,
+    Standing,
+    item_list,
+    response_object,
+    whole_items,
+)
 from gateway.compat.responses_bodies import ResponsesBody, Stored
 from shared.errors import InvalidRequest
 from shared.events import (
@@ -83,7 +90,9 @@ def test_a_whole_stream_makes_every_event_the_sdk_knows_numbered_without_a_gap()
     assert parsed[8].text == "Rome was great" and parsed[10].item.status == "completed"
 
 
-def test_each_event_numbers_from_its_seq_alone_so_a_resumed_run_goes_on_as_one_sequence() -> None:
+def test_events_are_numbered_over_the_stream_from_its_start_so_a_resumed_run_goes_on_as_one_sequence() -> (
+    None
+):
     resumed = StatusEvent(seq=0, state=JobState.running, resumed=True, attempt=2)
     events = job_stream(delta("a"), resumed, delta("b"))
     out = converted(events)
@@ -144,7 +153,9 @@ def test_a_response_cancelled_mid_generation_keeps_its_text() -> None:
 
 
 def test_the_response_object_as_polled_parses_strictly_with_its_output_so_far() -> None:
-    running = Response.model_validate(response_object(HEAD, Standing("in_progress", "Ro")), strict=True)
+    running = Response.model_validate(
+        response_object(HEAD, Standing("in_progress", whole_items(JOB_ID, "Ro"))), strict=True
+    )
     assert (running.status, running.output_text, running.output[0].status) == (
         "in_progress",
         "Ro",
@@ -176,14 +187,14 @@ def test_every_event_validates_as_its_open_responses_model_and_reads_back_the_sa
     "standing",
     [
         Standing("queued"),
-        Standing("in_progress", "Ro"),
-        Standing("completed", "Rome", USAGE, completed_at=1_700_000_001.5),
-        Standing("incomplete", "Rome", USAGE),
+        Standing("in_progress", whole_items(JOB_ID, "Ro")),
+        Standing("completed", whole_items(JOB_ID, "Rome"), USAGE, completed_at=1_700_000_001.5),
+        Standing("incomplete", whole_items(JOB_ID, "Rome"), USAGE),
         Standing("cancelled"),
-        Standing("cancelled", "Ro", USAGE),
-        Standing("failed", "Ro", error="engine died"),
+        Standing("cancelled", whole_items(JOB_ID, "Ro"), USAGE),
+        Standing("failed", whole_items(JOB_ID, "Ro"), error="engine died"),
     ],
-    ids=lambda standing: f"{standing.status}{'' if standing.text is None else ' with output'}",
+    ids=lambda standing: f"{standing.status}{'' if standing.output is None else ' with output'}",
 )
 def test_the_response_object_at_every_status_is_a_resource_of_the_spec_that_the_sdk_reads_as_sent(
     standing: Standing,
@@ -291,10 +302,9 @@ def test_a_json_schema_format_is_reported_strict_with_its_description_as_both_mo
     ("fields", "param"),
     [
         ({"tools": [{"type": "web_search"}]}, "tools"),
-        ({"reasoning": {"effort": "low"}}, "reasoning"),
-        ({"tool_choice": "required"}, "tool_choice"),
+        ({"max_tool_calls": 2}, "max_tool_calls"),
         ({"background": True, "store": False}, "background"),
-        ({"top_logprobs": 3}, "top_logprobs"),
+        ({"top_logprobs": 21}, "top_logprobs"),
         ({"text": {"format": {"type": "json_schema", "name": "x"}}}, "text.format"),
         ({"text": {"format": {"type": "json_schema", "schema": {}}}}, "text.format.name"),
         (
