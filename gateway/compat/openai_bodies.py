@@ -98,13 +98,13 @@ def refuse(refusals: list[Refusal]) -> None:
 class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="allow")  # as vLLM's: taken and ignored
 
-    include_usage: bool = False
-    continuous_usage_stats: bool = False  # vLLM's: the usage so far on every chunk
+    include_usage: bool | None = False
+    continuous_usage_stats: bool | None = False  # vLLM's: the usage so far on every chunk
 
     @property
     def continuous_usage(self) -> bool:
         """As vLLM: usage on every chunk only when usage is asked for at all."""
-        return self.include_usage and self.continuous_usage_stats
+        return bool(self.include_usage and self.continuous_usage_stats)
 
 
 class JsonSchemaFormat(BaseModel):
@@ -213,7 +213,7 @@ class _Body(SamplingOptions):
 
     @property
     def include_usage(self) -> bool:
-        return self.stream_options is not None and self.stream_options.include_usage
+        return self.stream_options is not None and bool(self.stream_options.include_usage)
 
     def _refusals(self) -> list[Refusal]:
         return [

@@ -250,6 +250,12 @@ def test_unknown_fields_are_taken_and_named_known_ones_are_not() -> None:
     assert _chat(user="someone").ignored_fields == []
 
 
+def test_stream_options_may_be_null_as_vllm_takes_them() -> None:
+    body = _chat(stream=True, stream_options={"include_usage": None, "continuous_usage_stats": None})
+    assert not body.include_usage and body.stream_options is not None
+    assert not body.stream_options.continuous_usage
+
+
 @pytest.mark.parametrize(
     "message",
     [
