@@ -24,8 +24,12 @@ EVENT_MODELS: dict[str, type[BaseModel]] = {
     "response.content_part.done": spec.ResponseContentPartDoneStreamingEvent,
     "response.output_text.delta": spec.ResponseOutputTextDeltaStreamingEvent,
     "response.output_text.done": spec.ResponseOutputTextDoneStreamingEvent,
+    "response.reasoning.delta": spec.ResponseReasoningDeltaStreamingEvent,
+    "response.reasoning.done": spec.ResponseReasoningDoneStreamingEvent,
+    "response.function_call_arguments.delta": spec.ResponseFunctionCallArgumentsDeltaStreamingEvent,
+    "response.function_call_arguments.done": spec.ResponseFunctionCallArgumentsDoneStreamingEvent,
 }
-"""The specification's model of each event type a text response streams."""
+"""The specification's model of each event type a response streams: its text, reasoning and calls."""
 ENDS = {"response.completed", "response.incomplete", "response.failed"}
 
 WEATHER_TOOL = {

@@ -518,13 +518,17 @@ class ResponsesBody(SamplingOptions):
     @property
     def function_tools(self) -> list[FunctionToolParam]:
         """The function tools (`refuse_unsupported` refuses any other kind)."""
-        tools = [tool for tool in self.tools or [] if tool.get("type") == "function"]
-        try:
-            return [FunctionToolParam.model_validate(tool) for tool in tools]
-        except ValidationError as exc:
-            error = exc.errors()[0]
-            param = ".".join(["tools", *(str(part) for part in error["loc"])])
-            raise InvalidRequest(f"{param}: {error['msg']}", param=param, code=error["type"]) from exc
+        tools = []
+        for n, tool in enumerate(self.tools or []):
+            if tool.get("type") != "function":
+                continue
+            try:
+                tools.append(FunctionToolParam.model_validate(tool))
+            except ValidationError as exc:
+                error = exc.errors()[0]
+                param = ".".join(["tools", str(n), *(str(part) for part in error["loc"])])
+                raise InvalidRequest(f"{param}: {error['msg']}", param=param, code=error["type"]) from exc
+        return tools
 
     @property
     def reported_tool_choice(self) -> str | dict[str, Any]:
