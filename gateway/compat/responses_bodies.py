@@ -240,12 +240,11 @@ class Conversation:
         self.places.append(place)
 
     def chat_messages(self) -> list[ChatMessage]:
-        """The messages; an assistant's with only reasoning gets empty content, as templates read it."""
+        """The messages; an assistant's without text has empty content, as vLLM renders one for a
+        template that takes text (a template that joins strings fails on none)."""
         return [
             ChatMessage.model_validate(
-                {"content": ""} | message
-                if message["role"] == "assistant" and "tool_calls" not in message
-                else message
+                {"content": ""} | message if message["role"] == "assistant" else message
             )
             for message in self.messages
         ]

@@ -6,13 +6,18 @@ The subject is what the gateway keeps and serves of a response (its events, its 
 conversation, its life across gateways), not generation; a response on the real engine is in
 test_openai_client.py. What the client assembles is held against the job record of the native API
 (`GET /v1/jobs/{id}`): a response `resp_<id>` is the job `<id>`.
+
+The last tests run a pool of their own, started with vLLM's hermes tool-call parser and qwen3
+reasoning parser on the synthetic engine with a script: the default model cannot write `<think>` nor
+`<tool_call>`, so the scripted output stands in for a model that does, and vLLM's parsers run on it
+through the worker, the job's stream and the Responses framing.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,10 +28,12 @@ import redis.asyncio as aioredis
 from openai.types.responses import Response
 
 from cli.launcher import wait_healthy
+from shared.config import DEFAULT_MODEL_DIR
 from shared.jobstore import JobStore
-from tests.conftest import SYSTEM_START_TIMEOUT, WORKERS, System
+from tests.conftest import SYSTEM_START_TIMEOUT, WORKERS, System, run_system
 from tests.helpers import JOB_DEADLINE_SECONDS, LONG_PROMPT, eventually, job_record
 from tests.processes import Processes, free_port
+from worker.synthetic_engine import SCRIPT_AFTER_TOOL
 
 TERMINAL = {"completed", "incomplete", "cancelled", "failed"}
 ENDS = {"response.completed", "response.incomplete", "response.cancelled", "response.failed"}
@@ -228,3 +235,155 @@ async def test_a_background_response_outlives_a_gateway_restart(system: System, 
         assert response.output_text == job_record(system.base_url, created.id)["output"]["text"] != ""
         events = [event async for event in await after.responses.retrieve(created.id, stream=True)]
     assert events[-1].response.output_text == response.output_text
+
+
+REASONING = "I should look it up."
+ARGUMENTS = {"city": "Paris"}
+CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+ANSWER = "It is sunny in Paris."
+AFTER_TOOL = f"<think>The tool says sunny.</think>{ANSWER}"
+"""The script's second part: qwen3's parser reads a turn as reasoning until `</think>`."""
+WEATHER: Any = {
+    "type": "function",
+    "name": "get_weather",
+    "description": "The weather in a city.",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    "strict": False,
+}
+QUESTION = "What is the weather in Paris?"
+
+
+@pytest.fixture(scope="module")
+def tool_system(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[System]:
+    """A gateway and synthetic workers started with the flags `vllm serve` takes for a Qwen model that
+    calls tools and thinks, whose choices write the script (its second part after a tool's result)."""
+    if not DEFAULT_MODEL_DIR.is_dir():
+        pytest.skip("the default model is not prepared (make setup)")
+    yield from run_system(
+        redis_url,
+        tmp_path_factory,
+        engine="synthetic",
+        synthetic_step_seconds=0.005,
+        synthetic_script=f"<think>{REASONING}</think>{CALL}{SCRIPT_AFTER_TOOL}{AFTER_TOOL}",
+        enable_auto_tool_choice=True,
+        tool_call_parser="hermes",
+        reasoning_parser="qwen3",
+    )
+
+
+@pytest.fixture
+async def tool_client(tool_system: System) -> AsyncIterator[openai.AsyncOpenAI]:
+    async with _client(tool_system.base_url) as client:
+        yield client
+
+
+async def test_a_streamed_response_with_tools_streams_the_reasoning_and_the_function_call(
+    tool_client: openai.AsyncOpenAI, tool_system: System
+) -> None:
+    """The scripted output stands in for a model that thinks and calls a tool in hermes' syntax: the
+    stream has a reasoning item, then a function_call item whose argument deltas add up to the call,
+    and the Response, as streamed and as read back, holds both."""
+    model = tool_system.settings.model_name
+    events = [
+        event
+        async for event in await tool_client.responses.create(
+            model=model, input=QUESTION, tools=[WEATHER], stream=True
+        )
+    ]
+    assert [event.sequence_number for event in events] == list(range(len(events)))
+    final = events[-1]
+    assert final.type == "response.completed"
+    added = [event.item for event in events if event.type == "response.output_item.added"]
+    assert [item.type for item in added] == ["reasoning", "function_call"]
+    call = added[1]
+    assert call.type == "function_call" and call.name == "get_weather" and call.call_id
+    arguments = "".join(
+        event.delta for event in events if event.type == "response.function_call_arguments.delta"
+    )
+    [arguments_done] = [event for event in events if event.type == "response.function_call_arguments.done"]
+    assert json.loads(arguments) == ARGUMENTS and arguments_done.arguments == arguments
+    assert "".join(event.delta for event in events if event.type == "response.reasoning.delta") == REASONING
+    done = [event.item for event in events if event.type == "response.output_item.done"]
+    assert [item.model_dump() for item in done] == [item.model_dump() for item in final.response.output]
+    reasoning, streamed_call = final.response.output
+    assert reasoning.type == "reasoning" and reasoning.content and reasoning.content[0].text == REASONING
+    assert streamed_call.type == "function_call" and json.loads(streamed_call.arguments) == ARGUMENTS
+    stored = await tool_client.responses.retrieve(final.response.id)
+    assert [item.model_dump() for item in stored.output] == [
+        item.model_dump() for item in final.response.output
+    ]
+    whole = await tool_client.responses.create(model=model, input=QUESTION, tools=[WEATHER])
+    assert [item.type for item in whole.output] == ["reasoning", "function_call"]
+
+
+async def test_a_function_call_output_history_makes_a_job_with_the_tool_messages(
+    tool_client: openai.AsyncOpenAI, tool_system: System, redis_client: aioredis.Redis
+) -> None:
+    """The call and its result given back as input items become the assistant's tool call and a tool
+    message of the job's chat; the script's answer after a tool's result is the Response's text."""
+    history: Any = [
+        {"role": "user", "content": QUESTION},
+        {
+            "type": "function_call",
+            "call_id": "call_1",
+            "name": "get_weather",
+            "arguments": json.dumps(ARGUMENTS),
+        },
+        {"type": "function_call_output", "call_id": "call_1", "output": "sunny"},
+    ]
+    response = await tool_client.responses.create(
+        model=tool_system.settings.model_name, input=history, tools=[WEATHER]
+    )
+    assert response.status == "completed" and response.output_text == ANSWER
+    request = json.loads(
+        await redis_client.hget(tool_system.keys.job(response.id.removeprefix("resp_")), "request")
+    )
+    assert request["messages"] == [
+        {"role": "user", "content": QUESTION},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": json.dumps(ARGUMENTS)},
+                }
+            ],
+        },
+        {"role": "tool", "content": "sunny", "tool_call_id": "call_1"},
+    ]
+    assert request["tools"][0]["function"]["name"] == "get_weather"
+    items = await tool_client.responses.input_items.list(response.id, order="asc")
+    assert [item.type for item in items.data] == ["message", "function_call", "function_call_output"]
+
+
+@pytest.mark.xfail(
+    reason="JobStore.conversation reads back a turn's output text alone, not its tool calls", strict=False
+)
+async def test_previous_response_id_carries_the_call_over_to_its_output(
+    tool_client: openai.AsyncOpenAI, tool_system: System, redis_client: aioredis.Redis
+) -> None:
+    """A call answered in the next turn by `previous_response_id` and a `function_call_output`: the
+    conversation the worker renders holds the call, then its result, then the answer."""
+    model = tool_system.settings.model_name
+    first = await tool_client.responses.create(model=model, input=QUESTION, tools=[WEATHER])
+    [call] = [item for item in first.output if item.type == "function_call"]
+    second = await tool_client.responses.create(
+        model=model,
+        previous_response_id=first.id,
+        input=[{"type": "function_call_output", "call_id": call.call_id, "output": "sunny"}],
+        tools=[WEATHER],
+    )
+    assert second.output_text == ANSWER and [item.type for item in second.output] == ["reasoning", "message"]
+    store = JobStore(redis_client, tool_system.keys, tool_system.settings)
+    conversation = await store.conversation(second.id.removeprefix("resp_"))
+    assert [(message.role, message.tool_call_id) for message in conversation] == [
+        ("user", None),
+        ("assistant", None),
+        ("tool", call.call_id),
+        ("assistant", None),
+    ]
+    [carried] = conversation[1].tool_calls or []
+    assert (carried.id, carried.function.name) == (call.call_id, "get_weather")
+    assert json.loads(carried.function.arguments) == ARGUMENTS

@@ -305,6 +305,7 @@ def test_function_tools_and_a_history_of_calls_reasoning_and_results_make_the_jo
         {"role": "user", "content": "Weather in Paris?"},
         {
             "role": "assistant",
+            "content": "",
             "reasoning": "Look.",
             "tool_calls": [
                 {
