@@ -171,7 +171,8 @@ async def test_the_job_s_events_replay_the_tool_call_and_the_reasoning(
     agents_system: System, async_openai: openai.AsyncOpenAI
 ) -> None:
     """The scripted output stands in for a model that thinks and calls tools: the job's native events,
-    read again after the answer, carry the same reasoning and tool-call parts the chunks carried."""
+    read again after the answer, carry the same reasoning and tool-call parts the chunks carried, and a
+    reader resuming in the middle of the call gets the rest of its parts."""
     chunks = [
         chunk
         async for chunk in await async_openai.chat.completions.create(
@@ -180,7 +181,11 @@ async def test_the_job_s_events_replay_the_tool_call_and_the_reasoning(
     ]
     job_id = chunks[0].id.removeprefix("chatcmpl-")
     async with httpx.AsyncClient(base_url=agents_system.base_url, timeout=TIMEOUT) as http:
-        events = [event for _, event in await read_sse(http, job_id)]
+        replayed = await read_sse(http, job_id)
+        first_call = next(n for n, (_, event) in enumerate(replayed) if event.get("tool_calls"))
+        resumed = await read_sse(http, job_id, last_event_id=replayed[first_call][0])
+    assert resumed == replayed[first_call + 1 :]
+    events = [event for _, event in replayed]
     deltas = [event for event in events if event["type"] == "delta"]
     assert "".join(event.get("reasoning", "") for event in deltas) == REASONING
     streamed_parts = [
