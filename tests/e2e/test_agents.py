@@ -32,7 +32,8 @@ from langchain_openai import ChatOpenAI
 
 from shared.config import DEFAULT_MODEL_DIR
 from tests.conftest import System, run_system
-from tests.helpers import read_sse
+from tests.faults.conftest import Pool, assert_one_seamless_stream, run_pool, wait_for_tokens
+from tests.helpers import read_sse, submit
 from worker.synthetic_engine import SCRIPT_AFTER_TOOL
 
 MODEL = DEFAULT_MODEL_DIR.name
@@ -53,6 +54,16 @@ QUESTION: Any = [{"role": "user", "content": "What is the weather in Paris?"}]
 TIMEOUT = 60
 
 
+SCRIPTED_POOL: dict[str, Any] = {
+    "enable_auto_tool_choice": True,
+    "tool_call_parser": "hermes",
+    "reasoning_parser": "qwen3",
+    "synthetic_script": f"<think>{REASONING}</think>{CALL}{SCRIPT_AFTER_TOOL}{AFTER_TOOL}",
+}
+"""The flags `vllm serve` takes for a Qwen model that calls tools and thinks, and the script its
+synthetic workers write in that model's stead."""
+
+
 @pytest.fixture(scope="module")
 def agents_system(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[System]:
     """A gateway and synthetic workers started with the flags `vllm serve` takes for a Qwen model that
@@ -60,14 +71,18 @@ def agents_system(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> I
     if not DEFAULT_MODEL_DIR.is_dir():
         pytest.skip("the default model is not prepared (make setup)")
     yield from run_system(
-        redis_url,
-        tmp_path_factory,
-        engine="synthetic",
-        synthetic_step_seconds=0.005,
-        synthetic_script=f"<think>{REASONING}</think>{CALL}{SCRIPT_AFTER_TOOL}{AFTER_TOOL}",
-        enable_auto_tool_choice=True,
-        tool_call_parser="hermes",
-        reasoning_parser="qwen3",
+        redis_url, tmp_path_factory, engine="synthetic", synthetic_step_seconds=0.005, **SCRIPTED_POOL
+    )
+
+
+@pytest.fixture(scope="module")
+def agents_pool(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pool]:
+    """The same pool as workers a test may kill (tests/faults' short leases), stepping slowly enough
+    that a worker dies in the middle of the call."""
+    if not DEFAULT_MODEL_DIR.is_dir():
+        pytest.skip("the default model is not prepared (make setup)")
+    yield from run_pool(
+        redis_url, tmp_path_factory, engine="synthetic", synthetic_step_seconds=0.1, **SCRIPTED_POOL
     )
 
 
@@ -197,4 +212,24 @@ async def test_the_job_s_events_replay_the_tool_call_and_the_reasoning(
     assert replayed_parts == streamed_parts and replayed_parts[0]["function"]["name"] == "get_weather"
     arguments = "".join(part["function"].get("arguments", "") for part in replayed_parts)
     assert json.loads(arguments) == ARGUMENTS
+    assert events[-1]["type"] == "done" and events[-1]["finish_reason"] == "tool_calls"
+
+
+async def test_a_call_whose_worker_dies_midway_is_written_once_by_the_next(agents_pool: Pool) -> None:
+    """The scripted output stands in for a model that thinks and calls tools: its worker is killed in
+    the middle of the call's arguments, another worker resumes the job from the tokens in its stream,
+    and the stream holds the reasoning and one whole call, once, as one seamless stream."""
+    agents_pool.ensure_workers()
+    async with httpx.AsyncClient(base_url=agents_pool.base_url, timeout=TIMEOUT) as http:
+        job_id = await submit(http, messages=QUESTION, tools=[WEATHER_TOOL], max_tokens=200)
+        running = await wait_for_tokens(http, job_id, 32)  # past the call's name, in its arguments
+        agents_pool.processes.kill(agents_pool.worker_named(running["worker"]))
+        events = [event for _, event in await read_sse(http, job_id)]
+    assert_one_seamless_stream(events)
+    assert [event["attempt"] for event in events if event.get("state") == "running"] == [1, 2]
+    deltas = [event for event in events if event["type"] == "delta"]
+    assert "".join(event.get("reasoning", "") for event in deltas) == REASONING
+    parts = [part for event in deltas for part in event.get("tool_calls") or []]
+    assert [part["function"].get("name") for part in parts if part.get("id")] == ["get_weather"]
+    assert json.loads("".join(part["function"].get("arguments", "") for part in parts)) == ARGUMENTS
     assert events[-1]["type"] == "done" and events[-1]["finish_reason"] == "tool_calls"
