@@ -9,6 +9,7 @@ gateway lets these runs go on (`OpenRuns`) where it ends native event streams at
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import math
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator
@@ -32,6 +33,7 @@ from gateway.compat.openai_bodies import ChatBody, CompletionBody
 from gateway.deps import Services
 from gateway.entries import Entry
 from gateway.relay import START, Hold
+from shared.chat import ToolCall
 from shared.errors import EngineError, JobCancelled, PromptTooLong, StreampoolError
 from shared.events import (
     CancelledEvent,
@@ -43,6 +45,7 @@ from shared.events import (
     ToolCallDelta,
     Usage,
     event_adapter,
+    whole_calls,
 )
 from shared.requests import JobRequest
 
@@ -66,25 +69,6 @@ def raise_for_failure(event: Event) -> None:
 
 
 @dataclass
-class CalledTool:
-    """One tool call of a choice, put together from its parts (`ToolCallDelta`) in order."""
-
-    id: str | None = None
-    name: str = ""
-    arguments: list[str] = field(default_factory=list)
-
-    def add(self, part: ToolCallDelta) -> None:
-        self.id = self.id or part.id
-        self.name += part.function.name or ""
-        self.arguments.append(part.function.arguments)
-
-    def openai(self, fallback_id: str) -> ToolCallObject:
-        """As `message.tool_calls` holds it; `fallback_id` where the parser gave the call none."""
-        function = CalledFunctionObject(name=self.name, arguments="".join(self.arguments))
-        return ToolCallObject(id=self.id or fallback_id, function=function)
-
-
-@dataclass
 class Choice:
     """One choice of a whole generation: its content, and where the pool parses output, its reasoning
     and tool calls."""
@@ -95,7 +79,7 @@ class Choice:
     finish_reason: str = "stop"
     stop_reason: int | str | None = None
     reasoning: str = ""
-    tool_calls: list[CalledTool] = field(default_factory=list)
+    tool_calls: list[ToolCall] = field(default_factory=list)
     prompt_logprobs: list[TokenLogprob | None] | None = None
 
 
@@ -213,7 +197,7 @@ class Collected:
         self._result = Result()
         self._texts: dict[int, list[str]] = {}
         self._reasoning: dict[int, list[str]] = {}
-        self._calls: dict[int, dict[int, CalledTool]] = {}  # by choice, then by the call's index
+        self._call_parts: dict[int, list[ToolCallDelta]] = {}
 
     def add(self, event: Event) -> None:
         result = self._result
@@ -221,9 +205,7 @@ class Collected:
             choice = result.choice(event.index)
             self._texts.setdefault(event.index, []).append(event.text)
             self._reasoning.setdefault(event.index, []).append(event.reasoning)
-            calls = self._calls.setdefault(event.index, {})
-            for part in event.tool_calls or []:
-                calls.setdefault(part.index, CalledTool()).add(part)
+            self._call_parts.setdefault(event.index, []).extend(event.tool_calls or [])
             choice.token_ids.extend(event.token_ids)
             choice.logprobs.extend(event.logprobs or [])
             if event.prompt_logprobs is not None:
@@ -240,7 +222,7 @@ class Collected:
             choice = self._result.choice(index)
             choice.text = "".join(parts)
             choice.reasoning = "".join(self._reasoning[index])
-            choice.tool_calls = [call for _, call in sorted(self._calls[index].items())]
+            choice.tool_calls = whole_calls(self._call_parts[index])
         return self._result
 
 
@@ -335,15 +317,24 @@ def whole_answer(
             finish_reason=choice.finish_reason,
             stop_reason=choice.stop_reason,
             reasoning=choice.reasoning or None,
-            tool_calls=[
-                call.openai(f"chatcmpl-tool-{answer.job_id}-{index}-{number}")
-                for number, call in enumerate(choice.tool_calls)
-            ],
+            tool_calls=[_call_object(call, job) for call in choice.tool_calls],
             prompt_logprobs=choice.prompt_logprobs if job.prompt_logprobs is not None else None,
         )
         for index, choice in enumerate(result.choices)
     ]
     return completion(answer, choices, result.usage)
+
+
+def _call_object(call: ToolCall, job: JobRequest) -> ToolCallObject:
+    """A call as `message.tool_calls` holds it; under a `required` choice its arguments written anew
+    from their JSON, as vLLM's whole answer writes them (its stream gives the model's own text)."""
+    arguments = call.function.arguments
+    if job.effective_tool_choice == "required":
+        with contextlib.suppress(ValueError):
+            arguments = json.dumps(json.loads(arguments), ensure_ascii=False)
+    return ToolCallObject(
+        id=call.id, function=CalledFunctionObject(name=call.function.name, arguments=arguments)
+    )
 
 
 def _content(echoed: str, choice: Choice, job: JobRequest) -> str | None:

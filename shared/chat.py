@@ -73,11 +73,13 @@ class ChatMessage(BaseModel):
         return len(self.content or "") + len(self.reasoning or "") + calls
 
     def template_message(self) -> dict[str, Any]:
-        """The message as chat templates read it: as transformers and vLLM hand it over, with each
-        tool call's arguments as an object rather than JSON text (templates iterate over them)."""
+        """The message as chat templates read it, as vLLM hands it over: an assistant turn of calls
+        alone has empty content, its reasoning goes under both names templates read, and each tool
+        call's arguments are an object rather than JSON text (templates iterate over them)."""
         message = self.model_dump(exclude_none=True)
-        if self.content is None:
-            message["content"] = None  # assistant turns of tool calls: templates test for it
+        message.setdefault("content", "")
+        if self.reasoning is not None:
+            message["reasoning_content"] = self.reasoning
         for call in message.get("tool_calls", []):
             call["function"]["arguments"] = _arguments_object(call["function"]["arguments"])
         return message

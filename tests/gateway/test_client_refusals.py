@@ -61,7 +61,12 @@ async def _jobs(redis_client: aioredis.Redis, process: KeyedGateway) -> set[str]
     ("option", "param"),
     [
         ({"n": 9}, "n"),  # past max_choices (8)
-        ({"tools": [{"type": "function", "function": {"name": "get_weather", "parameters": {}}}]}, "tools"),
+        # tools choose `auto` by default, which the card's pool (no tool-call parser) cannot serve
+        (
+            {"tools": [{"type": "function", "function": {"name": "get_weather", "parameters": {}}}]},
+            "tool_choice",
+        ),
+        ({"tools": []}, "tools"),
         (
             {"response_format": {"type": "json_schema", "json_schema": {"name": "no_schema"}}},
             "response_format",
@@ -70,7 +75,7 @@ async def _jobs(redis_client: aioredis.Redis, process: KeyedGateway) -> set[str]
     ],
 )
 def test_openai_unsupported_option_raises_bad_request_naming_it(
-    sync_openai: openai.OpenAI, option: dict[str, Any], param: str
+    sync_openai: openai.OpenAI, carded: ModelCard, option: dict[str, Any], param: str
 ) -> None:
     with pytest.raises(openai.BadRequestError) as caught:
         sync_openai.chat.completions.create(model=CARD_MODEL, messages=QUESTION, max_tokens=4, **option)
