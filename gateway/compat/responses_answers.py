@@ -202,7 +202,8 @@ def whole_items(
     logprobs: list[dict[str, Any]] | None = None,
 ) -> list[Item]:
     """The items of an output answered whole, as vLLM's `build_response_output_items` makes them:
-    the reasoning, the text and each call, where there are."""
+    the reasoning, the text and each call, where there are; an output of none of them is an empty
+    message, as vLLM's whole answer of a pool that parses nothing."""
     items = []
     if reasoning:
         items.append(Item("reasoning", item_id(job_id, "reasoning"), reasoning))
@@ -213,7 +214,7 @@ def whole_items(
         items.append(
             Item("function_call", item_id(job_id, "function_call", index), arguments, [], call.id, name)
         )
-    return items
+    return items or [Item("message", item_id(job_id, "message"), "", logprobs or [])]
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,7 @@ a test runs one with a stand-in worker."""
 from __future__ import annotations
 
 import asyncio
+import json
 import uuid
 from collections.abc import AsyncIterator
 
@@ -19,7 +20,7 @@ from shared.jobstore import JobStore
 from tests.gateway.keyed_gateway import KEY_A, KEY_B, KeyedGateway, bearer
 from tests.gateway.stand_ins import StandInWorker
 from tests.helpers import eventually
-from tests.open_responses import suite_request, valid_error
+from tests.open_responses import suite_request, valid_error, valid_response
 
 MODEL = DEFAULT_MODEL_DIR.name  # the gateway's default model (tests.conftest.make_settings)
 
@@ -97,7 +98,7 @@ async def test_an_unfinished_response_is_neither_deleted_nor_continued_and_a_can
     ("options", "param"),
     [
         ({"tools": [{"type": "web_search"}]}, "tools"),
-        ({"reasoning": {"effort": "low"}}, "reasoning"),
+        ({"max_tool_calls": 2}, "max_tool_calls"),
         ({"background": True, "store": False}, "background"),
         (
             {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
@@ -115,21 +116,42 @@ async def test_unsupported_features_are_refused_with_400_naming_the_parameter_an
     assert refused.value.param == param
 
 
-@pytest.mark.parametrize(
-    ("test", "param"),
-    [("tool-calling", "tools"), ("tool-calling-streaming", "tools"), ("image-input", "input.0.content.1")],
-)
-async def test_the_suites_tool_and_image_requests_get_a_400_in_the_specs_error_shape_naming_the_parameter(
-    keyed: KeyedGateway, redis_client: aioredis.Redis, test: str, param: str
+async def test_the_suites_image_request_gets_a_400_in_the_specs_error_shape_naming_the_parameter(
+    keyed: KeyedGateway, redis_client: aioredis.Redis
 ) -> None:
     records = keyed.keys.job("*")
     before = {key async for key in redis_client.scan_iter(records)}
     async with httpx.AsyncClient(base_url=keyed.base_url, headers=bearer(KEY_A), timeout=30) as http:
-        answer = await http.post("/v1/responses", json=suite_request(test, MODEL))
+        answer = await http.post("/v1/responses", json=suite_request("image-input", MODEL))
     assert answer.status_code == 400, answer.text
     error = valid_error(answer.json())
-    assert (error.param, error.code, error.type) == (param, "unsupported_parameter", "invalid_request_error")
+    assert (error.param, error.code, error.type) == (
+        "input.0.content.1",
+        "unsupported_parameter",
+        "invalid_request_error",
+    )
     assert {key async for key in redis_client.scan_iter(records)} == before
+
+
+async def test_the_suites_tool_request_is_taken_and_its_response_reports_the_tool(
+    keyed: KeyedGateway, redis_client: aioredis.Redis
+) -> None:
+    """No worker runs: the background response stays queued, its job holding the tool in the chat's
+    shape."""
+    body = suite_request("tool-calling", MODEL) | {"background": True}
+    async with httpx.AsyncClient(base_url=keyed.base_url, headers=bearer(KEY_A), timeout=30) as http:
+        answer = await http.post("/v1/responses", json=body)
+        assert answer.status_code == 200, answer.text
+        response = valid_response(answer.json())
+        assert (response.status, response.tool_choice, response.tools[0].root.name) == (
+            "queued",
+            "auto",
+            "get_weather",
+        )
+        job_id = response.id.removeprefix("resp_")
+        request = json.loads(await redis_client.hget(keyed.keys.job(job_id), "request"))
+        assert request["tools"][0]["function"]["name"] == "get_weather" and request["tool_choice"] == "auto"
+        assert (await http.post(f"/v1/responses/{response.id}/cancel")).status_code == 200
 
 
 async def test_compaction_and_the_websocket_mode_are_not_served(keyed: KeyedGateway) -> None:
