@@ -9,13 +9,18 @@ The synthetic engine's answers end only at `max_output_tokens` (`incomplete`) or
 carries a stop string, so that its answer ends early and `completed`, as a model's end-of-sequence
 token ends it; the stop string stays in the text, which is never empty. The suite's basic request on
 the real engine, streamed, is in test_openai_client.py.
+
+The suite's tool-calling tests run on a pool of their own, started with vLLM's hermes tool-call parser
+and qwen3 reasoning parser on the synthetic engine with a script: the default model cannot write
+`<think>` nor `<tool_call>`, so the scripted output stands in for a model that thinks, then calls the
+suite's `get_weather`; its reasoning and function_call items and their events are validated too.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import httpx
@@ -23,7 +28,8 @@ import openresponses_types as spec
 import pytest
 from httpx_sse import aconnect_sse
 
-from tests.conftest import System
+from shared.config import DEFAULT_MODEL_DIR
+from tests.conftest import System, run_system
 from tests.helpers import JOB_DEADLINE_SECONDS, eventually
 from tests.open_responses import TEXT_TESTS, suite_request, valid_events, valid_response
 
@@ -77,9 +83,12 @@ async def _polled_to_its_end(http: httpx.AsyncClient, created: dict[str, Any]) -
     )
 
 
-async def _answered(http: httpx.AsyncClient, body: dict[str, Any], mode: str) -> spec.ResponseResource:
-    """The final Response of `body` sent in `mode`, every object and event of the way validated."""
-    body = body | ENDS_EARLY
+async def _answered(
+    http: httpx.AsyncClient, body: dict[str, Any], mode: str, ends: dict[str, Any] = ENDS_EARLY
+) -> spec.ResponseResource:
+    """The final Response of `body` (with `ends`) sent in `mode`, every object and event of the way
+    validated."""
+    body = body | ends
     if mode == "as-sent" and body["stream"]:
         return valid_events(await _events(http, "POST", "/v1/responses", json=body))
     if mode == "as-sent":
@@ -133,3 +142,45 @@ async def test_a_conversation_by_previous_response_id_validates_and_completes(
     _check(first, bodies[0])
     _check(second, bodies[1])
     assert (first.previous_response_id, second.previous_response_id) == (None, first.id)
+
+
+TOOL_ARGUMENTS = {"location": "San Francisco, CA"}
+TOOL_SCRIPT = (
+    "<think>The user wants the weather.</think>"
+    f'<tool_call>\n{{"name": "get_weather", "arguments": {json.dumps(TOOL_ARGUMENTS)}}}\n</tool_call>'
+)
+
+
+@pytest.fixture(scope="module")
+def tool_system(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[System]:
+    """A gateway and synthetic workers started with the flags `vllm serve` takes for a Qwen model that
+    thinks and calls tools, whose choices write the script."""
+    if not DEFAULT_MODEL_DIR.is_dir():
+        pytest.skip("the default model is not prepared (make setup)")
+    yield from run_system(
+        redis_url,
+        tmp_path_factory,
+        engine="synthetic",
+        synthetic_step_seconds=0.005,
+        synthetic_script=TOOL_SCRIPT,
+        enable_auto_tool_choice=True,
+        tool_call_parser="hermes",
+        reasoning_parser="qwen3",
+    )
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("test", ["tool-calling", "tool-calling-streaming"])
+async def test_a_tool_calling_test_of_the_suite_validates_and_calls_the_tool(
+    tool_system: System, test: str, mode: str
+) -> None:
+    """The scripted output stands in for a model that thinks and calls the suite's tool in hermes'
+    syntax: the suite's check (a `function_call` item) holds, after the reasoning item."""
+    body = suite_request(test, tool_system.settings.model_name)
+    async with httpx.AsyncClient(base_url=tool_system.base_url, timeout=JOB_DEADLINE_SECONDS) as http:
+        response = await _answered(http, body, mode, ends={})
+    assert response.status == "completed"
+    reasoning, call = response.output
+    assert isinstance(reasoning, spec.ReasoningBody) and isinstance(call, spec.FunctionCall)
+    assert (call.name, json.loads(call.arguments)) == ("get_weather", TOOL_ARGUMENTS)
+    assert response.tools[0].root.name == "get_weather"
