@@ -34,6 +34,7 @@ SEE_ALSO = {
     "Webhooks": "webhooks.md",
     "Tenants and their limits": "tenants.md",
     "Load tests without a GPU": "load-tests.md",
+    "Agents and tool calling": "agents.md",
 }
 """A description's "see <page title>" becomes a link to that page."""
 BENCH_FILES = ("*.md", "*.png", "*.json")

@@ -434,8 +434,10 @@ class WorkerSettings(RedisSettings):
     )
     synthetic_script: str | None = Field(
         None,
-        description="text every choice of the synthetic engine emits, token by token, instead of drawn "
-        "tokens (then the end of sequence): for load tests and for parsers' syntax on any model",
+        description="text every choice of the synthetic engine writes, token by token, instead of drawn "
+        "tokens, then the end of sequence: a parser's syntax (`<tool_call>`, `<think>`) on any model; "
+        "`A|||B`: a chat whose last message is a tool's result gets B, any other request A (an agent's "
+        "call, then its answer) (see Agents and tool calling)",
     )
     served_model_name: str | None = Field(
         None,
@@ -488,7 +490,7 @@ class WorkerSettings(RedisSettings):
     )
     reasoning_parser: str | None = Field(
         None,
-        description="vLLM's reasoning parser (deepseek_r1, qwen3, gpt-oss, granite, ...): the model's "
+        description="vLLM's reasoning parser (deepseek_r1, qwen3, openai_gptoss, granite, ...): the model's "
         "thinking goes to `reasoning`, apart from the answer",
     )
     trust_request_chat_template: bool = Field(

@@ -21,6 +21,7 @@ GROUPS = {
     "tests/shared/test_streams_on_cluster.py": "streams-on-cluster",  # a `redis_cluster` of its own
     "tests/fuzz/test_schema_fuzz.py": "fuzz",  # its gateway process and the schema read from it
     "tests/worker/test_sampling_params.py": "engine-libraries",  # imports vLLM
+    "tests/worker/test_replies.py": "engine-libraries",
     "tests/worker/test_cpu_dtype.py": "engine-libraries",  # imports torch
     "tests/worker/test_constraint_compile.py": "engine-libraries",  # its child imports xgrammar (torch)
     "tests/gateway/test_vllm_routes.py": "engine-libraries",  # loads the tokenizer with transformers
@@ -51,6 +52,7 @@ GROUPS = {
     "tests/faults/test_gateway_shutdown.py": "synthetic-system",
     "tests/gateway/test_client_refusals.py": "client-refusals",  # a gateway process of its own
     "tests/e2e/test_models.py": "models",  # a gateway and synthetic workers of its own
+    "tests/e2e/test_agents.py": "agents",  # a gateway and scripted synthetic workers, and a pool, of its own
     "tests/e2e/test_batches.py": "batches",  # gateways and a synthetic worker of its own
     "tests/e2e/test_streams_apart.py": "streams-apart",  # its streams' Redis, gateway and synthetic workers
     "tests/e2e/test_streams_on_cluster.py": "streams-on-cluster-e2e",  # its cluster, gateways and workers
