@@ -55,6 +55,28 @@ _GUIDED_GONE = (
 )
 """Options with the same name and meaning in a body and in a job: carried over as they are."""
 
+VLLM_OPTIONS_NOT_HONOURED: dict[str, object] = {
+    "use_beam_search": False,
+    "length_penalty": 1.0,
+    "bad_words": [],
+    "allowed_token_ids": None,
+    "logprob_token_ids": None,
+    "return_token_ids": False,
+    "return_tokens_as_token_ids": False,
+    "return_token_offsets": False,
+    "return_prompt_text": False,
+    "prompt_embeds": None,
+    "mm_processor_kwargs": None,
+    "media_io_kwargs": None,
+    "vllm_xargs": None,
+    "kv_transfer_params": None,
+    "ec_transfer_params": None,
+    "repetition_detection": None,
+    "watermarking": None,
+}
+"""vLLM's own options that change what a request generates or answers, which jobs do not carry, and
+their defaults: given otherwise, they are refused rather than ignored (an unknown field is ignored)."""
+
 Refusal = tuple[bool, str, str]
 """(whether the option is refused, its parameter, why)"""
 
@@ -216,7 +238,28 @@ class _Body(SamplingOptions):
         return self.stream_options is not None and bool(self.stream_options.include_usage)
 
     def _refusals(self) -> list[Refusal]:
+        given = self.model_extra or {}
         return [
+            *(
+                (
+                    given[name] not in (None, default),
+                    name,
+                    "vLLM's option is not supported by streampool's jobs",
+                )
+                for name, default in VLLM_OPTIONS_NOT_HONOURED.items()
+                if name in given
+            ),
+            (
+                given.get("truncation_side") == "right",
+                "truncation_side",
+                "only 'left' is supported: truncate_prompt_tokens keeps the prompt's last tokens",
+            ),
+            (
+                given.get("add_special_tokens", not self.chat) is self.chat,
+                "add_special_tokens",
+                f"only {not self.chat} is supported on this endpoint: "
+                + ("the chat template holds them" if self.chat else "a prompt is encoded with them"),
+            ),
             (self.stream_options is not None and not self.stream, "stream_options", "needs stream=true"),
             *(
                 (getattr(self, f"guided_{kind}") is not None, f"guided_{kind}", _GUIDED_GONE.format(kind))

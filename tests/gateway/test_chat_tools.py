@@ -250,6 +250,29 @@ def test_unknown_fields_are_taken_and_named_known_ones_are_not() -> None:
     assert _chat(user="someone").ignored_fields == []
 
 
+@pytest.mark.parametrize(
+    "option",
+    [
+        {"use_beam_search": True},
+        {"bad_words": ["Paris"]},
+        {"allowed_token_ids": [1, 2]},
+        {"return_token_ids": True},
+        {"vllm_xargs": {"a": 1}},
+        {"truncation_side": "right"},
+        {"add_special_tokens": True},
+    ],
+)
+def test_vllms_options_that_jobs_cannot_honour_are_refused_not_ignored(option: dict[str, Any]) -> None:
+    """vLLM's own options that would change the answer are refused, naming them; at their defaults they
+    change nothing, and are taken."""
+    ((name, value),) = option.items()
+    with pytest.raises(InvalidRequest) as refused:
+        _chat(**option).job_request(LIMIT)
+    assert refused.value.detail["param"] == name
+    default = {"truncation_side": "left", "add_special_tokens": False}.get(name, None)
+    assert _chat(**{name: default}).job_request(LIMIT) == _chat().job_request(LIMIT)
+
+
 def test_stream_options_may_be_null_as_vllm_takes_them() -> None:
     body = _chat(stream=True, stream_options={"include_usage": None, "continuous_usage_stats": None})
     assert not body.include_usage and body.stream_options is not None
