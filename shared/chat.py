@@ -60,10 +60,7 @@ class ChatMessage(BaseModel):
 
     @model_validator(mode="after")
     def _as_its_role_has_it(self) -> ChatMessage:
-        if self.tool_calls is not None and self.role != "assistant":
-            raise ValueError("only an assistant message has tool_calls")
-        if self.content is None and not (self.role == "assistant" and self.tool_calls):
-            raise ValueError("content is required, save for an assistant message with tool_calls")
+        check_role_fields(self.role, self.content, self.tool_calls)
         return self
 
     @property
@@ -83,6 +80,15 @@ class ChatMessage(BaseModel):
         for call in message.get("tool_calls", []):
             call["function"]["arguments"] = _arguments_object(call["function"]["arguments"])
         return message
+
+
+def check_role_fields(role: str, content: object, tool_calls: list[Any] | None) -> None:
+    """`ValueError` for a message whose fields its role has not: tool calls are an assistant's, and
+    only an assistant's turn of calls may go without content."""
+    if tool_calls is not None and role != "assistant":
+        raise ValueError("only an assistant message has tool_calls")
+    if content is None and not (role == "assistant" and tool_calls):
+        raise ValueError("content is required, save for an assistant message with tool_calls")
 
 
 def _arguments_object(arguments: str) -> Any:

@@ -15,7 +15,7 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from shared.chat import MAX_TOOL_CALLS, MAX_TOOLS, ToolCall
+from shared.chat import MAX_TOOL_CALLS, MAX_TOOLS, ToolCall, check_role_fields
 from shared.errors import InvalidRequest
 from shared.requests import (
     MAX_MESSAGES,
@@ -475,10 +475,7 @@ class Message(BaseModel):
 
     @model_validator(mode="after")
     def _as_its_role_has_it(self) -> Message:
-        if self.tool_calls is not None and self.role != "assistant":
-            raise ValueError("only an assistant message has tool_calls")
-        if self.content is None and not (self.role == "assistant" and self.tool_calls):
-            raise ValueError("content is required, save for an assistant message with tool_calls")
+        check_role_fields(self.role, self.content, self.tool_calls)
         return self
 
     @property
