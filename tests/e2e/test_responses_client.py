@@ -25,6 +25,7 @@ from typing import Any
 import openai
 import pytest
 import redis.asyncio as aioredis
+from agents import Agent, OpenAIResponsesModel, Runner, function_tool, set_tracing_disabled
 from openai.types.responses import Response
 
 from cli.launcher import wait_healthy
@@ -387,3 +388,28 @@ async def test_previous_response_id_carries_the_call_over_to_its_output(
     [carried] = conversation[1].tool_calls or []
     assert (carried.id, carried.function.name) == (call.call_id, "get_weather")
     assert json.loads(carried.function.arguments) == ARGUMENTS
+
+
+async def test_an_agent_streamed_on_the_responses_api_calls_its_tool_and_answers(
+    tool_client: openai.AsyncOpenAI, tool_system: System
+) -> None:
+    """The scripted output stands in for a model that thinks and calls a tool: the OpenAI Agents SDK's
+    streamed run reads the reasoning, function_call and message items from the events, the reasoning
+    events of the specification's names among them, to the final answer."""
+    set_tracing_disabled(True)  # nothing is sent to OpenAI's trace collector
+    cities: list[str] = []
+
+    @function_tool
+    def get_weather(city: str) -> str:
+        """The weather in a city."""
+        cities.append(city)
+        return "sunny"
+
+    model = OpenAIResponsesModel(model=tool_system.settings.model_name, openai_client=tool_client)
+    agent = Agent[None](
+        name="weather", instructions="Answer with the weather.", tools=[get_weather], model=model
+    )
+    run = Runner.run_streamed(agent, QUESTION)
+    async for _ in run.stream_events():
+        pass
+    assert run.final_output == ANSWER and cities == ["Paris"]
