@@ -239,13 +239,12 @@ class Conversation:
         place["at"] = len(self.messages) - 1
         self.places.append(place)
 
-    def chat_messages(self) -> list[ChatMessage]:
-        """The messages; an assistant's without text has empty content, as vLLM renders one for a
-        template that takes text (a template that joins strings fails on none)."""
+    def chat_messages(self) -> list[dict[str, Any]]:
+        """The messages, for the job to check (`ChatMessage`); an assistant's without text has empty
+        content, as vLLM renders one for a template that takes text (one that joins strings fails on
+        none)."""
         return [
-            ChatMessage.model_validate(
-                {"content": ""} | message if message["role"] == "assistant" else message
-            )
+            {"content": ""} | message if message["role"] == "assistant" else message
             for message in self.messages
         ]
 

@@ -438,3 +438,13 @@ def test_a_malformed_function_tool_is_refused_naming_it() -> None:
     assert refused.value.detail["param"] == "tools.0.name"
     with pytest.raises(ValidationError):
         body(input=[{"type": "item_reference", "id": "x"}])
+
+
+def test_more_calls_in_one_turn_than_a_message_holds_are_refused_naming_the_input() -> None:
+    calls = [
+        {"type": "function_call", "call_id": f"call_{n}", "name": "get_weather", "arguments": "{}"}
+        for n in range(129)
+    ]
+    with pytest.raises(InvalidRequest) as refused:
+        body(input=calls).job_request(2048)
+    assert refused.value.detail["param"] == "input"
