@@ -18,6 +18,7 @@ from openai.lib.streaming.responses._responses import ResponseStreamState
 from openai.types.responses import Response, ResponseItemList, ResponseStreamEvent
 from pydantic import TypeAdapter, ValidationError
 
+from gateway.admission import check_pool_serves
 from gateway.compat.responses_answers import Head, ResponseEvents, Standing, item_list, response_object
 from gateway.compat.responses_bodies import ResponsesBody, Stored
 from shared.chat import FunctionCall, NamedToolChoice, ToolCall
@@ -35,6 +36,7 @@ from shared.events import (
     TopLogprob,
     Usage,
 )
+from shared.model_card import ModelCard
 from shared.requests import JobOutput, JobRecord
 from tests.open_responses import WEATHER_TOOL, valid_event, valid_events, valid_response
 
@@ -448,3 +450,27 @@ def test_more_calls_in_one_turn_than_a_message_holds_are_refused_naming_the_inpu
     with pytest.raises(InvalidRequest) as refused:
         body(input=calls).job_request(2048)
     assert refused.value.detail["param"] == "input"
+
+
+@pytest.mark.parametrize(
+    ("choice", "message"),
+    [
+        (None, '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set'),
+        ("required", 'tool_choice="required" requires --tool-call-parser to be set'),
+        (
+            {"type": "function", "name": "get_weather"},
+            'tool_choice=function "get_weather" requires --tool-call-parser to be set',
+        ),
+    ],
+)
+def test_a_tool_choice_on_a_pool_without_a_parser_is_refused_as_on_chat(
+    card: ModelCard, choice: Any, message: str
+) -> None:
+    """Admission's check of the job: a pool started without a tool-call parser cannot follow the choice
+    (vLLM's Responses server would answer the output unparsed); `none` needs none."""
+    without = card.model_copy(update={"tool_call_parser": None})
+    job = body(tools=[WEATHER_TOOL], tool_choice=choice).job_request(2048)
+    with pytest.raises(InvalidRequest) as refusal:
+        check_pool_serves(job, without)
+    assert (refusal.value.message, refusal.value.detail["param"]) == (message, "tool_choice")
+    check_pool_serves(body(tools=[WEATHER_TOOL], tool_choice="none").job_request(2048), without)
