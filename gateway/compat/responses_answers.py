@@ -305,7 +305,7 @@ class ResponseEvents:
     number: int = 0  # the next event's sequence number
     open: Item | None = None  # the item deltas go to
     call_index: int | None = None  # the job's index of the call `open` is
-    ran: bool = False
+    ran: bool = False  # a run began: the response has an output (none where it never ran)
 
     def _event(self, kind: str, **fields: Any) -> dict[str, Any]:
         event = {"type": kind, "sequence_number": self.number, **fields}
