@@ -407,8 +407,8 @@ class JobStore:
 
     async def conversation(self, job_id: str) -> tuple[ChatMessage, ...]:
         """The conversation job `job_id` ended: each turn's own messages then its output (as the
-        assistant's), oldest turn first, read one turn at a time from its record back to the turn that
-        began the conversation.
+        assistant's: its text, reasoning and tool calls), oldest turn first, read one turn at a time
+        from its record back to the turn that began the conversation.
 
         Each record read is kept at least a job lifetime from now, so that a conversation outlives the
         jobs that go on from it. `JobNotFound` (naming the turn's job in `job_id`) when a turn is gone,
@@ -422,14 +422,20 @@ class JobStore:
             record = self.keys.job(turn_id)
             with redis_errors():
                 async with self.redis.pipeline(transaction=False) as pipe:
-                    pipe.hmget(record, ["request", "text", CONVERSATION])
+                    pipe.hmget(record, ["request", "text", "reasoning", "tool_calls", CONVERSATION])
                     pipe.expire(record, self.settings.job_lifetime_seconds, gt=True)
-                    (request, text, field), _ = await pipe.execute()
+                    (request, text, reasoning, calls, field), _ = await pipe.execute()
             if request is None:
                 raise JobNotFound(f"no job {turn_id}: a turn of the conversation is gone", job_id=turn_id)
             turn = Turn.of_field(field) or Turn(0)
             own = (JobRequest.model_validate_json(request).messages or [])[turn.at :]
-            turns.append([*own, ChatMessage(role="assistant", content=text or "")])
+            answer = ChatMessage(
+                role="assistant",
+                content=text or "",
+                reasoning=reasoning,
+                tool_calls=None if calls is None else TOOL_CALLS.validate_json(calls),
+            )
+            turns.append([*own, answer])
             messages += len(turns[-1])
             chars += sum(message.chars for message in turns[-1])
             if messages > MAX_MESSAGES or chars > MAX_PROMPT_CHARS:

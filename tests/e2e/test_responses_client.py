@@ -359,9 +359,6 @@ async def test_a_function_call_output_history_makes_a_job_with_the_tool_messages
     assert [item.type for item in items.data] == ["message", "function_call", "function_call_output"]
 
 
-@pytest.mark.xfail(
-    reason="JobStore.conversation reads back a turn's output text alone, not its tool calls", strict=False
-)
 async def test_previous_response_id_carries_the_call_over_to_its_output(
     tool_client: openai.AsyncOpenAI, tool_system: System, redis_client: aioredis.Redis
 ) -> None:
