@@ -23,6 +23,8 @@ MAX_SCHEMA_CHARS = 65_536
 MAX_DOCUMENTS = 128
 
 Name = Annotated[Text, Field(min_length=1, max_length=MAX_NAME_CHARS)]
+Label = Annotated[Text, Field(max_length=MAX_NAME_CHARS)]
+"""A message's `name` or `tool_call_id`: any short text, empty too, as vLLM takes them."""
 Content = Annotated[Text, Field(max_length=MAX_PROMPT_CHARS)]
 
 
@@ -53,9 +55,9 @@ class ChatMessage(BaseModel):
 
     role: Literal["system", "user", "assistant", "tool"]
     content: Content | None = None
-    name: Name | None = None
+    name: Label | None = None
     tool_calls: Annotated[list[ToolCall], Field(max_length=MAX_TOOL_CALLS)] | None = None
-    tool_call_id: Name | None = None
+    tool_call_id: Label | None = None
     reasoning: Content | None = None
 
     @model_validator(mode="after")

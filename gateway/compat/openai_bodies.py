@@ -486,17 +486,23 @@ class Message(BaseModel):
         return "\n".join(part.text or "" for part in self.content)
 
     def job_message(self) -> ChatMessage:
-        """As the chat template takes it: `developer`, OpenAI's new name for `system`, as `system`."""
-        return ChatMessage(
-            role="system" if self.role == "developer" else self.role,
-            content=self.text,
-            name=self.name,
-            tool_calls=[ToolCall.model_validate(call.model_dump()) for call in self.tool_calls]
-            if self.tool_calls is not None
-            else None,
-            tool_call_id=self.tool_call_id,
-            reasoning=self.reasoning,
-        )
+        """As the chat template takes it: `developer`, OpenAI's new name for `system`, as `system`.
+        What the job's message refuses (a call's empty name, say) is a 400 naming `messages`."""
+        try:
+            return ChatMessage(
+                role="system" if self.role == "developer" else self.role,
+                content=self.text,
+                name=self.name,
+                tool_calls=[ToolCall.model_validate(call.model_dump()) for call in self.tool_calls]
+                if self.tool_calls is not None
+                else None,
+                tool_call_id=self.tool_call_id,
+                reasoning=self.reasoning,
+            )
+        except ValidationError as exc:
+            error = exc.errors()[0]
+            where = ".".join(map(str, error["loc"]))
+            raise InvalidRequest(f"messages: {where}: {error['msg']}", param="messages") from exc
 
 
 class FunctionParam(BaseModel):

@@ -31,6 +31,7 @@ from gateway.compat.openai_bodies import (
     PromptText,
     Refusal,
     SamplingOptions,
+    extra_fields,
     in_terms,
     job_request_of,
 )
@@ -269,7 +270,7 @@ class TextFormat(BaseModel):
 
 
 class TextConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="allow")  # as vLLM's: taken and ignored
 
     format: TextFormat = TextFormat(type="text")
     verbosity: Literal["low", "medium", "high"] | None = None  # a hint for reasoning models
@@ -399,7 +400,10 @@ MAX_TOP_LOGPROBS = 20
 
 
 class ResponsesBody(SamplingOptions):
-    """`POST /v1/responses`."""
+    """`POST /v1/responses`. Fields it does not define are taken and ignored, as vLLM's Responses
+    request takes them (`ignored_fields`)."""
+
+    model_config = ConfigDict(extra="allow")
 
     model: Name
     input: PromptText | Annotated[list[InputItem], Field(min_length=1, max_length=MAX_MESSAGES)]
@@ -431,6 +435,10 @@ class ResponsesBody(SamplingOptions):
     safety_identifier: Name | None = None  # for OpenAI's abuse monitoring: nothing to do here
     # streampool's own: where to announce the response's end (see docs/webhooks.md).
     webhook: Annotated[Text, Field(min_length=1, max_length=MAX_URL_CHARS)] | None = None
+
+    @property
+    def ignored_fields(self) -> list[str]:
+        return extra_fields(self)
 
     def _refusals(self) -> list[Refusal]:
         return [

@@ -137,7 +137,7 @@ async def _answer_held(
     body: CompletionBody | ChatBody, request: Request, owner: str, services: Services, hold: Hold
 ) -> Response:
     job = body.job_request(services.settings.max_tokens_limit)
-    headers = _ignored_fields_header(body)
+    headers = ignored_fields_header(body.ignored_fields)
     try:
         submission = await services.admission.admit(
             job, owner, model=body.model, fill_context=body.fills_context
@@ -165,10 +165,9 @@ async def _answer_held(
     )
 
 
-def _ignored_fields_header(body: CompletionBody | ChatBody) -> dict[str, str]:
-    """The header naming the fields the body gave that nothing defines, logged once per request as
-    vLLM logs them."""
-    ignored = body.ignored_fields
+def ignored_fields_header(ignored: list[str]) -> dict[str, str]:
+    """The header naming the fields a body gave that nothing defines (its `ignored_fields`), logged once
+    per request as vLLM logs them."""
     if not ignored:
         return {}
     # A header holds printable ASCII alone: any other character of a name goes escaped.

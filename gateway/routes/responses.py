@@ -39,7 +39,7 @@ from gateway.deps import JOB_ID, Services, ServicesDep
 from gateway.entries import Entry
 from gateway.generation import JOB_ID_HEADER, HeldEventSource, JobRun, keep_alive
 from gateway.relay import IDLE_SECONDS, NOT_HELD, START, Following, Hold, StreamLimits
-from gateway.routes.openai import ERRORS, OPENAI_ERRORS, SEPARATOR, STREAM, OpenAIRoute
+from gateway.routes.openai import ERRORS, OPENAI_ERRORS, SEPARATOR, STREAM, OpenAIRoute, ignored_fields_header
 from shared.errors import (
     EngineError,
     InvalidRequest,
@@ -236,13 +236,16 @@ async def _created(
     except InvalidRequest as exc:
         raise body.in_own_terms(exc) from exc
     head = Head(submission.job_id, submission.created_at.timestamp(), stored)
-    headers = {JOB_ID_HEADER: head.job_id}
+    headers = {JOB_ID_HEADER: head.job_id, **ignored_fields_header(body.ignored_fields)}
     if body.stream:
         if background:
             following = services.relay.follow(head.job_id, START)
-            return _stream(head, _followed(services, following), -1, services, hold.hand_over())
-        run = JobRun(services, head.job_id, request)
-        return _stream(head, run.entries(), -1, services, hold.hand_over())
+            entries = _followed(services, following)
+        else:
+            entries = JobRun(services, head.job_id, request).entries()
+        streamed = _stream(head, entries, -1, services, hold.hand_over())
+        streamed.headers.update(headers)
+        return streamed
     if background:
         return JSONResponse(response_object(head, Standing("queued")), headers=headers)
     logprobs = None

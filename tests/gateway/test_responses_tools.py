@@ -474,3 +474,12 @@ def test_a_tool_choice_on_a_pool_without_a_parser_is_refused_as_on_chat(
         check_pool_serves(job, without)
     assert (refusal.value.message, refusal.value.detail["param"]) == (message, "tool_choice")
     check_pool_serves(body(tools=[WEATHER_TOOL], tool_choice="none").job_request(2048), without)
+
+
+def test_fields_no_api_defines_are_taken_and_named_as_on_chat() -> None:
+    """As vLLM's Responses request: a field it does not define is taken and ignored; the route names it
+    in `X-Streampool-Ignored-Fields`."""
+    given = body(input="Hi", client_tag="x", text={"format": {"type": "text"}, "hint": 1})
+    assert given.ignored_fields == ["client_tag", "text.hint"]
+    assert given.job_request(2048) == body(input="Hi").job_request(2048)
+    assert body(input="Hi").ignored_fields == []
