@@ -36,6 +36,7 @@ from tests.lora_adapter import ADAPTER, make_adapter
 from tests.processes import Processes, free_port, redis_answers
 from tests.redis_cleanup import delete_prefix
 from tests.redis_cluster import ClusteredRedis
+from tests.scripted_pool import SCRIPTED_POOL
 from worker.model_card import build_model_card
 
 if TYPE_CHECKING:
@@ -193,6 +194,15 @@ def run_system(
     finally:
         processes.stop_all()
         delete_prefix(redis_url, settings.key_prefix)
+
+
+@pytest.fixture(scope="session")
+def tool_system(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[System]:
+    """A gateway and synthetic workers of the scripted pool that thinks and calls tools
+    (tests/scripted_pool.py): the tests of agents and of the Responses API's function tools."""
+    if not DEFAULT_MODEL_DIR.is_dir():
+        pytest.skip("the default model is not prepared (make setup)")
+    yield from run_system(redis_url, tmp_path_factory, synthetic_step_seconds=0.005, **SCRIPTED_POOL)
 
 
 @pytest.fixture(scope="session")

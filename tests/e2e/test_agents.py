@@ -31,17 +31,12 @@ from langchain_core.messages import AIMessage, AIMessageChunk
 from langchain_openai import ChatOpenAI
 
 from shared.config import DEFAULT_MODEL_DIR
-from tests.conftest import System, run_system
+from tests.conftest import System
 from tests.faults.conftest import Pool, assert_one_seamless_stream, run_pool, wait_for_tokens
 from tests.helpers import read_sse, submit
-from worker.synthetic_engine import SCRIPT_AFTER_TOOL
+from tests.scripted_pool import ANSWER, ARGUMENTS, REASONING, SCRIPTED_POOL
 
 MODEL = DEFAULT_MODEL_DIR.name
-REASONING = "I should look it up."
-CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
-ANSWER = "It is sunny in Paris."
-AFTER_TOOL = f"<think>The tool says sunny.</think>{ANSWER}"  # qwen3's parser: thinking until </think>
-ARGUMENTS = {"city": "Paris"}
 WEATHER_TOOL: Any = {
     "type": "function",
     "function": {
@@ -54,50 +49,27 @@ QUESTION: Any = [{"role": "user", "content": "What is the weather in Paris?"}]
 TIMEOUT = 60
 
 
-SCRIPTED_POOL: dict[str, Any] = {
-    "enable_auto_tool_choice": True,
-    "tool_call_parser": "hermes",
-    "reasoning_parser": "qwen3",
-    "synthetic_script": f"<think>{REASONING}</think>{CALL}{SCRIPT_AFTER_TOOL}{AFTER_TOOL}",
-}
-"""The flags `vllm serve` takes for a Qwen model that calls tools and thinks, and the script its
-synthetic workers write in that model's stead."""
-
-
-@pytest.fixture(scope="module")
-def agents_system(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[System]:
-    """A gateway and synthetic workers started with the flags `vllm serve` takes for a Qwen model that
-    calls tools and thinks, whose choices write the script."""
-    if not DEFAULT_MODEL_DIR.is_dir():
-        pytest.skip("the default model is not prepared (make setup)")
-    yield from run_system(
-        redis_url, tmp_path_factory, engine="synthetic", synthetic_step_seconds=0.005, **SCRIPTED_POOL
-    )
-
-
 @pytest.fixture(scope="module")
 def agents_pool(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pool]:
     """The same pool as workers a test may kill (tests/faults' short leases), stepping slowly enough
     that a worker dies in the middle of the call."""
     if not DEFAULT_MODEL_DIR.is_dir():
         pytest.skip("the default model is not prepared (make setup)")
-    yield from run_pool(
-        redis_url, tmp_path_factory, engine="synthetic", synthetic_step_seconds=0.1, **SCRIPTED_POOL
-    )
+    yield from run_pool(redis_url, tmp_path_factory, synthetic_step_seconds=0.1, **SCRIPTED_POOL)
 
 
 @pytest.fixture
-def sync_openai(agents_system: System) -> Iterator[openai.OpenAI]:
+def sync_openai(tool_system: System) -> Iterator[openai.OpenAI]:
     with openai.OpenAI(
-        base_url=f"{agents_system.base_url}/v1", api_key="none", max_retries=0, timeout=TIMEOUT
+        base_url=f"{tool_system.base_url}/v1", api_key="none", max_retries=0, timeout=TIMEOUT
     ) as client:
         yield client
 
 
 @pytest.fixture
-async def async_openai(agents_system: System) -> AsyncIterator[openai.AsyncOpenAI]:
+async def async_openai(tool_system: System) -> AsyncIterator[openai.AsyncOpenAI]:
     async with openai.AsyncOpenAI(
-        base_url=f"{agents_system.base_url}/v1", api_key="none", max_retries=0, timeout=TIMEOUT
+        base_url=f"{tool_system.base_url}/v1", api_key="none", max_retries=0, timeout=TIMEOUT
     ) as client:
         yield client
 
@@ -165,11 +137,11 @@ async def test_an_agent_calls_its_function_tool_and_answers_through_the_response
     assert result.final_output == ANSWER and cities == ["Paris"]
 
 
-def test_langchain_bind_tools_gets_the_tool_call(agents_system: System) -> None:
+def test_langchain_bind_tools_gets_the_tool_call(tool_system: System) -> None:
     """The scripted output stands in for a model that calls tools in hermes' syntax: LangChain's
     `ChatOpenAI.bind_tools` reads the call, whole and streamed."""
     chat = ChatOpenAI(
-        model=MODEL, base_url=f"{agents_system.base_url}/v1", api_key="none", max_retries=0, timeout=TIMEOUT
+        model=MODEL, base_url=f"{tool_system.base_url}/v1", api_key="none", max_retries=0, timeout=TIMEOUT
     ).bind_tools([WEATHER_TOOL])
     message = chat.invoke("What is the weather in Paris?")
     assert isinstance(message, AIMessage)
@@ -183,7 +155,7 @@ def test_langchain_bind_tools_gets_the_tool_call(agents_system: System) -> None:
 
 
 async def test_the_job_s_events_replay_the_tool_call_and_the_reasoning(
-    agents_system: System, async_openai: openai.AsyncOpenAI
+    tool_system: System, async_openai: openai.AsyncOpenAI
 ) -> None:
     """The scripted output stands in for a model that thinks and calls tools: the job's native events,
     read again after the answer, carry the same reasoning and tool-call parts the chunks carried, and a
@@ -195,7 +167,7 @@ async def test_the_job_s_events_replay_the_tool_call_and_the_reasoning(
         )
     ]
     job_id = chunks[0].id.removeprefix("chatcmpl-")
-    async with httpx.AsyncClient(base_url=agents_system.base_url, timeout=TIMEOUT) as http:
+    async with httpx.AsyncClient(base_url=tool_system.base_url, timeout=TIMEOUT) as http:
         replayed = await read_sse(http, job_id)
         first_call = next(n for n, (_, event) in enumerate(replayed) if event.get("tool_calls"))
         resumed = await read_sse(http, job_id, last_event_id=replayed[first_call][0])

@@ -29,12 +29,11 @@ from agents import Agent, OpenAIResponsesModel, Runner, function_tool, set_traci
 from openai.types.responses import Response
 
 from cli.launcher import wait_healthy
-from shared.config import DEFAULT_MODEL_DIR
 from shared.jobstore import JobStore
-from tests.conftest import SYSTEM_START_TIMEOUT, WORKERS, System, run_system
+from tests.conftest import SYSTEM_START_TIMEOUT, WORKERS, System
 from tests.helpers import JOB_DEADLINE_SECONDS, LONG_PROMPT, eventually, job_record
 from tests.processes import Processes, free_port
-from worker.synthetic_engine import SCRIPT_AFTER_TOOL
+from tests.scripted_pool import ANSWER, ARGUMENTS, REASONING
 
 TERMINAL = {"completed", "incomplete", "cancelled", "failed"}
 ENDS = {"response.completed", "response.incomplete", "response.cancelled", "response.failed"}
@@ -238,12 +237,6 @@ async def test_a_background_response_outlives_a_gateway_restart(system: System, 
     assert events[-1].response.output_text == response.output_text
 
 
-REASONING = "I should look it up."
-ARGUMENTS = {"city": "Paris"}
-CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
-ANSWER = "It is sunny in Paris."
-AFTER_TOOL = f"<think>The tool says sunny.</think>{ANSWER}"
-"""The script's second part: qwen3's parser reads a turn as reasoning until `</think>`."""
 WEATHER: Any = {
     "type": "function",
     "name": "get_weather",
@@ -252,24 +245,6 @@ WEATHER: Any = {
     "strict": False,
 }
 QUESTION = "What is the weather in Paris?"
-
-
-@pytest.fixture(scope="module")
-def tool_system(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[System]:
-    """A gateway and synthetic workers started with the flags `vllm serve` takes for a Qwen model that
-    calls tools and thinks, whose choices write the script (its second part after a tool's result)."""
-    if not DEFAULT_MODEL_DIR.is_dir():
-        pytest.skip("the default model is not prepared (make setup)")
-    yield from run_system(
-        redis_url,
-        tmp_path_factory,
-        engine="synthetic",
-        synthetic_step_seconds=0.005,
-        synthetic_script=f"<think>{REASONING}</think>{CALL}{SCRIPT_AFTER_TOOL}{AFTER_TOOL}",
-        enable_auto_tool_choice=True,
-        tool_call_parser="hermes",
-        reasoning_parser="qwen3",
-    )
 
 
 @pytest.fixture
