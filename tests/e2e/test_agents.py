@@ -19,13 +19,9 @@ import httpx
 import openai
 import pytest
 from agents import (
-    Agent,
-    Model,
     OpenAIChatCompletionsModel,
     OpenAIResponsesModel,
     Runner,
-    function_tool,
-    set_tracing_disabled,
 )
 from langchain_core.messages import AIMessage, AIMessageChunk
 from langchain_openai import ChatOpenAI
@@ -35,6 +31,7 @@ from tests.conftest import System
 from tests.faults.conftest import Pool, assert_one_seamless_stream, run_pool, wait_for_tokens
 from tests.helpers import read_sse, submit
 from tests.scripted_pool import ANSWER, ARGUMENTS, REASONING, SCRIPTED_POOL
+from tests.weather_agent import weather_agent
 
 MODEL = DEFAULT_MODEL_DIR.name
 WEATHER_TOOL: Any = {
@@ -72,23 +69,6 @@ async def async_openai(tool_system: System) -> AsyncIterator[openai.AsyncOpenAI]
         base_url=f"{tool_system.base_url}/v1", api_key="none", max_retries=0, timeout=TIMEOUT
     ) as client:
         yield client
-
-
-def weather_agent(model: Model) -> tuple[Agent[None], list[str]]:
-    """An agent with a `get_weather` function tool on `model`, and the cities its tool was called for."""
-    set_tracing_disabled(True)  # nothing is sent to OpenAI's trace collector
-    cities: list[str] = []
-
-    @function_tool
-    def get_weather(city: str) -> str:
-        """The weather in a city."""
-        cities.append(city)
-        return "sunny"
-
-    agent = Agent[None](
-        name="weather", instructions="Answer with the weather.", tools=[get_weather], model=model
-    )
-    return agent, cities
 
 
 def test_the_openai_stream_helper_accumulates_the_tool_call_and_the_reasoning(

@@ -25,7 +25,7 @@ from typing import Any
 import openai
 import pytest
 import redis.asyncio as aioredis
-from agents import Agent, OpenAIResponsesModel, Runner, function_tool, set_tracing_disabled
+from agents import OpenAIResponsesModel, Runner
 from openai.types.responses import Response
 
 from cli.launcher import wait_healthy
@@ -34,6 +34,7 @@ from tests.conftest import SYSTEM_START_TIMEOUT, WORKERS, System
 from tests.helpers import JOB_DEADLINE_SECONDS, LONG_PROMPT, eventually, job_record
 from tests.processes import Processes, free_port
 from tests.scripted_pool import ANSWER, ARGUMENTS, REASONING
+from tests.weather_agent import weather_agent
 
 TERMINAL = {"completed", "incomplete", "cancelled", "failed"}
 ENDS = {"response.completed", "response.incomplete", "response.cancelled", "response.failed"}
@@ -368,19 +369,8 @@ async def test_an_agent_streamed_on_the_responses_api_calls_its_tool_and_answers
     """The scripted output stands in for a model that thinks and calls a tool: the OpenAI Agents SDK's
     streamed run reads the reasoning, function_call and message items from the events, the reasoning
     events of the specification's names among them, to the final answer."""
-    set_tracing_disabled(True)  # nothing is sent to OpenAI's trace collector
-    cities: list[str] = []
-
-    @function_tool
-    def get_weather(city: str) -> str:
-        """The weather in a city."""
-        cities.append(city)
-        return "sunny"
-
     model = OpenAIResponsesModel(model=tool_system.settings.model_name, openai_client=tool_client)
-    agent = Agent[None](
-        name="weather", instructions="Answer with the weather.", tools=[get_weather], model=model
-    )
+    agent, cities = weather_agent(model)
     run = Runner.run_streamed(agent, QUESTION)
     async for _ in run.stream_events():
         pass
