@@ -25,6 +25,7 @@ import httpx
 import openai
 import pytest
 import redis
+from openai.types.chat import ChatCompletion
 from openai.types.responses import Response
 from openai.types.webhooks import (
     BatchCancelledWebhookEvent,
@@ -43,6 +44,7 @@ from tests.gateway.webhooks.receiver import Delivery, Receiver, new_secret, rece
 from tests.helpers import eventually_sync
 from tests.processes import Processes, free_port
 from tests.redis_cleanup import delete_prefix
+from tests.scripted_pool import ARGUMENTS, REASONING, SCRIPTED_POOL
 
 MODEL = "smol"
 KEYS = ("key-a", "key-b")
@@ -401,6 +403,43 @@ def test_a_batch_on_the_responses_endpoint_answers_each_line_with_a_response_obj
     assert all(response.object == "response" and response.model == MODEL for response in responses)
     assert all(response.status == "incomplete" and response.output_text for response in responses)
     assert done.error_file_id is None
+
+
+@pytest.fixture(scope="module")
+def tool_batches(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
+    """A deployment of the scripted pool that thinks and calls tools (tests/scripted_pool.py)."""
+    pool = {name: value for name, value in SCRIPTED_POOL.items() if name != "engine"}
+    with deployed(redis_url, tmp_path_factory, "", **pool) as deployment:
+        yield deployment
+
+
+def test_chat_lines_with_tools_answer_with_their_calls_and_reasoning(tool_batches: Deployment) -> None:
+    """The scripted output stands in for a model that thinks and calls tools: each line's answer holds
+    the call and the reasoning its job's stream holds, as a chat completion does."""
+    client = tool_batches.client()
+    tool = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
+    lines = [
+        {
+            "custom_id": f"t{number}",
+            "method": "POST",
+            "url": "/v1/chat/completions",
+            "body": {"model": MODEL, "messages": [{"role": "user", "content": "Weather?"}], "tools": [tool]},
+        }
+        for number in range(3)
+    ]
+    done = ended(client, run_batch(client, lines).id)
+
+    assert done.status == "completed" and done.error_file_id is None, done
+    output = file_lines(client, done.output_file_id)
+    assert [line["custom_id"] for line in output] == ["t0", "t1", "t2"]
+    for line in output:
+        completion = ChatCompletion.model_validate(line["response"]["body"])
+        choice = completion.choices[0]
+        (call,) = choice.message.tool_calls or []
+        assert call.type == "function" and call.function.name == "get_weather"
+        assert json.loads(call.function.arguments) == ARGUMENTS
+        assert choice.finish_reason == "tool_calls"
+        assert (choice.message.model_extra or {}).get("reasoning") == REASONING
 
 
 def test_gateways_killed_while_reading_the_input_and_while_writing_the_output_leave_one_whole_batch(
