@@ -171,4 +171,6 @@ class Reply:
             reasoning=(message.reasoning or "") if message is not None else "",
             tool_calls=tool_calls or None,
             finish_reason=finish_reason,
+            # As vLLM: with the reasoning hidden, so are the tokens' logprobs, which would show it.
+            logprobs=delta.logprobs if self.chat.include_reasoning else None,
         )

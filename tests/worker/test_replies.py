@@ -176,3 +176,17 @@ def test_the_prompt_s_logprobs_go_with_the_first_delta_event_only() -> None:
     first, second = events
     assert first.prompt_logprobs == prompt  # type: ignore[union-attr]
     assert second.prompt_logprobs is None  # type: ignore[union-attr]
+
+
+def test_hidden_reasoning_leaves_the_content_alone_and_hides_the_tokens_logprobs(tokenizer: Any) -> None:
+    """As vLLM: `include_reasoning: false` drops the reasoning, and the logprobs that would show it."""
+    from shared.events import TokenLogprob
+
+    flags = {"enable_auto_tool_choice": True, "tool_call_parser": "hermes", "reasoning_parser": "qwen3"}
+    reply = parsing(tokenizer, **flags).reply(chat(include_reasoning=False), [1])
+    parsed = []
+    for delta in deltas(tokenizer, "<think>Hmm.</think>Sunny."):
+        delta.logprobs = [TokenLogprob(token_id=delta.token_ids[0], token="t", logprob=-0.5)]
+        parsed.append(reply.parse(delta))
+    assert "".join(delta.text for delta in parsed) == "Sunny."
+    assert not any(delta.reasoning or delta.logprobs for delta in parsed)
