@@ -219,7 +219,7 @@ def test_a_batch_completes_with_each_request_once_in_input_order_and_refusals_in
     client = batches.client()
     lines = [request_line(f"r{n}") for n in range(30)]
     lines.insert(
-        7, request_line("no-tools", tools=None) | {"body": {**lines[0]["body"], "tools": [{"x": 1}]}}
+        7, request_line("bad-tool", tools=None) | {"body": {**lines[0]["body"], "tools": [{"x": 1}]}}
     )
     batch = run_batch(client, lines)
     assert batch.status == "validating" and batch.request_counts is not None
@@ -239,9 +239,9 @@ def test_a_batch_completes_with_each_request_once_in_input_order_and_refusals_in
     assert all(line["response"]["status_code"] == 200 and line["error"] is None for line in output)
     assert all(line["response"]["body"]["choices"][0]["finish_reason"] == "length" for line in output)
     (refused,) = file_lines(client, done.error_file_id)
-    assert refused["custom_id"] == "no-tools"
+    assert refused["custom_id"] == "bad-tool"  # a tool without its function
     assert refused["response"]["status_code"] == 400
-    assert refused["response"]["body"]["error"]["param"] == "tools"
+    assert refused["response"]["body"]["error"]["param"] == "tools.0.function"
     assert client.batches.list(limit=100).data[0].id == batch.id
 
 
