@@ -25,8 +25,6 @@ from shared.events import FunctionDelta, ToolCallDelta
 from shared.requests import JobRequest
 from worker.engine import EngineDelta
 
-CHAT_TEMPLATE_CONTENT_FORMAT = "auto"  # vLLM's default: the template's own format
-
 
 def vllm_chat_request(request: JobRequest) -> ChatCompletionRequest:
     """The job as vLLM's chat completion request: what its parsers read (tools, tool choice,
@@ -89,10 +87,11 @@ class ReplyParsing:
         # As vLLM's renderer: the request is adjusted (a tool choice's constraint) when it reasons or
         # calls tools; a choice of none leaves hallucinated calls as text.
         if self.parser_cls.reasoning_parser_cls is not None or chat.tool_choice != "none":
-            chat = self._parser(chat, kwargs).adjust_request(request=chat)  # type: ignore[assignment]
+            chat = self.parser_for(chat, kwargs).adjust_request(request=chat)  # type: ignore[assignment]
         return Reply(self, chat, kwargs, list(prompt_token_ids))
 
-    def _parser(self, chat: ChatCompletionRequest, kwargs: dict[str, Any]) -> Parser:
+    def parser_for(self, chat: ChatCompletionRequest, kwargs: dict[str, Any]) -> Parser:
+        """A fresh parser of the pool's class for one choice of `chat` (vLLM's parsers keep state)."""
         assert self.parser_cls is not None
         tools: list[Any] | None = list(chat.tools) if chat.tools is not None else None
         return self.parser_cls(self.tokenizer, tools, chat_template_kwargs=kwargs)
@@ -126,7 +125,7 @@ class Reply:
 
     def _choice_parser(self, index: int) -> Parser:
         if index not in self.parsers:
-            self.parsers[index] = self.parsing._parser(self.chat, self.template_kwargs)
+            self.parsers[index] = self.parsing.parser_for(self.chat, self.template_kwargs)
         return self.parsers[index]
 
     def resumed(self, emitted: list[int]) -> None:
