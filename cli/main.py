@@ -18,7 +18,14 @@ from pydantic_settings import BaseSettings
 
 from client.api import Client, GatewayError
 from client.console import Terminal, summary
-from shared.config import ClientSettings, GatewaySettings, RedisSettings, Settings, WorkerSettings
+from shared.config import (
+    ENGINE_FLAG_SETTINGS,
+    ClientSettings,
+    GatewaySettings,
+    RedisSettings,
+    Settings,
+    WorkerSettings,
+)
 from shared.events import DeltaEvent, ErrorEvent, Event, JobState
 from shared.logs import configure_logging
 from shared.requests import ChatMessage, JobRequest
@@ -45,11 +52,15 @@ SAMPLING_OPTIONS = (
 )
 
 
-def _add_setting_flags(parser: argparse.ArgumentParser, settings_class: type[BaseSettings]) -> None:
-    """One flag per setting (`--redis-url` for STREAMPOOL_REDIS_URL); a flag wins over the variable. A
-    list setting's flag may be repeated (`--lora a=/x --lora b=/y`)."""
+def _add_setting_flags(
+    parser: argparse.ArgumentParser, settings_class: type[BaseSettings], skipped: frozenset[str] = frozenset()
+) -> None:
+    """One flag per setting (`--redis-url` for STREAMPOOL_REDIS_URL) but the `skipped`; a flag wins over
+    the variable. A list setting's flag may be repeated (`--lora a=/x --lora b=/y`)."""
     group = parser.add_argument_group("settings (each also read from STREAMPOOL_<NAME>)")
     for name, field in settings_class.model_fields.items():
+        if name in skipped:
+            continue
         action = "append" if get_origin(field.annotation) is list else "store"
         group.add_argument(
             f"--{name.replace('_', '-')}", dest=name, default=None, action=action, help=field.description
@@ -57,8 +68,11 @@ def _add_setting_flags(parser: argparse.ArgumentParser, settings_class: type[Bas
 
 
 def settings_from(args: argparse.Namespace, settings_class: type[SettingsT]) -> SettingsT:
+    # A setting without a flag of its own (the worker's under vLLM's names) is None here.
     overrides = {
-        name: getattr(args, name) for name in settings_class.model_fields if getattr(args, name) is not None
+        name: getattr(args, name)
+        for name in settings_class.model_fields
+        if getattr(args, name, None) is not None
     }
     return settings_class(**overrides)
 
@@ -73,6 +87,18 @@ def _worker(settings: WorkerSettings) -> None:
     from worker.app import run
 
     run(settings)
+
+
+def _with_engine_flags(settings: WorkerSettings) -> WorkerSettings:
+    """The worker's settings with what its engine flags set; flags vLLM's parser refuses, or that
+    contradict the settings, end the command as a usage error does, with the parser's message."""
+    from worker.engine_arguments import EngineFlagsError, with_engine_flags  # imports vLLM
+
+    try:
+        return with_engine_flags(settings)
+    except EngineFlagsError as exc:
+        print(exc, file=sys.stderr)
+        sys.exit(EXIT_USAGE)
 
 
 def _up(settings: Settings) -> None:
@@ -109,6 +135,10 @@ COMMANDS: dict[str, ServerCommand[Any]] = {
         _prepare_model, WorkerSettings, "prepare the default model folder (once; cached)"
     ),
 }
+# The worker's settings whose flags vLLM's parser reads on `streampool worker`'s command line, as
+# `vllm serve` takes them (`--enforce-eager` alone, `--served-model-name a b`); `--model` stays the
+# worker's own flag, as the positional MODEL is vLLM's.
+WORKER_ENGINE_FLAGS = ENGINE_FLAG_SETTINGS - {"model"}
 
 
 def job_request(args: argparse.Namespace) -> JobRequest:
@@ -284,16 +314,32 @@ def build_parser() -> argparse.ArgumentParser:
     for name, command in COMMANDS.items():
         # No abbreviations: the gateway's `--models` must not take the worker's `--model` for itself.
         subparser = commands.add_parser(name, help=command.help, description=command.help, allow_abbrev=False)
-        _add_setting_flags(subparser, command.settings_class)
+        _add_setting_flags(
+            subparser, command.settings_class, WORKER_ENGINE_FLAGS if name == "worker" else frozenset()
+        )
+    commands.choices[
+        "worker"
+    ].usage = "streampool worker [MODEL] [vLLM engine flags, as `vllm serve` takes them]"
     _add_client_commands(commands)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    # What the worker's own flags leave, its model and vLLM's engine flags, is vLLM's parser's to read.
+    args, engine_flags = parser.parse_known_args(argv)
+    if engine_flags and args.command != "worker":
+        parser.error(f"unrecognized arguments: {' '.join(engine_flags)}")
     if args.command in CLIENT_COMMANDS:
         sys.exit(_run_client(args))
     command = COMMANDS[args.command]
     settings = settings_from(args, command.settings_class)
+    if engine_flags:
+        # The command line's after the variable's, so that they win; its MODEL first, as vLLM reads it.
+        model = engine_flags[:1] if not engine_flags[0].startswith("-") else []
+        flags = [*model, *settings.engine_args, *engine_flags[len(model) :]]
+        settings = settings.model_copy(update={"engine_args": flags})
+    if isinstance(settings, WorkerSettings) and args.command == "worker" and settings.engine_args:
+        settings = _with_engine_flags(settings)
     configure_logging(settings.log_level)
     command.run(settings)

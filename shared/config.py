@@ -9,6 +9,8 @@ the environment.
 
 from __future__ import annotations
 
+import json
+import shlex
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -30,6 +32,33 @@ def _comma_separated(value: object) -> object:
 
 Names = Annotated[list[str], NoDecode, BeforeValidator(_comma_separated)]
 """A list setting: comma-separated in its variable, a repeated flag on the command line."""
+
+
+def _flag_words(value: object) -> object:
+    """A list of flags from a variable: a JSON list, or a command line's words (quoted as a shell does)."""
+    if isinstance(value, str):
+        return json.loads(value) if value.lstrip().startswith("[") else shlex.split(value)
+    return value
+
+
+EngineFlags = Annotated[list[str], NoDecode, BeforeValidator(_flag_words)]
+"""vLLM's engine flags: a flag string or a JSON list in its variable, the words of a command line."""
+
+ENGINE_FLAG_SETTINGS = frozenset(
+    {
+        "model",
+        "served_model_name",
+        "max_model_len",
+        "dtype",
+        "enforce_eager",
+        "gpu_memory_utilization",
+        "max_lora_rank",
+        "scheduling_policy",
+        "reasoning_parser",
+    }
+)
+"""The worker's settings under vLLM's engine flag names: `streampool worker`'s command line gives them as
+`vllm serve` does, to vLLM's parser, and the setting takes the flag's value."""
 
 Dtype = Literal["auto", "half", "float16", "bfloat16", "float", "float32"]
 
@@ -438,6 +467,12 @@ class WorkerSettings(RedisSettings):
         "tokens, then the end of sequence: a parser's syntax (`<tool_call>`, `<think>`) on any model; "
         "`A|||B`: a chat whose last message is a tool's result gets B, any other request A (an agent's "
         "call, then its answer) (see Agents and tool calling)",
+    )
+    engine_args: EngineFlags = Field(
+        [],
+        description="vLLM's engine flags, as `vllm serve` takes them (`--max-num-batched-tokens 1024 "
+        "--enable-prefix-caching`, `--config engine.yaml`): a flag string or a JSON list; the worker's "
+        "command line adds its own after them (see From vllm serve to streampool)",
     )
     served_model_name: str | None = Field(
         None,

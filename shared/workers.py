@@ -32,6 +32,8 @@ class WorkerInfo(BaseModel):
     # worker that predates it.
     max_chars_per_token: int | None = None
     dtype: str | None = None  # the dtype the engine runs in; None from a worker that predates it
+    # The engine's arguments that are not vLLM's defaults, as short text (bounded): what it runs with.
+    engine_args: dict[str, str] = {}
     running_jobs: int
     engine_requests: int
     started_at: float

@@ -7,6 +7,7 @@ only the defaults that vLLM's CPU backend needs differ.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 from collections.abc import AsyncGenerator
 from typing import Any
@@ -32,33 +33,41 @@ from worker.adapter_gate import AdapterGate
 from worker.constraint_compile import ConstraintCompiler
 from worker.cpu_dtype import dtype_for_cpu
 from worker.engine import EngineDelta, Prompt
+from worker.engine_arguments import engine_args_from, shown, with_engine_flags
 
 CPU_GPU_MEMORY_UTILIZATION = 0.3
 
+log = logging.getLogger(__name__)
+
 
 def engine_args(settings: WorkerSettings) -> AsyncEngineArgs:
-    """vLLM's arguments from streampool's settings, with CPU-backend defaults where it needs them."""
+    """vLLM's arguments: the engine flags given (`engine_args`, `worker/engine_arguments.py`), and
+    streampool's settings and CPU-backend defaults where no flag was given; logged once."""
     on_cpu = current_platform.is_cpu()
     if on_cpu:
         # vLLM's CPU backend sizes its KV cache from this variable only.
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(settings.cpu_kvcache_gib))
-    extra: dict[str, Any] = {}
+    settings = with_engine_flags(settings)
+    defaults: dict[str, Any] = {
+        "model": str(settings.model),
+        "served_model_name": settings.model_names,
+        "dtype": dtype_for_cpu(settings.dtype) if on_cpu else settings.dtype,
+        "max_model_len": settings.max_model_len,
+        "enforce_eager": on_cpu if settings.enforce_eager is None else settings.enforce_eager,
+        "max_num_seqs": settings.worker_max_jobs,
+        "scheduling_policy": settings.scheduling_policy,
+    }
     memory = settings.gpu_memory_utilization or (CPU_GPU_MEMORY_UTILIZATION if on_cpu else None)
     if memory is not None:
-        extra["gpu_memory_utilization"] = memory
+        defaults["gpu_memory_utilization"] = memory
     if settings.adapters:
         # Every adapter stays loaded: a job never waits for one to be swapped in.
-        extra.update(enable_lora=True, max_loras=len(settings.adapters), max_lora_rank=settings.max_lora_rank)
-    return AsyncEngineArgs(
-        model=str(settings.model),
-        served_model_name=settings.model_names,
-        dtype=dtype_for_cpu(settings.dtype) if on_cpu else settings.dtype,
-        max_model_len=settings.max_model_len,
-        enforce_eager=on_cpu if settings.enforce_eager is None else settings.enforce_eager,
-        max_num_seqs=settings.worker_max_jobs,
-        scheduling_policy=settings.scheduling_policy,
-        **extra,
-    )
+        defaults.update(
+            enable_lora=True, max_loras=len(settings.adapters), max_lora_rank=settings.max_lora_rank
+        )
+    args = engine_args_from(settings, defaults)
+    log.info("engine arguments (those not vLLM's defaults): %s", shown(args))
+    return args
 
 
 def _token_logprob(token_id: int, alternatives: dict[int, Logprob], wanted: int) -> TokenLogprob:
@@ -124,7 +133,9 @@ class VllmEngine:
         self.model_name = settings.model_name
         self.scheduling_policy = settings.scheduling_policy
         self.max_model_len = settings.max_model_len
-        self._llm = AsyncLLM.from_engine_args(engine_args(settings))
+        arguments = engine_args(settings)
+        self.engine_arguments = shown(arguments)  # what its heartbeat shows of them
+        self._llm = AsyncLLM.from_engine_args(arguments)
         # vLLM resolves `auto` (and our CPU fallback) into a torch dtype: report that one, e.g. "bfloat16".
         self.dtype = str(self._llm.model_config.dtype).removeprefix("torch.")
         tokenizer = self._llm.tokenizer

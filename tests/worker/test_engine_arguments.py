@@ -1,0 +1,136 @@
+"""A worker's engine flags become the engine arguments `vllm serve` makes of the same flags; streampool's
+defaults fill in only what no flag gave; flags that contradict the deployment are refused."""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from shared.config import DEFAULT_MODEL_DIR, WorkerSettings
+
+with warnings.catch_warnings():
+    # Importing vLLM raises torch's own deprecation warnings, which pytest would turn into failures.
+    warnings.simplefilter("ignore", DeprecationWarning)
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    from worker.engine_arguments import EngineFlagsError, shown, with_engine_flags
+    from worker.vllm_engine import engine_args
+
+MODEL = str(DEFAULT_MODEL_DIR)
+
+# One flag or two of each family the CPU backend takes: scheduler, cache, model, generation.
+FAMILIES = [
+    "--max-num-batched-tokens 1024 --max-num-seqs 8",
+    "--enable-prefix-caching --block-size 32",
+    "--generation-config vllm --seed 7 --max-logprobs 5",
+    '--override-generation-config {"temperature":0.5,"top_k":20}',
+    "--kv-cache-dtype auto --no-enable-chunked-prefill",
+]
+
+
+def vllm_serve_args(flags: list[str]) -> AsyncEngineArgs:
+    """What `vllm serve MODEL <flags>` builds its engine from: its own subparser, its own conversion."""
+    parser = make_arg_parser(FlexibleArgumentParser(prog="vllm serve"))
+    namespace = parser.parse_args([MODEL, *flags])
+    namespace.model = namespace.model_tag
+    args: AsyncEngineArgs = AsyncEngineArgs.from_cli_args(namespace)
+    return args
+
+
+def given_fields(flags: list[str]) -> dict[str, Any]:
+    """The engine fields `flags` change from `vllm serve`'s defaults."""
+    defaults = dataclasses.asdict(vllm_serve_args([]))
+    return {
+        name: value
+        for name, value in dataclasses.asdict(vllm_serve_args(flags)).items()
+        if value != defaults[name]
+    }
+
+
+@pytest.mark.parametrize("flags", FAMILIES)
+def test_flags_become_the_fields_vllm_serve_makes_of_them(flags: str) -> None:
+    words = flags.split(" ")
+    expected = given_fields(words)
+    assert expected, "each family's flags change something"
+    args = dataclasses.asdict(engine_args(WorkerSettings(model=DEFAULT_MODEL_DIR, engine_args=words)))
+    assert {name: args[name] for name in expected} == expected
+
+
+def test_streampool_defaults_fill_in_only_what_no_flag_gave() -> None:
+    settings = WorkerSettings(model=DEFAULT_MODEL_DIR, worker_max_jobs=12, served_model_name="smol")
+    assert engine_args(settings).max_num_seqs == 12
+    flagged = engine_args(settings.model_copy(update={"engine_args": ["--max-num-seqs", "3"]}))
+    assert flagged.max_num_seqs == 3
+    assert flagged.served_model_name == ["smol"]  # the pool's names, where no flag names the model
+
+
+def test_a_model_and_a_config_file_are_read_as_vllm_serve_reads_them(tmp_path: Path) -> None:
+    config = tmp_path / "engine.yaml"
+    config.write_text("max-num-batched-tokens: 2048\nenable-prefix-caching: true\n")
+    settings = WorkerSettings(engine_args=[MODEL, "--config", str(config), "--seed", "3"])
+    args = engine_args(settings)
+    assert (args.model, args.max_num_batched_tokens, args.enable_prefix_caching, args.seed) == (
+        MODEL,
+        2048,
+        True,
+        3,
+    )
+
+
+def test_a_flag_string_in_the_variable_is_split_as_a_shell_splits_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("STREAMPOOL_ENGINE_ARGS", "--seed 5 --override-generation-config '{\"top_k\": 3}'")
+    assert WorkerSettings().engine_args == ["--seed", "5", "--override-generation-config", '{"top_k": 3}']
+    monkeypatch.setenv("STREAMPOOL_ENGINE_ARGS", '["--seed", "5"]')
+    assert WorkerSettings().engine_args == ["--seed", "5"]
+
+
+def test_flags_under_a_settings_name_set_it() -> None:
+    settings = with_engine_flags(
+        WorkerSettings(engine_args=["--served-model-name", "smol", "smol-chat", "--max-model-len", "1024"])
+    )
+    assert settings.model_names == ["smol", "smol-chat"]
+    assert settings.max_model_len == 1024
+
+
+def test_a_served_name_other_than_the_pools_is_refused_naming_both() -> None:
+    settings = WorkerSettings(served_model_name="smol", engine_args=["--served-model-name", "other"])
+    with pytest.raises(
+        EngineFlagsError, match="--served-model-name other contradicts STREAMPOOL_SERVED_MODEL_NAME=smol"
+    ):
+        with_engine_flags(settings)
+
+
+def test_a_context_other_than_the_pools_is_refused_naming_both() -> None:
+    settings = WorkerSettings(max_model_len=512, engine_args=["--max-model-len", "4096"])
+    with pytest.raises(EngineFlagsError, match="--max-model-len 4096.*STREAMPOOL_MAX_MODEL_LEN=512"):
+        with_engine_flags(settings)
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--no-such-flag"], "unrecognized arguments: --no-such-flag"),
+        (["--max-num-seqs", "many"], "argument --max-num-seqs: invalid"),
+    ],
+)
+def test_an_unknown_or_malformed_flag_is_refused_with_vllms_message(flags: list[str], message: str) -> None:
+    with pytest.raises(EngineFlagsError, match=message):
+        with_engine_flags(WorkerSettings(engine_args=flags))
+
+
+def test_tensor_parallelism_on_the_cpu_is_refused_before_any_engine_starts() -> None:
+    with pytest.raises(EngineFlagsError, match="--tensor-parallel-size 2 needs as many GPUs"):
+        with_engine_flags(WorkerSettings(engine_args=["--tensor-parallel-size", "2"]))
+
+
+def test_what_is_shown_is_what_differs_from_vllms_defaults_and_bounded() -> None:
+    args = AsyncEngineArgs(model=MODEL, seed=9, tokenizer="x" * 1000)
+    assert shown(args)["seed"] == "9"
+    assert len(shown(args)["tokenizer"]) == 200
+    assert "block_size" not in shown(args)
