@@ -80,8 +80,9 @@ def _setting_value(name: str, value: Any) -> Any:
 
 
 def _same(name: str, current: Any, value: Any) -> bool:
+    """Whether a setting already holds a flag's value (a served name's list as its comma-separated text)."""
     if name == "served_model_name":
-        return [part.strip() for part in str(current).split(",")] == value.split(",")
+        return [part.strip() for part in str(current).split(",")] == str(value).split(",")
     return str(current) == str(value)
 
 
