@@ -22,6 +22,8 @@ from shared.config import ENGINE_FLAG_SETTINGS, WorkerSettings
 # What the heartbeat carries of the resolved arguments: enough to read, never a large record.
 MAX_SHOWN_VALUE_CHARS = 200
 MAX_SHOWN_FIELDS = 64
+# Arguments whose value is a credential: shown as set, never as what they hold.
+SECRET_ARGUMENTS = frozenset({"hf_token"})
 
 
 class EngineFlagsError(Exception):
@@ -141,5 +143,6 @@ def shown(args: AsyncEngineArgs) -> dict[str, str]:
         else:
             default = dataclasses.MISSING
         if value != default and len(result) < MAX_SHOWN_FIELDS:
-            result[field.name] = str(value)[:MAX_SHOWN_VALUE_CHARS]
+            text = "<hidden>" if field.name in SECRET_ARGUMENTS else str(value)
+            result[field.name] = text[:MAX_SHOWN_VALUE_CHARS]
     return result

@@ -50,13 +50,18 @@ async def models(services: ServicesDep) -> dict[str, Any]:
 async def model_listing(services: Services) -> dict[str, dict[str, Any]]:
     """Each name a request may give (a model's canonical name, its aliases, its adapters' names) as
     OpenAI describes a model, with vLLM's `root`, `parent` and `max_model_len` (vLLM's benchmark
-    client reads `root`), and streampool's live `workers` and `queue_depth` of the model behind it."""
+    client reads `root`), and streampool's live `workers`, `queue_depth` and `engine_args` (each distinct
+    engine configuration its live workers announce) of the model behind it."""
     catalog = await services.admission.catalog()
     workers = await services.admission.live_workers()
     depths = await queue_depths(services.redis, services.keys, catalog.entries)
     listing: dict[str, dict[str, Any]] = {}
     for entry in catalog.entries.values():
         started = [worker.started_at for worker in workers if worker.model == entry.name]
+        # Each distinct engine configuration among its live workers (one, where its pool is uniform).
+        engines = [
+            worker.engine_args for worker in workers if worker.model == entry.name and worker.engine_args
+        ]
         common = {
             "object": "model",
             "created": int(min(started, default=entry.last_seen or 0)),
@@ -64,6 +69,7 @@ async def model_listing(services: Services) -> dict[str, dict[str, Any]]:
             "max_model_len": entry.max_model_len,
             "workers": catalog.workers[entry.name],
             "queue_depth": depths[entry.name],
+            "engine_args": [dict(args) for args in dict.fromkeys(tuple(sorted(e.items())) for e in engines)],
         }
         for name in [entry.name, *entry.aliases]:
             listing[name] = {"id": name, "root": entry.name, "parent": None, **common}

@@ -130,7 +130,8 @@ def test_tensor_parallelism_on_the_cpu_is_refused_before_any_engine_starts() -> 
 
 
 def test_what_is_shown_is_what_differs_from_vllms_defaults_and_bounded() -> None:
-    args = AsyncEngineArgs(model=MODEL, seed=9, tokenizer="x" * 1000)
+    args = AsyncEngineArgs(model=MODEL, seed=9, tokenizer="x" * 1000, hf_token="hf_secret")
     assert shown(args)["seed"] == "9"
     assert len(shown(args)["tokenizer"]) == 200
+    assert shown(args)["hf_token"] == "<hidden>"
     assert "block_size" not in shown(args)
