@@ -1,5 +1,8 @@
 """The worker's Prometheus metrics, and its small HTTP server on `metrics_port`: GET /metrics, GET /health.
 
+One exposition carries streampool's `streampool_*` series and, on a vLLM worker, vLLM's own `vllm:*`
+series for its engine, as `vllm serve` names and labels them.
+
 The server is the standard library's, in a thread, rather than uvicorn: uvicorn takes over
 SIGTERM and SIGINT, which belong to the worker's drain (signals reach only the main thread).
 """
@@ -20,6 +23,7 @@ from typing import Any
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
+    REGISTRY,
     CollectorRegistry,
     Counter,
     Gauge,
@@ -38,15 +42,17 @@ TICK_SECONDS = 1.0
 READ_TIMEOUT_SECONDS = 5.0
 STALL_SECONDS = 30.0  # the loop never blocks this long once the engine is up (jobs would stall too)
 FINAL_STATES = (JobState.completed, JobState.cancelled, JobState.failed)
+VLLM_PREFIX = "vllm:"
 
 
 class WorkerMetrics:
     """The metrics of one worker process. A worker serves one model: the job metrics carry its name
     as the `model` label, so that a dashboard over many workers splits them by model."""
 
-    def __init__(self, model: str) -> None:
+    def __init__(self, model: str, engine_registry: CollectorRegistry = REGISTRY) -> None:
         self.model = model
         self.registry = CollectorRegistry()
+        self.registry.register(VllmSeries(engine_registry))
         self.jobs_running = Gauge(
             "streampool_worker_jobs_running", "Jobs this worker runs now", ["model"], registry=self.registry
         ).labels(model=model)
@@ -145,6 +151,19 @@ class RedisRoundTrips(Collector):
 
     def collect(self) -> Iterator[Metric]:
         yield CounterMetricFamily(self.name, self.documentation, value=self.read())
+
+
+class VllmSeries(Collector):
+    """vLLM's own series (`vllm:num_requests_waiting`, `vllm:generation_tokens_total`...), read at each
+    scrape from the registry its `PrometheusStatLogger` fills: the process's default one, as `vllm serve`
+    serves it. Only the `vllm:` families: the default registry's process and GC collectors are not
+    the engine's. A synthetic worker never builds that logger, so it yields nothing."""
+
+    def __init__(self, source: CollectorRegistry) -> None:
+        self.source = source
+
+    def collect(self) -> Iterator[Metric]:
+        return (family for family in self.source.collect() if family.name.startswith(VLLM_PREFIX))
 
 
 class RunClock:

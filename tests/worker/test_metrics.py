@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator, Callable
 
 import httpx
 import pytest
+from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from tests.helpers import scrape
 from tests.processes import free_port
@@ -132,3 +133,34 @@ async def test_redis_round_trips_are_read_from_their_counter_at_each_scrape(serv
         second = await scrape(http)
     assert first.value("streampool_worker_redis_round_trips_total") == 3
     assert second.value("streampool_worker_redis_round_trips_total") == 11
+
+
+async def test_vllms_own_series_are_served_beside_streampools_and_read_at_each_scrape(serve: Serve) -> None:
+    # A registry of vLLM's shape stands in for the default one a real engine fills (tests/e2e: the real one).
+    engine = CollectorRegistry()
+    labels = {"model_name": "smol", "engine": "0"}
+    tokens = Counter("vllm:generation_tokens", "tokens", list(labels), registry=engine).labels(**labels)
+    waiting = Gauge("vllm:num_requests_waiting", "waiting", list(labels), registry=engine).labels(**labels)
+    Counter("process_unrelated", "not the engine's", registry=engine).inc()
+    metrics = WorkerMetrics("smol", engine_registry=engine)
+    metrics.generated_tokens.inc(5)
+    tokens.inc(5)
+    waiting.set(2)
+    async with client(serve(metrics, Switch())) as http:
+        first = await scrape(http)
+        waiting.set(0)
+        second = await scrape(http)
+    assert first.value("vllm:generation_tokens_total", **labels) == 5
+    assert first.value("streampool_generated_tokens_total") == 5
+    assert (
+        first.value("vllm:num_requests_waiting", **labels),
+        second.value("vllm:num_requests_waiting"),
+    ) == (2, 0)
+    assert "process_unrelated_total" not in first.names()
+
+
+async def test_a_worker_without_a_vllm_engine_serves_no_vllm_series(serve: Serve) -> None:
+    async with client(serve(WorkerMetrics("smol", engine_registry=CollectorRegistry()), Switch())) as http:
+        names = (await scrape(http)).names()
+    assert "streampool_generated_tokens_total" in names
+    assert not [name for name in names if name.startswith("vllm:")]
