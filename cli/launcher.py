@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
@@ -15,7 +16,7 @@ from urllib.parse import urlparse
 import httpx
 import redis
 
-from shared.config import DEFAULT_MODEL_DIR, RedisSettings, Settings
+from shared.config import DEFAULT_MODEL_DIR, ENGINE_FLAG_SETTINGS, RedisSettings, Settings
 from shared.redis_url import is_sentinel
 
 HEALTH_TIMEOUT_SECONDS = 300
@@ -68,13 +69,18 @@ def child_environment(settings: RedisSettings) -> dict[str, str]:
     child reads its own role's and leaves the rest)."""
     env = dict(os.environ)
     for name, value in settings.model_dump().items():
-        if value is not None:
-            env[f"STREAMPOOL_{name.upper()}"] = _variable(value)
+        # A setting under an engine flag's name, left at its default, stays unset: the worker's engine
+        # flags may then set it without contradicting a value nobody gave.
+        if value is not None and (name not in ENGINE_FLAG_SETTINGS or name in settings.model_fields_set):
+            env[f"STREAMPOOL_{name.upper()}"] = _variable(name, value)
     return env
 
 
-def _variable(value: object) -> str:
-    """A setting's value as its variable spells it: lists comma-separated (`shared.config.Names`)."""
+def _variable(name: str, value: object) -> str:
+    """A setting's value as its variable spells it: lists comma-separated (`shared.config.Names`), the
+    engine's flags a JSON list (`shared.config.EngineFlags`: a flag's value may hold a comma)."""
+    if name == "engine_args":
+        return json.dumps(value)
     if isinstance(value, bool):
         return str(value).lower()
     if isinstance(value, list):

@@ -8,6 +8,7 @@ import os
 import shlex
 import signal
 import sys
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -92,13 +93,16 @@ def _worker(settings: WorkerSettings) -> None:
 def _with_engine_flags(settings: WorkerSettings) -> WorkerSettings:
     """The worker's settings with what its engine flags set; flags vLLM's parser refuses, or that
     contradict the settings, end the command as a usage error does, with the parser's message."""
-    from worker.engine_arguments import EngineFlagsError, with_engine_flags  # imports vLLM
+    with warnings.catch_warnings():
+        # torch's deprecations, raised as vLLM is imported, say nothing to whoever starts a worker.
+        warnings.simplefilter("ignore", DeprecationWarning)
+        from worker.engine_arguments import EngineFlagsError, with_engine_flags  # imports vLLM
 
-    try:
-        return with_engine_flags(settings)
-    except EngineFlagsError as exc:
-        print(exc, file=sys.stderr)
-        sys.exit(EXIT_USAGE)
+        try:
+            return with_engine_flags(settings)
+        except EngineFlagsError as exc:
+            print(exc, file=sys.stderr)
+            sys.exit(EXIT_USAGE)
 
 
 def _up(settings: Settings) -> None:

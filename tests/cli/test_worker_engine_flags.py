@@ -13,6 +13,8 @@ from typing import Any
 import pytest
 
 from cli import main as cli
+from cli.launcher import child_environment
+from shared.config import Settings, WorkerSettings
 
 with warnings.catch_warnings():
     # The worker's command reads engine flags with vLLM's parser: its import raises torch's deprecation
@@ -62,3 +64,15 @@ def test_an_unknown_engine_flag_ends_the_start_with_vllms_message() -> None:
     assert done.returncode == 2
     assert "streampool worker: error: unrecognized arguments: --no-such-flag" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_up_hands_its_worker_the_engine_flags_whole_and_no_default_to_contradict(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("STREAMPOOL_MAX_MODEL_LEN", raising=False)
+    flags = ["--override-generation-config", '{"top_k": 3, "top_p": 0.9}']
+    env = child_environment(Settings(engine_args=flags))
+    monkeypatch.setenv("STREAMPOOL_ENGINE_ARGS", env["STREAMPOOL_ENGINE_ARGS"])
+    assert WorkerSettings().engine_args == flags
+    assert "STREAMPOOL_MAX_MODEL_LEN" not in env  # the worker's `--max-model-len` flag may set it
+    assert child_environment(Settings(max_model_len=512))["STREAMPOOL_MAX_MODEL_LEN"] == "512"
