@@ -7,6 +7,7 @@ import copy
 import re
 
 import pytest
+import yaml
 
 from tests.deploy.manifests import (
     ENV_PREFIX,
@@ -274,3 +275,20 @@ def test_scaledobject_scales_its_model_on_that_models_queue_alone() -> None:
     label = WORKER["spec"]["selector"]["matchLabels"]["streampool.io/model"]
     assert WORKER["spec"]["template"]["metadata"]["labels"]["streampool.io/model"] == label
     assert model in config_value(OBJECTS, "STREAMPOOL_MODELS").split(",")
+
+
+def test_the_tensor_parallel_example_is_a_valid_worker_on_two_gpus_with_shared_memory() -> None:
+    [example] = [
+        doc for doc in yaml.safe_load_all((K8S / "examples" / "worker-tensor-parallel.yaml").read_text())
+    ]
+    kubernetes_validator(example).validate(example)
+    assert selects(example["spec"]["selector"]["matchLabels"], example)
+    [container] = containers(example)
+    args = container["args"]
+    assert args[0] == "worker" and args[args.index("--tensor-parallel-size") + 1] == "2"
+    assert container["resources"]["requests"]["nvidia.com/gpu"] == 2
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == 2
+    [shm] = [volume for volume in example["spec"]["template"]["spec"]["volumes"] if volume["name"] == "dshm"]
+    assert shm["emptyDir"]["medium"] == "Memory"
+    assert {"name": "dshm", "mountPath": "/dev/shm"} in container["volumeMounts"]
+    assert example["metadata"]["name"] != WORKER["metadata"]["name"]
