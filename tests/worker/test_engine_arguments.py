@@ -135,3 +135,34 @@ def test_what_is_shown_is_what_differs_from_vllms_defaults_and_bounded() -> None
     assert len(shown(args)["tokenizer"]) == 200
     assert shown(args)["hf_token"] == "<hidden>"
     assert "block_size" not in shown(args)
+
+
+# One flag of each family, and the resolved configuration's fields they set, by the config that holds them.
+EVERY_FAMILY = (
+    "--max-num-batched-tokens 1024 --max-num-seqs 8 --enable-prefix-caching --block-size 32 "
+    '--generation-config vllm --seed 7 --max-logprobs 5 --override-generation-config {"temperature":0.5}'
+).split(" ")
+RESOLVED = {
+    "scheduler_config": ("max_num_batched_tokens", "max_num_seqs"),
+    "cache_config": ("enable_prefix_caching", "block_size"),
+    "model_config": ("generation_config", "seed", "max_logprobs", "override_generation_config"),
+}
+
+
+def resolved(args: AsyncEngineArgs) -> dict[str, Any]:
+    """The engine configuration vLLM resolves from `args` (no weights loaded), in the fields above."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        config = args.create_engine_config()
+    return {
+        f"{part}.{name}": getattr(getattr(config, part), name)
+        for part, names in RESOLVED.items()
+        for name in names
+    }
+
+
+def test_the_resolved_configuration_is_the_one_vllm_serve_resolves_from_the_same_flags() -> None:
+    ours = resolved(engine_args(WorkerSettings(model=DEFAULT_MODEL_DIR, engine_args=EVERY_FAMILY)))
+    assert ours == resolved(vllm_serve_args(EVERY_FAMILY))
+    assert ours["scheduler_config.max_num_batched_tokens"] == 1024  # the flags did reach it
+    assert ours["model_config.override_generation_config"] == {"temperature": 0.5}
