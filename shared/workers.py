@@ -32,7 +32,7 @@ class WorkerInfo(BaseModel):
     # worker that predates it.
     max_chars_per_token: int | None = None
     dtype: str | None = None  # the dtype the engine runs in; None from a worker that predates it
-    # The engine's arguments that are not vLLM's defaults, as short text (bounded): what it runs with.
+    # The engine's arguments that are not `vllm serve`'s defaults, as short text (bounded): what it runs with.
     engine_args: dict[str, str] = {}
     running_jobs: int
     engine_requests: int

@@ -131,18 +131,13 @@ def engine_args_from(settings: WorkerSettings, defaults: dict[str, Any]) -> Asyn
 
 
 def shown(args: AsyncEngineArgs) -> dict[str, str]:
-    """The arguments that differ from vLLM's defaults, each as short text: what an operator reads of
-    a worker's engine (its log line at start, its heartbeat)."""
+    """The arguments that differ from those `vllm serve` builds with no flag, each as short text: what
+    an operator reads of a worker's engine (its log line at start, its heartbeat)."""
+    baseline = AsyncEngineArgs.from_cli_args(_engine_parser().parse_args([]))
     result: dict[str, str] = {}
     for field in dataclasses.fields(args):
         value = getattr(args, field.name)
-        if field.default is not dataclasses.MISSING:
-            default = field.default
-        elif field.default_factory is not dataclasses.MISSING:
-            default = field.default_factory()
-        else:
-            default = dataclasses.MISSING
-        if value != default and len(result) < MAX_SHOWN_FIELDS:
+        if value != getattr(baseline, field.name) and len(result) < MAX_SHOWN_FIELDS:
             text = "<hidden>" if field.name in SECRET_ARGUMENTS else str(value)
             result[field.name] = text[:MAX_SHOWN_VALUE_CHARS]
     return result

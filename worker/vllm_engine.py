@@ -66,7 +66,7 @@ def engine_args(settings: WorkerSettings) -> AsyncEngineArgs:
             enable_lora=True, max_loras=len(settings.adapters), max_lora_rank=settings.max_lora_rank
         )
     args = engine_args_from(settings, defaults)
-    log.info("engine arguments (those not vLLM's defaults): %s", shown(args))
+    log.info("engine arguments (those not vllm serve's defaults): %s", shown(args))
     return args
 
 
