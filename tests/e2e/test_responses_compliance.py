@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
@@ -28,10 +28,10 @@ import openresponses_types as spec
 import pytest
 from httpx_sse import aconnect_sse
 
-from shared.config import DEFAULT_MODEL_DIR
-from tests.conftest import System, run_system
+from tests.conftest import System
 from tests.helpers import JOB_DEADLINE_SECONDS, eventually
 from tests.open_responses import TEXT_TESTS, suite_request, valid_events, valid_response
+from tests.scripted_pool import ARGUMENTS
 
 MODES = ("as-sent", "background", "resumed")
 TERMINAL = {"completed", "incomplete", "cancelled", "failed"}
@@ -144,43 +144,19 @@ async def test_a_conversation_by_previous_response_id_validates_and_completes(
     assert (first.previous_response_id, second.previous_response_id) == (None, first.id)
 
 
-TOOL_ARGUMENTS = {"location": "San Francisco, CA"}
-TOOL_SCRIPT = (
-    "<think>The user wants the weather.</think>"
-    f'<tool_call>\n{{"name": "get_weather", "arguments": {json.dumps(TOOL_ARGUMENTS)}}}\n</tool_call>'
-)
-
-
-@pytest.fixture(scope="module")
-def tool_system(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[System]:
-    """A gateway and synthetic workers started with the flags `vllm serve` takes for a Qwen model that
-    thinks and calls tools, whose choices write the script."""
-    if not DEFAULT_MODEL_DIR.is_dir():
-        pytest.skip("the default model is not prepared (make setup)")
-    yield from run_system(
-        redis_url,
-        tmp_path_factory,
-        engine="synthetic",
-        synthetic_step_seconds=0.005,
-        synthetic_script=TOOL_SCRIPT,
-        enable_auto_tool_choice=True,
-        tool_call_parser="hermes",
-        reasoning_parser="qwen3",
-    )
-
-
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("test", ["tool-calling", "tool-calling-streaming"])
 async def test_a_tool_calling_test_of_the_suite_validates_and_calls_the_tool(
     tool_system: System, test: str, mode: str
 ) -> None:
-    """The scripted output stands in for a model that thinks and calls the suite's tool in hermes'
-    syntax: the suite's check (a `function_call` item) holds, after the reasoning item."""
+    """The scripted output (tests/scripted_pool.py) stands in for a model that thinks and calls the
+    suite's tool in hermes' syntax: the suite's check (a `function_call` item) holds, after the
+    reasoning item."""
     body = suite_request(test, tool_system.settings.model_name)
     async with httpx.AsyncClient(base_url=tool_system.base_url, timeout=JOB_DEADLINE_SECONDS) as http:
         response = await _answered(http, body, mode, ends={})
     assert response.status == "completed"
     reasoning, call = response.output
     assert isinstance(reasoning, spec.ReasoningBody) and isinstance(call, spec.FunctionCall)
-    assert (call.name, json.loads(call.arguments)) == ("get_weather", TOOL_ARGUMENTS)
+    assert (call.name, json.loads(call.arguments)) == ("get_weather", ARGUMENTS)
     assert response.tools[0].root.name == "get_weather"
