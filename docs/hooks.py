@@ -35,6 +35,7 @@ SEE_ALSO = {
     "Tenants and their limits": "tenants.md",
     "Load tests without a GPU": "load-tests.md",
     "Agents and tool calling": "agents.md",
+    "From vllm serve to streampool": "from-vllm-serve.md",
 }
 """A description's "see <page title>" becomes a link to that page."""
 BENCH_FILES = ("*.md", "*.png", "*.json")

@@ -146,6 +146,7 @@ class WorkerApp:
                 max_model_len=engine.max_model_len,
                 max_chars_per_token=engine.max_chars_per_token,
                 dtype=engine.dtype,
+                engine_args=engine.engine_arguments,
                 running_jobs=runner.running,
                 engine_requests=engine.running_requests(),
                 started_at=self.started_at,

@@ -76,6 +76,7 @@ class Engine(Protocol):
     max_model_len: int
     max_chars_per_token: int  # the tokenizer's longest token, in characters (vLLM's own figure)
     dtype: str  # what the weights run in, resolved (never `auto`): "bfloat16", "float32", ...
+    engine_arguments: dict[str, str]  # vLLM's arguments away from `vllm serve`'s defaults, for heartbeats
 
     def render(self, request: JobRequest) -> Prompt:
         """Tokenize the prompt (a request of one), take its token ids as they are, or render `messages`

@@ -146,6 +146,7 @@ class SyntheticEngine:
 
     def __init__(self, settings: WorkerSettings, card: ModelCard) -> None:
         self.model_name = settings.model_name
+        self.engine_arguments: dict[str, str] = {}  # it takes none of vLLM's
         self.max_model_len = settings.max_model_len
         self.card = card
         self._counter = PromptCounter(card)

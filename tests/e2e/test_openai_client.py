@@ -234,3 +234,14 @@ def test_a_batch_answers_each_custom_id_once_with_what_a_direct_greedy_request_a
         assert (
             line["response"]["body"]["choices"][0]["message"]["content"] == direct.choices[0].message.content
         )
+
+
+def test_each_model_lists_its_workers_engine_arguments_as_their_heartbeats_carry_them(system: System) -> None:
+    """The real workers' engine arguments away from `vllm serve`'s defaults (streampool's own: the
+    pool's context, CPU placement's eager mode), read by vLLM's parser at their start, reach
+    `/v1/models` through their heartbeats: both workers of the pool run one configuration."""
+    models = httpx.get(f"{system.base_url}/v1/models", timeout=30).json()["data"]
+    (model,) = [entry for entry in models if entry["id"] == system.settings.model_name]
+    (engine_args,) = model["engine_args"]
+    assert engine_args["max_model_len"] == str(system.settings.max_model_len)
+    assert engine_args["enforce_eager"] == "True"
