@@ -36,17 +36,15 @@ def server_flags(settings: Settings, port: int) -> list[str]:
     Built from the worker's own `engine_args`, so the two engines cannot drift apart; it also sets
     VLLM_CPU_KVCACHE_SPACE in this process's environment, which the server inherits.
     """
-    from worker.vllm_engine import engine_args  # heavy: imports vllm
+    from worker.engine_arguments import vllm_serve_defaults  # heavy: imports vllm
+    from worker.vllm_engine import engine_args
 
-    args = engine_args(settings)
+    args, baseline = engine_args(settings), vllm_serve_defaults()
     # --enable-scale-out: the tokens-in/tokens-out route (`/inference/v1/generate`), 403 without it.
     flags = ["--host", "127.0.0.1", "--port", str(port), "--disable-uvicorn-access-log", "--enable-scale-out"]
     for field in dataclasses.fields(args):
         value = getattr(args, field.name)
-        default = (
-            field.default_factory() if field.default_factory is not dataclasses.MISSING else field.default
-        )
-        if field.name.startswith("_") or value == default:
+        if field.name.startswith("_") or value == getattr(baseline, field.name):
             continue
         flag = "--" + field.name.replace("_", "-")
         if isinstance(value, bool):

@@ -130,10 +130,16 @@ def engine_args_from(settings: WorkerSettings, defaults: dict[str, Any]) -> Asyn
     return args
 
 
+def vllm_serve_defaults() -> AsyncEngineArgs:
+    """The arguments `vllm serve` builds with no flag: what a worker's are told apart from."""
+    baseline: AsyncEngineArgs = AsyncEngineArgs.from_cli_args(_engine_parser().parse_args([]))
+    return baseline
+
+
 def shown(args: AsyncEngineArgs) -> dict[str, str]:
     """The arguments that differ from those `vllm serve` builds with no flag, each as short text: what
     an operator reads of a worker's engine (its log line at start, its heartbeat)."""
-    baseline = AsyncEngineArgs.from_cli_args(_engine_parser().parse_args([]))
+    baseline = vllm_serve_defaults()
     result: dict[str, str] = {}
     for field in dataclasses.fields(args):
         value = getattr(args, field.name)
