@@ -89,6 +89,10 @@ PromptText = Annotated[Text, Field(max_length=MAX_PROMPT_CHARS)]
 StopText = Annotated[Text, Field(max_length=MAX_STOP_CHARS)]
 Objects = Annotated[list[Any], Field(max_length=128)]
 TokenIds = Annotated[list[Integer], Field(max_length=MAX_PROMPT_CHARS)]
+MAX_METADATA = 16  # OpenAI's limits: 16 pairs, keys of 64 characters, values of 512
+MetadataKey = Annotated[Text, Field(max_length=64)]
+MetadataValue = Annotated[Text, Field(max_length=512)]
+Metadata = Annotated[dict[MetadataKey, MetadataValue], Field(max_length=MAX_METADATA)]
 
 
 def job_request_of(fields: dict[str, Any], params: Mapping[str, str]) -> JobRequest:
@@ -548,6 +552,9 @@ class ChatBody(_Body):
     reasoning_effort: Name | None = None
     include_reasoning: bool | None = None
     thinking_token_budget: Integer | None = None
+    # OpenAI's stored completions: the completion is kept, with its metadata, for the retention period.
+    store: bool | None = None
+    metadata: Metadata | None = None
 
     def _refusals(self) -> list[Refusal]:
         return [

@@ -27,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, Validatio
 
 from gateway.compat.openai_bodies import (
     Integer,
+    Metadata,
     Name,
     PromptText,
     Refusal,
@@ -42,10 +43,6 @@ from shared.requests import MAX_MESSAGES, MAX_URL_CHARS, ChatMessage, JobRequest
 from shared.webhooks import API, RESPONSE_API
 
 RESPONSES_PATH = "/v1/responses"
-MAX_METADATA = 16  # OpenAI's limits: 16 pairs, keys of 64 characters, values of 512
-MetadataKey = Annotated[Text, Field(max_length=64)]
-MetadataValue = Annotated[Text, Field(max_length=512)]
-Metadata = Annotated[dict[MetadataKey, MetadataValue], Field(max_length=MAX_METADATA)]
 DEFAULT_MAX_TOKENS: int = JobRequest.model_fields["max_tokens"].default
 SAMPLED = ("temperature", "top_p", "presence_penalty", "frequency_penalty")
 """The job's sampling values that a Response reports, under the same names."""
