@@ -45,6 +45,7 @@ from gateway.routes import (
     openai,
     playground,
     responses,
+    resume,
     scale_out,
     tgi,
     usage,
@@ -172,6 +173,7 @@ def create_app(settings: GatewaySettings) -> FastAPI:
     install_error_handlers(app)
     app.include_router(jobs.router)
     app.include_router(openai.router)
+    app.include_router(resume.router)
     app.include_router(responses.router)
     app.include_router(vllm.router)
     app.include_router(scale_out.router)

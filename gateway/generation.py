@@ -2,8 +2,10 @@
 
 Such routes go through the same admission, queue, streams and cancel keys as the native
 API: once their job is admitted, they read its events from the start, and cancel it when
-their client goes away before the end. Their clients cannot resume elsewhere, so a stopping
-gateway lets these runs go on (`OpenRuns`) where it ends native event streams at once.
+their client goes away before the end, unless the run is kept (`keep_running`: a stored chat
+completion, or one its client asked to keep), whose job goes on to its end for a client to resume
+(`gateway.resumption`). Their clients cannot resume elsewhere, so a stopping gateway lets these runs
+go on (`OpenRuns`) where it ends native event streams at once.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from gateway.compat.openai_answers import (
 from gateway.compat.openai_bodies import ChatBody, CompletionBody
 from gateway.deps import Services
 from gateway.entries import Entry
-from gateway.relay import START, Hold
+from gateway.relay import START, Following, Hold
 from shared.chat import ToolCall
 from shared.errors import EngineError, JobCancelled, PromptTooLong, StreampoolError
 from shared.events import (
@@ -119,28 +121,43 @@ class OpenRuns:
             self._runs.discard(run)
 
     async def cancel_after(self, seconds: float) -> None:
-        """Cancel every job still answered once `seconds` have passed. Each answer then ends with its
-        job's `cancelled` event, as for a job cancelled through the native API while its client waits:
-        an error chunk or status, never a silent close."""
+        """Cancel every job still answered once `seconds` have passed, but those kept running. Each
+        answer then ends with its job's `cancelled` event, as for a job cancelled through the native API
+        while its client waits: an error chunk or status, never a silent close. A kept run's answer is
+        cut when the server's own grace ends, and its client resumes it through another gateway."""
         await asyncio.sleep(seconds)
-        await asyncio.gather(*(run.cancel() for run in list(self._runs) if not run.ended))
+        cancelled = [run for run in list(self._runs) if not run.ended and not run.keep_running]
+        await asyncio.gather(*(run.cancel() for run in cancelled))
 
 
 class JobRun:
-    """One submitted job, read from its first event; leaving early cancels it."""
+    """One submitted job, read from its first event; leaving early cancels it, unless it is kept
+    running (`keep_running`)."""
 
-    def __init__(self, services: Services, job_id: str, request: Request) -> None:
+    def __init__(
+        self,
+        services: Services,
+        job_id: str,
+        request: Request,
+        *,
+        keep_running: bool = False,
+        following: Following | None = None,
+    ) -> None:
+        """`following`: the job's follow from its start, already checked (`Relay.open`); by default one
+        made unchecked, for a job just submitted."""
         self.services = services
         self.job_id = job_id
         self.request = request
+        self.keep_running = keep_running
         self.ended = False
+        self._following = following
 
     async def entries(self) -> AsyncGenerator[Entry | None, None]:
         """Every entry of the job's stream up to its terminal one, and None after each
         `sse_ping_seconds` of silence (a streamed answer's turn for a keep-alive); a client gone before
-        the end cancels the job."""
+        the end cancels the job, unless it is kept running."""
         open_runs: OpenRuns = self.request.app.state.open_runs
-        following = self.services.relay.follow(self.job_id, START)
+        following = self._following or self.services.relay.follow(self.job_id, START)
         try:
             with open_runs.open(self):
                 async with aclosing(following.batches(self.services.settings.sse_ping_seconds)) as batches:
@@ -152,7 +169,7 @@ class JobRun:
                                 self.ended = True
                             yield entry
         finally:
-            if not self.ended:
+            if not self.ended and not self.keep_running:
                 await asyncio.shield(self.cancel())
 
     async def events(self) -> AsyncGenerator[Event | None, None]:
@@ -167,7 +184,8 @@ class JobRun:
 
     async def result(self) -> Result:
         """The whole output; raises the job's error, and cancels the job if the client disconnects
-        (or the answer is given up: a gateway past its grace period cuts what is left)."""
+        (or the answer is given up: a gateway past its grace period cuts what is left), unless it is
+        kept running."""
         collecting = asyncio.ensure_future(self._collect())
         try:
             while not collecting.done():
@@ -274,19 +292,23 @@ async def chunk_frames(
     feed: Callable[[Event], list[dict[str, Any]]],
     failure: Callable[[StreampoolError], dict[str, Any]],
     sep: str,
+    starting_after: int = 0,
 ) -> AsyncIterator[ServerSentEvent]:
     """A run's answer as `data:` chunks (`feed` makes each event's), then `[DONE]`, as OpenAI's and
     vLLM's servers stream, each line ended with `sep`; a failure ends it as the chunk `failure`
-    writes, never a silent close.
+    writes, never a silent close. `starting_after`: the number of chunks from the answer's first that
+    are made but not sent (a client resuming has them), keep-alives not counted.
 
     The first chunk goes with the first token: a chunk sent earlier would make a client's time to
     first token the queue's. Until then only keep-alive comments go out, after each `sse_ping_seconds`
     of silence (`keep_alive`). Not one per state the job passes: vLLM's benchmark client strips each
     read it gets and keeps a comment that came alone in its buffer, where it swallows every later chunk.
-    Closing this generator early (the client went away) closes the job's events, which cancels the job.
+    Closing this generator early (the client went away) closes the job's events, which cancels the job
+    unless the run is kept.
     """
     metrics = run.services.metrics
     metrics.streams_open.inc()
+    made = 0
     try:
         async with aclosing(run.events()) as events:
             async for event in events:
@@ -295,8 +317,10 @@ async def chunk_frames(
                     continue
                 raise_for_failure(event)
                 for chunk in feed(event):
-                    # Only `data:` lines, as OpenAI and vLLM stream them: no `event:` or `id:` fields.
-                    yield ServerSentEvent(data=json.dumps(chunk), sep=sep)
+                    made += 1
+                    if made > starting_after:
+                        # Only `data:` lines, as OpenAI and vLLM stream them: no `event:` or `id:` fields.
+                        yield ServerSentEvent(data=json.dumps(chunk), sep=sep)
     except StreampoolError as exc:
         yield ServerSentEvent(data=json.dumps(failure(exc)), sep=sep)
     finally:

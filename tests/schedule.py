@@ -17,6 +17,7 @@ GROUPS = {
     "tests/faults/test_redis_outage.py": "redis-outage",  # its Redis, gateway and worker
     "tests/faults/test_worker_crash.py": "synthetic-pool",  # tests/faults/conftest.py's `synthetic_pool`
     "tests/faults/test_worker_drain.py": "synthetic-pool",
+    "tests/faults/test_kept_answers.py": "synthetic-pool",
     "tests/shared/test_redis_cluster_client.py": "redis-cluster",  # tests/conftest.py's `redis_cluster`
     "tests/shared/test_streams_on_cluster.py": "streams-on-cluster",  # a `redis_cluster` of its own
     "tests/fuzz/test_schema_fuzz.py": "fuzz",  # its gateway process and the schema read from it

@@ -1,7 +1,10 @@
 """OpenAI-compatible completions and chat completions, run as jobs on the shared queue.
 
 They answer as vLLM's OpenAI server does, and name the job in `X-Streampool-Job-Id`
-so that it can also be followed, replayed or cancelled through the native API. A body's fields that
+so that it can also be followed, replayed or cancelled through the native API. A client that leaves
+cancels its job, unless the chat completion is stored (`store: true`) or the request says
+`X-Streampool-Keep-Running: true`: then the job runs to its end, and its stream can be resumed
+(`gateway.routes.resume`). A body's fields that
 neither OpenAI's API nor vLLM's defines are ignored, as vLLM ignores them, with a warning in the log,
 and named in `X-Streampool-Ignored-Fields` (comma-separated; a nested one by its path, e.g.
 `stream_options.x`), so that a client can see what had no effect.
@@ -10,7 +13,6 @@ and named in `X-Streampool-Ignored-Fields` (comma-separated; a nested one by its
 from __future__ import annotations
 
 import logging
-import time
 from typing import Any
 
 from fastapi import APIRouter, Request, Response
@@ -18,9 +20,7 @@ from fastapi.responses import JSONResponse
 
 from gateway.auth import REQUIRE_KEY, Owner
 from gateway.compat.openai_answers import (
-    Answer,
     ChatCompletionResponse,
-    ChunkStream,
     CompletionResponse,
     OpenAIErrorBody,
     error_object,
@@ -30,6 +30,7 @@ from gateway.deps import Services, ServicesDep
 from gateway.errors import STATUS_CODES, ErrorShape, ShapedRoute, documented_compatible, status_of
 from gateway.generation import JOB_ID_HEADER, JobRun, chunk_frames, event_source, whole_answer
 from gateway.relay import Hold
+from gateway.resumption import Framing, keeps_running
 from shared.errors import (
     InvalidRequest,
     JobCancelled,
@@ -138,24 +139,25 @@ async def _answer_held(
 ) -> Response:
     job = body.job_request(services.settings.max_tokens_limit)
     headers = ignored_fields_header(body.ignored_fields)
+    prompt_tokens = None
+    if body.stream_options is not None and body.stream_options.continuous_usage:
+        target = await services.admission.resolve(body.model)
+        prompt_tokens = await services.admission.prompt_limit.count(job, target.model)
+    framing = Framing.of(body, prompt_tokens)
+    keep_running = keeps_running(body, request.headers)
+    annotations = framing.annotations() if keep_running else {}  # what a resumed stream is made with
     try:
         submission = await services.admission.admit(
-            job, owner, model=body.model, fill_context=body.fills_context
+            job, owner, model=body.model, fill_context=body.fills_context, annotations=annotations
         )
     except InvalidRequest as exc:
         raise body.in_own_terms(exc) from exc
-    run = JobRun(services, submission.job_id, request)
-    answer = Answer(
-        chat=body.chat, job_id=run.job_id, model=body.model, created=int(time.time()), role=body.role
-    )
+    run = JobRun(services, submission.job_id, request, keep_running=keep_running)
+    created = int(submission.created_at.timestamp())  # the job's: a resumed stream's chunks say the same
+    answer = framing.answer(run.job_id, created)
     if body.stream:
-        continuous = body.stream_options is not None and body.stream_options.continuous_usage
-        prompt_tokens = None
-        if continuous:
-            target = await services.admission.resolve(body.model)
-            prompt_tokens = await services.admission.prompt_limit.count(job, target.model)
-        chunks = ChunkStream(answer, body.include_usage, continuous, prompt_tokens, body.echoed)
-        frames = chunk_frames(run, chunks.feed, lambda exc: OPENAI_ERRORS.failure(exc)[1], SEPARATOR)
+        chunks = framing.chunks(run.job_id, created)
+        frames = chunk_frames(run, chunks.feed, stream_failure, SEPARATOR)
         response = event_source(run, frames, hold.hand_over(), sep=SEPARATOR)
         response.headers.update(headers)
         return response
@@ -163,6 +165,11 @@ async def _answer_held(
     return JSONResponse(
         whole_answer(body, job, answer, result), headers={JOB_ID_HEADER: run.job_id, **headers}
     )
+
+
+def stream_failure(exc: StreampoolError) -> dict[str, Any]:
+    """The chunk that ends a stream that failed: OpenAI's error body alone."""
+    return OPENAI_ERRORS.failure(exc)[1]
 
 
 def ignored_fields_header(ignored: list[str]) -> dict[str, str]:
