@@ -50,7 +50,9 @@ async def other_sdk(pool: Pool) -> AsyncIterator[openai.AsyncOpenAI]:
     """The `openai` package on a second gateway."""
     async with in_process_gateway(pool.settings) as http:
         http.timeout = httpx.Timeout(WAIT_TIMEOUT)
-        yield openai.AsyncOpenAI(base_url="http://gateway/v1", api_key="none", http_client=http, max_retries=0)
+        yield openai.AsyncOpenAI(
+            base_url="http://gateway/v1", api_key="none", http_client=http, max_retries=0
+        )
 
 
 async def first_chunks(stream: openai.AsyncStream[Chunk], count: int) -> list[Chunk]:
@@ -116,10 +118,9 @@ async def test_a_stored_chat_whose_client_left_at_its_tenth_chunk_ends_and_resum
     assert chat_text(whole) == job["output"]["text"]
     assert [chunk.choices[0].finish_reason for chunk in whole if chunk.choices].count("length") == 1
     assert whole[-1].usage is not None and whole[-1].usage.completion_tokens == MAX_TOKENS
-    # By the job id of X-Streampool-Job-Id as well; another's, or a chat completion's as a completion, is 404.
-    assert dumped(await resumed(other_sdk, f"/chat/completions/{job_id}/chunks", ChatCompletionChunk, 10)) == (
-        dumped(rest)
-    )
+    # By the job id of X-Streampool-Job-Id as well; a chat completion's as a completion is a 404.
+    by_job_id = await resumed(other_sdk, f"/chat/completions/{job_id}/chunks", ChatCompletionChunk, 10)
+    assert dumped(by_job_id) == dumped(rest)
     with pytest.raises(openai.NotFoundError):
         await resumed(other_sdk, f"/completions/{job_id}/chunks", Completion, 0)
 
