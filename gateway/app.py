@@ -47,6 +47,7 @@ from gateway.routes import (
     responses,
     resume,
     scale_out,
+    stored_chat,
     tgi,
     usage,
     vllm,
@@ -174,6 +175,7 @@ def create_app(settings: GatewaySettings) -> FastAPI:
     app.include_router(jobs.router)
     app.include_router(openai.router)
     app.include_router(resume.router)
+    app.include_router(stored_chat.router)
     app.include_router(responses.router)
     app.include_router(vllm.router)
     app.include_router(scale_out.router)

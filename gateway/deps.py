@@ -75,6 +75,13 @@ def checked_job_id(job_id: str) -> str:
     return job_id
 
 
+def prefixed_job_id(object_id: str, prefix: str) -> str | None:
+    """The job id of an API's object id, `prefix` then a job id (`resp_...`, `chatcmpl-...`); None for
+    an id of any other form, which names no job (see `JOB_ID`)."""
+    job_id = object_id.removeprefix(prefix)
+    return job_id if object_id.startswith(prefix) and JOB_ID.fullmatch(job_id) else None
+
+
 async def _job_id(job_id: JobIdPath) -> str:
     return checked_job_id(job_id)
 

@@ -575,6 +575,15 @@ class JobStore:
             name[len(ANNOTATION) :]: value for name, value in fields.items() if name.startswith(ANNOTATION)
         }
 
+    async def annotate(self, job_id: str, owner: str, annotations: Mapping[str, str]) -> None:
+        """Change fields the job's API layer keeps beside it (`annotations`), in one step that checks
+        the job is `owner`'s (`JobNotFound` otherwise) and never makes a record of a job gone."""
+        fields = [part for name, value in annotations.items() for part in (ANNOTATION + name, value)]
+        with redis_errors():
+            changed = await self.redis.eval(_ANNOTATE, 1, self.keys.job(job_id), owner, *fields)  # type: ignore[misc]
+        if not changed:
+            raise JobNotFound(f"no job {job_id}")
+
     async def record(self, job_id: str) -> JobRecord:
         """The job record; while the job runs its output so far is read from its stream."""
         with redis_errors():
@@ -631,6 +640,13 @@ class JobStore:
         with redis_errors():
             entries = await self.streams.xrange(self.keys.stream(job_id))
         return await _output_of(entries)
+
+
+_ANNOTATE = """
+if redis.call('HGET', KEYS[1], 'owner') ~= ARGV[1] then return 0 end
+if #ARGV > 1 then redis.call('HSET', KEYS[1], unpack(ARGV, 2)) end
+return 1
+"""
 
 
 async def _output_of(entries: list[tuple[str, dict[str, str]]]) -> JobOutput:

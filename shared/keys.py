@@ -352,6 +352,12 @@ class Keys:
         sweeper removes once due (`gateway.files.expiry`)."""
         return f"{self.prefix}:files-expiring"
 
+    def stored_chat_completions(self, owner: str) -> str:
+        """Sorted set: the job ids of an owner's stored chat completions (`store: true`), scored by
+        submission (s); trimmed of jobs past their lifetime as it is listed, and gone a job lifetime
+        after the last was added."""
+        return f"{self.prefix}:stored-chat-completions:{owner}"
+
     def batch(self, batch_id: str) -> str:
         """Hash: a batch's record (`gateway.batches.store`), which its jobs' ends count (`batch_end.lua`)."""
         return f"{self.prefix}:batch:{batch_id}"

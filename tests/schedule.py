@@ -49,6 +49,7 @@ GROUPS = {
     "tests/e2e/test_openai_stream_timing.py": "synthetic-system",
     "tests/e2e/test_responses_client.py": "synthetic-system",
     "tests/e2e/test_responses_compliance.py": "synthetic-system",
+    "tests/e2e/test_stored_chat_completions.py": "synthetic-system",
     "tests/e2e/test_workers.py": "synthetic-system",
     "tests/faults/test_deadline.py": "synthetic-system",
     "tests/faults/test_gateway_shutdown.py": "synthetic-system",

@@ -389,3 +389,23 @@ class ChunkStream:
         if delta or logprobs is not None:
             chunks.append(self._chunk([self._choice(event.index, {"delta": delta}, logprobs)]))
         return chunks
+
+
+def list_object(data: list[dict[str, Any]], has_more: bool) -> dict[str, Any]:
+    """A page of a listing, OpenAI's list shape; a client asks for the next one `after` its `last_id`."""
+    return {
+        "object": "list",
+        "data": data,
+        "first_id": data[0]["id"] if data else None,
+        "last_id": data[-1]["id"] if data else None,
+        "has_more": has_more,
+    }
+
+
+def item_list(items: list[dict[str, Any]], limit: int, ascending: bool, after: str | None) -> dict[str, Any]:
+    """A page of a list of items (`input_items`, a stored chat completion's messages), OpenAI's list
+    shape; `after` an item id (the page starts past it)."""
+    ordered = items if ascending else items[::-1]
+    ids = [item["id"] for item in ordered]
+    start = ids.index(after) + 1 if after in ids else 0
+    return list_object(ordered[start : start + limit], start + limit < len(ordered))

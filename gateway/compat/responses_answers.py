@@ -454,20 +454,5 @@ class ResponseEvents:
         return [*events, final]
 
 
-def item_list(items: list[dict[str, Any]], limit: int, ascending: bool, after: str | None) -> dict[str, Any]:
-    """A page of `input_items`, OpenAI's list shape; `after` an item id (the page starts past it)."""
-    ordered = items if ascending else items[::-1]
-    ids = [item["id"] for item in ordered]
-    start = ids.index(after) + 1 if after in ids else 0
-    page = ordered[start : start + limit]
-    return {
-        "object": "list",
-        "data": page,
-        "first_id": page[0]["id"] if page else None,
-        "last_id": page[-1]["id"] if page else None,
-        "has_more": start + limit < len(ordered),
-    }
-
-
 def deleted(job_id: str) -> dict[str, Any]:
     return {"id": RESPONSE_PREFIX + job_id, "object": "response", "deleted": True}

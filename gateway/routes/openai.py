@@ -26,11 +26,13 @@ from gateway.compat.openai_answers import (
     error_object,
 )
 from gateway.compat.openai_bodies import CHAT_COMPLETIONS_PATH, COMPLETIONS_PATH, ChatBody, CompletionBody
+from gateway.compat.stored_chat import stored_annotations
 from gateway.deps import Services, ServicesDep
 from gateway.errors import STATUS_CODES, ErrorShape, ShapedRoute, documented_compatible, status_of
 from gateway.generation import JOB_ID_HEADER, JobRun, chunk_frames, event_source, whole_answer
 from gateway.relay import Hold
 from gateway.resumption import Framing, keeps_running
+from gateway.stored_completions import StoredCompletions
 from shared.errors import (
     InvalidRequest,
     JobCancelled,
@@ -145,13 +147,16 @@ async def _answer_held(
         prompt_tokens = await services.admission.prompt_limit.count(job, target.model)
     framing = Framing.of(body, prompt_tokens)
     keep_running = keeps_running(body, request.headers)
+    stored = stored_annotations(body)
     annotations = framing.annotations() if keep_running else {}  # what a resumed stream is made with
     try:
         submission = await services.admission.admit(
-            job, owner, model=body.model, fill_context=body.fills_context, annotations=annotations
+            job, owner, model=body.model, fill_context=body.fills_context, annotations=annotations | stored
         )
     except InvalidRequest as exc:
         raise body.in_own_terms(exc) from exc
+    if stored:
+        await StoredCompletions(services).add(owner, submission.job_id, submission.created_at.timestamp())
     run = JobRun(services, submission.job_id, request, keep_running=keep_running)
     created = int(submission.created_at.timestamp())  # the job's: a resumed stream's chunks say the same
     answer = framing.answer(run.job_id, created)

@@ -23,6 +23,7 @@ from fastapi.responses import JSONResponse
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
 from gateway.auth import REQUIRE_KEY, Owner
+from gateway.compat.openai_answers import item_list
 from gateway.compat.responses_answers import (
     RESPONSE_PREFIX,
     Head,
@@ -30,12 +31,11 @@ from gateway.compat.responses_answers import (
     Standing,
     deleted,
     error_event,
-    item_list,
     logprob_object,
     response_object,
 )
 from gateway.compat.responses_bodies import RESPONSES_PATH, ResponsesBody, Stored
-from gateway.deps import JOB_ID, Services, ServicesDep
+from gateway.deps import Services, ServicesDep, prefixed_job_id
 from gateway.entries import Entry
 from gateway.generation import JOB_ID_HEADER, HeldEventSource, JobRun, keep_alive
 from gateway.relay import IDLE_SECONDS, NOT_HELD, START, Following, Hold, StreamLimits
@@ -72,9 +72,9 @@ async def owned_response(
     response_id: ResponseIdPath, owner: Owner, services: ServicesDep
 ) -> tuple[str, Stored]:
     """The response's job id and stored fields, once it is known to be the caller's and stored."""
-    job_id = response_id.removeprefix(RESPONSE_PREFIX)
+    job_id = prefixed_job_id(response_id, RESPONSE_PREFIX)
     missing = JobNotFound(f"Response with id '{response_id}' not found.")
-    if not response_id.startswith(RESPONSE_PREFIX) or not JOB_ID.fullmatch(job_id):
+    if job_id is None:
         raise missing
     try:
         await services.store.check_owner(job_id, owner)
