@@ -30,6 +30,7 @@ GROUPS = {
     "tests/gateway/test_scale_out_routes.py": "engine-libraries",
     "tests/gateway/test_auth.py": "keyed",  # tests/conftest.py's `keyed` gateway process
     "tests/gateway/test_responses_routes.py": "keyed",
+    "tests/gateway/test_stored_chat_owners.py": "keyed",
     "tests/gateway/test_resume_routes.py": "keyed",
     "tests/cli/test_client_commands.py": "keyed",
     "tests/e2e/test_playground.py": "keyed",
