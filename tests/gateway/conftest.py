@@ -2,7 +2,8 @@
 `gateway_process`: a real gateway process without keys or workers, one per test process;
 `relay`: the gateway's stream reading on the real Redis, without a gateway, under a prefix of its own;
 `card`: the default model's card, as a worker builds it; `published`: that card published under the
-prefix of the test's `settings`, as a worker publishes it."""
+prefix of the test's `settings`, as a worker publishes it; `owner` and `stranger`: `openai` clients of
+the `keyed` gateway under two API keys."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import uuid
 from collections.abc import AsyncIterator, Iterator
 
 import httpx
+import openai
 import pytest
 import redis.asyncio as aioredis
 
@@ -20,7 +22,7 @@ from shared.config import DEFAULT_MODEL_DIR, Settings
 from shared.keys import Keys
 from shared.model_card import ModelCard, publish_model_card
 from shared.redis_client import connect_reader
-from tests.gateway.keyed_gateway import KeyedGateway, run_gateway
+from tests.gateway.keyed_gateway import KEY_A, KEY_B, KeyedGateway, run_gateway
 from tests.helpers import in_process_gateway
 from tests.redis_cleanup import delete_prefix
 
@@ -73,3 +75,21 @@ def card(model_card: ModelCard | None) -> ModelCard:
 async def published(card: ModelCard, settings: Settings, redis_client: aioredis.Redis) -> ModelCard:
     await publish_model_card(redis_client, Keys.of(settings), card)
     return card
+
+
+def _keyed_client(keyed: KeyedGateway, key: str) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(base_url=f"{keyed.base_url}/v1", api_key=key, max_retries=0, timeout=30)
+
+
+@pytest.fixture
+async def owner(keyed: KeyedGateway) -> AsyncIterator[openai.AsyncOpenAI]:
+    """The `keyed` gateway's client under KEY_A, whose objects the tests make."""
+    async with _keyed_client(keyed, KEY_A) as client:
+        yield client
+
+
+@pytest.fixture
+async def stranger(keyed: KeyedGateway) -> AsyncIterator[openai.AsyncOpenAI]:
+    """The `keyed` gateway's client under KEY_B, another key than `owner`'s."""
+    async with _keyed_client(keyed, KEY_B) as client:
+        yield client

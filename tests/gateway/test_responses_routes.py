@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
-from collections.abc import AsyncIterator
 
 import httpx
 import openai
@@ -17,28 +16,12 @@ import redis.asyncio as aioredis
 
 from shared.config import DEFAULT_MODEL_DIR
 from shared.jobstore import JobStore
-from tests.gateway.keyed_gateway import KEY_A, KEY_B, KeyedGateway, bearer
+from tests.gateway.keyed_gateway import KEY_A, KeyedGateway, bearer
 from tests.gateway.stand_ins import StandInWorker
 from tests.helpers import eventually
 from tests.open_responses import suite_request, valid_error, valid_response
 
 MODEL = DEFAULT_MODEL_DIR.name  # the gateway's default model (tests.conftest.make_settings)
-
-
-def _client(keyed: KeyedGateway, key: str) -> openai.AsyncOpenAI:
-    return openai.AsyncOpenAI(base_url=f"{keyed.base_url}/v1", api_key=key, max_retries=0, timeout=30)
-
-
-@pytest.fixture
-async def owner(keyed: KeyedGateway) -> AsyncIterator[openai.AsyncOpenAI]:
-    async with _client(keyed, KEY_A) as client:
-        yield client
-
-
-@pytest.fixture
-async def stranger(keyed: KeyedGateway) -> AsyncIterator[openai.AsyncOpenAI]:
-    async with _client(keyed, KEY_B) as client:
-        yield client
 
 
 async def test_another_keys_response_is_404_on_every_route(

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import Awaitable
 
 import openai
 import pytest
@@ -17,27 +17,11 @@ from openai.types.chat import ChatCompletion
 from gateway.auth import owner_id
 from shared.config import DEFAULT_MODEL_DIR
 from shared.jobstore import JobStore
-from tests.gateway.keyed_gateway import KEY_A, KEY_B, KeyedGateway
+from tests.gateway.keyed_gateway import KEY_A, KeyedGateway
 from tests.gateway.stand_ins import StandInWorker
 from tests.helpers import eventually
 
 MODEL = DEFAULT_MODEL_DIR.name  # the gateway's default model (tests.conftest.make_settings)
-
-
-def _client(keyed: KeyedGateway, key: str) -> openai.AsyncOpenAI:
-    return openai.AsyncOpenAI(base_url=f"{keyed.base_url}/v1", api_key=key, max_retries=0, timeout=30)
-
-
-@pytest.fixture
-async def owner(keyed: KeyedGateway) -> AsyncIterator[openai.AsyncOpenAI]:
-    async with _client(keyed, KEY_A) as client:
-        yield client
-
-
-@pytest.fixture
-async def stranger(keyed: KeyedGateway) -> AsyncIterator[openai.AsyncOpenAI]:
-    async with _client(keyed, KEY_B) as client:
-        yield client
 
 
 async def _stored_and_answered(
