@@ -1,6 +1,8 @@
 "use strict";
 // streampool playground: submit a job, follow its events over SSE, and pick the stream up
 // again after a reload, from the text and last event id kept in sessionStorage.
+// A chat goes to /v1/chat/completions as a stored, streamed chat completion instead: its job
+// outlives the tab, and a reload resumes its chunks after the ones kept (`starting_after`).
 // A gateway that asks for an API key (401) gets one pasted into the page; EventSource cannot
 // send it, so with a key the events are read from a fetch() of the same SSE stream instead.
 
@@ -8,7 +10,9 @@ const TERMINAL = { done: "completed", cancelled: "cancelled", error: "failed" };
 const FINISHED = new Set(Object.values(TERMINAL));
 const ACTIVE = new Set(["submitting", "queued", "running"]);
 const NUMBERS = ["max_tokens", "temperature", "top_p", "top_k", "seed", "stream_step"];
+const JOB_ONLY = ["stream_step"]; // native fields that chat completions do not take
 const KEY_STORAGE = "streampool.apiKey";
+const JOB_ID_HEADER = "X-Streampool-Job-Id";
 const RECONNECT_MS = 1000;
 
 const $ = (id) => document.getElementById(id);
@@ -31,6 +35,7 @@ function newJob(id, request, submittedAt) {
   return {
     id, request, state: "queued", text: "", lastEventId: "", tokens: 0, cancelling: false,
     submittedAt, firstTokenAt: null, firstTokens: 0, lastTokenAt: null, outcome: "", error: "",
+    chat: Array.isArray(request?.messages), chunks: 0, // a chat: the chunks of its answer shown so far
   };
 }
 
@@ -44,6 +49,7 @@ function showMode() {
   const chat = ui.form.elements.mode.value === "chat";
   ui.promptInput.hidden = ui.promptInput.disabled = chat; // disabled: left out of validation
   ui.chatInput.hidden = ui.chatInput.disabled = !chat;
+  for (const name of JOB_ONLY) ui.form.elements[name].disabled = chat; // and of the body
 }
 
 /** The POST /v1/jobs body; empty optional fields are left out, so the gateway's defaults apply. */
@@ -60,7 +66,7 @@ function requestBody() {
     body.prompt = data.get("prompt");
   }
   for (const name of NUMBERS) {
-    const value = data.get(name).trim();
+    const value = (data.get(name) ?? "").trim();
     if (value !== "") body[name] = Number(value);
   }
   const stop = data.get("stop").split("\n").filter((line) => line !== "").map(unescapeStop);
@@ -95,12 +101,18 @@ const withKey = (headers = {}) => (apiKey ? { ...headers, Authorization: `Bearer
 async function fetchJSON(url, options = {}) {
   const response = await fetch(url, { ...options, headers: withKey(options.headers) });
   const body = await response.json().catch(() => null);
-  if (response.status === 401) askForKey(body?.error);
-  if (!response.ok) {
-    const why = body?.error ? `${body.error} (${response.status} ${body.error_type})` : `HTTP ${response.status}`;
-    throw new Error(why);
-  }
+  if (!response.ok) throw new Error(refusal(response, body));
   return body;
+}
+
+/** Why the gateway refused, from its native `{error, error_type}` or OpenAI's `{error: {message, code}}`;
+ * a 401 asks for a key. */
+function refusal(response, body) {
+  const openai = typeof body?.error === "object" ? body.error : null;
+  const message = openai ? openai.message : body?.error;
+  if (response.status === 401) askForKey(message);
+  if (!message) return `HTTP ${response.status}`;
+  return `${message} (${response.status} ${openai ? openai.code ?? openai.type : body.error_type})`;
 }
 
 const storageKey = (id) => `streampool.job.${id}`;
@@ -163,6 +175,12 @@ async function readEvents(url, signal) {
     explainRefusal();
     return false;
   }
+  return readBody(response, signal, (message) => (message.type === "error" ? onError : onEvent)(message));
+}
+
+/** Hands each event of a `text/event-stream` answer to `dispatch` as a MessageEvent; true when the body
+ * ended by itself or the connection was lost, false once `signal` aborted it. */
+async function readBody(response, signal, dispatch) {
   const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
   let buffer = "";
   let event = { type: "message", data: [] };
@@ -180,8 +198,7 @@ async function readEvents(url, signal) {
     for (const line of lines) {
       if (line === "") {
         if (event.data.length) {
-          const message = new MessageEvent(event.type, { data: event.data.join("\n"), lastEventId });
-          (event.type === "error" ? onError : onEvent)(message);
+          dispatch(new MessageEvent(event.type, { data: event.data.join("\n"), lastEventId }));
           if (signal.aborted) return false; // a terminal event detached the stream
         }
         event = { type: "message", data: [] };
@@ -239,26 +256,35 @@ function onEvent(message) {
 }
 
 function addDelta(event) {
-  if (job.submittedAt) { // timings only for jobs this tab submitted, not for replays
+  addOutput(event.text, event.token_ids.length);
+}
+
+/** `text` and the count of its `tokens`, shown; timed only for jobs this tab submitted, not replays. */
+function addOutput(text, tokens) {
+  if (job.submittedAt && tokens) {
     const now = Date.now();
     if (job.firstTokenAt === null) {
       job.firstTokenAt = now;
-      job.firstTokens = event.token_ids.length;
+      job.firstTokens = tokens;
     }
     job.lastTokenAt = now;
   }
-  job.tokens += event.token_ids.length;
-  job.text += event.text;
-  ui.text.append(event.text);
+  job.tokens += tokens;
+  job.text += text;
+  ui.text.append(text);
 }
 
 function end(event) {
   detach(); // or the browser reconnects when the gateway closes the finished stream
   job.state = TERMINAL[event.type];
-  const usage = (u) => `${u.prompt_tokens} prompt + ${u.completion_tokens} completion tokens`;
-  if (event.type === "done") job.outcome = `Finished (${event.finish_reason}): ${usage(event.usage)}.`;
-  if (event.type === "cancelled") job.outcome = `Cancelled: ${usage(event.usage)}.`;
+  showOutcome(job.state, event.finish_reason, event.usage);
   if (event.type === "error") job.error = `Job failed: ${event.message} (${event.code})`;
+}
+
+function showOutcome(state, finishReason, usage) {
+  const counts = usage && `${usage.prompt_tokens} prompt + ${usage.completion_tokens} completion tokens`;
+  if (state === "completed") job.outcome = `Finished (${finishReason}): ${counts}.`;
+  if (state === "cancelled") job.outcome = `Cancelled: ${counts}.`;
 }
 
 /** The job's `error` event, the gateway's own failure, or a lost or refused connection. */
@@ -290,6 +316,99 @@ async function explainRefusal() {
   render();
 }
 
+// ---- a chat: a stored chat completion, whose stream outlives the tab
+
+/** The chat completion the form's `request` asks for: streamed, stored (so that its job runs on when
+ * the tab goes, and its stream can be resumed), with the usage so far on every chunk (the token count). */
+function chatBody(request) {
+  const body = { ...request, stream: true, store: true };
+  body.stream_options = { include_usage: true, continuous_usage_stats: true };
+  for (const name of JOB_ONLY) delete body[name];
+  return body;
+}
+
+/** Streams the chunks of `job`'s chat completion into the page from `url`: its POST, or its resumption
+ * after the chunks already shown (`resumeChat`). */
+async function streamChat(url, init) {
+  const controller = new AbortController();
+  const following = { close: () => controller.abort() };
+  source = following;
+  let response;
+  try {
+    response = await fetch(url, { ...init, headers: withKey(init.headers), signal: controller.signal });
+  } catch {
+    return lostChat(following);
+  }
+  if (!response.ok) {
+    detach();
+    job.state = "error";
+    job.error = refusal(response, await response.json().catch(() => null));
+    return render();
+  }
+  if (!job.id) { // the POST's answer: the job is admitted
+    job.id = response.headers.get(JOB_ID_HEADER);
+    job.state = "queued";
+    history.replaceState(null, "", `?job=${encodeURIComponent(job.id)}`); // a reload resumes
+    save();
+    render();
+  }
+  if (await readBody(response, controller.signal, onChunk)) lostChat(following);
+}
+
+/** The chat's stream was cut before its `[DONE]` (a gateway stopping): its job goes on, so resume. */
+function lostChat(following) {
+  if (source !== following) return; // detached on purpose
+  if (!job.id) {
+    detach();
+    job.state = "error";
+    job.error = "Connection lost before the chat was accepted.";
+    return render();
+  }
+  job.error ||= "Connection lost. Reconnecting…";
+  render();
+  setTimeout(() => source === following && resumeChat(), RECONNECT_MS);
+}
+
+function resumeChat() {
+  const chunks = `/v1/chat/completions/${encodeURIComponent(job.id)}/chunks`;
+  streamChat(`${chunks}?starting_after=${job.chunks}`, { headers: { Accept: "text/event-stream" } });
+}
+
+function onChunk(message) {
+  if (message.data === "[DONE]") return endChat();
+  const chunk = JSON.parse(message.data);
+  if (chunk.error) { // how the job ended (a cancel, a failure): `[DONE]` follows; not one of the counted
+    job.failure = chunk.error;
+    return;
+  }
+  job.chunks += 1; // kept with the text it brought, so that a resume has no gap and no duplicate
+  job.state = "running";
+  job.error = "";
+  const tokens = chunk.usage ? chunk.usage.completion_tokens - job.tokens : 0;
+  addOutput(chunk.choices[0]?.delta?.content ?? "", tokens);
+  save();
+  render();
+}
+
+/** After `[DONE]`: the job's record says how it ended, and with what usage. */
+async function endChat() {
+  detach();
+  try {
+    const record = await fetchJSON(`/v1/jobs/${encodeURIComponent(job.id)}`);
+    job.state = FINISHED.has(record.status) ? record.status : "error";
+    job.tokens = record.output.token_count;
+    showOutcome(job.state, record.finish_reason, record.usage);
+    const why = job.failure ? `${job.failure.message} (${job.failure.code})` : record.error;
+    if (job.state === "failed") job.error = `Job failed: ${why}`;
+    if (job.state === "error") job.error = `The stream failed: ${why ?? "no reason given"}. Reload to resume it.`;
+  } catch (err) {
+    job.state = "error";
+    job.error = err.message;
+  }
+  save();
+  render();
+}
+
 // ---- actions
 
 async function generate(event) {
@@ -303,6 +422,10 @@ async function generate(event) {
   job.state = "submitting";
   ui.text.textContent = "";
   render();
+  if (job.chat) {
+    const init = { method: "POST", body: JSON.stringify(chatBody(request)) };
+    return streamChat("/v1/chat/completions", { ...init, headers: { "Content-Type": "application/json" } });
+  }
   try {
     const accepted = await fetchJSON("/v1/jobs", {
       method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(request),
@@ -343,6 +466,7 @@ async function attach(id) {
   ui.text.textContent = job.text;
   render();
   if (saved && FINISHED.has(job.state)) return; // its terminal event is already here
+  if (job.chat) return resumeChat(); // a 404 says why it cannot be (another key's, or expired)
   try {
     await fetchJSON(`/v1/jobs/${encodeURIComponent(id)}`); // 404 for an unknown or expired job
   } catch (err) {

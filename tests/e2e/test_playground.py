@@ -39,6 +39,7 @@ CHROMIUM_ARGS = [
 FINISHED = re.compile(r"^(completed|cancelled|failed|error)$")
 GENERATION_MS = 180_000  # generous: other suites may share the CPU
 STORY = "Once upon a time, in a lighthouse by the sea, there lived"
+SUBMITS = ("/v1/jobs", "/v1/chat/completions")
 
 # Every change to the job section, as (state, length of the text so far), to see the text arrive in steps.
 RECORD_CHANGES = """() => {
@@ -89,8 +90,9 @@ class Playground:
         return self.page.locator("#job-id").text_content() or ""
 
     def generate(self) -> dict[str, Any]:
-        """Clicks Generate; the body the page posted to /v1/jobs."""
-        with self.page.expect_request(lambda r: r.method == "POST" and r.url.endswith("/v1/jobs")) as sent:
+        """Clicks Generate; the body the page posted to /v1/jobs (a prompt) or /v1/chat/completions (a
+        chat)."""
+        with self.page.expect_request(lambda r: r.method == "POST" and r.url.endswith(SUBMITS)) as sent:
             self.page.click("#generate")
         body = sent.value.post_data_json
         assert isinstance(body, dict), body
@@ -192,7 +194,8 @@ def test_cancel_in_chat_mode_ends_the_job_cancelled(playground: Playground) -> N
         {"role": "system", "content": "You are a storyteller."},
         {"role": "user", "content": "Write a very long story about a dragon."},
     ]
-    assert "prompt" not in body
+    assert "prompt" not in body and "stream_step" not in body  # a field the job API alone takes
+    assert (body["stream"], body["store"]) == (True, True)  # a stored chat completion: it outlives the tab
 
     playground.wait_streaming(tokens=3)
     page.click("#cancel")
@@ -231,6 +234,35 @@ def test_a_reload_mid_stream_resumes_without_gap_or_duplicate(playground: Playgr
     assert record["output"]["text"].startswith(before) and len(record["output"]["text"]) > len(before)
     assert page.locator("#tokens").text_content() == str(record["output"]["token_count"])
     assert page.locator("#prompt").input_value() == STORY  # the form came back too
+    assert playground.errors == []
+
+
+def test_a_reload_mid_chat_resumes_its_stored_completion_after_the_chunks_shown(
+    playground: Playground,
+) -> None:
+    page = playground.page
+    page.check("input[name=mode][value=chat]")
+    page.fill("#user", STORY)
+    page.fill("input[name=max_tokens]", "250")
+    page.fill("input[name=temperature]", "0")  # greedy: this story runs the full 250 tokens
+    playground.generate()
+    playground.wait_streaming(tokens=10)
+    before = playground.text
+
+    with page.expect_request(lambda request: "/chunks?starting_after=" in request.url) as resumed:
+        page.reload()
+    assert re.search(r"/v1/chat/completions/[0-9a-f]{32}/chunks\?starting_after=\d+$", resumed.value.url)
+    assert int(resumed.value.url.rsplit("=", 1)[1]) > 10  # the chunks shown before the reload
+    assert playground.wait_finished() == "completed"
+    record = playground.record()
+    assert record["status"] == "completed" and record["output"]["token_count"] == 250
+    assert playground.text == record["output"]["text"]
+    assert record["output"]["text"].startswith(before) and len(record["output"]["text"]) > len(before)
+    assert page.locator("#tokens").text_content() == "250"
+    assert page.locator("#outcome").text_content() == (
+        f"Finished (length): {record['usage']['prompt_tokens']} prompt + 250 completion tokens."
+    )
+    assert page.locator("#user").input_value() == STORY  # the form came back too
     assert playground.errors == []
 
 
