@@ -12,11 +12,11 @@ from openai.types.responses import Response, ResponseItemList, ResponseStreamEve
 from openai.types.responses.response_format_text_json_schema_config import ResponseFormatTextJSONSchemaConfig
 from pydantic import TypeAdapter
 
+from gateway.compat.openai_answers import item_list
 from gateway.compat.responses_answers import (
     Head,
     ResponseEvents,
     Standing,
-    item_list,
     response_object,
     whole_items,
 )

@@ -19,7 +19,8 @@ from openai.types.responses import Response, ResponseItemList, ResponseStreamEve
 from pydantic import TypeAdapter, ValidationError
 
 from gateway.admission import check_pool_serves
-from gateway.compat.responses_answers import Head, ResponseEvents, Standing, item_list, response_object
+from gateway.compat.openai_answers import item_list
+from gateway.compat.responses_answers import Head, ResponseEvents, Standing, response_object
 from gateway.compat.responses_bodies import ResponsesBody, Stored
 from shared.chat import FunctionCall, NamedToolChoice, ToolCall
 from shared.errors import InvalidRequest
