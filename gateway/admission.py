@@ -65,6 +65,10 @@ class Recent(Generic[T]):
             return None
         return self._answer[1]
 
+    def forget(self) -> None:
+        """Read again at the next `get`: what this gateway itself has just changed."""
+        self._answer = None
+
     async def get(self) -> T:
         if (answer := self._fresh()) is not None:
             return answer
@@ -178,6 +182,12 @@ class Admission:
         return Catalog(
             await self._registry.get(), self.declared, [worker.model_entry() for worker in workers]
         )
+
+    def forget_catalog(self) -> None:
+        """Read the registry again at the next request, after this gateway changed it (an adapter
+        loaded or unloaded), so that its next requests see the change."""
+        self._registry.forget()
+        self._workers.forget()
 
     async def resolve(self, model: str | None) -> Target:
         """The model (and adapter) a request's `model` names; the default one for a request naming none."""

@@ -38,6 +38,7 @@ from gateway.prompt_limit import PromptLimit
 from gateway.relay import Relay
 from gateway.request_metrics import RequestCounts, RequestMetrics
 from gateway.routes import (
+    adapters,
     batches,
     files,
     health,
@@ -178,6 +179,8 @@ def create_app(settings: GatewaySettings) -> FastAPI:
     app.include_router(stored_chat.router)
     app.include_router(responses.router)
     app.include_router(vllm.router)
+    if settings.allow_runtime_lora_updating:  # as vLLM's server, which has them only then
+        app.include_router(adapters.router)
     app.include_router(scale_out.router)
     app.include_router(tgi.router)
     app.include_router(playground.router)

@@ -24,7 +24,7 @@ from fastapi.security.utils import get_authorization_scheme_param
 from gateway.keyfile import KeyEntry, read_keys_file
 from gateway.webhooks.signing import KeyWebhook
 from shared.config import GatewaySettings
-from shared.errors import Unauthorized
+from shared.errors import Forbidden, Unauthorized
 from shared.keys import ANONYMOUS_OWNER
 from shared.tenants import DEFAULT_TENANT, Tenant
 
@@ -60,12 +60,14 @@ def key_tenant(key: str) -> str:
 class ApiKeys:
     """The configured keys as digests; `digests` empty means every caller is anonymous. `webhooks`:
     by owner id, the keys that have a webhook secret; `tenants`: by owner id, every key's tenant
-    (an anonymous caller has none); `metrics_token`: the digest of the operator's metrics token."""
+    (an anonymous caller has none); `metrics_token`: the digest of the operator's metrics token;
+    `admins`: the owner ids of the admin keys."""
 
     digests: tuple[bytes, ...]
     webhooks: Mapping[str, KeyWebhook] = field(default_factory=dict)
     tenants: Mapping[str, Tenant] = field(default_factory=dict)
     metrics_token: bytes | None = None
+    admins: frozenset[str] = frozenset()
 
     @classmethod
     def from_settings(cls, settings: GatewaySettings) -> ApiKeys:
@@ -105,7 +107,8 @@ class ApiKeys:
                 "to run without authentication."
             )
         metrics_token = _digest(settings.metrics_token) if settings.metrics_token else None
-        return cls(digests, webhooks, tenants, metrics_token)
+        admins = frozenset(owner_id(entry.key) for entry in entries if entry.key and entry.admin)
+        return cls(digests, webhooks, tenants, metrics_token, admins)
 
     @property
     def required(self) -> bool:
@@ -162,11 +165,22 @@ async def _operator(request: Request) -> bool:
     return api_keys.operator(token if scheme.lower() == "bearer" else None)
 
 
+async def _admin(request: Request, owner: Annotated[str, Depends(_caller)]) -> str:
+    api_keys: ApiKeys = request.app.state.api_keys
+    if api_keys.required and owner not in api_keys.admins:
+        raise Forbidden("this route needs an admin key (`admin = true` in the keys file)")
+    return owner
+
+
 Owner = Annotated[str, Depends(_caller)]
 """The owner id of the calling key (`anonymous` where no key is required)."""
 
 REQUIRE_KEY = Depends(_caller)
 """For routes and routers that need a key but not who holds it."""
+
+REQUIRE_ADMIN = Depends(_admin)
+"""For routes that change what the workers serve: an admin key, where keys are required (without keys,
+any caller, as vLLM's server without `--api-key`)."""
 
 Operator = Annotated[bool, Depends(_operator)]
 """Whether the caller is the operator (it sent the metrics token)."""

@@ -27,6 +27,7 @@ from shared.errors import (
     BackendUnavailable,
     BodyTooLarge,
     CursorExpired,
+    Forbidden,
     IdempotencyMismatch,
     InvalidRequest,
     JobNotFound,
@@ -49,6 +50,7 @@ STATUS_CODES: dict[type[StreampoolError], int] = {
     InvalidRequest: 422,
     IdempotencyMismatch: 422,
     Unauthorized: 401,
+    Forbidden: 403,
     JobNotFound: 404,
     ModelRequired: 400,
     ModelNotFound: 404,
@@ -66,6 +68,7 @@ MEANINGS = {
     400: "a body that cannot be parsed, no `model` where several are served, or a webhook that is not "
     "allowed (webhook_refused); on OpenAI's routes any invalid parameter, or a prompt too long",
     401: "no API key, or an unknown one",
+    403: "a key that is not an admin's, on a route for admin keys",
     404: "no such job, or another key's; or a model that is neither declared nor announced (model_not_found)",
     410: "the cursor is older than what the stream still holds",
     413: "the body is larger than max_body_bytes, or the prompt does not fit the context",

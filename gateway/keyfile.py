@@ -21,6 +21,7 @@ if there is one)::
     tenant = "team-a"
     webhook_secret = "whsec_..."                           # signs the webhooks of this key's jobs
     webhook_url = "https://hooks.example.com/streampool"  # optional: the webhook of its jobs by default
+    admin = true                  # may load and unload LoRA adapters at run time (default false)
 
 Any other file is the plain list, as before: every key a tenant of its own, without limits.
 """
@@ -55,6 +56,7 @@ class KeyEntry:
     webhook_secret: WebhookSecret | None = None
     webhook_url: str | None = None
     tenant: str | None = None
+    admin: bool = False  # may change what the workers serve (runtime adapters)
 
 
 @dataclass(frozen=True)
@@ -92,6 +94,7 @@ class _KeyTable(BaseModel):
     tenant: str | None = Field(None, pattern=TENANT_NAME)
     webhook_secret: str | None = None
     webhook_url: str | None = Field(None, min_length=1)
+    admin: bool = False
 
     @field_validator("webhook_secret")
     @classmethod
@@ -144,6 +147,7 @@ def read_keys_file(path: Path) -> KeysFile:
             WebhookSecret.parse(table.webhook_secret) if table.webhook_secret else None,
             table.webhook_url,
             table.tenant,
+            table.admin,
         )
         for table in parsed.keys
     ]

@@ -265,6 +265,17 @@ class GatewaySettings(RedisSettings):
         description="models jobs may name before any worker of them has run (a worker announces its own "
         "model), comma-separated canonical names (a flag per name); their jobs queue until a worker starts",
     )
+    allow_runtime_lora_updating: bool = Field(
+        False,
+        description="answer vLLM's POST /v1/load_lora_adapter and /v1/unload_lora_adapter (vLLM's "
+        "VLLM_ALLOW_RUNTIME_LORA_UPDATING), for admin keys only: every worker of the model loads the adapter",
+    )
+    adapter_load_wait_seconds: float = Field(
+        60.0,
+        gt=0,
+        description="how long a load of an adapter waits for a worker to hold it before it answers 503 (the "
+        "adapter stays loaded for the workers that start later)",
+    )
     default_model: str | None = Field(
         None,
         description="the model of a request that names none (native jobs, TGI's routes); without it such a "

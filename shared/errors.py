@@ -5,6 +5,7 @@ StreampoolError
 │   └── WebhookRefused    400 webhook_refused (a webhook URL the gateway may not POST to)
 ├── IdempotencyMismatch   422 idempotency_mismatch (an Idempotency-Key reused with another body)
 ├── Unauthorized          401 unauthorized (no or unknown API key)
+├── Forbidden             403 forbidden (a key that may not use the route: an admin's)
 ├── JobNotFound           404 not_found
 ├── ModelRequired         400 model_required (no `model` where several are served and no default)
 ├── ModelNotFound         404 model_not_found (a model neither declared nor announced by a worker)
@@ -62,6 +63,10 @@ class IdempotencyMismatch(StreampoolError):
 
 class Unauthorized(StreampoolError):
     error_type = "unauthorized"
+
+
+class Forbidden(StreampoolError):
+    error_type = "forbidden"
 
 
 class JobNotFound(StreampoolError):

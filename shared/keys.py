@@ -141,6 +141,12 @@ class Keys:
         by the workers' heartbeats; a model stays known after its last worker is gone."""
         return f"{self.prefix}:models"
 
+    @property
+    def runtime_adapters(self) -> str:
+        """Hash: adapter name -> the LoRA adapter loaded at run time (JSON, `shared.adapters.RuntimeAdapter`),
+        which every worker of its model loads; written by the gateway's `/v1/load_lora_adapter`."""
+        return f"{self.prefix}:runtime-adapters"
+
     def job(self, job_id: str) -> str:
         """Hash: the job record."""
         return f"{self.prefix}:job:{job_id}"

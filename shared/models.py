@@ -5,6 +5,9 @@ several): the first is the model's canonical name, which names its queue (`Keys.
 others are aliases. It may also serve LoRA adapters of that model, which a request names as
 `<model>:<adapter>` or by the adapter's own name; their jobs go to the base model's queue.
 
+Adapters loaded at run time (`shared.adapters`) count as their model's from the moment they are
+loaded until they are unloaded, whatever the workers say.
+
 Every heartbeat writes its model's entry to the registry (`Keys.models`), so a model stays known
 once its last worker has gone: its jobs then queue until a worker of it starts, which is what an
 autoscaler that scales a model from zero needs. A gateway may also declare models (its `models`
@@ -20,6 +23,7 @@ from dataclasses import dataclass
 import redis.asyncio as aioredis
 from pydantic import BaseModel
 
+from shared.adapters import RuntimeAdapter
 from shared.errors import BackendUnavailable, ModelNotFound, ModelRequired
 from shared.keys import Keys
 from shared.redis_client import redis_errors
@@ -33,6 +37,7 @@ class ModelEntry(BaseModel):
     name: str
     aliases: list[str] = []
     adapters: list[str] = []
+    adapter_paths: dict[str, str] = {}  # where each adapter was loaded from (vLLM's `root` of it)
     max_model_len: int | None = None
     max_chars_per_token: int | None = None  # its tokenizer's longest token, in characters
     last_seen: float | None = None  # epoch seconds of the last heartbeat of a worker of it
@@ -44,6 +49,7 @@ class ModelEntry(BaseModel):
             name=self.name,
             aliases=list(dict.fromkeys([*self.aliases, *other.aliases])),
             adapters=list(dict.fromkeys([*self.adapters, *other.adapters])),
+            adapter_paths={**self.adapter_paths, **other.adapter_paths},
             max_model_len=newer.max_model_len or self.max_model_len or other.max_model_len,
             max_chars_per_token=newer.max_chars_per_token
             or self.max_chars_per_token
@@ -74,10 +80,23 @@ class Target:
 
 
 async def read_registry(redis: aioredis.Redis, keys: Keys) -> list[ModelEntry]:
-    """Every model the workers have announced on this prefix."""
+    """Every model the workers have announced on this prefix, and an entry for each adapter loaded at
+    run time (its model's name, the adapter and its path), in one round trip."""
     with redis_errors():
-        values: dict[str, str] = await redis.hgetall(keys.models)  # type: ignore[misc]
-    return [ModelEntry.model_validate_json(value) for _, value in sorted(values.items())]
+        async with redis.pipeline(transaction=False) as pipe:
+            pipe.hgetall(keys.models)
+            pipe.hgetall(keys.runtime_adapters)
+            announced, loaded = await pipe.execute()
+    runtime = [RuntimeAdapter.model_validate_json(value) for value in loaded.values()]
+    return [
+        *(ModelEntry.model_validate_json(value) for _, value in sorted(announced.items())),
+        *(
+            ModelEntry(
+                name=adapter.model, adapters=[adapter.name], adapter_paths={adapter.name: adapter.path}
+            )
+            for adapter in sorted(runtime, key=lambda adapter: adapter.name)
+        ),
+    ]
 
 
 async def queue_depths(redis: aioredis.Redis, keys: Keys, models: Iterable[str]) -> dict[str, int]:

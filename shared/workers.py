@@ -16,6 +16,7 @@ from __future__ import annotations
 import redis.asyncio as aioredis
 from pydantic import BaseModel
 
+from shared.adapters import AdapterLoad
 from shared.keys import Keys
 from shared.models import ModelEntry
 from shared.redis_client import redis_errors
@@ -25,7 +26,9 @@ class WorkerInfo(BaseModel):
     worker_id: str
     model: str  # the canonical name, which names the model's queue
     aliases: list[str] = []  # its other served names
-    adapters: list[str] = []  # the LoRA adapters of it this worker serves
+    adapters: list[str] = []  # the LoRA adapters of it given to this worker at start (`lora`)
+    adapter_paths: dict[str, str] = {}  # where each of those comes from
+    runtime_adapters: dict[str, AdapterLoad] = {}  # the adapters loaded at run time it holds, or failed to
     max_model_len: int
     # The longest token's characters: with the context, the longest text a prompt can be, by which a
     # gateway without the model's card bounds a prompt (as vLLM does before it tokenizes); None from a
@@ -42,11 +45,13 @@ class WorkerInfo(BaseModel):
     pid: int
 
     def model_entry(self) -> ModelEntry:
-        """What the model registry keeps of this worker's model."""
+        """What the model registry keeps of this worker's model: the adapters loaded at run time are
+        the registry's own (`shared.adapters`), not a worker's to keep known."""
         return ModelEntry(
             name=self.model,
             aliases=self.aliases,
             adapters=self.adapters,
+            adapter_paths=self.adapter_paths,
             max_model_len=self.max_model_len,
             max_chars_per_token=self.max_chars_per_token,
             last_seen=self.heartbeat_at,

@@ -17,6 +17,7 @@ GROUPS = {
     "tests/faults/test_redis_outage.py": "redis-outage",  # its Redis, gateway and worker
     "tests/faults/test_worker_crash.py": "synthetic-pool",  # tests/faults/conftest.py's `synthetic_pool`
     "tests/faults/test_worker_drain.py": "synthetic-pool",
+    "tests/faults/test_runtime_adapters.py": "synthetic-pool",
     "tests/faults/test_kept_answers.py": "synthetic-pool",
     "tests/shared/test_redis_cluster_client.py": "redis-cluster",  # tests/conftest.py's `redis_cluster`
     "tests/shared/test_streams_on_cluster.py": "streams-on-cluster",  # a `redis_cluster` of its own
@@ -28,6 +29,7 @@ GROUPS = {
     "tests/gateway/test_vllm_routes.py": "engine-libraries",  # loads the tokenizer with transformers
     "tests/gateway/test_scale_out_compat.py": "engine-libraries",  # imports vLLM's protocol models
     "tests/gateway/test_scale_out_routes.py": "engine-libraries",
+    "tests/gateway/test_adapter_routes.py": "engine-libraries",  # imports vLLM's protocol models
     "tests/gateway/test_auth.py": "keyed",  # tests/conftest.py's `keyed` gateway process
     "tests/gateway/test_responses_routes.py": "keyed",
     "tests/gateway/test_stored_chat_owners.py": "keyed",

@@ -15,7 +15,8 @@ def vllm_protocol() -> SimpleNamespace:
     `GenerateTextResponse`, `GenerateTokensStreamResponse`, `GenerateTextStreamResponse`),
     `ErrorResponse`, `CompletionRequest`, `ChatCompletionRequest` and `SamplingParams`; the chat
     completions' and completions' answers and chunks (`ChatCompletionResponse`,
-    `ChatCompletionStreamResponse`, `CompletionResponse`, `CompletionStreamResponse`)."""
+    `ChatCompletionStreamResponse`, `CompletionResponse`, `CompletionStreamResponse`); the runtime
+    adapter routes' bodies (`LoadLoRAAdapterRequest`, `UnloadLoRAAdapterRequest`)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
         from vllm.entrypoints.openai.chat_completion.protocol import (
@@ -30,6 +31,7 @@ def vllm_protocol() -> SimpleNamespace:
         )
         from vllm.entrypoints.scale_out.token_in_token_out import protocol
         from vllm.entrypoints.serve.engine.protocol import ErrorResponse
+        from vllm.entrypoints.serve.lora.protocol import LoadLoRAAdapterRequest, UnloadLoRAAdapterRequest
         from vllm.sampling_params import SamplingParams
     return SimpleNamespace(
         GenerateRequest=protocol.GenerateRequest,
@@ -45,4 +47,6 @@ def vllm_protocol() -> SimpleNamespace:
         CompletionResponse=CompletionResponse,
         CompletionStreamResponse=CompletionStreamResponse,
         SamplingParams=SamplingParams,
+        LoadLoRAAdapterRequest=LoadLoRAAdapterRequest,
+        UnloadLoRAAdapterRequest=UnloadLoRAAdapterRequest,
     )

@@ -28,6 +28,7 @@ from shared.queue import QueueWorker, queue_worker
 from shared.redis_client import StreamsRedis, connect, connect_streams, connection_pool
 from shared.workers import WorkerInfo
 from worker import model_card
+from worker.adapters import Adapters
 from worker.engine import Engine
 from worker.heartbeat import Heartbeat, new_worker_id
 from worker.jobs import Ending, JobRunner
@@ -126,6 +127,7 @@ class WorkerApp:
         leases = Leases(store, settings)
         publisher = Publisher(store.streams, store, worker_id, resend_seconds=settings.lease_seconds)
         self.metrics.count_redis_round_trips(lambda: publisher.round_trips)
+        adapters = Adapters(engine, redis, keys, engine.model_name, settings.adapters)
         runner = JobRunner(
             engine,
             store,
@@ -134,6 +136,7 @@ class WorkerApp:
             worker_id,
             self.metrics,
             self.engine_died,
+            adapters,
             reply_parsing(settings, engine),
         )
 
@@ -142,7 +145,9 @@ class WorkerApp:
                 worker_id=worker_id,
                 model=engine.model_name,
                 aliases=settings.model_names[1:],
-                adapters=list(settings.adapters),
+                adapters=list(adapters.given),
+                adapter_paths={name: adapter.path for name, adapter in adapters.given.items()},
+                runtime_adapters=adapters.loads(),
                 max_model_len=engine.max_model_len,
                 max_chars_per_token=engine.max_chars_per_token,
                 dtype=engine.dtype,
@@ -158,9 +163,11 @@ class WorkerApp:
         heartbeat = Heartbeat(redis, keys, describe, leases, runner.held, settings.heartbeat_ttl_seconds)
 
         async def register(card: ModelCard | None) -> None:
-            """Start-up's writes to Redis: the model card, then the first heartbeat."""
+            """Start-up's reads and writes of Redis: the model card, the adapters loaded at run time, then
+            the first heartbeat."""
             if card is not None:
                 await model_card.publish(redis, keys, card)
+            await adapters.sync()
             await heartbeat.beat()
 
         try:
@@ -184,6 +191,7 @@ class WorkerApp:
             Periodic("heartbeat", heartbeat.beat, settings.heartbeat_seconds),
             Periodic("reaper", partial(leases.reap, worker_id), leases.reap_every),
             Periodic("engine watch", watch_engine, settings.heartbeat_seconds),
+            Periodic("adapters", adapters.sync, settings.heartbeat_seconds),
         ]
         for task in periodic:
             task.start()

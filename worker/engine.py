@@ -38,6 +38,22 @@ class EngineDelta:
     prompt_logprobs: list[TokenLogprob | None] | None = None  # on a request's first delta, if asked for
 
 
+ADAPTER_NOT_FOUND = "adapter_not_found"
+"""The `code` of the `EngineError` of an adapter's load whose path holds no adapter (vLLM's 404)."""
+
+
+@dataclass(frozen=True)
+class Adapter:
+    """A LoRA adapter as the engine takes it (vLLM's `LoRARequest`): `number` is its id in this worker's
+    engine, new for each load but one in place, which replaces the weights under the same number."""
+
+    name: str
+    number: int
+    path: str
+    load_inplace: bool = False
+    is_3d_lora_weight: bool = False
+
+
 @dataclass(frozen=True)
 class Prompt:
     """A request's prompt as the engine sees it: token ids, counted exactly for usage; and for a chat
@@ -47,6 +63,7 @@ class Prompt:
     token_ids: list[int]
     request: JobRequest = field(repr=False)
     engine_options: dict[str, Any] = field(default_factory=dict, repr=False)
+    adapter: Adapter | None = None  # the LoRA adapter the request runs with, if any
 
     @classmethod
     def truncated(cls, token_ids: list[int], request: JobRequest, max_model_len: int) -> Prompt:
@@ -66,7 +83,7 @@ class Prompt:
             "prompt_logprobs": None,  # the first run's first delta has given them
         }
         rest = self.request.model_copy(update=left)
-        return Prompt(token_ids=self.token_ids + emitted, request=rest, engine_options=self.engine_options)
+        return replace(self, token_ids=self.token_ids + emitted, request=rest)
 
 
 class Engine(Protocol):
@@ -90,6 +107,15 @@ class Engine(Protocol):
 
     async def abort(self, request_id: str) -> None:
         """Stop a request and free its KV cache."""
+        ...
+
+    async def add_adapter(self, adapter: Adapter) -> None:
+        """Load a LoRA adapter (or its new weights, in place) for the requests that name it;
+        `EngineError` where it cannot (code `adapter_not_found` where its path holds none)."""
+        ...
+
+    async def remove_adapter(self, adapter: Adapter) -> None:
+        """Free a LoRA adapter no request runs with any more."""
         ...
 
     def running_requests(self) -> int:

@@ -28,7 +28,9 @@ from shared.events import Event, JobState
 from shared.jobstore import JobStore, Outcome, Started
 from shared.lifecycle.transitions import FinishOutcome, Verdict
 from shared.logs import job_context
+from shared.models import Target
 from shared.requests import JobRequest
+from worker.adapters import Adapters
 from worker.chunker import Chunker
 from worker.engine import Engine, Prompt, abort, generate, render
 from worker.leases import Leases
@@ -67,9 +69,12 @@ class JobRunner:
         worker_id: str,
         metrics: WorkerMetrics,
         engine_died: Callable[[], None],
+        adapters: Adapters,
         replies: ReplyParsing | None = None,
     ) -> None:
         self.engine = engine
+        self.adapters = adapters
+        """The LoRA adapters its jobs may name."""
         self.replies = replies
         """The pool's output parsers (tool calls, reasoning), if it has any."""
         self.store = store
@@ -166,6 +171,18 @@ class JobRunner:
         reply = self._reply(request, prompts)
         if reply is not None:
             prompts = [replace(prompts[0], engine_options=reply.engine_options)]  # a chat: one prompt
+        async with self.adapters.using(
+            Target.of_job(request.model, self.engine.model_name).adapter
+        ) as adapter:
+            if adapter is not None:
+                prompts = [replace(prompt, adapter=adapter) for prompt in prompts]
+            return await self._run_prompts(job_id, started, chunker, prompts, reply)
+
+    async def _run_prompts(
+        self, job_id: str, started: Started, chunker: Chunker, prompts: list[Prompt], reply: Reply | None
+    ) -> Ending:
+        """Generate from the job's prompts, after the tokens its earlier runs emitted, if any."""
+        request = started.request
         if started.resumed:
             self.metrics.resumes.inc()
             emitted = started.progress.token_ids

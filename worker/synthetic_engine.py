@@ -26,7 +26,7 @@ from shared.events import TokenLogprob, TopLogprob
 from shared.model_card import ModelCard
 from shared.prompt_tokens import PromptCounter
 from shared.requests import JobRequest
-from worker.engine import EngineDelta, Prompt
+from worker.engine import ADAPTER_NOT_FOUND, Adapter, EngineDelta, Prompt
 
 SCRIPT_AFTER_TOOL = "|||"
 """Between a script's two parts: the first answers a request, the second a chat after a tool's result."""
@@ -140,7 +140,9 @@ class Script:
 
 class SyntheticEngine:
     """The Engine protocol on drawn or scripted tokens: honours `n`, `max_tokens`, `min_tokens`,
-    `stop`, `stop_token_ids`, `ignore_eos`, `seed`, `logprobs` and abort; ends at the context length."""
+    `stop`, `stop_token_ids`, `ignore_eos`, `seed`, `logprobs` and abort; ends at the context length.
+    It loads a LoRA adapter as vLLM checks one (a folder with an `adapter_config.json`), and an
+    adapter's requests draw other tokens than the base model's, as an adapter's weights would."""
 
     dtype = "synthetic"
 
@@ -194,6 +196,8 @@ class SyntheticEngine:
         request = prompt.request
         room = min(request.max_tokens, self.max_model_len - len(prompt.token_ids))
         seed = _seed(request, prompt.token_ids)
+        if prompt.adapter is not None:
+            seed = zlib.crc32(f"{seed}:{prompt.adapter.path}".encode())
         skip = request.skip_special_tokens
         script = None if self._script is None else self._script.tokens_for(request, self._written(prompt))
         choices = [
@@ -301,6 +305,15 @@ class SyntheticEngine:
         aborted = self._aborted.get(request_id)
         if aborted is not None:
             aborted.set()
+
+    async def add_adapter(self, adapter: Adapter) -> None:
+        if not (Path(adapter.path) / "adapter_config.json").is_file():
+            # vLLM's words (`LoRAAdapterNotFoundError`) for a path that holds no adapter
+            message = f"Loading lora {adapter.name} failed: No adapter found for {adapter.path}"
+            raise EngineError(message, code=ADAPTER_NOT_FOUND)
+
+    async def remove_adapter(self, adapter: Adapter) -> None:
+        """Nothing is held for an adapter here but its path, which each request carries."""
 
     def running_requests(self) -> int:
         return len(self._aborted)

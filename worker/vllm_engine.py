@@ -25,14 +25,13 @@ from vllm.v1.engine.exceptions import EngineDeadError, EngineGenerateError
 from shared.config import WorkerSettings
 from shared.errors import EngineDead, EngineError
 from shared.events import TokenLogprob, TopLogprob
-from shared.models import Target
 from shared.requests import JobRequest, StructuredOutputs
 from shared.sampling import vllm_sampling_fields
 from worker import cpu_placement
 from worker.adapter_gate import AdapterGate
 from worker.constraint_compile import ConstraintCompiler
 from worker.cpu_dtype import dtype_for_cpu
-from worker.engine import EngineDelta, Prompt
+from worker.engine import ADAPTER_NOT_FOUND, Adapter, EngineDelta, Prompt
 from worker.engine_arguments import engine_args_from, shown, with_engine_flags
 
 CPU_GPU_MEMORY_UTILIZATION = 0.3
@@ -120,6 +119,16 @@ def engine_priority(request: JobRequest, scheduling_policy: str) -> int:
     return (request.priority or 0) if scheduling_policy == "priority" else 0
 
 
+def _lora_request(adapter: Adapter) -> LoRARequest:
+    return LoRARequest(
+        adapter.name,
+        adapter.number,
+        adapter.path,
+        load_inplace=adapter.load_inplace,
+        is_3d_lora_weight=adapter.is_3d_lora_weight,
+    )
+
+
 def _structured_outputs(constraint: StructuredOutputs | None) -> StructuredOutputsParams | None:
     if constraint is None:
         return None
@@ -145,13 +154,9 @@ class VllmEngine:
         self._tokenizer = tokenizer
         self.max_chars_per_token = tokenizer.max_chars_per_token
         self._cores_before = cpu_placement.keep_off_model_cores() if current_platform.is_cpu() else None
-        # vLLM loads an adapter at its first request and keeps it (max_loras holds them all).
-        self._adapters = {
-            name: LoRARequest(name, number, str(path))
-            for number, (name, path) in enumerate(settings.adapters.items(), start=1)
-        }
         # The CPU build mixes up adapters batched together (worker/adapter_gate.py).
-        self._gate = AdapterGate() if self._adapters and current_platform.is_cpu() else None
+        lora = self._llm.vllm_config.lora_config is not None
+        self._gate = AdapterGate() if lora and current_platform.is_cpu() else None
         # vLLM's compile of a constraint cannot be stopped once begun: it is tried first where it can be.
         # Its process starts at the first constrained job: a worker that never gets one never pays for it.
         self._constraints = ConstraintCompiler(str(settings.model), settings.constraint_compile_seconds)
@@ -162,14 +167,22 @@ class VllmEngine:
             return contextlib.nullcontext()
         return self._gate.hold(None if adapter is None else adapter.lora_name)
 
-    def _adapter(self, request: JobRequest) -> LoRARequest | None:
-        """The adapter a job names (`<model>:<adapter>`, as admission resolved it), if any."""
-        adapter = Target.of_job(request.model, self.model_name).adapter
-        if adapter is None:
-            return None
-        if adapter not in self._adapters:
-            raise EngineError(f"this worker does not serve the adapter {adapter} of {self.model_name}")
-        return self._adapters[adapter]
+    async def add_adapter(self, adapter: Adapter) -> None:
+        if self._llm.vllm_config.lora_config is None:
+            raise EngineError(
+                f"this worker's engine runs without LoRA: start it with --enable-lora to load {adapter.name}"
+            )
+        try:
+            await self._llm.add_lora(_lora_request(adapter))
+        except Exception as exc:  # the engine core's error comes back as a plain one, its text kept
+            code = ADAPTER_NOT_FOUND if "No adapter found" in str(exc) else None
+            raise EngineError(str(exc) or repr(exc), code=code) from exc
+
+    async def remove_adapter(self, adapter: Adapter) -> None:
+        try:
+            await self._llm.remove_lora(adapter.number)
+        except Exception as exc:  # it stays in the engine's cache, unused, until evicted
+            log.warning("adapter %s could not be removed from the engine: %r", adapter.name, exc)
 
     def render(self, request: JobRequest) -> Prompt:
         prompt = request.only_prompt
@@ -201,7 +214,7 @@ class VllmEngine:
             for name, value in prompt.engine_options.items()
             if name in ("reasoning_ended", "reasoning_parser_kwargs")
         }
-        adapter = self._adapter(prompt.request)
+        adapter = None if prompt.adapter is None else _lora_request(prompt.adapter)
         wanted = prompt.request.logprobs or 0
         await self._constraints.check(prompt.request.structured_outputs)
         async with self._turn(adapter):

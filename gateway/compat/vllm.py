@@ -1,8 +1,9 @@
-"""vLLM's own additions to the OpenAI API for a text model: `/tokenize` and `/detokenize`. Pure, no I/O.
+"""vLLM's own additions to the OpenAI API for a text model: `/tokenize` and `/detokenize`, and the
+bodies of its runtime adapter routes. Pure, no I/O.
 
-The shapes are vLLM's (`vllm/entrypoints/serve/tokenize/protocol.py`); the tokenizer and chat
-template are the model card's, the ones the workers' engine uses, so the answers equal the
-engine's own.
+The shapes are vLLM's (`vllm/entrypoints/serve/tokenize/protocol.py`,
+`vllm/entrypoints/serve/lora/protocol.py`); the tokenizer and chat template are the model card's, the
+ones the workers' engine uses, so the answers equal the engine's own.
 """
 
 from __future__ import annotations
@@ -17,9 +18,30 @@ from shared.errors import InvalidRequest
 from shared.prompt_tokens import PromptCounter
 from shared.requests import MAX_MESSAGES
 
+LOAD_LORA_ADAPTER_PATH = "/v1/load_lora_adapter"
+UNLOAD_LORA_ADAPTER_PATH = "/v1/unload_lora_adapter"
 TOKENIZE_PATH = "/tokenize"
 DETOKENIZE_PATH = "/detokenize"
 MAX_TOKEN_ID = 2**63 - 1  # vLLM's bound
+MAX_PATH_CHARS = 4096  # Linux's PATH_MAX
+
+
+class LoadLoRAAdapterBody(BaseModel):
+    """vLLM's `LoadLoRAAdapterRequest`, and the model whose workers load it where the gateway serves
+    several (vLLM's server serves one; without it, the default or only model)."""
+
+    lora_name: Name
+    lora_path: Annotated[str, Field(max_length=MAX_PATH_CHARS)]
+    load_inplace: bool = False
+    is_3d_lora_weight: bool = False
+    model: Name | None = None
+
+
+class UnloadLoRAAdapterBody(BaseModel):
+    """vLLM's `UnloadLoRAAdapterRequest`; adapters go by name (`lora_int_id` is each engine's own)."""
+
+    lora_name: Name
+    lora_int_id: int | None = None
 
 
 class _TokenizeBody(BaseModel):

@@ -49,9 +49,10 @@ async def models(services: ServicesDep) -> dict[str, Any]:
 
 async def model_listing(services: Services) -> dict[str, dict[str, Any]]:
     """Each name a request may give (a model's canonical name, its aliases, its adapters' names) as
-    OpenAI describes a model, with vLLM's `root`, `parent` and `max_model_len` (vLLM's benchmark
-    client reads `root`), and streampool's live `workers`, `queue_depth` and `engine_args` (each distinct
-    engine configuration its live workers announce) of the model behind it."""
+    OpenAI describes a model, with vLLM's `root` (an adapter's path), `parent` (an adapter's model) and
+    `max_model_len` (vLLM's benchmark client reads `root`), and streampool's live `workers`,
+    `queue_depth` and `engine_args` (each distinct engine configuration its live workers announce) of
+    the model behind it."""
     catalog = await services.admission.catalog()
     workers = await services.admission.live_workers()
     depths = await queue_depths(services.redis, services.keys, catalog.entries)
@@ -74,7 +75,8 @@ async def model_listing(services: Services) -> dict[str, dict[str, Any]]:
         for name in [entry.name, *entry.aliases]:
             listing[name] = {"id": name, "root": entry.name, "parent": None, **common}
         for adapter in entry.adapters:
-            listing.setdefault(adapter, {"id": adapter, "root": adapter, "parent": entry.name, **common})
+            root = entry.adapter_paths.get(adapter, adapter)
+            listing.setdefault(adapter, {"id": adapter, "root": root, "parent": entry.name, **common})
     return listing
 
 

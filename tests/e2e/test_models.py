@@ -5,9 +5,11 @@ model writes, also batched with it.
 
 The queue's tests run workers of the synthetic engine (their subject is where a job goes, not what
 it generates) under two served names of the default model, the first announcing an adapter, which the
-synthetic engine never reads. The adapter's test runs on the session's workers of the real engine
+synthetic engine never loads. The adapter's test runs on the session's workers of the real engine
 that serve a real adapter (`pool`; random weights, `tests/lora_adapter.py`), run by vLLM's CPU build,
-beside the session's workers of the same weights without one.
+beside the session's workers of the same weights without one; so does the test of an adapter
+loaded at run time (tests/faults/test_runtime_adapters.py follows such loads through workers that come
+and go, on the synthetic engine).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from tests.conftest import SYSTEM_START_TIMEOUT, System, make_settings
 from tests.faults.conftest import Pool
 from tests.gateway.keyed_gateway import KEY_A, KEY_B, bearer
 from tests.helpers import eventually, in_process_gateway, submit, wait_for_status
-from tests.lora_adapter import ADAPTER
+from tests.lora_adapter import ADAPTER, make_adapter
 from tests.processes import Processes, free_port
 from tests.redis_cleanup import delete_prefix
 
@@ -225,3 +227,45 @@ async def test_an_adapter_changes_what_its_base_model_writes_also_when_batched_w
     assert all(len(outputs) == 1 for outputs in texts.values()), texts
     assert texts[None] == {plain["output"]["text"]}
     assert texts[ADAPTER] != texts[None]
+
+
+async def test_an_adapter_loaded_at_run_time_writes_as_the_same_weights_given_at_start(
+    pool: Pool, tmp_path: Path
+) -> None:
+    """vLLM's `/v1/load_lora_adapter` on the real engine: the weights of `ADAPTER` loaded under another
+    name write what `ADAPTER` writes, not what the base model writes; a path without an adapter is
+    vLLM's 404; an unload lets a running job of the adapter finish and refuses the next."""
+    model = DEFAULT_MODEL_DIR.name
+    folder = make_adapter(tmp_path / "parrot")  # the seed and scale of the pool's own adapter
+    async with httpx.AsyncClient(base_url=pool.base_url, timeout=120) as http:
+        loaded = await http.post(
+            "/v1/load_lora_adapter", json={"lora_name": "parrot", "lora_path": str(folder)}
+        )
+        assert (loaded.status_code, loaded.text) == (
+            200,
+            "Success: LoRA adapter 'parrot' added successfully.",
+        )
+        listing = {entry["id"]: entry for entry in (await http.get("/v1/models")).json()["data"]}
+        assert (listing["parrot"]["root"], listing["parrot"]["parent"]) == (str(folder), model)
+
+        names = ["parrot", ADAPTER, model]
+        records = [
+            await wait_for_status(http, await submit(http, **PROMPT, model=name), {"completed"})
+            for name in names
+        ]
+        parrot, pirate, base = (record["output"]["text"] for record in records)
+        assert parrot == pirate != base
+
+        missing = await http.post(
+            "/v1/load_lora_adapter", json={"lora_name": "ghost", "lora_path": str(tmp_path / "nowhere")}
+        )
+        assert missing.status_code == 404, missing.text
+        assert "No adapter found" in missing.json()["error"]["message"]
+
+        running = await submit(http, prompt="Once upon a time", max_tokens=48, temperature=0, model="parrot")
+        await wait_for_status(http, running, {"running", "completed"})
+        assert (await http.post("/v1/unload_lora_adapter", json={"lora_name": "parrot"})).status_code == 200
+        refused = await http.post("/v1/completions", json={**PROMPT, "model": "parrot"})
+        assert refused.status_code == 404, refused.text
+        finished = await wait_for_status(http, running, {"completed", "failed"})
+        assert (finished["status"], finished["output"]["token_count"]) == ("completed", 48)

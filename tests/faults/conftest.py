@@ -139,6 +139,8 @@ def run_pool(
         host="127.0.0.1",
         allow_unauthenticated=True,
         engine=engine,
+        allow_runtime_lora_updating=True,  # tests/faults/test_runtime_adapters.py, tests/e2e/test_models.py
+        adapter_load_wait_seconds=5.0,
         **RECOVERY,
         **overrides,
     )

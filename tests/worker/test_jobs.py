@@ -18,7 +18,8 @@ from shared.events import DeltaEvent, JobState, event_adapter
 from shared.jobstore import JobStore
 from shared.lifecycle.transitions import ReleaseOutcome, Verdict
 from shared.requests import JobRequest
-from worker.engine import EngineDelta, Prompt
+from worker.adapters import Adapters
+from worker.engine import Adapter, EngineDelta, Prompt
 from worker.jobs import Ending, JobRunner
 from worker.leases import Leases
 from worker.metrics import WorkerMetrics
@@ -60,6 +61,12 @@ class ScriptedEngine:
     async def abort(self, request_id: str) -> None:
         self.aborted.append(request_id)
 
+    async def add_adapter(self, adapter: Adapter) -> None:
+        raise AssertionError("no test of this module loads an adapter")
+
+    async def remove_adapter(self, adapter: Adapter) -> None:
+        raise AssertionError("no test of this module loads an adapter")
+
     def running_requests(self) -> int:
         return 0
 
@@ -81,6 +88,7 @@ def runner(store: JobStore, engine: ScriptedEngine, worker_id: str = RUNNER) -> 
         worker_id,
         metrics=WorkerMetrics("scripted"),
         engine_died=lambda: None,
+        adapters=Adapters(engine, store.redis, store.keys, "scripted", {}),
     )
 
 
