@@ -32,7 +32,7 @@ async def _stored(client: openai.AsyncOpenAI, system: System, **metadata: str) -
     )
 
 
-async def test_a_stored_completion_reads_back_as_it_was_answered_with_its_request_messages(
+async def test_a_stored_completion_reads_back_as_answered_with_its_messages_and_null_metadata_clears(
     async_openai: openai.AsyncOpenAI, system: System
 ) -> None:
     run = uuid.uuid4().hex
@@ -50,6 +50,8 @@ async def test_a_stored_completion_reads_back_as_it_was_answered_with_its_reques
     assert paged == [m.id for m in messages.data]
     newest_first = await async_openai.chat.completions.messages.list(created.id, order="desc", limit=1)
     assert [m.id for m in newest_first.data] == [f"{created.id}-1"] and newest_first.has_more
+    cleared = await async_openai.chat.completions.update(created.id, metadata=None)
+    assert cleared.metadata == {} == (await async_openai.chat.completions.retrieve(created.id)).metadata
 
 
 async def test_a_streamed_stored_completion_reads_back_whole(
