@@ -36,7 +36,7 @@ from gateway.deps import Services
 from gateway.entries import Entry
 from gateway.relay import START, Following, Hold
 from shared.chat import ToolCall
-from shared.errors import EngineError, JobCancelled, PromptTooLong, StreampoolError
+from shared.errors import BackendUnavailable, EngineError, JobCancelled, PromptTooLong, StreampoolError
 from shared.events import (
     CancelledEvent,
     DeltaEvent,
@@ -121,13 +121,16 @@ class OpenRuns:
             self._runs.discard(run)
 
     async def cancel_after(self, seconds: float) -> None:
-        """Cancel every job still answered once `seconds` have passed, but those kept running. Each
-        answer then ends with its job's `cancelled` event, as for a job cancelled through the native API
-        while its client waits: an error chunk or status, never a silent close. A kept run's answer is
-        cut when the server's own grace ends, and its client resumes it through another gateway."""
+        """Cancel every job still answered once `seconds` have passed. Each answer then ends with its
+        job's `cancelled` event, as for a job cancelled through the native API while its client waits:
+        an error chunk or status, never a silent close. A kept run's job goes on: its answer ends
+        with this gateway's unavailability (`JobRun.let_go`), and its client resumes it elsewhere."""
         await asyncio.sleep(seconds)
-        cancelled = [run for run in list(self._runs) if not run.ended and not run.keep_running]
-        await asyncio.gather(*(run.cancel() for run in cancelled))
+        going = [run for run in list(self._runs) if not run.ended]
+        for run in going:
+            if run.keep_running:
+                run.let_go()
+        await asyncio.gather(*(run.cancel() for run in going if not run.keep_running))
 
 
 class JobRun:
@@ -157,7 +160,7 @@ class JobRun:
         `sse_ping_seconds` of silence (a streamed answer's turn for a keep-alive); a client gone before
         the end cancels the job, unless it is kept running."""
         open_runs: OpenRuns = self.request.app.state.open_runs
-        following = self._following or self.services.relay.follow(self.job_id, START)
+        following = self._following = self._following or self.services.relay.follow(self.job_id, START)
         try:
             with open_runs.open(self):
                 async with aclosing(following.batches(self.services.settings.sse_ping_seconds)) as batches:
@@ -173,10 +176,22 @@ class JobRun:
                 await asyncio.shield(self.cancel())
 
     async def events(self) -> AsyncGenerator[Event | None, None]:
-        """The events of `entries`, and its silences (None)."""
+        """The events of `entries`, and its silences (None); `BackendUnavailable` once a kept run is
+        let go before its end."""
         async with aclosing(self.entries()) as entries:
             async for entry in entries:
                 yield None if entry is None else event_adapter.validate_json(entry.data)
+        if not self.ended:
+            raise BackendUnavailable(
+                "this gateway is stopping before the job's end; the job goes on: "
+                "resume its stream through another gateway"
+            )
+
+    def let_go(self) -> None:
+        """End the answer of a kept run before its job's end (the gateway stops), leaving the job
+        running."""
+        if self._following is not None:
+            self._following.stop()
 
     async def cancel(self) -> None:
         self.ended = True

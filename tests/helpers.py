@@ -10,6 +10,7 @@ from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
 import httpx
+import openai
 import redis.asyncio as aioredis
 from httpx_sse import EventSource, aconnect_sse
 from prometheus_client.parser import text_string_to_metric_families
@@ -39,6 +40,7 @@ DEFAULT_DEADLINE_SECONDS = 60.0
 JOB_DEADLINE_SECONDS = 120.0
 
 T = TypeVar("T")
+Chunk = TypeVar("Chunk", bound=openai.BaseModel)
 
 
 async def eventually(
@@ -288,3 +290,19 @@ async def notify(redis: aioredis.Redis, keys: Keys, *streams: str) -> None:
     test that writes entries itself."""
     for stream in streams:
         await redis.publish(keys.notices_of(keys.stream_job(stream)), stream)
+
+
+async def resumed_chunks(
+    sdk: openai.AsyncOpenAI, path: str, chunk_type: type[Chunk], starting_after: int
+) -> list[Chunk]:
+    """The chunks of a kept OpenAI answer's stream (`path`, under the client's base URL) after its first
+    `starting_after`, read by the `openai` package as it reads any stream."""
+    stream = await sdk.get(
+        path,
+        cast_to=chunk_type,
+        options={"params": {"starting_after": starting_after}},
+        stream=True,
+        stream_cls=openai.AsyncStream[chunk_type],  # type: ignore[valid-type]
+    )
+    async with asyncio.timeout(JOB_DEADLINE_SECONDS):
+        return [chunk async for chunk in stream]

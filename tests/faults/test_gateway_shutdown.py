@@ -2,7 +2,9 @@
 so that each client resumes from its last `id:` with `Last-Event-ID` on another gateway and misses
 nothing; it accepts no new connection from then on, and answers the requests it already has.
 OpenAI and TGI clients cannot resume: their answers go on for the grace period
-(`shutdown_grace_seconds`), and only then are their jobs cancelled.
+(`shutdown_grace_seconds`), and only then are their jobs cancelled; but for kept OpenAI answers (a
+stored chat completion), whose answers then end with the gateway's unavailability while their jobs go
+on, to be resumed through another gateway.
 
 The gateway stopped here is a process of the test's own on the settings of the session's synthetic
 system (the same Redis and workers); that system's gateway, left running, is the one clients move to.
@@ -26,12 +28,22 @@ import openai
 import pytest
 from huggingface_hub import AsyncInferenceClient, TextGenerationStreamOutput
 from openai.types import Completion
+from openai.types.chat import ChatCompletionChunk
 from prometheus_client.parser import text_string_to_metric_families
 
 from cli.launcher import wait_healthy
 from tests.conftest import SYSTEM_START_TIMEOUT, WORKERS, System
 from tests.faults.conftest import WAIT_TIMEOUT, assert_one_seamless_stream
-from tests.helpers import LONG_PROMPT, TERMINAL, deltas, eventually, read_sse, record, submit
+from tests.helpers import (
+    LONG_PROMPT,
+    TERMINAL,
+    deltas,
+    eventually,
+    read_sse,
+    record,
+    resumed_chunks,
+    submit,
+)
 from tests.processes import Processes, free_port
 
 Received = list[tuple[str, dict[str, Any]]]
@@ -254,26 +266,43 @@ async def test_sigterm_lets_openai_and_tgi_streams_finish_while_native_streams_e
     assert last.generated_text == "".join(output.token.text for output in outputs) != ""
 
 
+async def read_stored_chat(
+    client: openai.AsyncOpenAI, model: str, max_tokens: int, into: list[ChatCompletionChunk]
+) -> None:
+    """A streamed stored chat completion (`store: true`), chunk by chunk `into` the list."""
+    stream = await client.chat.completions.create(
+        model=model,
+        messages=[{"role": "user", "content": COUNTING}],
+        max_tokens=max_tokens,
+        stream=True,
+        store=True,
+    )
+    async for chunk in stream:
+        into.append(chunk)
+
+
 @pytest.mark.parametrize("stopping", [SHORT_GRACE], indirect=True)
-async def test_compat_answers_still_running_after_the_grace_period_are_cancelled_and_the_gateway_exits(
+async def test_after_the_grace_period_compat_answers_are_cancelled_kept_ones_let_go_and_the_gateway_exits(
     synthetic_system: System, synthetic_client: httpx.AsyncClient, stopping: StoppingGateway
 ) -> None:
     base_url = f"http://127.0.0.1:{stopping.port}"
     chunks: list[Completion] = []
+    kept: list[ChatCompletionChunk] = []
     whole_context = 2000  # a minute: far longer than the grace period
+    kept_tokens = 300  # 9 s: longer than the grace period, within the test's time
+    model = synthetic_system.settings.model_name
     async with openai.AsyncOpenAI(base_url=f"{base_url}/v1", api_key="none", max_retries=0) as openai_client:
         streaming = asyncio.create_task(
-            read_openai(
-                openai_client, synthetic_system.settings.model_name, whole_context, chunks, asyncio.Event()
-            )
+            read_openai(openai_client, model, whole_context, chunks, asyncio.Event())
         )
+        keeping = asyncio.create_task(read_stored_chat(openai_client, model, kept_tokens, kept))
         body = {"inputs": COUNTING, "parameters": {"max_new_tokens": whole_context}}
         answering = asyncio.create_task(stopping.http.post("/generate", json=body))
 
-        async def both_running() -> bool:
-            return len(chunks) >= 1 and await stopping.submitted() == 2
+        async def all_running() -> bool:
+            return len(chunks) >= 1 and len(kept) >= 1 and await stopping.submitted() == 3
 
-        await eventually(both_running, "the stream and the waiting answer have their jobs", WAIT_TIMEOUT)
+        await eventually(all_running, "the streams and the waiting answer have their jobs", WAIT_TIMEOUT)
         clock = asyncio.get_running_loop().time
         stopping.terminate()
         stopped_at = clock()
@@ -282,9 +311,23 @@ async def test_compat_answers_still_running_after_the_grace_period_are_cancelled
         streamed_for = clock() - stopped_at
         answer = await asyncio.wait_for(answering, WAIT_TIMEOUT)
         answered_for = clock() - stopped_at
-    # Not cut at once: both went on through the grace period.
+        with pytest.raises(openai.APIError, match="this gateway is stopping before the job's end"):
+            await asyncio.wait_for(keeping, WAIT_TIMEOUT)
+    # Not cut at once: all went on through the grace period.
     assert streamed_for >= SHORT_GRACE and answered_for >= SHORT_GRACE
     assert await stopping.exit_code() == -signal.SIGTERM
+
+    # The stored chat's job went on: resumed through the other gateway after the chunks its client had,
+    # it gives the rest of the answer.
+    async with openai.AsyncOpenAI(
+        base_url=f"{synthetic_system.base_url}/v1", api_key="none", max_retries=0
+    ) as elsewhere:
+        path = f"/chat/completions/{kept[0].id}/chunks"
+        rest = await resumed_chunks(elsewhere, path, ChatCompletionChunk, len(kept))
+    job = await record(synthetic_client, kept[0].id.removeprefix("chatcmpl-"))
+    assert (job["status"], job["output"]["token_count"]) == ("completed", kept_tokens)
+    text = "".join(chunk.choices[0].delta.content or "" for chunk in kept + rest if chunk.choices)
+    assert text == job["output"]["text"]
 
     # Each ended as a job cancelled under its client does: the stream with an error chunk (before
     # [DONE]), the waiting answer with TGI's status for it; both jobs are `cancelled`.

@@ -22,7 +22,7 @@ from pydantic import BaseModel
 
 from gateway.resumption import KEEP_RUNNING_HEADER
 from tests.faults.conftest import WAIT_TIMEOUT, Pool, wait_for_tokens
-from tests.helpers import LONG_PROMPT, in_process_gateway, wait_for_status
+from tests.helpers import LONG_PROMPT, in_process_gateway, resumed_chunks, wait_for_status
 
 MAX_TOKENS = 60  # two seconds on the synthetic engine: the 10th chunk comes well before the end
 STORY: list[ChatCompletionMessageParam] = [{"role": "user", "content": LONG_PROMPT}]
@@ -67,22 +67,6 @@ async def first_chunks(stream: openai.AsyncStream[Chunk], count: int) -> list[Ch
     return chunks
 
 
-async def resumed(
-    sdk: openai.AsyncOpenAI, path: str, chunk_type: type[Chunk], starting_after: int
-) -> list[Chunk]:
-    """The chunks of a kept answer's stream after its first `starting_after`, read by the `openai`
-    package as it reads any stream."""
-    stream = await sdk.get(
-        path,
-        cast_to=chunk_type,
-        options={"params": {"starting_after": starting_after}},
-        stream=True,
-        stream_cls=openai.AsyncStream[chunk_type],  # type: ignore[valid-type]
-    )
-    async with asyncio.timeout(WAIT_TIMEOUT):
-        return [chunk async for chunk in stream]
-
-
 def dumped(chunks: list[Any]) -> list[dict[str, Any]]:
     return [chunk.model_dump() for chunk in chunks if isinstance(chunk, BaseModel)]
 
@@ -110,8 +94,8 @@ async def test_a_stored_chat_whose_client_left_at_its_tenth_chunk_ends_and_resum
     assert job["output"]["token_count"] == MAX_TOKENS
 
     path = f"/chat/completions/{first[0].id}/chunks"
-    rest = await resumed(other_sdk, path, ChatCompletionChunk, 10)
-    whole = await resumed(other_sdk, path, ChatCompletionChunk, 0)
+    rest = await resumed_chunks(other_sdk, path, ChatCompletionChunk, 10)
+    whole = await resumed_chunks(other_sdk, path, ChatCompletionChunk, 0)
     assert dumped(whole[:10]) == dumped(first)  # the same chunks: ids, `created`, `model` and all
     assert dumped(whole[10:]) == dumped(rest)
     assert len(rest) > 10
@@ -119,10 +103,10 @@ async def test_a_stored_chat_whose_client_left_at_its_tenth_chunk_ends_and_resum
     assert [chunk.choices[0].finish_reason for chunk in whole if chunk.choices].count("length") == 1
     assert whole[-1].usage is not None and whole[-1].usage.completion_tokens == MAX_TOKENS
     # By the job id of X-Streampool-Job-Id as well; a chat completion's as a completion is a 404.
-    by_job_id = await resumed(other_sdk, f"/chat/completions/{job_id}/chunks", ChatCompletionChunk, 10)
+    by_job_id = await resumed_chunks(other_sdk, f"/chat/completions/{job_id}/chunks", ChatCompletionChunk, 10)
     assert dumped(by_job_id) == dumped(rest)
     with pytest.raises(openai.NotFoundError):
-        await resumed(other_sdk, f"/completions/{job_id}/chunks", Completion, 0)
+        await resumed_chunks(other_sdk, f"/completions/{job_id}/chunks", Completion, 0)
 
 
 async def test_a_completion_kept_by_its_header_runs_on_and_resumes_while_it_runs(
@@ -138,7 +122,7 @@ async def test_a_completion_kept_by_its_header_runs_on_and_resumes_while_it_runs
         extra_headers={KEEP_RUNNING_HEADER: "true"},
     )
     first = await first_chunks(stream, 5)
-    rest = await resumed(other_sdk, f"/completions/{first[0].id}/chunks", Completion, 5)
+    rest = await resumed_chunks(other_sdk, f"/completions/{first[0].id}/chunks", Completion, 5)
     job = await wait_for_status(client, first[0].id.removeprefix("cmpl-"), ENDED)
     assert job["status"] == "completed", job
     assert "".join(chunk.choices[0].text for chunk in first + rest if chunk.choices) == job["output"]["text"]
@@ -156,7 +140,7 @@ async def test_a_chat_neither_stored_nor_kept_is_cancelled_when_its_client_leave
     job = await wait_for_status(client, first[0].id.removeprefix("chatcmpl-"), ENDED)
     assert job["status"] == "cancelled"
     with pytest.raises(openai.NotFoundError) as refused:
-        await resumed(other_sdk, f"/chat/completions/{first[0].id}/chunks", ChatCompletionChunk, 0)
+        await resumed_chunks(other_sdk, f"/chat/completions/{first[0].id}/chunks", ChatCompletionChunk, 0)
     assert "kept running" in refused.value.message
 
 
@@ -183,7 +167,7 @@ async def test_a_stored_chat_whose_worker_is_killed_mid_answer_still_gives_one_w
     assert job["status"] == "completed", job
     assert job["output"]["token_count"] == max_tokens
 
-    replayed = await resumed(other_sdk, f"/chat/completions/{job_id}/chunks", ChatCompletionChunk, 0)
+    replayed = await resumed_chunks(other_sdk, f"/chat/completions/{job_id}/chunks", ChatCompletionChunk, 0)
     assert dumped(replayed) == dumped(chunks)
     assert chat_text(chunks) == job["output"]["text"] != ""
     assert [chunk.choices[0].delta.role for chunk in chunks].count("assistant") == 1
