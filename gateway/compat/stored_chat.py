@@ -3,7 +3,7 @@ the objects the stored completions routes answer with. Pure, no I/O.
 
 A stored chat completion is its job, with no second copy of its request or answer: its job keeps its
 `metadata` in its annotations (`METADATA`, which only a stored completion's job has), and its answer is
-made again from its events (`gateway.routes.stored_chat`).
+made again from its events (`gateway.stored_completions`).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
 
 from gateway.compat.openai_bodies import MAX_METADATA, ChatBody, CompletionBody, Metadata
 from shared.chat import ChatMessage
@@ -24,6 +24,7 @@ METADATA = "chat_metadata"
 """The annotation of a stored chat completion's job: its metadata (a JSON object)."""
 METADATA_FILTER = re.compile(r"metadata\[(.*)\]")
 """A listing's filter on one metadata key, as OpenAI's client sends it: `metadata[key]=value`."""
+METADATA_BOUNDS: TypeAdapter[dict[str, str]] = TypeAdapter(Metadata)
 
 
 def stored_annotations(body: ChatBody | CompletionBody) -> dict[str, str]:
@@ -56,7 +57,7 @@ def metadata_filter(query: Iterable[tuple[str, str]]) -> dict[str, str]:
     holds every one. 400 past OpenAI's bounds of metadata, so that a filter costs what metadata does."""
     wanted = {found[1]: value for name, value in query if (found := METADATA_FILTER.fullmatch(name))}
     try:
-        MetadataUpdate(metadata=wanted)
+        METADATA_BOUNDS.validate_python(wanted)
     except ValidationError as exc:
         raise InvalidRequest(
             f"metadata: at most {MAX_METADATA} filters, keys of 64 characters, values of 512",
@@ -66,10 +67,13 @@ def metadata_filter(query: Iterable[tuple[str, str]]) -> dict[str, str]:
     return wanted
 
 
-def listed(metadata: Mapping[str, str], model: str, *, models: str | None, wanted: Mapping[str, str]) -> bool:
+def listed(
+    metadata: Mapping[str, str], model: str, *, of_model: str | None, wanted: Mapping[str, str]
+) -> bool:
     """Whether a stored completion of `model` (as its request named it) with `metadata` passes a
-    listing's filters."""
-    return (models is None or model == models) and all(metadata.get(k) == v for k, v in wanted.items())
+    listing's filters: `of_model` (None: any), and the metadata `wanted`."""
+    same_model = of_model is None or model == of_model
+    return same_model and all(metadata.get(key) == value for key, value in wanted.items())
 
 
 def store_messages(completion_id: str, messages: list[ChatMessage]) -> list[dict[str, Any]]:

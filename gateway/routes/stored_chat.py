@@ -47,20 +47,28 @@ Order = Literal["asc", "desc"]
 After = Annotated[str | None, Query(max_length=256)]
 
 
-async def _stored(
-    completion_id: CompletionIdPath, owner: Owner, services: ServicesDep
-) -> tuple[StoredCompletions, StoredCompletion]:
-    """The caller's completed stored completion of the path, and the stored completions."""
-    missing = _missing(completion_id)
-    job_id = prefixed_job_id(completion_id, COMPLETION_PREFIX)
-    if job_id is None:
-        raise missing
-    completions = StoredCompletions(services)
-    return completions, await completions.completed(owner, job_id, missing)
+async def _completions(services: ServicesDep) -> StoredCompletions:
+    return StoredCompletions(services)
+
+
+Completions = Annotated[StoredCompletions, Depends(_completions)]
 
 
 def _missing(completion_id: str) -> JobNotFound:
     return JobNotFound(f"Chat completion with id '{completion_id}' not found.")
+
+
+async def _stored(
+    completion_id: CompletionIdPath, owner: Owner, completions: Completions
+) -> StoredCompletion:
+    """The caller's completed stored completion of the path."""
+    job_id = prefixed_job_id(completion_id, COMPLETION_PREFIX)
+    if job_id is None:
+        raise _missing(completion_id)
+    return await completions.completed(owner, job_id, _missing(completion_id))
+
+
+Stored = Annotated[StoredCompletion, Depends(_stored)]
 
 
 async def _answer(completions: StoredCompletions, completion: StoredCompletion) -> JSONResponse:
@@ -70,14 +78,11 @@ async def _answer(completions: StoredCompletions, completion: StoredCompletion) 
     raise _missing(COMPLETION_PREFIX + completion.job_id)
 
 
-Stored = Annotated[tuple[StoredCompletions, StoredCompletion], Depends(_stored)]
-
-
 @router.get("")
 async def list_chat_completions(
     request: Request,
     owner: Owner,
-    services: ServicesDep,
+    completions: Completions,
     after: After = None,
     limit: Limit = 20,
     order: Order = "asc",
@@ -86,41 +91,40 @@ async def list_chat_completions(
     """The caller's stored chat completions, oldest first (`order=desc`: newest first), those of
     `model` (as their requests named it) and with every `metadata[key]=value` given alone."""
     wanted = metadata_filter(request.query_params.multi_items())
-    completions = StoredCompletions(services)
     page, has_more = await completions.page(
         owner,
         None if after is None else after.removeprefix(COMPLETION_PREFIX),
         limit,
         order == "desc",
-        lambda stored: listed(stored.metadata, stored.framing.model, models=model, wanted=wanted),
+        lambda stored: listed(stored.metadata, stored.framing.model, of_model=model, wanted=wanted),
     )
     return JSONResponse(list_object(await completions.answers(page), has_more))
 
 
 @router.get("/{completion_id}")
-async def retrieve_chat_completion(stored: Stored) -> JSONResponse:
+async def retrieve_chat_completion(stored: Stored, completions: Completions) -> JSONResponse:
     """A stored chat completion, as its answer was, with its metadata."""
-    return await _answer(*stored)
+    return await _answer(completions, stored)
 
 
 @router.post("/{completion_id}")
 async def update_chat_completion(
-    body: MetadataUpdate, stored: Stored, owner: Owner, services: ServicesDep
+    body: MetadataUpdate, stored: Stored, completions: Completions, owner: Owner, services: ServicesDep
 ) -> JSONResponse:
     """Set a stored chat completion's metadata (the only change OpenAI allows), whole; answers the
     completion."""
-    completions, completion = stored
-    await services.store.annotate(completion.job_id, owner, body.annotations())
-    return await _answer(completions, replace(completion, metadata=body.metadata or {}))
+    await services.store.annotate(stored.job_id, owner, body.annotations())
+    return await _answer(completions, replace(stored, metadata=body.metadata or {}))
 
 
 @router.delete("/{completion_id}")
-async def delete_chat_completion(stored: Stored, owner: Owner, services: ServicesDep) -> JSONResponse:
+async def delete_chat_completion(
+    stored: Stored, completions: Completions, owner: Owner, services: ServicesDep
+) -> JSONResponse:
     """Delete a stored chat completion (its job's keys) before its retention ends."""
-    completions, completion = stored
-    await services.store.delete(completion.job_id)
-    await completions.remove(owner, completion.job_id)
-    return JSONResponse(deleted(COMPLETION_PREFIX + completion.job_id))
+    await services.store.delete(stored.job_id)
+    await completions.remove(owner, stored.job_id)
+    return JSONResponse(deleted(COMPLETION_PREFIX + stored.job_id))
 
 
 @router.get("/{completion_id}/messages")
@@ -128,7 +132,6 @@ async def list_chat_completion_messages(
     stored: Stored, services: ServicesDep, after: After = None, limit: Limit = 20, order: Order = "asc"
 ) -> JSONResponse:
     """The messages of a stored chat completion's request, OpenAI's list page."""
-    _, completion = stored
-    completion_id = COMPLETION_PREFIX + completion.job_id
-    messages = store_messages(completion_id, await services.store.own_messages(completion.job_id))
+    completion_id = COMPLETION_PREFIX + stored.job_id
+    messages = store_messages(completion_id, await services.store.own_messages(stored.job_id))
     return JSONResponse(item_list(messages, limit, order == "asc", after))
