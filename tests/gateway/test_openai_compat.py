@@ -627,7 +627,7 @@ async def test_redis_down_answers_an_openai_503_with_retry_after(gateway: httpx.
 
 
 async def test_wrong_method_answers_in_openai_shape(gateway: httpx.AsyncClient) -> None:
-    answer = await gateway.get("/v1/chat/completions")
+    answer = await gateway.get("/v1/completions")  # GET /v1/chat/completions lists stored ones
     assert answer.status_code == 405
     assert _openai_error(answer)["type"] == "invalid_request_error"
 
