@@ -542,6 +542,11 @@ class WorkerSettings(RedisSettings):
     trust_request_chat_template: bool = Field(
         False, description="take a chat template given in a request (`chat_template`) instead of refusing it"
     )
+    chat_template: str | None = Field(
+        None,
+        description="the chat template to render chats with instead of the tokenizer's, as vllm serve's "
+        "--chat-template takes it: a file, the name of one of vLLM's built-in templates, or the template",
+    )
 
     @property
     def auto_tool_parser(self) -> str | None:

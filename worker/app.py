@@ -274,6 +274,7 @@ async def engine_card(settings: WorkerSettings, engine: Engine) -> ModelCard | N
         return None
     return card.model_copy(
         update={
+            "chat_template": engine.chat_template,
             "tool_call_parser": settings.auto_tool_parser,
             "reasoning_parser": settings.reasoning_parser,
             "trust_request_chat_template": settings.trust_request_chat_template,

@@ -94,6 +94,7 @@ class Engine(Protocol):
     max_chars_per_token: int  # the tokenizer's longest token, in characters (vLLM's own figure)
     dtype: str  # what the weights run in, resolved (never `auto`): "bfloat16", "float32", ...
     engine_arguments: dict[str, str]  # vLLM's arguments away from `vllm serve`'s defaults, for heartbeats
+    chat_template: str | None  # what chats are rendered with: `--chat-template`'s, or the tokenizer's
 
     def render(self, request: JobRequest) -> Prompt:
         """Tokenize the prompt (a request of one), take its token ids as they are, or render `messages`

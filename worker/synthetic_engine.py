@@ -26,6 +26,7 @@ from shared.events import TokenLogprob, TopLogprob
 from shared.model_card import ModelCard
 from shared.prompt_tokens import PromptCounter
 from shared.requests import JobRequest
+from worker import chat_template
 from worker.engine import ADAPTER_NOT_FOUND, Adapter, EngineDelta, Prompt
 
 SCRIPT_AFTER_TOOL = "|||"
@@ -147,6 +148,9 @@ class SyntheticEngine:
     dtype = "synthetic"
 
     def __init__(self, settings: WorkerSettings, card: ModelCard) -> None:
+        if (template := chat_template.load(settings.chat_template)) is not None:
+            card = card.model_copy(update={"chat_template": template})
+        self.chat_template = card.chat_template
         self.model_name = settings.model_name
         self.engine_arguments: dict[str, str] = {}  # it takes none of vLLM's
         self.max_model_len = settings.max_model_len

@@ -27,7 +27,7 @@ from shared.errors import EngineDead, EngineError
 from shared.events import TokenLogprob, TopLogprob
 from shared.requests import JobRequest, StructuredOutputs
 from shared.sampling import vllm_sampling_fields
-from worker import cpu_placement
+from worker import chat_template, cpu_placement
 from worker.adapter_gate import AdapterGate
 from worker.constraint_compile import ConstraintCompiler
 from worker.cpu_dtype import dtype_for_cpu
@@ -151,6 +151,9 @@ class VllmEngine:
         if tokenizer is None:
             raise EngineError(f"{settings.model} has no tokenizer; streampool renders prompts with it")
         self.tokenizer = tokenizer  # the one vLLM's output parsers take (worker/replies.py)
+        own = getattr(tokenizer, "chat_template", None)  # vLLM's tokenizers wrap transformers' own
+        own = own if isinstance(own, str) else None
+        self.chat_template = chat_template.load(settings.chat_template) or own
         self._tokenizer = tokenizer
         self.max_chars_per_token = tokenizer.max_chars_per_token
         self._cores_before = cpu_placement.keep_off_model_cores() if current_platform.is_cpu() else None
@@ -192,6 +195,7 @@ class VllmEngine:
             ids = self._tokenizer.encode(prompt)
         else:
             conversation, kwargs = request.template_inputs(request.messages or [])
+            kwargs.setdefault("chat_template", self.chat_template)  # a request's own, where it may give one
             text = self._tokenizer.apply_chat_template(conversation, tokenize=False, **kwargs)  # type: ignore[arg-type]
             ids = self._tokenizer.encode(str(text), add_special_tokens=False)
         return Prompt.truncated(ids, request, self.max_model_len)

@@ -140,11 +140,12 @@ def test_what_is_shown_is_what_differs_from_vllms_defaults_and_bounded() -> None
 # One flag of each family, and the resolved configuration's fields they set, by the config that holds them.
 EVERY_FAMILY = (
     "--max-num-batched-tokens 1024 --max-num-seqs 8 --enable-prefix-caching --block-size 32 "
+    "--kv-cache-dtype fp8 "
     '--generation-config vllm --seed 7 --max-logprobs 5 --override-generation-config {"temperature":0.5}'
 ).split(" ")
 RESOLVED = {
     "scheduler_config": ("max_num_batched_tokens", "max_num_seqs"),
-    "cache_config": ("enable_prefix_caching", "block_size"),
+    "cache_config": ("enable_prefix_caching", "block_size", "cache_dtype"),
     "model_config": ("generation_config", "seed", "max_logprobs", "override_generation_config"),
 }
 
@@ -166,3 +167,4 @@ def test_the_resolved_configuration_is_the_one_vllm_serve_resolves_from_the_same
     assert ours == resolved(vllm_serve_args(EVERY_FAMILY))
     assert ours["scheduler_config.max_num_batched_tokens"] == 1024  # the flags did reach it
     assert ours["model_config.override_generation_config"] == {"temperature": 0.5}
+    assert ours["cache_config.cache_dtype"] == "fp8"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import pytest
 
@@ -265,3 +266,30 @@ async def test_a_resumed_job_goes_on_with_the_script_where_its_last_run_stopped(
     ids, text, reason = choice([delta async for delta in scripted.generate("resumed", resumed)])
     assert ids[:-1] == script_ids[7:] and reason == "stop"
     assert scripted._counter.decode(script_ids[:7]) + text == SCRIPT
+
+
+@pytest.mark.parametrize("given_as", ["file", "text"])
+def test_a_pools_chat_template_replaces_the_tokenizers_in_its_card_and_its_prompts(
+    given_as: str, tmp_path: Path
+) -> None:
+    """`--chat-template` as `vllm serve` reads it (vLLM's own loader): a file or the template itself."""
+    if not DEFAULT_MODEL_DIR.is_dir():
+        pytest.skip("the default model is not prepared (make setup)")
+    template = "{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}[assistant]"
+    path = tmp_path / "template.jinja"
+    path.write_text(template)
+    settings = WorkerSettings(
+        engine="synthetic", max_model_len=64, chat_template=str(path) if given_as == "file" else template
+    )
+    engine = SyntheticEngine(settings, read_model_card(settings.model, settings.model_name, 64))
+    assert engine.card.chat_template == engine.chat_template == template
+    prompt = engine.render(JobRequest(messages=[ChatMessage(role="user", content="Hi")], max_tokens=1))
+    assert engine._counter.decode(prompt.token_ids) == "[user] Hi\n[assistant]"
+
+
+def test_a_chat_template_file_that_cannot_be_read_ends_the_start_with_vllms_message() -> None:
+    if not DEFAULT_MODEL_DIR.is_dir():
+        pytest.skip("the default model is not prepared (make setup)")
+    settings = WorkerSettings(engine="synthetic", max_model_len=64, chat_template="/no/such/template.jinja")
+    with pytest.raises(EngineError, match="--chat-template: The supplied chat template"):
+        SyntheticEngine(settings, read_model_card(settings.model, settings.model_name, 64))
