@@ -10,6 +10,7 @@ hub on the same Redis, as a gateway beside it in a deployment."""
 from __future__ import annotations
 
 import asyncio
+import uuid
 from collections.abc import AsyncIterator
 from typing import Any, TypeVar
 
@@ -22,7 +23,7 @@ from pydantic import BaseModel
 
 from gateway.resumption import KEEP_RUNNING_HEADER
 from tests.faults.conftest import WAIT_TIMEOUT, Pool, wait_for_tokens
-from tests.helpers import LONG_PROMPT, in_process_gateway, resumed_chunks, wait_for_status
+from tests.helpers import LONG_PROMPT, eventually, in_process_gateway, resumed_chunks, wait_for_status
 
 MAX_TOKENS = 60  # two seconds on the synthetic engine: the 10th chunk comes well before the end
 STORY: list[ChatCompletionMessageParam] = [{"role": "user", "content": LONG_PROMPT}]
@@ -127,6 +128,30 @@ async def test_a_completion_kept_by_its_header_runs_on_and_resumes_while_it_runs
     assert job["status"] == "completed", job
     assert "".join(chunk.choices[0].text for chunk in first + rest if chunk.choices) == job["output"]["text"]
     assert [chunk.choices[0].finish_reason for chunk in rest] == [None] * (len(rest) - 1) + ["length"]
+
+
+async def test_a_whole_stored_chat_whose_client_gave_up_waiting_completes(
+    pool: Pool, client: httpx.AsyncClient, sdk: openai.AsyncOpenAI
+) -> None:
+    pool.ensure_workers()
+    tag = {"probe": uuid.uuid4().hex}
+    with pytest.raises(openai.APITimeoutError):  # four seconds of answer: the client leaves after one
+        await sdk.with_options(timeout=1.0).chat.completions.create(
+            model=pool.settings.model_name,
+            messages=STORY,
+            max_tokens=MAX_TOKENS * 2,
+            store=True,
+            metadata=tag,
+        )
+
+    async def listed() -> list[Any]:
+        return (await sdk.chat.completions.list(metadata=tag)).data
+
+    # Listed once its job has completed (a stored completion is one that was answered).
+    [stored] = await eventually(listed, "the stored chat completion", WAIT_TIMEOUT)
+    job = await wait_for_status(client, stored.id.removeprefix("chatcmpl-"), ENDED)
+    assert (job["status"], job["output"]["token_count"]) == ("completed", MAX_TOKENS * 2)
+    assert stored.choices[0].message.content == job["output"]["text"]
 
 
 async def test_a_chat_neither_stored_nor_kept_is_cancelled_when_its_client_leaves_and_cannot_be_resumed(
