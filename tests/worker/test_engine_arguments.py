@@ -4,13 +4,16 @@ defaults fill in only what no flag gave; flags that contradict the deployment ar
 from __future__ import annotations
 
 import dataclasses
+import shlex
 import warnings
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from shared.config import DEFAULT_MODEL_DIR, WorkerSettings
+from tests.deploy.manifests import COMPOSE_FILE, REPO, load_yaml
 
 with warnings.catch_warnings():
     # Importing vLLM raises torch's own deprecation warnings, which pytest would turn into failures.
@@ -19,7 +22,7 @@ with warnings.catch_warnings():
     from vllm.entrypoints.launchers.cli_args import make_arg_parser
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
-    from worker.engine_arguments import EngineFlagsError, shown, with_engine_flags
+    from worker.engine_arguments import EngineFlagsError, parse, shown, with_engine_flags
     from worker.vllm_engine import engine_args
 
 MODEL = str(DEFAULT_MODEL_DIR)
@@ -168,3 +171,29 @@ def test_the_resolved_configuration_is_the_one_vllm_serve_resolves_from_the_same
     assert ours["scheduler_config.max_num_batched_tokens"] == 1024  # the flags did reach it
     assert ours["model_config.override_generation_config"] == {"temperature": 0.5}
     assert ours["cache_config.cache_dtype"] == "fp8"
+
+
+def deployed_engine_flags() -> dict[str, list[str]]:
+    """The engine flags of every worker the deployment files start, by where: compose's
+    `STREAMPOOL_ENGINE_ARGS` and the worker containers' `args` in k8s/ (examples included)."""
+    found = {
+        f"docker-compose.yml {name}": shlex.split(service["environment"]["STREAMPOOL_ENGINE_ARGS"])
+        for name, service in load_yaml(COMPOSE_FILE)["services"].items()
+        if "STREAMPOOL_ENGINE_ARGS" in (service.get("environment") or {})
+    }
+    for path in sorted((REPO / "k8s").rglob("*.yaml")):
+        for document in yaml.safe_load_all(path.read_text()):
+            if document and document.get("kind") == "Deployment":
+                for container in document["spec"]["template"]["spec"]["containers"]:
+                    args = container.get("args", [])
+                    if args[:1] == ["worker"] and args[1:]:
+                        where = f"{path.relative_to(REPO)} {container['name']}"
+                        found[where] = [str(arg) for arg in args[1:]]
+    return found
+
+
+def test_every_deployed_pools_engine_flags_are_vllms() -> None:
+    flags = deployed_engine_flags()
+    assert any("tensor-parallel" in where for where in flags)  # the multi-GPU example is among them
+    for where, words in flags.items():
+        assert parse(words).given, where  # vLLM's parser refuses what it does not take
