@@ -312,12 +312,35 @@ def _run_client(args: argparse.Namespace) -> int:
         return EXIT_FAILED
 
 
+class _WorkerHelp(argparse.Action):
+    """`streampool worker --help`: the worker's own flags, then vLLM's engine flags, from vLLM's parser
+    (imported only then: it takes seconds)."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str = argparse.SUPPRESS, **_: Any) -> None:
+        super().__init__(option_strings, dest=dest, default=argparse.SUPPRESS, nargs=0, help="show this help")
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: Any) -> None:
+        parser.print_help()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)  # torch's, as vLLM is imported
+            from worker.engine_arguments import engine_help
+
+            flags = engine_help()
+        print("\nvLLM's engine flags, as `vllm serve` takes them (after MODEL, or in --config's file):")
+        print(flags)
+        parser.exit()
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="streampool", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     for name, command in COMMANDS.items():
         # No abbreviations: the gateway's `--models` must not take the worker's `--model` for itself.
-        subparser = commands.add_parser(name, help=command.help, description=command.help, allow_abbrev=False)
+        subparser = commands.add_parser(
+            name, help=command.help, description=command.help, allow_abbrev=False, add_help=name != "worker"
+        )
+        if name == "worker":
+            subparser.add_argument("-h", "--help", action=_WorkerHelp)
         _add_setting_flags(
             subparser, command.settings_class, WORKER_ENGINE_FLAGS if name == "worker" else frozenset()
         )

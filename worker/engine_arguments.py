@@ -8,7 +8,7 @@ where its value differs from the parser's default; streampool's own defaults fil
 from __future__ import annotations
 
 import dataclasses
-from argparse import Namespace
+from argparse import SUPPRESS, ArgumentParser, Namespace
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, NoReturn
@@ -50,6 +50,13 @@ def _engine_parser() -> FlexibleArgumentParser:
     parser = _Parser(prog="streampool worker", add_help=False)  # type: ignore[no-untyped-call]
     AsyncEngineArgs.add_cli_args(parser)
     return parser
+
+
+def engine_help() -> str:
+    """vLLM's own help of every engine flag, by its config group, as `vllm serve --help=all` lists them."""
+    parser = _engine_parser()
+    parser.usage = SUPPRESS
+    return ArgumentParser.format_help(parser)  # argparse's whole listing: vLLM's own gives the groups alone
 
 
 def parse(flags: Sequence[str]) -> EngineFlags:

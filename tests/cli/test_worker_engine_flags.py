@@ -76,3 +76,13 @@ def test_up_hands_its_worker_the_engine_flags_whole_and_no_default_to_contradict
     assert WorkerSettings().engine_args == flags
     assert "STREAMPOOL_MAX_MODEL_LEN" not in env  # the worker's `--max-model-len` flag may set it
     assert child_environment(Settings(max_model_len=512))["STREAMPOOL_MAX_MODEL_LEN"] == "512"
+
+
+def test_the_workers_help_lists_vllms_engine_flags_after_its_own(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["worker", "--help"])
+    assert exit_info.value.code == 0
+    shown = capsys.readouterr().out
+    own, engine = shown.split("vLLM's engine flags, as `vllm serve` takes them (after MODEL")
+    assert "--worker-max-jobs" in own and "--tensor-parallel-size" not in own
+    assert "--tensor-parallel-size" in engine and "--max-num-batched-tokens" in engine
