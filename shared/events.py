@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field, TypeAdapter
 
@@ -117,7 +117,8 @@ class DoneEvent(BaseModel):
     With several choices, `finish_reasons` holds each choice's, `finish_reason` the first one's.
     `stop_reasons`, when a stop string or stop token ended a choice, holds each choice's (vLLM's
     `stop_reason`: that string or token id; null where the end of sequence or the length ended it).
-    A choice that called tools ends `tool_calls` where vLLM says so (auto and required choices)."""
+    A choice that called tools ends `tool_calls` where vLLM says so (auto and required choices).
+    A pooling job's (`shared.pooling`) carries its whole answer in `result`, as vLLM's server gives it."""
 
     type: Literal["done"] = "done"
     seq: int
@@ -125,6 +126,7 @@ class DoneEvent(BaseModel):
     finish_reasons: list[str] | None = Field(None, exclude_if=_none)
     stop_reasons: list[int | str | None] | None = Field(None, exclude_if=_none)
     usage: Usage
+    result: dict[str, Any] | None = Field(None, exclude_if=_none)  # a pooling job's answer, as vLLM's
 
 
 class CancelledEvent(BaseModel):

@@ -13,6 +13,7 @@ import redis.asyncio as aioredis
 from pydantic import BaseModel
 
 from shared.keys import Keys
+from shared.pooling import PoolingRoute
 from shared.redis_client import redis_errors
 
 
@@ -28,6 +29,8 @@ class ModelCard(BaseModel):
     tool_call_parser: str | None = None  # the pool's, when it has auto tool choice: tool_choice needs one
     reasoning_parser: str | None = None
     trust_request_chat_template: bool = False  # a request's own `chat_template` is taken, not refused
+    generates: bool = True  # its pool runs generation (vLLM's `generate` task)
+    pooling_routes: list[PoolingRoute] = []  # the pooling routes its pool answers, as vLLM's server has them
 
     @property
     def digest(self) -> str:

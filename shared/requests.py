@@ -22,6 +22,7 @@ from shared.chat import ChatOptions, ToolCall
 from shared.constraint_bounds import grammar_problem, regex_problem, schema_problem
 from shared.errors import InvalidRequest
 from shared.events import JobState, Progress, Usage, whole_calls
+from shared.pooling import PoolingJob
 from shared.text import Text as Text  # callers of the job models import it here
 
 MAX_PROMPT_CHARS = 1_000_000
@@ -196,6 +197,11 @@ class JobRequest(ChatOptions):
     deadline: AwareDatetime | None = Field(
         None, strict=False, description="RFC 3339 or unix seconds; still queued then, the job fails unrun"
     )
+    pooling: PoolingJob | None = Field(
+        None,
+        description="a pooling request (embeddings, pooling, classify, score, rerank) for a pooling model, "
+        "instead of a prompt: its answer is the job's `done` event's `result`",
+    )
 
     @field_serializer("deadline")
     def _deadline_as_unix_seconds(self, deadline: datetime | None) -> float | None:
@@ -226,9 +232,9 @@ class JobRequest(ChatOptions):
 
     @model_validator(mode="after")
     def _one_input(self) -> JobRequest:
-        given = [self.prompt, self.prompt_token_ids, self.messages]
+        given = [self.prompt, self.prompt_token_ids, self.messages, self.pooling]
         if sum(value is not None for value in given) != 1:
-            raise ValueError("give exactly one of 'prompt', 'prompt_token_ids' or 'messages'")
+            raise ValueError("give exactly one of 'prompt', 'prompt_token_ids', 'messages' or 'pooling'")
         if self.messages is None:
             options = ChatOptions.model_fields.items()
             chat_only = [name for name, field in options if getattr(self, name) != field.default]
