@@ -176,12 +176,13 @@ def create_app(settings: GatewaySettings) -> FastAPI:
     app.include_router(jobs.router)
     app.include_router(openai.router)
     app.include_router(resume.router)
+    # Before the stored chat completions: vLLM's `/v1/chat/completions/render` is no completion's id.
+    app.include_router(scale_out.router)
     app.include_router(stored_chat.router)
     app.include_router(responses.router)
     app.include_router(vllm.router)
     if settings.allow_runtime_lora_updating:  # as vLLM's server, which has them only then
         app.include_router(adapters.router)
-    app.include_router(scale_out.router)
     app.include_router(tgi.router)
     app.include_router(playground.router)
     app.include_router(health.router)
