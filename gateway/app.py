@@ -40,6 +40,7 @@ from gateway.request_metrics import RequestCounts, RequestMetrics
 from gateway.routes import (
     adapters,
     batches,
+    console,
     files,
     health,
     jobs,
@@ -185,6 +186,8 @@ def create_app(settings: GatewaySettings) -> FastAPI:
         app.include_router(adapters.router)
     app.include_router(tgi.router)
     app.include_router(playground.router)
+    app.include_router(console.page)
+    app.include_router(console.router)
     app.include_router(health.router)
     app.include_router(usage.router)
     app.include_router(files.router)

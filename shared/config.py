@@ -122,6 +122,12 @@ class RedisSettings(BaseSettings):
     key_prefix: str = Field("streampool", description="prefix of every key streampool writes")
     retention_seconds: int = Field(3600, ge=1, description="how long a finished job stays readable")
     stream_maxlen: int = Field(100_000, ge=100, description="approximate cap on entries per job stream")
+    job_index_size: int = Field(
+        10_000,
+        ge=0,
+        description="how many of the newest jobs the console's job list can reach (one sorted-set entry "
+        "each, written with the job); 0 keeps no list",
+    )
     redis_max_connections: int = Field(
         32,
         ge=1,

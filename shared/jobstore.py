@@ -322,6 +322,7 @@ class JobStore:
                     tenant=tenant,
                     priority=request.priority or 0,
                     batch=batch,
+                    index_size=self.settings.job_index_size,
                 ),
                 wait,
             )

@@ -222,6 +222,13 @@ class Keys:
         return f"{self.prefix}:running"
 
     @property
+    def job_index(self) -> str:
+        """Sorted set: the newest jobs' ids (`job_index_size` at most), scored by submission ms, written with
+        each job (`submit.lua`), for the console's job list; an id whose record expired is dropped where
+        the list is read."""
+        return f"{self.prefix}:job-index"
+
+    @property
     def reaper_turn(self) -> str:
         """String: the worker whose turn it is to look for lapsed leases, until it expires."""
         return f"{self.prefix}:reaper-turn"

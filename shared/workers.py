@@ -38,7 +38,14 @@ class WorkerInfo(BaseModel):
     # The engine's arguments that are not `vllm serve`'s defaults, as short text (bounded): what it runs with.
     engine_args: dict[str, str] = {}
     running_jobs: int
+    max_jobs: int | None = None  # the most it runs at once (`worker_max_jobs`); None from an older worker
     engine_requests: int
+    # Counted since the worker started, so that a reader diffs two heartbeats for a rate: the tokens its
+    # engine generated and the publisher's round trips (one per engine step, however many jobs).
+    generated_tokens: int = 0
+    steps: int = 0
+    kv_cache_usage: float | None = None  # vLLM's `vllm:kv_cache_usage_perc` (0 to 1), once the engine has one
+    draining: bool = False  # stopping: it takes no new jobs
     started_at: float
     heartbeat_at: float
     host: str

@@ -33,7 +33,7 @@ from worker.engine import Engine
 from worker.heartbeat import Heartbeat, new_worker_id
 from worker.jobs import Ending, JobRunner
 from worker.leases import Leases
-from worker.metrics import MetricsServer, Readiness, WorkerMetrics
+from worker.metrics import MetricsServer, Readiness, WorkerMetrics, counted, kv_cache_usage
 from worker.periodic import Periodic
 from worker.publisher import Publisher
 from worker.redis_wait import RedisWait
@@ -153,7 +153,12 @@ class WorkerApp:
                 dtype=engine.dtype,
                 engine_args=engine.engine_arguments,
                 running_jobs=runner.running,
+                max_jobs=settings.worker_max_jobs,
                 engine_requests=engine.running_requests(),
+                generated_tokens=counted(self.metrics.generated_tokens),
+                steps=publisher.round_trips,
+                kv_cache_usage=kv_cache_usage(),
+                draining=self.queue.stopping,
                 started_at=self.started_at,
                 heartbeat_at=time.time(),
                 host=socket.gethostname(),

@@ -43,6 +43,7 @@ READ_TIMEOUT_SECONDS = 5.0
 STALL_SECONDS = 30.0  # the loop never blocks this long once the engine is up (jobs would stall too)
 FINAL_STATES = (JobState.completed, JobState.cancelled, JobState.failed)
 VLLM_PREFIX = "vllm:"
+KV_CACHE_USAGE = "vllm:kv_cache_usage_perc"  # a gauge per engine: the share of its KV-cache blocks in use
 
 
 class WorkerMetrics:
@@ -151,6 +152,30 @@ class RedisRoundTrips(Collector):
 
     def collect(self) -> Iterator[Metric]:
         yield CounterMetricFamily(self.name, self.documentation, value=self.read())
+
+
+def kv_cache_usage(registry: CollectorRegistry = REGISTRY) -> float | None:
+    """The fullest engine's KV-cache use (0 to 1) from vLLM's `vllm:kv_cache_usage_perc`; None until its
+    stat logger has registered the gauge (a synthetic worker never does)."""
+    values = [
+        sample.value
+        for family in registry.collect()
+        if family.name == KV_CACHE_USAGE
+        for sample in family.samples
+    ]
+    return max(values) if values else None
+
+
+def counted(counter: Counter) -> int:
+    """A counter's total, as a scrape reads it."""
+    return int(
+        sum(
+            sample.value
+            for family in counter.collect()
+            for sample in family.samples
+            if sample.name.endswith("_total")
+        )
+    )
 
 
 class VllmSeries(Collector):

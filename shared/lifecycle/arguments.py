@@ -43,6 +43,7 @@ class SubmitArgs(TypedDict):
     share: ShareArgs
     job_prefix: str  # a job record's key without its id
     fields: dict[str, str]  # what the record keeps beside the job, for the API layer that made it
+    index_size: int  # how many newest jobs the job index keeps (its key is '' with none)
 
 
 class StartArgs(TypedDict):

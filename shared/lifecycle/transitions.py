@@ -252,6 +252,7 @@ class NewJob:
     tenant: Tenant | None = None
     priority: int = 0
     batch: str | None = None
+    index_size: int = 0  # how many newest jobs the job index keeps; 0: the job is not indexed
 
 
 def _fields(entries: list[Any]) -> list[dict[str, str]]:
@@ -367,6 +368,7 @@ class Transitions:
             queue.share_tenants,
             queue.share_state,
             queue.batch_share_tenants,
+            self.keys.job_index if job.index_size else "",
         ]
         args: SubmitArgs = {
             "id": job.job_id,
@@ -389,6 +391,7 @@ class Transitions:
             },
             "job_prefix": self.keys.job(""),
             "fields": fields,
+            "index_size": job.index_size,
         }
         opened = False
         if self.split:  # the stream first: a record never exists without it

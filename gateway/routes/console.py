@@ -1,0 +1,119 @@
+"""The console: a page at `GET /console` (served to anyone, as the playground is: it asks for a key),
+and the JSON it polls, which needs an admin key or the metrics token.
+
+The page reads `GET /v1/console/snapshot` at most once a second (the gateway reads Redis for it at
+most once a second, whatever the number of consoles), the job list with its filters, a job's record
+and cancels any job: an operator's view, not an owner's.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Query, Request, Response
+from fastapi.responses import FileResponse
+from fastapi.security.utils import get_authorization_scheme_param
+from starlette.exceptions import HTTPException
+
+from gateway.auth import ApiKeys
+from gateway.console import Console, JobList, Snapshot, list_jobs
+from gateway.deps import JobIdPath, ServicesDep, checked_job_id, services_of
+from gateway.errors import documented
+from gateway.routes.playground import HEADERS, STATIC
+from shared.errors import Forbidden, Unauthorized
+from shared.events import JobState
+from shared.requests import CancelAnswer, JobRecord
+
+ASSETS = {"console.js": "text/javascript", "console.css": "text/css"}
+MAX_LIMIT = 500
+
+
+async def _console_access(request: Request) -> None:
+    """The metrics token, or an admin key (any caller where the gateway asks for no key)."""
+    scheme, token = get_authorization_scheme_param(request.headers.get("Authorization"))
+    presented = token if scheme.lower() == "bearer" and token else None
+    api_keys: ApiKeys = request.app.state.api_keys
+    try:
+        if api_keys.operator(presented):
+            return
+    except Unauthorized:
+        pass  # not the metrics token: an API key, perhaps
+    owner = api_keys.owner(presented)
+    if api_keys.required and owner not in api_keys.admins:
+        raise Forbidden(
+            "the console needs an admin key (`admin = true` in the keys file) or the metrics token"
+        )
+
+
+async def _console(request: Request) -> Console:
+    """The gateway's one console state, made at its first use."""
+    console: Console | None = getattr(request.app.state, "console", None)
+    if console is None:
+        console = Console(services_of(request), request.app.state.api_keys.tenants)
+        request.app.state.console = console
+    return console
+
+
+page = APIRouter(tags=["console"], include_in_schema=False)
+router = APIRouter(
+    prefix="/v1/console",
+    tags=["console"],
+    dependencies=[Depends(_console_access)],
+    responses=documented(401, 403, 503),
+)
+
+
+@page.get("/console")
+async def console_page() -> FileResponse:
+    """The console page."""
+    return FileResponse(STATIC / "console.html", media_type="text/html; charset=utf-8", headers=HEADERS)
+
+
+@page.get("/console/{name}")
+async def console_asset(name: str) -> FileResponse:
+    """The page's script or stylesheet; nothing else from the folder."""
+    media_type = ASSETS.get(name)
+    if media_type is None:
+        raise HTTPException(404, f"no console asset {name!r}")
+    return FileResponse(STATIC / name, media_type=f"{media_type}; charset=utf-8", headers=HEADERS)
+
+
+@router.get("/snapshot", response_model=Snapshot)
+async def snapshot(console: Annotated[Console, Depends(_console)]) -> Snapshot:
+    """Workers, queues, tenants and batches under way, as read at most a second ago."""
+    return await console.snapshot.get()
+
+
+@router.get("/jobs", response_model=JobList)
+async def jobs(
+    services: ServicesDep,
+    state: JobState | None = None,
+    model: Annotated[str | None, Query(max_length=256)] = None,
+    tenant: Annotated[str | None, Query(max_length=256)] = None,
+    max_age: Annotated[float | None, Query(gt=0, description="seconds since submission")] = None,
+    limit: Annotated[int, Query(ge=1, le=MAX_LIMIT)] = 50,
+) -> JobList:
+    """The newest jobs that match, newest first, from the job index (`job_index_size` newest jobs)."""
+    return await list_jobs(
+        services.redis, services.keys, state=state, model=model, tenant=tenant, max_age=max_age, limit=limit
+    )
+
+
+@router.get("/jobs/{job_id}", response_model=JobRecord, responses=documented(404))
+async def job(job_id: JobIdPath, services: ServicesDep) -> JobRecord:
+    """Any job's record, its output so far included while it runs."""
+    return await services.store.record(checked_job_id(job_id))
+
+
+@router.post(
+    "/jobs/{job_id}/cancel",
+    status_code=202,
+    response_model=CancelAnswer,
+    responses={200: {"model": CancelAnswer, "description": "the job had already ended"}, **documented(404)},
+)
+async def cancel(job_id: JobIdPath, services: ServicesDep, response: Response) -> CancelAnswer:
+    """Cancel any job, as its owner's `POST /v1/jobs/{id}/cancel` does."""
+    answer, took_effect = await services.store.cancel(checked_job_id(job_id))
+    if not took_effect:
+        response.status_code = 200
+    return answer
