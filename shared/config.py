@@ -204,6 +204,18 @@ class GatewaySettings(RedisSettings):
         description="most prompts one request may give as a list (`/v1/completions`, a job's `prompt` or "
         "`prompt_token_ids`); they run in one job, on one worker, `n` choices each",
     )
+    max_pooling_inputs: int = Field(
+        2048,
+        ge=1,
+        description="most inputs one pooling request may give (texts or token lists to embed, documents to "
+        "score or rerank): they run in one job, on one worker; more is refused (400) before any job",
+    )
+    max_pooling_tokens: int = Field(
+        300_000,
+        ge=1,
+        description="most tokens one pooling request's inputs may hold together, counted with the model's "
+        "tokenizer (its card's); more is refused (413, or 400 on vLLM's routes) before any job",
+    )
     redis_memory_high_water: float = Field(
         0.9,
         gt=0,
