@@ -34,6 +34,7 @@ from shared.keys import ANONYMOUS_OWNER, Keys, share_member
 from shared.lifecycle.transitions import (
     CancelOutcome,
     DeleteOutcome,
+    ExpireOutcome,
     FinishCommands,
     NewJob,
     StartOutcome,
@@ -59,6 +60,9 @@ FIRST_WORKER_SEQ = 2  # seq 0 is `queued` (submit), 1 is `running` (start)
 LONG_STREAM = 1024
 DEADLINE_EXCEEDED = "deadline_exceeded"
 DEADLINE_PASSED = "the job's deadline passed before a worker could start it"
+EXPIRED = ErrorEvent(seq=1, message=DEADLINE_PASSED, code=DEADLINE_EXCEEDED)
+"""The last event of a job whose deadline passed while it was queued (after `queued`, seq 0)."""
+SWEEP_GROUP = 100  # due deadlines read a group at a time
 ANNOTATION = "annotation:"  # the record's fields an API layer above the job keeps there
 CONVERSATION = "conversation"  # the record's field of a job that is a turn of a conversation
 SUBMISSION_OVERHEAD_BYTES = 1024
@@ -270,6 +274,7 @@ class JobStore:
         job_id: str | None = None,
         batch: str | None = None,
         wait_until: float | None = None,
+        deadline: float | None = None,
     ) -> Submission:
         """Write record (with its owner and model), `queued` event and queue entry in one atomic round trip.
 
@@ -290,7 +295,9 @@ class JobStore:
         id `shared.batches.line_job_id` derives): a job of that id that exists is answered as a replay.
         `batch`: the id of the batch the job is a line of (it waits in the batch band). `wait_until`: the
         time until which the job's keys must outlive a wait in the queue, when that is longer than a
-        job lifetime from now (a batch's line waits until its window's end).
+        job lifetime from now (a batch's line waits until its window's end). `deadline`: when the job,
+        still queued, fails unrun (unix seconds), where `request` names none (an API's header, the
+        gateway's default); the request's own `deadline` comes first.
 
         Acknowledged only once the replicas `acks` asks for hold the job; short of them,
         `BackendUnavailable` says the job may exist (a retry with the same idempotency key finds it).
@@ -323,6 +330,7 @@ class JobStore:
                     priority=request.priority or 0,
                     batch=batch,
                     index_size=self.settings.job_index_size,
+                    deadline=request.deadline.timestamp() if request.deadline else deadline,
                 ),
                 wait,
             )
@@ -368,7 +376,7 @@ class JobStore:
                 model=model,
                 now=time.time(),
                 running=StatusEvent(seq=1, state=JobState.running, attempt=1),
-                expired=ErrorEvent(seq=1, message=DEADLINE_PASSED, code=DEADLINE_EXCEEDED),
+                expired=EXPIRED,
                 maxlen=self.settings.stream_maxlen,
                 lease_seconds=lease_seconds,
                 retention_seconds=self.settings.retention_seconds,
@@ -386,6 +394,31 @@ class JobStore:
             progress = Progress.of(_events(answer.entries))
             return Started(request, answer.attempt, progress, answer.created_at, turn)
         return None
+
+    async def expire_due(self, models: Iterable[str]) -> int:
+        """End the queued jobs of `models` whose deadline has come, which no worker started in time (none
+        is live, or all are busy), as a worker's start would have ended them: failed with
+        `deadline_exceeded`, without running. Answers how many it ended."""
+        ended = 0
+        for model in models:
+            deadlines = self.keys.model(model).deadlines
+            now = time.time()
+            while True:
+                with redis_errors():
+                    due = await self.redis.zrangebyscore(deadlines, "-inf", now, start=0, num=SWEEP_GROUP)
+                    for job_id in due:
+                        outcome = await self.transitions.expire(
+                            job_id=job_id,
+                            model=model,
+                            now=now,
+                            expired=EXPIRED,
+                            maxlen=self.settings.stream_maxlen,
+                            retention_seconds=self.settings.retention_seconds,
+                        )
+                        ended += outcome is ExpireOutcome.expired
+                if len(due) < SWEEP_GROUP:  # each call took its job out of the range read
+                    break
+        return ended
 
     async def whole_request(self, started: Started) -> JobRequest:
         """What a started job generates from: a turn of a conversation with the conversation before it

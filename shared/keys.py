@@ -71,6 +71,14 @@ class ModelKeys:
         return f"{self.root}:share:batch-tenants"
 
     @property
+    def deadlines(self) -> str:
+        """Sorted set: the model's queued jobs that have a deadline, scored by it (unix seconds; by when
+        the job's record expires, if that comes first), written with the job (`submit.lua`); a job
+        leaves it as it leaves the queue (`leave_queue.lua`), and the gateways' deadline sweep ends those
+        whose score has come (`expire.lua`)."""
+        return f"{self.root}:deadlines"
+
+    @property
     def card(self) -> str:
         """Hash (`digest`, `card`): the model's tokenizer and context, for gateways to count prompt tokens."""
         return f"{self.root}:card"
@@ -140,6 +148,12 @@ class Keys:
         """Hash: canonical model name -> its registry entry (JSON, `shared.models.ModelEntry`), written
         by the workers' heartbeats; a model stays known after its last worker is gone."""
         return f"{self.prefix}:models"
+
+    @property
+    def jobs_expired(self) -> str:
+        """Hash, no TTL: canonical model name -> how many of its jobs failed unrun past their deadline
+        (`expire_unrun.lua`), for `streampool_jobs_expired_total` (a field per model: bounded)."""
+        return f"{self.prefix}:jobs-expired"
 
     @property
     def runtime_adapters(self) -> str:

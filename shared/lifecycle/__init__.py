@@ -18,6 +18,8 @@ terminal event together, so a reader never sees one without the other::
               running, out of tries   failed (worker_lost)
     finish    running                 completed | cancelled |   worker's publisher
                                       failed
+    expire    queued, past deadline   failed                    gateways' deadline sweep
+                                                                (JobStore.expire_due)
     cancel    queued                  cancelled                 gateway (JobStore.cancel)
               running, held by none   cancelled                 (handed back, or its lease lapsed)
               running                 running, cancel asked     (its lease carries it: its next
@@ -42,11 +44,13 @@ name in turn, each once and before its callers. A helper takes what it works on 
                       its webhook hears of it (announce_end), it leaves its  cancel, end_unrun
                       tenant's counters with its usage (tenant_move), its
                       batch counts it (batch_end)
-    end_unrun         a queued job ends without running (a cancel, a         start, cancel
+    end_unrun         a queued job ends without running (a cancel, a         cancel, expire_unrun
                       deadline): empty output, out of the queue, end_job
+    expire_unrun      a queued job past its deadline fails unrun, counted    start, expire
+                      per model (`Keys.jobs_expired`)
     enqueue           a job on its model's queue (arq's queue set), its      submit, release
                       tenant's share of it (fair: `claim.lua`), a wake-up
-    leave_queue       out of the queue and its share                         start, cancel, end_unrun
+    leave_queue       out of the queue, its share and the deadlines          start, cancel, end_unrun
     share_member      a job's queue score and share member (one format;      enqueue, leave_queue,
                       `shared.keys.share_member` reads it), a share's band   claim
     append_event      a stream's events under ids made of their seqs         submit, start, step,
@@ -98,6 +102,7 @@ cancel asked as the lease does; the step reads it instead of the lease::
                                      writer_drop (unheld)    job reads as running, and a
     release     release              writer_drop, or         reader ends it `gateway.relay.HEAL_SECONDS`
                                      stream_end (failed)     later with the record's `end_event`
+    expire      expire               stream_end              as a cancel of a queued job
     renew       renew                EXPIRE of stream and    either; the writer lives a job lifetime
                                      writer                  and goes at the job's end
     delete      delete               DEL of stream, writer   record first; a stop leaves a stream that

@@ -44,6 +44,7 @@ class SubmitArgs(TypedDict):
     job_prefix: str  # a job record's key without its id
     fields: dict[str, str]  # what the record keeps beside the job, for the API layer that made it
     index_size: int  # how many newest jobs the job index keeps (its key is '' with none)
+    deadline: str | None  # unix seconds: still queued then, the job fails unrun; None: no deadline
 
 
 class StartArgs(TypedDict):
@@ -57,6 +58,17 @@ class StartArgs(TypedDict):
     lease_ms: int
     retention: int
     lifetime: int
+    share_prefix: str
+    notices: str  # `Keys.notices_of` the job
+
+
+class ExpireArgs(TypedDict):
+    id: str
+    now: str
+    expired_event: str  # the `error` event that ends its stream, code `deadline_exceeded`
+    expired_message: str
+    maxlen: int
+    retention: int
     share_prefix: str
     notices: str  # `Keys.notices_of` the job
 

@@ -10,16 +10,16 @@
 -- and calls again with `stream_tip`, the id of its last entry ('0-0' for none), and the record's
 -- `fields` computed from it, `cancelled_event` numbered after that entry. The job ends only if the
 -- stream still ends there and still no worker holds it. Takes `arguments.CancelArgs`.
--- `queue` is the queue of the job's model (its record's `model`), `share_prefix` that model's;
--- `running` is the set of started jobs the reapers read.
+-- `queue` is the queue of the job's model (its record's `model`), `share_prefix` and `deadlines` that
+-- model's; `running` is the set of started jobs the reapers read.
 -- Answers {'cancelled' | 'asked' | 'unheld' | 'ended', the state the job is in now} or {'missing'}.
-local record, stream, cancel, queue, webhooks, webhook, lease, running = unpack(KEYS)
+local record, stream, cancel, queue, webhooks, webhook, lease, running, deadlines = unpack(KEYS)
 local args = cjson.decode(ARGV[1])
 local id = args.id
 local job = {id = id, record = record, stream = stream, cancel = cancel, webhooks = webhooks,
              webhook = webhook, retention = args.retention, maxlen = args.maxlen, now = args.now,
              notices = args.notices}
-local model = {queue = queue, share_prefix = args.share_prefix}
+local model = {queue = queue, share_prefix = args.share_prefix, deadlines = deadlines}
 
 local status = redis.call('HGET', record, 'status')
 if not status then return {'missing'} end

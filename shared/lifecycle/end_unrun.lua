@@ -1,6 +1,6 @@
 -- uses: end_event, leave_queue, end_job
 -- Ends a queued job that never ran: a cancel (cancel.lua), and a deadline that passed while it waited
--- (start.lua). Its record ends in `state` at `job.now` with no output (and `error`, when there is
+-- (`expire_unrun.lua`). Its record ends in `state` at `job.now` with no output (and `error`, when there is
 -- one), `event` of type `kind` ends its stream, and the job leaves its model's queue and its share
 -- of it (`leave_queue.lua`), then ends (`end_job.lua`).
 -- `job`: `end_job`'s table with `now` and `maxlen`; `model`: `leave_queue`'s.

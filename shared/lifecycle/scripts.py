@@ -29,6 +29,7 @@ from shared.lifecycle.arguments import (
     CancelArgs,
     ClaimArgs,
     CursorCheckArgs,
+    ExpireArgs,
     FinishArgs,
     ReleaseArgs,
     RenewArgs,
@@ -146,6 +147,7 @@ async def _pipelined(redis: aioredis.Redis, *commands: tuple[Any, ...]) -> list[
 SUBMIT: LuaScript[SubmitArgs] = LuaScript.load("submit")
 CLAIM: LuaScript[ClaimArgs] = LuaScript.load("claim")
 START: LuaScript[StartArgs] = LuaScript.load("start")
+EXPIRE: LuaScript[ExpireArgs] = LuaScript.load("expire")
 STEP: LuaScript[list[Any]] = LuaScript.load("step")  # StepArgs, StepJobArgs a job, (id, type, data) an event
 RENEW: LuaScript[RenewArgs] = LuaScript.load("renew")
 RELEASE: LuaScript[ReleaseArgs] = LuaScript.load("release")

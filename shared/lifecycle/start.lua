@@ -1,4 +1,4 @@
--- uses: leave_queue, end_unrun, append_event, tenant_move, lease
+-- uses: leave_queue, expire_unrun, append_event, tenant_move, lease
 -- queued -> running (attempt 1), or a handed-back running job resumes with the next attempt, its
 -- stream in the answer so that the new worker continues where the last one stopped. The starting
 -- worker takes the job's lease (its claim's, `claim:<worker>`, becomes the run's, `<worker>`,
@@ -6,21 +6,21 @@
 -- model's queue, so that the queue holds only waiting jobs, and the job's record and stream live
 -- `lifetime` seconds from now, however long it waited. A start refused drops this worker's claim
 -- and the job's stale queue entry (its keys expired, or it ended meanwhile), but not a job another
--- worker has claimed since (this claim lapsed first: `held`). A queued job past its `deadline`
--- fails instead (queued -> failed), without ever running.
+-- worker has claimed since (this claim lapsed first: `held`). A queued job past its deadline (its
+-- record's `deadline`) fails instead (queued -> failed), without ever running (`expire_unrun.lua`).
 -- `queue` is the queue of the job's model, the one the starting worker serves and claimed it from,
--- and `share_prefix` that model's (`ModelKeys.share_queue_prefix`). Takes `arguments.StartArgs`.
--- The request's JSON is decoded only when it has one.
+-- `share_prefix` and `deadlines` that model's (`ModelKeys`), `expired` `Keys.jobs_expired`. Takes
+-- `arguments.StartArgs`.
 -- Answers {'running', request, created_at, conversation}, {'resumed', request, created_at, attempt,
 -- entries, conversation}, {'expired'} or {'refused', status or 'missing' or 'held'}; `conversation`
 -- is the record's field of that name ('' for a job that is no turn of a conversation).
-local record, stream, cancel, queue, lease, running, webhooks, webhook = unpack(KEYS)
+local record, stream, cancel, queue, lease, running, webhooks, webhook, deadlines, expired = unpack(KEYS)
 local args = cjson.decode(ARGV[1])
 local id = args.id
 local job = {id = id, record = record, stream = stream, cancel = cancel, webhooks = webhooks,
              webhook = webhook, retention = args.retention, maxlen = args.maxlen, now = args.now,
              notices = args.notices}
-local model = {queue = queue, share_prefix = args.share_prefix}
+local model = {queue = queue, share_prefix = args.share_prefix, deadlines = deadlines, expired = expired}
 
 local asked = redis.call('GET', cancel)
 
@@ -36,8 +36,8 @@ end
 local holder = redis.call('GET', lease)
 if holder and not lease_held_by(holder, 'claim:' .. args.worker) then return {'refused', 'held'} end
 
-local status, request, created, conversation =
-  unpack(redis.call('HMGET', record, 'status', 'request', 'created_at', 'conversation'))
+local status, request, created, conversation, deadline =
+  unpack(redis.call('HMGET', record, 'status', 'request', 'created_at', 'conversation', 'deadline'))
 conversation = conversation or ''
 if status == 'running' and redis.call('HGET', record, 'requeued') then
   redis.call('HDEL', record, 'requeued')
@@ -52,13 +52,9 @@ if status ~= 'queued' then
   redis.call('ZREM', queue, id)
   return {'refused', status or 'missing'}
 end
-if string.find(request, '"deadline":', 1, true) then
-  local deadline = cjson.decode(request)['deadline']
-  if type(deadline) == 'number' and deadline <= tonumber(args.now) then
-    end_unrun(job, model, 'failed', args.expired_message, 'error', args.expired_event)
-    if holder then redis.call('DEL', lease) end
-    return {'expired'}
-  end
+if expire_unrun(job, model, deadline, args.expired_message, args.expired_event) then
+  if holder then redis.call('DEL', lease) end
+  return {'expired'}
 end
 redis.call('HSET', record, 'status', 'running', 'started_at', args.now)
 if stream ~= '' then

@@ -14,9 +14,11 @@
 -- answers {'existing', id}, as a replayed idempotency key does: submitting it again writes nothing.
 -- KEYS: the job's record, stream, idempotency key ('' for none) and its model's queue; the
 -- tenant's counters ('' each for a job of no tenant); the model's `share_tenants`, `share_state`
--- and `batch_share_tenants`; the job index ('' for none: the newest `index_size` jobs by submission).
+-- and `batch_share_tenants`; the job index ('' for none: the newest `index_size` jobs by submission);
+-- the model's `deadlines`, which a job with a `deadline` (unix seconds) joins, scored by it or by its
+-- record's expiry if that comes first, so that it never holds a job whose keys are gone for long.
 local record, stream, idempotency, queue, tenant_queued, tenant_running, tenant_requests,
-      tenant_tokens, share_tenants, share_state, batch_share_tenants, index = unpack(KEYS)
+      tenant_tokens, share_tenants, share_state, batch_share_tenants, index, deadlines = unpack(KEYS)
 local args = cjson.decode(ARGV[1])
 local id, tenant, share = args.id, args.tenant, args.share
 
@@ -63,6 +65,10 @@ enqueue({id = id, created_at = args.created_at, share = share.name, priority = s
          share_state = share_state, share_prefix = share.prefix, wakeup = args.wakeup})
 if tenant then tenant_admitted(tenant_queued, tenant_requests, id, args.lifetime) end
 if idempotency ~= '' then redis.call('SET', idempotency, id .. ' ' .. args.digest, 'EX', args.lifetime) end
+if args.deadline then
+  redis.call('HSET', record, 'deadline', args.deadline)
+  redis.call('ZADD', deadlines, math.min(tonumber(args.deadline), tonumber(args.created_at) + args.lifetime), id)
+end
 if index ~= '' then
   redis.call('ZADD', index, math.floor(tonumber(args.created_at) * 1000), id)
   redis.call('ZREMRANGEBYRANK', index, 0, -args.index_size - 1)  -- the oldest beyond the bound

@@ -18,6 +18,7 @@ from shared.lifecycle import scripts
 from shared.lifecycle.arguments import (
     CancelArgs,
     ClaimArgs,
+    ExpireArgs,
     FailureArgs,
     FinishArgs,
     Notices,
@@ -85,6 +86,11 @@ class StartAnswer:
     attempt: int = 0
     entries: list[dict[str, str]] = field(default_factory=list)  # a resumed or ended job's stream
     conversation: str = ""  # the record's `conversation` field: '' for a job that is no turn of one
+
+
+class ExpireOutcome(Enum):
+    expired = "expired"  # queued, past its deadline -> failed
+    passed = "passed"  # nothing to end: no longer queued (or gone), or its deadline has not come
 
 
 class Verdict(Enum):
@@ -253,6 +259,7 @@ class NewJob:
     priority: int = 0
     batch: str | None = None
     index_size: int = 0  # how many newest jobs the job index keeps; 0: the job is not indexed
+    deadline: float | None = None  # unix seconds: still queued then, the job fails unrun
 
 
 def _fields(entries: list[Any]) -> list[dict[str, str]]:
@@ -369,6 +376,7 @@ class Transitions:
             queue.share_state,
             queue.batch_share_tenants,
             self.keys.job_index if job.index_size else "",
+            queue.deadlines,
         ]
         args: SubmitArgs = {
             "id": job.job_id,
@@ -392,6 +400,7 @@ class Transitions:
             "job_prefix": self.keys.job(""),
             "fields": fields,
             "index_size": job.index_size,
+            "deadline": None if job.deadline is None else repr(job.deadline),
         }
         opened = False
         if self.split:  # the stream first: a record never exists without it
@@ -434,6 +443,8 @@ class Transitions:
             self.keys.lease(job_id),
             self.keys.running,
             *self._announce_keys(job_id),
+            self.keys.model(model).deadlines,
+            self.keys.jobs_expired,
         ]
         args: StartArgs = {
             "notices": self.keys.notices_of(job_id),
@@ -461,12 +472,8 @@ class Transitions:
                 StartOutcome.resumed, request, float(created_at), int(attempt), _fields(entries), conversation
             )
         else:
-            if outcome == StartOutcome.expired.value and self.split:
-                self.between("start")
-                ending: list[tuple[str, str]] = [(expired.type, args["expired_event"])]
-                await self.end_stream(
-                    job_id, ending, maxlen=maxlen, retention_seconds=retention_seconds, now=now
-                )
+            if outcome == StartOutcome.expired.value:
+                await self._expired_stream("start", job_id, expired, maxlen, retention_seconds, now)
             return StartAnswer(StartOutcome(outcome))
         if not self.split:
             return answer
@@ -492,6 +499,59 @@ class Transitions:
         return StartAnswer(
             outcome, answer.request, answer.created_at, answer.attempt, _fields(read[0]), answer.conversation
         )
+
+    async def expire(
+        self,
+        *,
+        job_id: str,
+        model: str,
+        now: float,
+        expired: ErrorEvent,
+        maxlen: int,
+        retention_seconds: int,
+    ) -> ExpireOutcome:
+        """A queued job of `model` whose deadline has come fails unrun, as a worker's start would end it
+        (`expire.lua`); the sweep of `model`'s `deadlines` calls it."""
+        queue = self.keys.model(model)
+        keys = [
+            *self._job_keys(job_id),
+            queue.queue,
+            queue.deadlines,
+            self.keys.jobs_expired,
+            *self._announce_keys(job_id),
+        ]
+        args: ExpireArgs = {
+            "notices": self.keys.notices_of(job_id),
+            "id": job_id,
+            "now": repr(now),
+            "expired_event": event_json(expired),
+            "expired_message": expired.message,
+            "maxlen": maxlen,
+            "retention": retention_seconds,
+            "share_prefix": queue.share_queue_prefix,
+        }
+        answer = await scripts.EXPIRE(self.redis, keys, args)
+        if answer != ExpireOutcome.expired.value:
+            return ExpireOutcome.passed
+        await self._expired_stream("expire", job_id, expired, maxlen, retention_seconds, now)
+        return ExpireOutcome.expired
+
+    async def _expired_stream(
+        self,
+        transition: str,
+        job_id: str,
+        expired: ErrorEvent,
+        maxlen: int,
+        retention_seconds: int,
+        now: float,
+    ) -> None:
+        """With the streams apart, the end of the stream of a job whose deadline ended it, after its
+        record's (`transition`'s)."""
+        if not self.split:
+            return
+        self.between(transition)
+        ending: list[tuple[str, str]] = [(expired.type, event_json(expired))]
+        await self.end_stream(job_id, ending, maxlen=maxlen, retention_seconds=retention_seconds, now=now)
 
     def step_command(self, *, worker_id: str, steps: Sequence[JobStep], maxlen: int) -> tuple[Any, ...]:
         """The step script for `steps`, jobs of `worker_id`'s, as one pipeline command; its answer
@@ -623,6 +683,7 @@ class Transitions:
             *self._announce_keys(job_id),
             self.keys.lease(job_id),
             self.keys.running,
+            self.keys.model(model).deadlines,
         ]
         args: CancelArgs = {
             "notices": self.keys.notices_of(job_id),

@@ -61,6 +61,7 @@ SCRIPTS = {
     "release",
     "finish",
     "cancel",
+    "expire",
     "delete",
     "tenant_usage",
     "unclaim",
@@ -86,6 +87,7 @@ HELPERS = {
     "tenant_move",
     "end_job",
     "end_unrun",
+    "expire_unrun",
     "batch_end",
     "read_keys",
     "lease",
@@ -104,25 +106,26 @@ def test_every_script_ships_as_a_lua_file_and_gets_the_helpers_it_uses() -> None
 
     # the scripts that may end a job end it through one helper: its keys expire, its webhook hears
     # of it, its tenant's counters count it
-    assert calling("end_job") == calling("batch_end") == {"start", "release", "finish", "cancel"}
+    assert calling("end_job") == calling("batch_end") == {"start", "release", "finish", "cancel", "expire"}
     # and a batch's end is announced as a job's is
-    assert calling("announce_end") == {"start", "release", "finish", "cancel", "batch_move"}
-    assert calling("tenant_move") == {"start", "release", "finish", "cancel"}
+    assert calling("announce_end") == {"start", "release", "finish", "cancel", "expire", "batch_move"}
+    assert calling("tenant_move") == {"start", "release", "finish", "cancel", "expire"}
     # submit alone checks the tenant's limits; the usage read counts running jobs as submit does
     assert calling("tenant_admit") == calling("tenant_running_jobs") == {"submit", "tenant_usage"}
     # the scripts that put a job on its model's queue, and those that take it out of its wait
     assert calling("enqueue") == {"submit", "release"}
-    assert calling("leave_queue") == {"start", "cancel"}
-    assert calling("end_unrun") == {"start", "cancel"}  # the two that end a job that never ran
+    assert calling("leave_queue") == {"start", "cancel", "expire"}
+    assert calling("end_unrun") == {"start", "cancel", "expire"}  # those that end a job that never ran
+    assert calling("expire_unrun") == {"start", "expire"}  # one ending of a job past its deadline
     # one format of a share's member, for those that write it and the one that reads it
-    assert calling("share_member") == {"submit", "start", "release", "cancel", "claim"}
+    assert calling("share_member") == {"submit", "start", "release", "cancel", "expire", "claim"}
     # every script that writes a job's stream writes it through the one helper that makes its ids
     assert calling("append_event") == {
-        *("submit", "start", "step", "release", "finish", "cancel"),
+        *("submit", "start", "step", "release", "finish", "cancel", "expire"),
         *("stream_open", "stream_take", "stream_end"),
     }
     # an end no worker makes keeps its terminal event in the record when the stream lives apart
-    assert calling("end_event") == {"start", "release", "cancel", "finish"}
+    assert calling("end_event") == {"start", "release", "cancel", "finish", "expire"}
     # every script that reads who holds a lease reads it through one helper (a lease may carry a
     # cancel asked for after its holder)
     assert calling("lease_holder") == {
