@@ -21,6 +21,7 @@ a second.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -30,6 +31,7 @@ from typing import Generic, TypeVar
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
 
+from gateway.compat.pooling import bounded_pooling
 from gateway.metrics import GatewayMetrics
 from gateway.prompt_limit import PromptLimit
 from shared.batches import BatchLineJob
@@ -40,7 +42,7 @@ from shared.keys import Keys
 from shared.model_card import ModelCard
 from shared.models import Catalog, Target, read_registry
 from shared.redis_client import StreamsRedis, redis_errors
-from shared.requests import JobRequest
+from shared.requests import QUICK_TO_TOKENIZE_CHARS, JobRequest
 from shared.tenants import DEFAULT_SHARE, Tenant
 from shared.workers import WorkerInfo, live_workers
 
@@ -116,8 +118,22 @@ def waiting_for(catalog: Catalog, model: str) -> str | None:
 def check_pool_serves(job: JobRequest, card: ModelCard | None) -> None:
     """`InvalidRequest`, in vLLM's words, for a chat its model's pool would refuse as `vllm serve` with
     the same flags refuses it: a tool choice with no tool-call parser to follow it, a chat template of
-    the request's own where the pool does not trust one. Without a card the worker checks."""
-    if card is None or job.messages is None:
+    the request's own where the pool does not trust one; a pooling request (`shared.pooling`) for a route
+    its pool does not answer, or a generation for a pool that does not generate, naming what it serves.
+    Without a card the worker checks."""
+    if card is None:
+        return
+    if job.pooling is not None and job.pooling.route not in card.pooling_routes:
+        raise InvalidRequest(
+            f"model {card.model} does not answer {job.pooling.route} requests: {serves(card)}",
+            param="model",
+            code="model_not_supported",
+        )
+    if job.pooling is None and not card.generates:
+        raise InvalidRequest(
+            f"model {card.model} does not generate: {serves(card)}", param="model", code="model_not_supported"
+        )
+    if job.messages is None:
         return
     choice = job.effective_tool_choice
     if choice != "none" and card.tool_call_parser is None:
@@ -138,6 +154,15 @@ def check_pool_serves(job: JobRequest, card: ModelCard | None) -> None:
         )
 
 
+def serves(card: ModelCard) -> str:
+    """What a model's pool serves, in words, for a request it cannot."""
+    served = [*(["generation"] if card.generates else []), *card.pooling_routes]
+    if not served:
+        return "its pool serves neither generation nor pooling requests"
+    kind = "a generating model" if card.generates else "a pooling model (--runner pooling)"
+    return f"it is {kind}, and serves {', '.join(served)}"
+
+
 class Admission:
     """Checks, submits and counts every job this gateway queues."""
 
@@ -156,7 +181,10 @@ class Admission:
         self.max_tokens_limit = settings.max_tokens_limit
         self.max_choices = settings.max_choices
         self.max_prompts = settings.max_prompts
+        self.max_pooling_inputs = settings.max_pooling_inputs
+        self.max_pooling_tokens = settings.max_pooling_tokens
         self.max_queued_jobs = settings.max_queued_jobs
+        self.default_queue_deadline = settings.default_queue_deadline_seconds
         self.memory_high_water = settings.redis_memory_high_water
         self.max_write_bytes = settings.max_request_write_bytes
         self.default_model = settings.default_model
@@ -252,6 +280,7 @@ class Admission:
         fill_context: bool = False,
         turn: Turn | None = None,
         batch_line: BatchLineJob | None = None,
+        deadline: float | None = None,
     ) -> Submission:
         """Queue `job` for `owner` on its model's queue, or raise why not (before anything is written).
 
@@ -266,6 +295,9 @@ class Admission:
         `batch_line`: the job is a batch's line: its id is derived from them (a second submission of the
         line answers the first's job), it waits in the batch band until the batch's window ends at the
         latest, and it takes only the room interactive work leaves in the model's queue (`submit.lua`).
+        `deadline`: when the job, still queued, fails unrun (unix seconds: `gateway.deadlines`), where
+        the job gives none; without either, `default_queue_deadline_seconds` from now, but for a
+        batch's line, which waits for its window.
         """
         self.check_limits(job)
         catalog = await self.catalog()
@@ -273,16 +305,19 @@ class Admission:
         job = job.model_copy(update={"model": target.qualified})
         check_pool_serves(job, await self.prompt_limit.card(target.model))
         try:
-            whole = await self.prompt_limit.check(
-                turn.whole(job) if turn else job,
-                target.model,
-                catalog.entries.get(target.model),
-                fill=self.max_tokens_limit if fill_context else None,
-            )
+            if job.pooling is not None:
+                job = await self.bound_pooling(job, target.model)
+            else:
+                whole = await self.prompt_limit.check(
+                    turn.whole(job) if turn else job,
+                    target.model,
+                    catalog.entries.get(target.model),
+                    fill=self.max_tokens_limit if fill_context else None,
+                )
+                job = turn.own(whole) if turn else whole
         except PromptTooLong:
             self.metrics.jobs_rejected.labels(reason="prompt_too_long").inc()
             raise
-        job = turn.own(whole) if turn else whole
         writing = written_bytes(job, annotations)
         self.check_write(writing)
         await self.check_memory(writing)
@@ -302,6 +337,7 @@ class Admission:
                 job_id=batch_line.job_id if batch_line else None,
                 batch=batch_line.batch_id if batch_line else None,
                 wait_until=batch_line.expires_at if batch_line else None,
+                deadline=self._deadline(deadline, batch_line),
             )
         except RateLimited as exc:
             self.metrics.rejected_by_tenant(tenant.name if tenant else "", exc.detail["limit"])
@@ -316,10 +352,27 @@ class Admission:
             log.info("queued for %s", target.qualified, extra={"job_id": submission.job_id})
         return submission
 
+    async def bound_pooling(self, job: JobRequest, model: str) -> JobRequest:
+        """A pooling job within `max_pooling_inputs` and `max_pooling_tokens` (`bounded_pooling`), its
+        inputs tokenized off the event loop unless they are few and short."""
+        counter = await self.prompt_limit.counter(model)
+        bound = functools.partial(
+            bounded_pooling, job, model, counter, self.max_pooling_inputs, self.max_pooling_tokens
+        )
+        if counter is None or len(job.model_dump_json()) <= QUICK_TO_TOKENIZE_CHARS:
+            return bound()
+        return await asyncio.to_thread(bound)
+
+    def _deadline(self, given: float | None, batch_line: BatchLineJob | None) -> float | None:
+        """The deadline given beside the job, or the gateway's default from now (none for a batch's line)."""
+        if given is not None or batch_line is not None or self.default_queue_deadline is None:
+            return given
+        return time.time() + self.default_queue_deadline
+
     def check_limits(self, job: JobRequest) -> None:
         """`InvalidRequest` naming the field when a job asks for more than the gateway's limits allow:
-        tokens, choices, prompts."""
-        if job.max_tokens > self.max_tokens_limit:
+        tokens (a pooling job generates none), choices, prompts."""
+        if job.pooling is None and job.max_tokens > self.max_tokens_limit:
             raise InvalidRequest.of_field(
                 "max_tokens",
                 f"must be at most {self.max_tokens_limit}",

@@ -88,10 +88,11 @@ class Choice:
 @dataclass
 class Result:
     """A whole generation, for routes that answer once at the end: its choices (one unless the job
-    asked for `n`), and usage over all of them."""
+    asked for `n`), and usage over all of them; or a pooling job's answer."""
 
     choices: list[Choice] = field(default_factory=list)
     usage: Usage = field(default_factory=lambda: Usage(prompt_tokens=0, completion_tokens=0))
+    pooled: dict[str, Any] | None = None  # a pooling job's whole answer (`DoneEvent.result`)
 
     def choice(self, index: int) -> Choice:
         """The choice `index`, made when its first delta comes."""
@@ -245,6 +246,7 @@ class Collected:
                 choice.prompt_logprobs = event.prompt_logprobs
         elif isinstance(event, DoneEvent):
             result.usage = event.usage
+            result.pooled = event.result
             for index, reason in enumerate(event.finish_reasons or [event.finish_reason]):
                 result.choice(index).finish_reason = reason
             for index, stop_reason in enumerate(event.stop_reasons or []):
