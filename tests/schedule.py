@@ -36,6 +36,7 @@ GROUPS = {
     "tests/gateway/test_resume_routes.py": "keyed",
     "tests/cli/test_client_commands.py": "keyed",
     "tests/e2e/test_playground.py": "keyed",
+    "tests/e2e/test_console.py": "keyed",
     "tests/gateway/test_readers.py": "gateway-process",  # tests/gateway/conftest.py's `gateway_process`
     "tests/gateway/test_reader_cursors.py": "gateway-process",
     "tests/gateway/test_structured_outputs.py": "gateway-process",

@@ -1,15 +1,19 @@
 """The `openai` package's and `huggingface_hub`'s clients, sync and async, of the gateway of a module's
-`system` (the session's real engine, or the synthetic one where a module names it)."""
+`system` (the session's real engine, or the synthetic one where a module names it); the browser of the
+tests of the gateway's pages."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator, Iterator
 
 import openai
 import pytest
 from huggingface_hub import AsyncInferenceClient, InferenceClient
+from playwright.sync_api import Browser, sync_playwright
 
 from tests.conftest import System
+from tests.e2e.browser import CHROMIUM, CHROMIUM_ARGS
 
 CLIENT_TIMEOUT = 120  # a job on the session's engines may wait behind other tests' jobs
 
@@ -41,3 +45,16 @@ def hf(system: System) -> Iterator[InferenceClient]:
 async def async_hf(system: System) -> AsyncIterator[AsyncInferenceClient]:
     async with AsyncInferenceClient(system.base_url) as client:
         yield client
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    """Debian's Chromium, headless, one per test module."""
+    if not os.access(CHROMIUM, os.X_OK):
+        pytest.skip(f"no Chromium at {CHROMIUM}: the browser tests need Debian's `chromium` package")
+    with sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(
+            executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS
+        )
+        yield chromium
+        chromium.close()

@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
-from playwright.sync_api import Browser, Page, Request, expect, sync_playwright
+from playwright.sync_api import Browser, Page, Request, expect
 
 from gateway.routes import playground as playground_routes
 from tests.conftest import System
@@ -26,16 +24,6 @@ def system(synthetic_system: System) -> System:
     return synthetic_system
 
 
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 FINISHED = re.compile(r"^(completed|cancelled|failed|error)$")
 GENERATION_MS = 180_000  # generous: other suites may share the CPU
 STORY = "Once upon a time, in a lighthouse by the sea, there lived"
@@ -53,19 +41,6 @@ STREAMING_OR_OVER = """(tokens) => {
   const seen = Number(document.getElementById("tokens").textContent);
   return !["submitting", "queued", "running"].includes(state) || (state === "running" && seen >= tokens);
 }"""
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Browser]:
-    """Debian's Chromium, headless, driven by Playwright (whose own browsers are not installed)."""
-    if not os.access(CHROMIUM, os.X_OK):
-        pytest.skip(f"no Chromium at {CHROMIUM}: the browser tests need Debian's `chromium` package")
-    with sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(
-            executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS
-        )
-        yield chromium
-        chromium.close()
 
 
 @dataclass
