@@ -28,7 +28,7 @@ ASSETS = {"console.js": "text/javascript", "console.css": "text/css"}
 MAX_LIMIT = 500
 
 
-async def _console_access(request: Request) -> None:
+async def console_access(request: Request) -> None:
     """The metrics token, or an admin key (any caller where the gateway asks for no key)."""
     scheme, token = get_authorization_scheme_param(request.headers.get("Authorization"))
     presented = token if scheme.lower() == "bearer" and token else None
@@ -58,7 +58,7 @@ page = APIRouter(tags=["console"], include_in_schema=False)
 router = APIRouter(
     prefix="/v1/console",
     tags=["console"],
-    dependencies=[Depends(_console_access)],
+    dependencies=[Depends(console_access)],
     responses=documented(401, 403, 503),
 )
 
