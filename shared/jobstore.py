@@ -182,6 +182,7 @@ class Outcome:
     error: str | None = None
     reasoning: str | None = None  # where the pool parses a chat's output: its parts beside `text`
     tool_calls: list[ToolCall] | None = None
+    result: dict[str, Any] | None = None  # a pooling job's answer, as its `done` event carries it
 
     @classmethod
     def of_stream(cls, events: list[Event]) -> Outcome:
@@ -204,6 +205,7 @@ class Outcome:
             error,
             reasoning=output.reasoning,
             tool_calls=output.tool_calls,
+            result=end.result if isinstance(end, DoneEvent) else None,
         )
 
     def record_fields(self, finished_at: float) -> dict[str, str]:
@@ -221,6 +223,8 @@ class Outcome:
             fields["reasoning"] = self.reasoning
         if self.tool_calls:
             fields["tool_calls"] = json.dumps([call.model_dump() for call in self.tool_calls])
+        if self.result is not None:
+            fields["result"] = json.dumps(self.result)
         return {name: str(value) for name, value in fields.items()}
 
 
@@ -634,6 +638,7 @@ class JobStore:
                 token_count=int(fields.get("token_count", 0)),
                 reasoning=fields.get("reasoning"),
                 tool_calls=TOOL_CALLS.validate_json(fields["tool_calls"]) if "tool_calls" in fields else None,
+                result=json.loads(fields["result"]) if "result" in fields else None,
             )
         else:
             output = await self._output_so_far(job_id)

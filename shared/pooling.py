@@ -28,3 +28,24 @@ class PoolingJob(BaseModel):
     route: PoolingRoute
     body: dict[str, Any] = Field(description="the request as vLLM's protocol model of the route takes it")
     inputs: int = Field(1, ge=1, description="its inputs (texts, token lists, documents), in order")
+
+
+POOLING_ERROR_STATUS: dict[str, int] = {
+    "BadRequestError": 400,
+    "NotFoundError": 404,
+    "UnprocessableEntityError": 422,
+    "InternalServerError": 500,
+    "NotImplementedError": 501,
+    "ServiceUnavailableError": 503,
+}
+"""vLLM's error types (its `ErrorResponse`'s `error.type`) and the status its server answers each with.
+A pooling job that vLLM refuses fails with its error event's `code` one of these, and vLLM's message."""
+
+
+def usage_prompt_tokens(result: dict[str, Any]) -> int:
+    """The prompt tokens a pooling answer's `usage` counts (a rerank's has `total_tokens` alone)."""
+    usage = result.get("usage")
+    if not isinstance(usage, dict):
+        return 0
+    counted = usage.get("prompt_tokens", usage.get("total_tokens"))
+    return counted if isinstance(counted, int) else 0

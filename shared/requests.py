@@ -367,12 +367,18 @@ class JobAccepted(BaseModel):
 
 class JobOutput(BaseModel):
     """The job's output (its first choice's): where its pool parses a chat's output, `text` is the
-    answer's content, beside the model's `reasoning` and its `tool_calls`."""
+    answer's content, beside the model's `reasoning` and its `tool_calls`; a pooling job's is its
+    `result`."""
 
     text: str
     token_count: int
     reasoning: str | None = Field(None, exclude_if=lambda value: value is None)
     tool_calls: list[ToolCall] | None = Field(None, exclude_if=lambda value: value is None)
+    result: dict[str, Any] | None = Field(
+        None,
+        exclude_if=lambda value: value is None,
+        description="a pooling job's whole answer, as vLLM's server gives it (its `done` event's `result`)",
+    )
 
     @classmethod
     def of(cls, progress: Progress) -> JobOutput:

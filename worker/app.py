@@ -270,15 +270,19 @@ def reply_parsing(settings: WorkerSettings, engine: Engine) -> ReplyParsing | No
 
 async def engine_card(settings: WorkerSettings, engine: Engine) -> ModelCard | None:
     """The card to publish: the synthetic engine's own, or one built as vLLM loads the tokenizer; with
-    what the pool's parsers take, so that gateways refuse what they cannot (vLLM's start-up flags)."""
+    what the pool's parsers take and what its model serves (generation, pooling routes), so that
+    gateways refuse what it cannot (vLLM's start-up flags)."""
     if isinstance(engine, SyntheticEngine):
         card: ModelCard | None = engine.card
     else:
         card = await model_card.build(settings.model, engine.model_name, engine.max_model_len)
     if card is None:
         return None
+    serving = await engine.serving()
     return card.model_copy(
         update={
+            "generates": serving.generates,
+            "pooling_routes": serving.pooling_routes,
             "chat_template": engine.chat_template,
             "tool_call_parser": settings.auto_tool_parser,
             "reasoning_parser": settings.reasoning_parser,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from shared.events import (
     CancelledEvent,
@@ -179,6 +180,10 @@ class Chunker:
             usage=self.usage,
         )
         return [*events, done]
+
+    def pooled(self, result: dict[str, Any]) -> list[Event]:
+        """A pooling job's end: `done` with its whole answer, and the prompt tokens it pooled."""
+        return [DoneEvent(seq=self._seq(), finish_reason="stop", usage=self.usage, result=result)]
 
     def resumed(self, attempt: int, message: str) -> list[Event]:
         """The `running` status that opens a resumed run."""

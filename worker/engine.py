@@ -1,4 +1,5 @@
-"""The seam between a job and generation: submit a request, iterate deltas, abort by id.
+"""The seam between a job and the engine: submit a request, iterate deltas, abort by id; or, for a
+pooling model, answer a pooling request whole (`pool`).
 
 A job of several prompts is one engine request per prompt, under ids of its own (`engine_request_ids`),
 whose deltas are merged into one sequence of choices (`generate`).
@@ -13,6 +14,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from shared.events import TokenLogprob, ToolCallDelta
+from shared.pooling import PoolingJob, PoolingRoute
 from shared.requests import JobRequest
 
 
@@ -86,6 +88,20 @@ class Prompt:
         return replace(self, token_ids=self.token_ids + emitted, request=rest)
 
 
+@dataclass(frozen=True)
+class Serving:
+    """What an engine's model serves, as vLLM's server decides it from the model's tasks: generation
+    (its `generate` task), and the pooling routes it answers (`--runner pooling`, `--convert ...`)."""
+
+    generates: bool
+    pooling_routes: list[PoolingRoute] = field(default_factory=list)
+
+    def describe(self) -> str:
+        """What it serves, in words, for a refusal that names it."""
+        served = (["generation"] if self.generates else []) + [f"/{route}" for route in self.pooling_routes]
+        return ", ".join(served) or "nothing"
+
+
 class Engine(Protocol):
     """What a worker needs of a generation engine."""
 
@@ -108,6 +124,16 @@ class Engine(Protocol):
 
     async def abort(self, request_id: str) -> None:
         """Stop a request and free its KV cache."""
+        ...
+
+    async def serving(self) -> Serving:
+        """What its model serves: generation, pooling routes, or both."""
+        ...
+
+    async def pool(self, request_id: str, job: PoolingJob) -> dict[str, Any]:
+        """The whole answer to a pooling request, as vLLM's server answers its route (its id made of
+        `request_id`); cancelling it aborts its engine requests. A request the engine refuses raises
+        `EngineError` whose `code` is vLLM's error type (`shared.pooling.POOLING_ERROR_STATUS`)."""
         ...
 
     async def add_adapter(self, adapter: Adapter) -> None:

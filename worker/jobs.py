@@ -14,7 +14,7 @@ from collections.abc import Callable
 from contextlib import aclosing
 from dataclasses import replace
 from enum import Enum
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from shared.errors import (
     BackendUnavailable,
@@ -29,10 +29,11 @@ from shared.jobstore import JobStore, Outcome, Started
 from shared.lifecycle.transitions import FinishOutcome, Verdict
 from shared.logs import job_context
 from shared.models import Target
+from shared.pooling import PoolingJob, usage_prompt_tokens
 from shared.requests import JobRequest
 from worker.adapters import Adapters
 from worker.chunker import Chunker
-from worker.engine import Engine, Prompt, abort, generate, render
+from worker.engine import Engine, Prompt, Serving, abort, generate, render
 from worker.leases import Leases
 from worker.metrics import RunClock, WorkerMetrics
 from worker.publisher import Publisher
@@ -159,6 +160,11 @@ class JobRunner:
 
     async def _generate(self, job_id: str, started: Started, chunker: Chunker) -> Ending:
         request = started.request
+        serving = await self.engine.serving()
+        if request.pooling is not None:
+            return await self._pool(job_id, started, chunker, request.pooling, serving)
+        if not serving.generates:
+            raise EngineError(f"{self.engine.model_name} does not generate: it serves {serving.describe()}")
         if started.resumed and request.choices > 1:
             raise NotResumable(
                 f"a job of {request.choices} choices cannot resume: its choices cannot go on "
@@ -208,6 +214,31 @@ class JobRunner:
                 if verdict is not Verdict.go:
                     return await self._stop(job_id, chunker, verdict, len(prompts))
         raise EngineError("the engine ended the request without finishing it")
+
+    async def _pool(
+        self, job_id: str, started: Started, chunker: Chunker, job: PoolingJob, serving: Serving
+    ) -> Ending:
+        """A pooling job: its whole answer in its `done` event. A job whose last run's worker was lost
+        runs again from the start: nothing of an answer is written before all of it."""
+        if job.route not in serving.pooling_routes:
+            raise EngineError(
+                f"{self.engine.model_name} does not serve /{job.route}: it serves {serving.describe()}"
+            )
+        if started.resumed:
+            self.metrics.resumes.inc()
+            message = f"run again by worker {self.worker_id}"
+            verdict = await self.publisher.step(job_id, chunker.resumed(started.attempt, message))
+            if verdict is not Verdict.go:
+                return await self._stop(job_id, chunker, verdict, 1)
+        log.info("pooling: /%s, %d inputs", job.route, job.inputs)
+        try:
+            result = await self.engine.pool(job_id, job)
+        except EngineError as exc:  # vLLM's refusal: its type is the code, for the status vLLM answers
+            return await self._fail(job_id, chunker, exc.message, exc.detail.get("code") or exc.error_type)
+        chunker.prompt_tokens = usage_prompt_tokens(result)
+        return await self._end(
+            job_id, chunker, chunker.pooled(result), JobState.completed, "stop", result=result
+        )
 
     def _reply(self, request: JobRequest, prompts: list[Prompt]) -> Reply | None:
         """The parsing of a chat's output, where the pool parses; a request its parsers refuse (a
@@ -264,6 +295,7 @@ class JobRunner:
         state: JobState,
         finish_reason: str | None = None,
         error: str | None = None,
+        result: dict[str, Any] | None = None,
     ) -> Ending:
         """Publish the last events (the terminal one last) and write the outcome to the record."""
         output = chunker.output
@@ -276,6 +308,7 @@ class JobRunner:
             error=error,
             reasoning=output.reasoning,
             tool_calls=output.tool_calls,
+            result=result,
         )
         finished = await self.publisher.finish(job_id, events, outcome)
         if finished.outcome is FinishOutcome.behind:

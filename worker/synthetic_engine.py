@@ -19,15 +19,18 @@ from array import array
 from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from shared.config import WorkerSettings
 from shared.errors import EngineError, InvalidRequest
 from shared.events import TokenLogprob, TopLogprob
 from shared.model_card import ModelCard
+from shared.pooling import PoolingJob
 from shared.prompt_tokens import PromptCounter
 from shared.requests import JobRequest
 from worker import chat_template
-from worker.engine import ADAPTER_NOT_FOUND, Adapter, EngineDelta, Prompt
+from worker.engine import ADAPTER_NOT_FOUND, Adapter, EngineDelta, Prompt, Serving
+from worker.synthetic_pooling import SyntheticEmbeddings, synthetic_serving
 
 SCRIPT_AFTER_TOOL = "|||"
 """Between a script's two parts: the first answers a request, the second a chat after a tool's result."""
@@ -143,7 +146,8 @@ class SyntheticEngine:
     """The Engine protocol on drawn or scripted tokens: honours `n`, `max_tokens`, `min_tokens`,
     `stop`, `stop_token_ids`, `ignore_eos`, `seed`, `logprobs` and abort; ends at the context length.
     It loads a LoRA adapter as vLLM checks one (a folder with an `adapter_config.json`), and an
-    adapter's requests draw other tokens than the base model's, as an adapter's weights would."""
+    adapter's requests draw other tokens than the base model's, as an adapter's weights would.
+    Given vLLM's flags of an embedding pool, it answers embeddings instead (worker/synthetic_pooling.py)."""
 
     dtype = "synthetic"
 
@@ -158,6 +162,8 @@ class SyntheticEngine:
         self._counter = PromptCounter(card)
         self.max_chars_per_token = self._counter.max_chars_per_token
         self._clock = StepClock(settings.synthetic_step_seconds)
+        self._serving = synthetic_serving(settings.engine_args)
+        self._embeddings = SyntheticEmbeddings(self._counter, self.model_name, self.max_model_len)
         # Each drawn token ends its choice with this chance: answers of about this many tokens on average.
         mean = settings.synthetic_mean_tokens
         self._eos_chance = 1 / mean if mean else 0.0
@@ -304,6 +310,19 @@ class SyntheticEngine:
                 )
             )
         return result
+
+    async def serving(self) -> Serving:
+        return self._serving
+
+    async def pool(self, request_id: str, job: PoolingJob) -> dict[str, Any]:
+        """Embeddings, a step after the request came: a batch of inputs is one step, as on a GPU."""
+        if job.route not in self._serving.pooling_routes:
+            raise EngineError(
+                f"the synthetic engine does not answer /{job.route}", code="NotImplementedError"
+            )
+        answer = self._embeddings.answer(request_id, job.body)
+        await self._clock.step()
+        return answer
 
     async def abort(self, request_id: str) -> None:
         aborted = self._aborted.get(request_id)

@@ -25,14 +25,16 @@ from vllm.v1.engine.exceptions import EngineDeadError, EngineGenerateError
 from shared.config import WorkerSettings
 from shared.errors import EngineDead, EngineError
 from shared.events import TokenLogprob, TopLogprob
+from shared.pooling import PoolingJob
 from shared.requests import JobRequest, StructuredOutputs
 from shared.sampling import vllm_sampling_fields
 from worker import chat_template, cpu_placement
 from worker.adapter_gate import AdapterGate
 from worker.constraint_compile import ConstraintCompiler
 from worker.cpu_dtype import dtype_for_cpu
-from worker.engine import ADAPTER_NOT_FOUND, Adapter, EngineDelta, Prompt
+from worker.engine import ADAPTER_NOT_FOUND, Adapter, EngineDelta, Prompt, Serving
 from worker.engine_arguments import engine_args_from, shown, with_engine_flags
+from worker.vllm_pooling import VllmPooling
 
 CPU_GPU_MEMORY_UTILIZATION = 0.3
 
@@ -163,6 +165,8 @@ class VllmEngine:
         # vLLM's compile of a constraint cannot be stopped once begun: it is tried first where it can be.
         # Its process starts at the first constrained job: a worker that never gets one never pays for it.
         self._constraints = ConstraintCompiler(str(settings.model), settings.constraint_compile_seconds)
+        self._settings = settings
+        self._pooling: VllmPooling | None = None  # built at the first question of what the model serves
 
     def _turn(self, adapter: LoRARequest | None) -> contextlib.AbstractAsyncContextManager[None]:
         """Where the engine mixes adapters up, the wait for this adapter's turn (`AdapterGate`)."""
@@ -264,6 +268,17 @@ class VllmEngine:
 
     async def abort(self, request_id: str) -> None:
         await self._llm.abort(request_id)
+
+    async def _pooling_handlers(self) -> VllmPooling:
+        if self._pooling is None:
+            self._pooling = await VllmPooling.start(self._llm, self._settings)
+        return self._pooling
+
+    async def serving(self) -> Serving:
+        return (await self._pooling_handlers()).serving
+
+    async def pool(self, request_id: str, job: PoolingJob) -> dict[str, Any]:
+        return await (await self._pooling_handlers()).answer(request_id, job)
 
     @property
     def dead(self) -> bool:

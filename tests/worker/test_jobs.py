@@ -11,15 +11,17 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncGenerator, Awaitable, Callable
+from typing import Any
 
 import pytest
 
 from shared.events import DeltaEvent, JobState, event_adapter
 from shared.jobstore import JobStore
 from shared.lifecycle.transitions import ReleaseOutcome, Verdict
+from shared.pooling import PoolingJob
 from shared.requests import JobRequest
 from worker.adapters import Adapters
-from worker.engine import Adapter, EngineDelta, Prompt
+from worker.engine import Adapter, EngineDelta, Prompt, Serving
 from worker.jobs import Ending, JobRunner
 from worker.leases import Leases
 from worker.metrics import WorkerMetrics
@@ -66,6 +68,12 @@ class ScriptedEngine:
 
     async def remove_adapter(self, adapter: Adapter) -> None:
         raise AssertionError("no test of this module loads an adapter")
+
+    async def serving(self) -> Serving:
+        return Serving(generates=True)
+
+    async def pool(self, request_id: str, job: PoolingJob) -> dict[str, Any]:
+        raise AssertionError("no test of this module pools")
 
     def running_requests(self) -> int:
         return 0
