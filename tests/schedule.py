@@ -24,6 +24,7 @@ GROUPS = {
     "tests/fuzz/test_schema_fuzz.py": "fuzz",  # its gateway process and the schema read from it
     "tests/worker/test_sampling_params.py": "engine-libraries",  # imports vLLM
     "tests/worker/test_replies.py": "engine-libraries",
+    "tests/worker/test_synthetic_pooling.py": "engine-libraries",  # imports vLLM's protocol models
     "tests/worker/test_cpu_dtype.py": "engine-libraries",  # imports torch
     "tests/worker/test_constraint_compile.py": "engine-libraries",  # its child imports xgrammar (torch)
     "tests/gateway/test_vllm_routes.py": "engine-libraries",  # loads the tokenizer with transformers

@@ -21,7 +21,7 @@ from shared.lifecycle.transitions import ReleaseOutcome, Verdict
 from shared.pooling import PoolingJob
 from shared.requests import JobRequest
 from worker.adapters import Adapters
-from worker.engine import Adapter, EngineDelta, Prompt, Serving
+from worker.engine import Adapter, Engine, EngineDelta, Prompt, Serving
 from worker.jobs import Ending, JobRunner
 from worker.leases import Leases
 from worker.metrics import WorkerMetrics
@@ -86,7 +86,7 @@ class ScriptedEngine:
         pass
 
 
-def runner(store: JobStore, engine: ScriptedEngine, worker_id: str = RUNNER) -> JobRunner:
+def runner(store: JobStore, engine: Engine, worker_id: str = RUNNER) -> JobRunner:
     publisher = Publisher(store.redis, store, worker_id)
     return JobRunner(
         engine,
