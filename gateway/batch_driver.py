@@ -48,6 +48,7 @@ from gateway.batches.lines import BatchLine, LineRefused, batch_line
 from gateway.batches.store import MAX_ERRORS, Batches, Progress
 from gateway.compat.openai_answers import Answer
 from gateway.compat.openai_bodies import ChatBody, CompletionBody
+from gateway.compat.pooling import EmbeddingsBody
 from gateway.compat.responses_answers import Head, Standing, response_object
 from gateway.files.jsonl import Line
 from gateway.files.store import Files
@@ -324,10 +325,13 @@ class BatchRun:
         request = batch_line(line, self.endpoint)  # validated: it is a request
         try:
             body = request.request(self.endpoint)
-            job = body.job_request(self.settings.max_tokens_limit)
-            if isinstance(body, ChatBody | CompletionBody):
+            if isinstance(body, EmbeddingsBody):
+                job, fill, annotations = body.job_request(), False, None
+            elif isinstance(body, ChatBody | CompletionBody):
+                job = body.job_request(self.settings.max_tokens_limit)
                 fill, annotations = body.fills_context, None
             else:
+                job = body.job_request(self.settings.max_tokens_limit)
                 fill, annotations = body.max_output_tokens is None, body.stored(job).annotations()
             await self.driver.admission.admit(
                 job,
@@ -509,7 +513,6 @@ class BatchRun:
     ) -> dict[str, Any]:
         """A line whose job ended completed or failed, as its route would have answered."""
         body = request.request(self.endpoint)
-        job = body.job_request(self.settings.max_tokens_limit)
         collected = Collected()
         try:
             for _, fields in entries:
@@ -519,6 +522,9 @@ class BatchRun:
         except StreampoolError as exc:
             status, answer = self.driver.failure(exc)
             return output_line(request.custom_id, job_id, status, answer)
+        if isinstance(body, EmbeddingsBody):
+            return output_line(request.custom_id, job_id, 200, collected.result().pooled or {})
+        job = body.job_request(self.settings.max_tokens_limit)
         if isinstance(body, ChatBody | CompletionBody):
             answer_of = Answer(chat=body.chat, job_id=job_id, model=body.model, created=int(created_at))
             return output_line(

@@ -31,7 +31,7 @@ FILE_ID_PREFIX = "file-"
 BATCH_ID_PREFIX = "batch_"
 BATCH_REQUEST_PREFIX = "batch_req_"
 COMPLETION_WINDOW = "24h"
-ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/responses")
+ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/embeddings")
 
 BatchStatus = Literal[
     "validating", "failed", "in_progress", "finalizing", "completed", "expired", "cancelling", "cancelled"
@@ -162,7 +162,7 @@ class BatchCreate(BaseModel):
     """`POST /v1/batches`'s body, as `client.batches.create` sends it."""
 
     input_file_id: str = Field(max_length=64)
-    endpoint: Literal["/v1/chat/completions", "/v1/completions", "/v1/responses"]
+    endpoint: Literal["/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/embeddings"]
     completion_window: Literal["24h"]
     metadata: dict[str, str] | None = Field(None, max_length=16)
 

@@ -15,17 +15,21 @@ from typing import Any
 from pydantic import ValidationError
 
 from gateway.compat.openai_bodies import CHAT_COMPLETIONS_PATH, COMPLETIONS_PATH, ChatBody, CompletionBody
+from gateway.compat.pooling import EMBEDDINGS_PATH, EmbeddingsBody
 from gateway.compat.responses_bodies import RESPONSES_PATH, ResponsesBody
 from gateway.files.jsonl import Line, LineError
 from shared.batches import BatchError
 from shared.errors import InvalidRequest
 
-Body = ChatBody | CompletionBody | ResponsesBody
-BODIES: dict[str, type[ChatBody] | type[CompletionBody] | type[ResponsesBody]] = {
+Body = ChatBody | CompletionBody | ResponsesBody | EmbeddingsBody
+BODIES: dict[str, type[Body]] = {
     CHAT_COMPLETIONS_PATH: ChatBody,
     COMPLETIONS_PATH: CompletionBody,
     RESPONSES_PATH: ResponsesBody,
+    EMBEDDINGS_PATH: EmbeddingsBody,
 }
+GENERATING = (ChatBody, CompletionBody, ResponsesBody)
+"""The bodies whose routes may stream: a line's answers whole (`stream: false`)."""
 
 
 class LineRefused(Exception):
@@ -48,8 +52,10 @@ class BatchLine:
     def request(self, endpoint: str) -> Body:
         """The body as its endpoint's route takes it; `InvalidRequest` (naming the parameter) when it is
         no valid one."""
+        model = BODIES[endpoint]
+        whole = {"stream": False} if issubclass(model, GENERATING) else {}
         try:
-            body = BODIES[endpoint].model_validate({**self.body, "stream": False})
+            body = model.model_validate(self.body | whole)
         except ValidationError as exc:
             error = exc.errors()[0]
             param = ".".join(str(part) for part in error["loc"]) or None

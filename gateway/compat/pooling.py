@@ -88,15 +88,15 @@ class PoolingBody(BaseModel):
 
 class _TextsOrChat(PoolingBody):
     """vLLM's completion form (`input`: a text, texts, token ids or lists of them) or its chat form
-    (`messages`, or a conversation, or conversations, in `input`)."""
+    (`messages`, or a conversation, or conversations, in `input`); given both, vLLM reads `messages`."""
 
     input: Text | list[Text] | TokenIds | list[TokenIds] | Conversation | list[Conversation] | None = None
     messages: Conversation | list[Conversation] | None = None
 
     @model_validator(mode="after")
     def _one_input(self) -> _TextsOrChat:
-        if (self.input is None) == (self.messages is None):
-            raise ValueError("give exactly one of 'input' or 'messages'")
+        if self.input is None and self.messages is None:
+            raise ValueError("give 'input' or 'messages'")
         if not self._given():
             raise ValueError("at least one input is required")
         return self

@@ -220,7 +220,6 @@ async def test_a_native_submission_of_a_pooling_job_is_checked_as_its_route_and_
     ("body", "param"),
     [
         ({"input": "a", "encoding_format": "bytes"}, "encoding_format"),
-        ({"input": "a", "messages": [{"role": "user", "content": "b"}]}, None),
         ({"input": []}, None),
         ({"input": [1, "a"]}, "input"),
     ],
