@@ -1,4 +1,5 @@
-"""The browser playground: one static page at `GET /` and its assets under `/playground/`.
+"""The browser playground: one static page at `GET /`, its assets under `/playground/`, and which models
+chat (`GET /v1/playground/models`), by which the page opens in Chat mode.
 
 GET only: `POST /` belongs to the TGI-compatible routes.
 """
@@ -10,6 +11,9 @@ from pathlib import Path
 from fastapi import APIRouter
 from fastapi.responses import FileResponse
 from starlette.exceptions import HTTPException
+
+from gateway.auth import REQUIRE_KEY
+from gateway.deps import ServicesDep
 
 STATIC = Path(__file__).resolve().parent.parent / "static"
 ASSETS = {"playground.js": "text/javascript", "playground.css": "text/css"}
@@ -37,3 +41,12 @@ async def playground_asset(name: str) -> FileResponse:
     if media_type is None:
         raise HTTPException(404, f"no playground asset {name!r}")
     return FileResponse(STATIC / name, media_type=f"{media_type}; charset=utf-8", headers=HEADERS)
+
+
+@router.get("/v1/playground/models", dependencies=[REQUIRE_KEY])
+async def chat_models(services: ServicesDep) -> dict[str, bool]:
+    """Each known model by its canonical name: whether its card has a chat template (false while no
+    worker of it has published a card)."""
+    catalog = await services.admission.catalog()
+    cards = {name: await services.admission.prompt_limit.card(name) for name in catalog.entries}
+    return {name: card is not None and card.chat_template is not None for name, card in cards.items()}

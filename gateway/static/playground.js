@@ -3,6 +3,10 @@
 // again after a reload, from the text and last event id kept in sessionStorage.
 // A chat goes to /v1/chat/completions as a stored, streamed chat completion instead: its job
 // outlives the tab, and a reload resumes its chunks after the ones kept (`starting_after`).
+// A response goes to /v1/responses, streamed, in the background when asked (then a reload resumes
+// its events after the last one shown: `starting_after`). A chat or a response continues the
+// conversation of the one before it (its messages, or `previous_response_id`) until a new one is begun.
+// The page opens in Chat mode for a model whose card has a chat template.
 // A gateway that asks for an API key (401) gets one pasted into the page; EventSource cannot
 // send it, so with a key the events are read from a fetch() of the same SSE stream instead.
 
@@ -10,7 +14,9 @@ const TERMINAL = { done: "completed", cancelled: "cancelled", error: "failed" };
 const FINISHED = new Set(Object.values(TERMINAL));
 const ACTIVE = new Set(["submitting", "queued", "running"]);
 const NUMBERS = ["max_tokens", "temperature", "top_p", "top_k", "seed", "stream_step"];
-const JOB_ONLY = ["stream_step"]; // native fields that chat completions do not take
+const JOB_ONLY = ["stream_step"]; // native fields that chat completions and responses do not take
+const RESPONSE_END = { completed: "completed", incomplete: "completed", failed: "failed", cancelled: "cancelled" };
+const EVENTS_SHOWN = 2000; // the most events the Events list reads of one job
 const KEY_STORAGE = "streampool.apiKey";
 const JOB_ID_HEADER = "X-Streampool-Job-Id";
 const RECONNECT_MS = 1000;
@@ -18,6 +24,8 @@ const RECONNECT_MS = 1000;
 const $ = (id) => document.getElementById(id);
 const ui = {
   form: $("request"), promptInput: $("prompt-input"), chatInput: $("chat-input"),
+  responsesInput: $("responses-input"), modeHint: $("mode-hint"), newChat: $("new-chat"),
+  conversation: $("conversation"), events: $("events"), eventsLog: $("events-log"),
   generate: $("generate"), cancel: $("cancel"), model: $("model"),
   section: $("job"), jobId: $("job-id"), state: $("state"), ttft: $("ttft"), tokens: $("tokens"),
   rate: $("rate"), error: $("error"), outcome: $("outcome"), text: $("text"),
@@ -30,12 +38,18 @@ let job = null;
 let source = null;
 /** The API key the gateway asked for, kept for this tab only ("" when none is needed). */
 let apiKey = sessionStorage.getItem(KEY_STORAGE) ?? "";
+/** Each model's canonical name, and whether its card has a chat template. */
+let chats = {};
+/** Whether the mode was picked by hand (or came back with a job): the model no longer picks it. */
+let modePicked = false;
 
-function newJob(id, request, submittedAt) {
+function newJob(id, request, submittedAt, transcript = []) {
   return {
     id, request, state: "queued", text: "", lastEventId: "", tokens: 0, cancelling: false,
     submittedAt, firstTokenAt: null, firstTokens: 0, lastTokenAt: null, outcome: "", error: "",
     chat: Array.isArray(request?.messages), chunks: 0, // a chat: the chunks of its answer shown so far
+    responses: request?.input !== undefined, responseId: null, sequence: null, // a response's id, last event
+    transcript, // the conversation's earlier turns, as {role, content}
   };
 }
 
@@ -46,22 +60,53 @@ const unescapeStop = (line) => line.replace(/\\([nt\\])/g, (_, c) => ESCAPES[c])
 const escapeStop = (stop) => stop.replace(/[\\\n\t]/g, (c) => ({ "\\": "\\\\", "\n": "\\n", "\t": "\\t" })[c]);
 
 function showMode() {
-  const chat = ui.form.elements.mode.value === "chat";
-  ui.promptInput.hidden = ui.promptInput.disabled = chat; // disabled: left out of validation
-  ui.chatInput.hidden = ui.chatInput.disabled = !chat;
-  for (const name of JOB_ONLY) ui.form.elements[name].disabled = chat; // and of the body
+  const mode = ui.form.elements.mode.value;
+  // disabled: left out of validation, and of the body
+  ui.promptInput.hidden = ui.promptInput.disabled = mode !== "prompt";
+  ui.chatInput.hidden = ui.chatInput.disabled = mode !== "chat";
+  ui.responsesInput.hidden = ui.responsesInput.disabled = mode !== "responses";
+  for (const name of JOB_ONLY) ui.form.elements[name].disabled = mode !== "prompt";
+  render();
 }
 
-/** The POST /v1/jobs body; empty optional fields are left out, so the gateway's defaults apply. */
-function requestBody() {
+/** The mode the picked model is best tried in: Chat where its card has a chat template. */
+function suggestMode() {
+  const option = ui.model.selectedOptions[0];
+  const chats_ = chats[option?.dataset.root ?? ""];
+  ui.modeHint.textContent = chats_ === false ? "This model's card has no chat template: Prompt mode." : "";
+  if (modePicked || chats_ === undefined) return;
+  ui.form.elements.mode.value = chats_ ? "chat" : "prompt";
+  showMode();
+}
+
+/** The conversation the next chat or response continues: the last one's turns and its answer, while it
+ * is of the mode on show, ended well, and no new conversation was begun. */
+function conversationSoFar(mode) {
+  const kind = job?.responses ? "responses" : job?.chat ? "chat" : "prompt";
+  if (!job || job.closed || kind !== mode || mode === "prompt" || job.state !== "completed") return null;
+  const said = job.chat ? job.request.messages.findLast((m) => m.role === "user").content : job.request.input;
+  return {
+    transcript: [...job.transcript, { role: "user", content: said }, { role: "assistant", content: job.text }],
+    previous: job.responseId,
+  };
+}
+
+/** The POST /v1/jobs body (a chat's, a response's: see chatBody, responseBody); empty optional fields
+ * are left out, so the gateway's defaults apply. `earlier`: the conversation it continues. */
+function requestBody(earlier) {
   const data = new FormData(ui.form);
   const body = {};
   if (data.get("mode") === "chat") {
     const system = data.get("system");
     body.messages = [
       ...(system.trim() ? [{ role: "system", content: system }] : []),
+      ...(earlier?.transcript ?? []),
       { role: "user", content: data.get("user") },
     ];
+  } else if (data.get("mode") === "responses") {
+    body.input = data.get("input");
+    body.background = data.get("background") === "on";
+    if (earlier?.previous) body.previous_response_id = earlier.previous;
   } else {
     body.prompt = data.get("prompt");
   }
@@ -80,11 +125,15 @@ function requestBody() {
 function fillForm(body) {
   const fields = ui.form.elements;
   const chat = Array.isArray(body.messages);
-  fields.mode.value = chat ? "chat" : "prompt";
+  fields.mode.value = chat ? "chat" : body.input !== undefined ? "responses" : "prompt";
+  modePicked = true;
   showMode();
   if (chat) {
     fields.system.value = body.messages.find((m) => m.role === "system")?.content ?? "";
     fields.user.value = body.messages.findLast((m) => m.role === "user")?.content ?? "";
+  } else if (body.input !== undefined) {
+    fields.input.value = body.input;
+    fields.background.checked = Boolean(body.background);
   } else {
     fields.prompt.value = body.prompt;
   }
@@ -409,6 +458,114 @@ async function endChat() {
   render();
 }
 
+// ---- a response: /v1/responses, streamed; in the background, it outlives the tab and resumes
+
+/** The response the form's `request` asks for: streamed and stored, its token bound by its own name. */
+function responseBody(request) {
+  const { max_tokens: maxTokens, ...body } = request;
+  for (const name of JOB_ONLY) delete body[name];
+  return { ...body, ...(maxTokens ? { max_output_tokens: maxTokens } : {}), stream: true, store: true };
+}
+
+/** Streams `job`'s response events into the page from `url`: its POST, or its resumption after the last
+ * event shown (`resumeResponse`). */
+async function streamResponse(url, init) {
+  const controller = new AbortController();
+  const following = { close: () => controller.abort() };
+  source = following;
+  let response;
+  try {
+    response = await fetch(url, { ...init, headers: withKey(init.headers), signal: controller.signal });
+  } catch {
+    return lostResponse(following);
+  }
+  if (!response.ok) {
+    detach();
+    job.state = "error";
+    job.error = refusal(response, await response.json().catch(() => null));
+    return render();
+  }
+  if (!job.id) { // the POST's answer: the job is admitted
+    job.id = response.headers.get(JOB_ID_HEADER);
+    job.state = "queued";
+    history.replaceState(null, "", `?job=${encodeURIComponent(job.id)}`); // a reload resumes
+    save();
+    render();
+  }
+  if (await readBody(response, controller.signal, onResponseEvent)) lostResponse(following);
+}
+
+function lostResponse(following) {
+  if (source !== following) return; // detached on purpose, or ended
+  detach();
+  if (!job.id || !job.request.background) {
+    job.state = "error";
+    job.error = "Connection lost: only a background response can be resumed.";
+    return render();
+  }
+  job.error ||= "Connection lost. Reconnecting…";
+  render();
+  setTimeout(resumeResponse, RECONNECT_MS);
+}
+
+function resumeResponse() {
+  const after = job.sequence === null ? "" : `&starting_after=${job.sequence}`;
+  const url = `/v1/responses/${encodeURIComponent(job.responseId ?? `resp_${job.id}`)}?stream=true${after}`;
+  streamResponse(url, { headers: { Accept: "text/event-stream" } });
+}
+
+function onResponseEvent(message) {
+  const event = JSON.parse(message.data);
+  job.sequence = event.sequence_number ?? job.sequence;
+  job.error = "";
+  if (event.response?.id) job.responseId = event.response.id;
+  if (event.type === "response.output_text.delta") {
+    job.state = "running";
+    addOutput(event.delta, 1); // a delta a token, as the response is streamed; its usage says at the end
+  } else if (event.type === "response.in_progress") {
+    job.state = "running";
+  } else if (event.type in RESPONSE_EVENTS_ENDING) {
+    detach();
+    const usage = event.response.usage;
+    job.state = RESPONSE_END[event.response.status] ?? "failed";
+    if (usage) job.tokens = usage.output_tokens;
+    const counts = usage && { prompt_tokens: usage.input_tokens, completion_tokens: usage.output_tokens };
+    const reason = event.response.incomplete_details?.reason ?? "stop";
+    showOutcome(job.state, reason, counts);
+    if (job.state === "failed") job.error = `Response failed: ${event.response.error?.message ?? "no reason given"}`;
+  }
+  save();
+  render();
+}
+
+const RESPONSE_EVENTS_ENDING = {
+  "response.completed": true, "response.incomplete": true, "response.failed": true, "response.cancelled": true,
+};
+
+// ---- the job's events, on demand
+
+/** The job's events as its stream holds them, read when the list is opened (and again at the job's end). */
+async function showEvents() {
+  if (!ui.events.open || !job?.id) return;
+  const shown = [];
+  let cursor = "0";
+  try {
+    while (shown.length < EVENTS_SHOWN) {
+      const page = await fetchJSON(`/v1/jobs/${encodeURIComponent(job.id)}/events?after=${cursor}&limit=500`);
+      shown.push(...page.events);
+      cursor = page.cursor;
+      if (page.done || !page.events.length) break;
+    }
+  } catch (err) {
+    shown.push({ error: err.message });
+  }
+  ui.eventsLog.replaceChildren(...shown.map((event) => {
+    const item = document.createElement("li");
+    item.textContent = JSON.stringify(event);
+    return item;
+  }));
+}
+
 // ---- actions
 
 async function generate(event) {
@@ -417,11 +574,17 @@ async function generate(event) {
   detach();
   if (job?.id) sessionStorage.removeItem(storageKey(job.id));
   history.replaceState(null, "", location.pathname); // the old job's id leaves the URL
-  const request = requestBody();
-  job = newJob(null, request, Date.now());
+  const earlier = conversationSoFar(ui.form.elements.mode.value);
+  const request = requestBody(earlier);
+  job = newJob(null, request, Date.now(), earlier?.transcript ?? []);
   job.state = "submitting";
   ui.text.textContent = "";
+  ui.eventsLog.replaceChildren();
   render();
+  if (job.responses) {
+    const init = { method: "POST", body: JSON.stringify(responseBody(request)) };
+    return streamResponse("/v1/responses", { ...init, headers: { "Content-Type": "application/json" } });
+  }
   if (job.chat) {
     const init = { method: "POST", body: JSON.stringify(chatBody(request)) };
     return streamChat("/v1/chat/completions", { ...init, headers: { "Content-Type": "application/json" } });
@@ -442,6 +605,15 @@ async function generate(event) {
   save();
   render();
   follow();
+}
+
+/** The next chat or response begins a conversation of its own. */
+function newConversation() {
+  if (job) {
+    job.closed = true;
+    if (job.id) save();
+  }
+  render();
 }
 
 async function cancel() {
@@ -467,6 +639,7 @@ async function attach(id) {
   render();
   if (saved && FINISHED.has(job.state)) return; // its terminal event is already here
   if (job.chat) return resumeChat(); // a 404 says why it cannot be (another key's, or expired)
+  if (job.responses) return resumeResponse();
   try {
     await fetchJSON(`/v1/jobs/${encodeURIComponent(id)}`); // 404 for an unknown or expired job
   } catch (err) {
@@ -483,15 +656,18 @@ async function attach(id) {
 async function showModels() {
   const picked = ui.model.value;
   try {
-    const models = await fetchJSON("/v1/models");
+    const [models, chatting] = await Promise.all([fetchJSON("/v1/models"), fetchJSON("/v1/playground/models")]);
+    chats = chatting;
     const options = models.data.map((model) => {
       const option = new Option(model.workers ? model.id : `${model.id} (no live worker)`, model.id);
       option.title = `${model.workers} live workers, ${model.queue_depth} jobs queued`;
+      option.dataset.root = model.parent ?? model.root; // the model of an adapter's name too
       return option;
     });
     ui.model.replaceChildren(...(options.length ? options : [new Option("none (no model known)", "")]));
     ui.model.disabled = !options.length;
     pickModel(job?.request?.model ?? picked);
+    suggestMode();
   } catch (err) {
     ui.model.replaceChildren(new Option(`unknown (${err.message})`, ""));
     ui.model.disabled = true;
@@ -532,6 +708,30 @@ function render() {
   ui.text.setAttribute("aria-busy", String(ACTIVE.has(state)));
   ui.generate.disabled = ACTIVE.has(state);
   ui.cancel.disabled = !(state === "queued" || state === "running") || job.cancelling;
+  renderConversation();
+  if (job?.id && FINISHED.has(state) && ui.events.dataset.shown !== job.id) {
+    ui.events.dataset.shown = job.id; // its whole stream, once, if the list is open
+    showEvents();
+  }
+}
+
+/** The conversation's earlier turns and the message of the one on show, above its answer. */
+function renderConversation() {
+  const mode = ui.form.elements.mode.value;
+  const kind = job?.responses ? "responses" : job?.chat ? "chat" : "prompt";
+  const open = job?.request && !job.closed && kind === mode && mode !== "prompt";
+  const said = job?.chat ? job.request.messages.findLast((m) => m.role === "user")?.content : job?.request?.input;
+  const turns = open ? [...job.transcript, { role: "user", content: said }] : [];
+  if (ui.conversation.childElementCount !== turns.length || !open) {
+    ui.conversation.replaceChildren(...turns.map(({ role, content }) => {
+      const item = document.createElement("li");
+      item.dataset.role = role;
+      item.textContent = content;
+      return item;
+    }));
+  }
+  ui.conversation.hidden = !turns.length;
+  ui.newChat.hidden = !(open && (job.transcript.length || FINISHED.has(job.state)));
 }
 
 ui.form.addEventListener("submit", generate);
@@ -541,8 +741,16 @@ ui.form.addEventListener("keydown", (event) => {
     ui.form.requestSubmit();
   }
 });
-for (const radio of ui.form.elements.mode) radio.addEventListener("change", showMode);
+for (const radio of ui.form.elements.mode) {
+  radio.addEventListener("change", () => {
+    modePicked = true;
+    showMode();
+  });
+}
+ui.model.addEventListener("change", suggestMode);
 ui.cancel.addEventListener("click", cancel);
+ui.newChat.addEventListener("click", newConversation);
+ui.events.addEventListener("toggle", showEvents);
 ui.auth.addEventListener("submit", useKey);
 
 showMode();

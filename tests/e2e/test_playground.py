@@ -15,6 +15,7 @@ from playwright.sync_api import Browser, Page, Request, expect
 
 from gateway.routes import playground as playground_routes
 from tests.conftest import System
+from tests.e2e.browser import screenshot
 from tests.gateway.keyed_gateway import KEY_A, KeyedGateway, bearer
 
 
@@ -27,7 +28,7 @@ def system(synthetic_system: System) -> System:
 FINISHED = re.compile(r"^(completed|cancelled|failed|error)$")
 GENERATION_MS = 180_000  # generous: other suites may share the CPU
 STORY = "Once upon a time, in a lighthouse by the sea, there lived"
-SUBMITS = ("/v1/jobs", "/v1/chat/completions")
+SUBMITS = ("/v1/jobs", "/v1/chat/completions", "/v1/responses")
 
 # Every change to the job section, as (state, length of the text so far), to see the text arrive in steps.
 RECORD_CHANGES = """() => {
@@ -128,8 +129,17 @@ def test_playground_leaves_post_root_to_the_tgi_routes() -> None:
         assert client.get("/").headers["content-type"].startswith("text/html")
 
 
+def test_the_page_opens_in_chat_mode_for_a_model_whose_card_has_a_chat_template(
+    playground: Playground,
+) -> None:
+    expect(playground.page.locator("input[name=mode][value=chat]")).to_be_checked()
+    expect(playground.page.locator("#user")).to_be_visible()
+    expect(playground.page.locator("#prompt")).to_be_hidden()
+
+
 def test_a_prompt_streams_into_the_page_and_ends_as_the_record_text(playground: Playground) -> None:
     page = playground.page
+    page.check("input[name=mode][value=prompt]")
     page.fill("#prompt", "The three primary colors are")
     page.fill("input[name=max_tokens]", "40")
     page.fill("input[name=temperature]", "0")
@@ -189,6 +199,7 @@ def test_cancel_in_chat_mode_ends_the_job_cancelled(playground: Playground) -> N
 
 def test_a_reload_mid_stream_resumes_without_gap_or_duplicate(playground: Playground) -> None:
     page = playground.page
+    page.check("input[name=mode][value=prompt]")
     page.fill("#prompt", STORY)
     page.fill("input[name=max_tokens]", "250")
     page.fill("input[name=temperature]", "0")  # greedy: this story runs the full 250 tokens
@@ -243,6 +254,7 @@ def test_a_reload_mid_chat_resumes_its_stored_completion_after_the_chunks_shown(
 
 def test_a_rejected_request_shows_the_gateway_error(playground: Playground, system: System) -> None:
     page = playground.page
+    page.check("input[name=mode][value=prompt]")
     page.fill("#prompt", "Hi")
     page.fill("input[name=max_tokens]", str(system.settings.max_tokens_limit + 1))
     playground.generate()
@@ -251,6 +263,86 @@ def test_a_rejected_request_shows_the_gateway_error(playground: Playground, syst
         f"max_tokens: must be at most {system.settings.max_tokens_limit} (422 validation)"
     )
     assert "job=" not in page.url and page.locator("#generate").is_enabled()
+    assert playground.errors == []
+
+
+def test_a_two_turn_chat_keeps_its_conversation_and_resumes_after_a_reload(playground: Playground) -> None:
+    page = playground.page
+    page.fill("#user", "Name a color.")
+    page.fill("input[name=max_tokens]", "5")
+    page.fill("input[name=temperature]", "0")
+    playground.generate()
+    assert playground.wait_finished() == "completed"
+    first = playground.text
+    assert first == playground.record()["output"]["text"] != ""
+
+    page.fill("#user", STORY)
+    page.fill("input[name=max_tokens]", "250")
+    body = playground.generate()
+    assert body["messages"] == [
+        {"role": "user", "content": "Name a color."},
+        {"role": "assistant", "content": first},
+        {"role": "user", "content": STORY},
+    ]
+    playground.wait_streaming(tokens=10)
+    with page.expect_request(lambda request: "/chunks?starting_after=" in request.url):
+        page.reload()
+    assert playground.wait_finished() == "completed"
+    assert playground.text == playground.record()["output"]["text"]
+    expect(page.locator("#conversation li")).to_have_text(["Name a color.", first, STORY])
+    expect(page.locator("#new-chat")).to_be_visible()
+    screenshot(page, "playground")
+
+    page.click("#new-chat")  # the next chat begins again
+    expect(page.locator("#conversation")).to_be_hidden()
+    page.fill("input[name=max_tokens]", "5")
+    assert playground.generate()["messages"] == [{"role": "user", "content": STORY}]
+    assert playground.wait_finished() == "completed"
+    assert playground.errors == []
+
+
+def test_a_background_response_continues_its_conversation_and_resumes_after_a_reload(
+    playground: Playground,
+) -> None:
+    page = playground.page
+    page.check("input[name=mode][value=responses]")
+    page.fill("#input", "Name a color.")
+    page.fill("input[name=max_tokens]", "5")
+    page.fill("input[name=temperature]", "0")
+    body = playground.generate()
+    assert (body["input"], body["background"], body["max_output_tokens"]) == ("Name a color.", True, 5)
+    assert (body["stream"], body["store"]) == (True, True) and "max_tokens" not in body
+    assert playground.wait_finished() == "completed"
+    first_job = playground.job_id
+    assert playground.text == playground.record()["output"]["text"] != ""
+
+    page.fill("#input", STORY)
+    page.fill("input[name=max_tokens]", "250")
+    body = playground.generate()
+    assert body["previous_response_id"] == f"resp_{first_job}"
+    playground.wait_streaming(tokens=10)
+    with page.expect_request(lambda request: "starting_after=" in request.url) as resumed:
+        page.reload()
+    assert re.search(r"/v1/responses/resp_[0-9a-f]{32}\?stream=true&starting_after=\d+$", resumed.value.url)
+    assert playground.wait_finished() == "completed"
+    record = playground.record()
+    assert playground.text == record["output"]["text"] and record["output"]["token_count"] == 250
+    assert page.locator("#tokens").text_content() == "250"
+    expect(page.locator("#conversation li")).to_have_count(3)
+    assert playground.errors == []
+
+
+def test_the_jobs_events_show_on_demand(playground: Playground) -> None:
+    page = playground.page
+    page.fill("#user", "Hi")
+    page.fill("input[name=max_tokens]", "3")
+    playground.generate()
+    assert playground.wait_finished() == "completed"
+    expect(page.locator("#events-log li")).to_have_count(0)  # read only when asked for
+    page.click("#events summary")
+    events = page.locator("#events-log li")
+    expect(events.first).to_contain_text('"state":"queued"')
+    expect(events.last).to_contain_text('"type":"done"')
     assert playground.errors == []
 
 
