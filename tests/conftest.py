@@ -171,7 +171,11 @@ def synthetic_system(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -
 
 
 def run_system(
-    redis_url: str, tmp_path_factory: pytest.TempPathFactory, engine: str, **overrides: object
+    redis_url: str,
+    tmp_path_factory: pytest.TempPathFactory,
+    engine: str,
+    workers: int = WORKERS,
+    **overrides: object,
 ) -> Generator[System, None, None]:
     settings = make_settings(
         redis_url, port=free_port(), host="127.0.0.1", allow_unauthenticated=True, engine=engine, **overrides
@@ -180,17 +184,17 @@ def run_system(
     processes = Processes(logs)
     gateway = processes.start("gateway", "gateway", settings)
     # Each worker on a metrics port of its own: several share this machine.
-    metrics_ports = [free_port() for _ in range(WORKERS)]
-    workers = [
+    metrics_ports = [free_port() for _ in range(workers)]
+    started = [
         processes.start(f"worker-{n}", "worker", settings.model_copy(update={"metrics_port": port}))
         for n, port in enumerate(metrics_ports)
     ]
     worker_urls = [f"http://127.0.0.1:{port}" for port in metrics_ports]
     base_url = f"http://127.0.0.1:{settings.port}"
     try:
-        if not wait_healthy(base_url, [gateway, *workers], WORKERS, SYSTEM_START_TIMEOUT):
+        if not wait_healthy(base_url, [gateway, *started], workers, SYSTEM_START_TIMEOUT):
             raise RuntimeError(f"the system did not become healthy; logs in {logs}")
-        yield System(settings, base_url, gateway, workers, logs, worker_urls)
+        yield System(settings, base_url, gateway, started, logs, worker_urls)
     finally:
         processes.stop_all()
         delete_prefix(redis_url, settings.key_prefix)
@@ -202,7 +206,10 @@ def tool_system(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Ite
     (tests/scripted_pool.py): the tests of agents and of the Responses API's function tools."""
     if not DEFAULT_MODEL_DIR.is_dir():
         pytest.skip("the default model is not prepared (make setup)")
-    yield from run_system(redis_url, tmp_path_factory, synthetic_step_seconds=0.005, **SCRIPTED_POOL)
+    # One worker: each imports vLLM for its parsers, seconds of CPU that a second would only repeat.
+    yield from run_system(
+        redis_url, tmp_path_factory, workers=1, synthetic_step_seconds=0.005, **SCRIPTED_POOL
+    )
 
 
 @pytest.fixture(scope="session")
