@@ -142,7 +142,7 @@ def create_app(settings: GatewaySettings) -> FastAPI:
             services.files,
             services.admission,
             store,
-            openai.OPENAI_ERRORS.failure,
+            pooling.POOLING_ERRORS.failure,  # OpenAI's shape; an embeddings line refused by vLLM in vLLM's
         )
         driving = asyncio.create_task(driver.run(), name="batch driver")
         sweeping = asyncio.create_task(

@@ -10,6 +10,8 @@ API; a client that leaves before the answer cancels it.
 
 from __future__ import annotations
 
+from typing import Any
+
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 
@@ -29,9 +31,32 @@ from gateway.compat.pooling import (
 )
 from gateway.deps import Services, ServicesDep
 from gateway.generation import JOB_ID_HEADER, JobRun
-from gateway.routes.openai import ERRORS, OpenAIRoute
+from gateway.routes.openai import ERRORS, OpenAIErrors, OpenAIRoute
+from shared.errors import EngineError, StreampoolError
+from shared.pooling import POOLING_ERROR_STATUS
 
-router = APIRouter(tags=["pooling"], dependencies=[REQUIRE_KEY], responses=ERRORS, route_class=OpenAIRoute)
+
+class PoolingErrors(OpenAIErrors):
+    """OpenAI's shape, as vLLM's server answers; a refusal of vLLM's pooling code (the job's error names
+    vLLM's error type: `POOLING_ERROR_STATUS`) as vLLM's server answers it: its `ErrorResponse`, whose
+    `type` is the error's and `code` the status."""
+
+    def failure(self, exc: StreampoolError) -> tuple[int, dict[str, Any]]:
+        kind = exc.detail.get("code")
+        if not isinstance(exc, EngineError) or kind not in POOLING_ERROR_STATUS:
+            return super().failure(exc)
+        status = POOLING_ERROR_STATUS[kind]
+        return status, {"error": {"message": exc.message, "type": kind, "param": None, "code": status}}
+
+
+POOLING_ERRORS = PoolingErrors()
+
+
+class PoolingRoute(OpenAIRoute):
+    error_shape = POOLING_ERRORS
+
+
+router = APIRouter(tags=["pooling"], dependencies=[REQUIRE_KEY], responses=ERRORS, route_class=PoolingRoute)
 
 
 async def answer(body: PoolingBody, request: Request, owner: str, services: Services) -> Response:

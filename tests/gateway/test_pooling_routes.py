@@ -15,7 +15,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from shared.config import Settings
-from shared.events import DoneEvent, JobState, Usage
+from shared.events import DoneEvent, ErrorEvent, Event, JobState, Usage
 from shared.jobstore import JobStore, Outcome
 from shared.keys import Keys
 from shared.model_card import ModelCard, publish_model_card
@@ -76,12 +76,16 @@ async def _jobs(store: JobStore) -> dict[str, dict[str, Any]]:
 
 async def _answer_with(store: JobStore, job_id: str, result: dict[str, Any]) -> None:
     """End the job as its worker would: one `done` event carrying the answer."""
-    worker = StandInWorker(store, job_id)
-    await worker.start(EMBEDDER)
     usage = Usage(prompt_tokens=3, completion_tokens=0)
     done = DoneEvent(seq=2, finish_reason="stop", usage=usage, result=result)
-    outcome = Outcome(JobState.completed, "", 0, usage, finish_reason="stop")
-    await store.redis.execute_command(*store.finish_commands(job_id, WORKER, [done], outcome).record)
+    await _end(
+        store, job_id, done, Outcome(JobState.completed, "", 0, usage, finish_reason="stop", result=result)
+    )
+
+
+async def _end(store: JobStore, job_id: str, terminal: Event, outcome: Outcome) -> None:
+    await StandInWorker(store, job_id).start(EMBEDDER)
+    await store.redis.execute_command(*store.finish_commands(job_id, WORKER, [terminal], outcome).record)
 
 
 async def _asked(
@@ -232,3 +236,22 @@ async def test_an_embeddings_body_no_worker_could_answer_in_json_is_400_with_no_
     if param is not None:
         assert answer.json()["error"]["param"] == param
     assert await _jobs(store) == {}
+
+
+async def test_a_refusal_of_vllms_pooling_code_is_answered_as_vllms_server_answers_it(
+    gateway: httpx.AsyncClient, store: JobStore, embedder: ModelCard
+) -> None:
+    """The worker fails the job with vLLM's error type and message (tests/worker's pooling tests); the
+    route answers vLLM's `ErrorResponse` with its status."""
+    asking, job_id, _ = await _asked(
+        gateway, store, "/v1/embeddings", {"model": EMBEDDER, "input": "a", "dimensions": 7}
+    )
+    message = f'Model "{EMBEDDER}" does not support matryoshka representation'  # vLLM's words
+    usage = Usage(prompt_tokens=0, completion_tokens=0)
+    error = ErrorEvent(seq=2, message=message, code="BadRequestError")
+    await _end(store, job_id, error, Outcome(JobState.failed, "", 0, usage, error=message))
+    answer = await asyncio.wait_for(asking, 10)
+    assert answer.status_code == 400, answer.text
+    assert answer.json() == {
+        "error": {"message": message, "type": "BadRequestError", "param": None, "code": 400}
+    }
