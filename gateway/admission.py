@@ -184,6 +184,7 @@ class Admission:
         self.max_pooling_inputs = settings.max_pooling_inputs
         self.max_pooling_tokens = settings.max_pooling_tokens
         self.max_queued_jobs = settings.max_queued_jobs
+        self.default_queue_deadline = settings.default_queue_deadline_seconds
         self.memory_high_water = settings.redis_memory_high_water
         self.max_write_bytes = settings.max_request_write_bytes
         self.default_model = settings.default_model
@@ -279,6 +280,7 @@ class Admission:
         fill_context: bool = False,
         turn: Turn | None = None,
         batch_line: BatchLineJob | None = None,
+        deadline: float | None = None,
     ) -> Submission:
         """Queue `job` for `owner` on its model's queue, or raise why not (before anything is written).
 
@@ -293,6 +295,9 @@ class Admission:
         `batch_line`: the job is a batch's line: its id is derived from them (a second submission of the
         line answers the first's job), it waits in the batch band until the batch's window ends at the
         latest, and it takes only the room interactive work leaves in the model's queue (`submit.lua`).
+        `deadline`: when the job, still queued, fails unrun (unix seconds: `gateway.deadlines`), where
+        the job gives none; without either, `default_queue_deadline_seconds` from now, but for a
+        batch's line, which waits for its window.
         """
         self.check_limits(job)
         catalog = await self.catalog()
@@ -332,6 +337,7 @@ class Admission:
                 job_id=batch_line.job_id if batch_line else None,
                 batch=batch_line.batch_id if batch_line else None,
                 wait_until=batch_line.expires_at if batch_line else None,
+                deadline=self._deadline(deadline, batch_line),
             )
         except RateLimited as exc:
             self.metrics.rejected_by_tenant(tenant.name if tenant else "", exc.detail["limit"])
@@ -356,6 +362,12 @@ class Admission:
         if counter is None or len(job.model_dump_json()) <= QUICK_TO_TOKENIZE_CHARS:
             return bound()
         return await asyncio.to_thread(bound)
+
+    def _deadline(self, given: float | None, batch_line: BatchLineJob | None) -> float | None:
+        """The deadline given beside the job, or the gateway's default from now (none for a batch's line)."""
+        if given is not None or batch_line is not None or self.default_queue_deadline is None:
+            return given
+        return time.time() + self.default_queue_deadline
 
     def check_limits(self, job: JobRequest) -> None:
         """`InvalidRequest` naming the field when a job asks for more than the gateway's limits allow:

@@ -23,6 +23,7 @@ from gateway.auth import ApiKeys, AuthNotConfigured
 from gateway.batch_driver import BatchDriver
 from gateway.batches.store import Batches
 from gateway.body_limit import BodyLimit
+from gateway.deadline_sweep import sweep_deadlines
 from gateway.deps import Services
 from gateway.errors import install_error_handlers
 from gateway.fanout import StreamHub
@@ -148,10 +149,14 @@ def create_app(settings: GatewaySettings) -> FastAPI:
         sweeping = asyncio.create_task(
             sweep_expired_files(services.files, settings.files_sweep_seconds), name="file sweeper"
         )
+        expiring = asyncio.create_task(
+            sweep_deadlines(store, services.admission, settings.deadline_sweep_seconds),
+            name="deadline sweeper",
+        )
         try:
             yield
         finally:
-            for task in (sending, driving, sweeping):
+            for task in (sending, driving, sweeping, expiring):
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task

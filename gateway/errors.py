@@ -27,6 +27,7 @@ from shared.errors import (
     BackendUnavailable,
     BodyTooLarge,
     CursorExpired,
+    DeadlineExceeded,
     Forbidden,
     IdempotencyMismatch,
     InvalidRequest,
@@ -59,6 +60,7 @@ STATUS_CODES: dict[type[StreampoolError], int] = {
     BodyTooLarge: 413,
     Overloaded: 429,
     BackendUnavailable: 503,
+    DeadlineExceeded: 504,
 }
 HTTP_ERROR_TYPES = {400: "bad_request", 404: "not_found", 405: "method_not_allowed", 500: "internal"}
 RETRY_AFTER_SECONDS = "1"
@@ -76,6 +78,8 @@ MEANINGS = {
     429: "the queue is full, Redis's memory past its high-water mark (overloaded), or the key's tenant at "
     "one of its limits (rate_limited, naming it); retry after Retry-After seconds",
     503: "Redis is unreachable, or no model is known at all (none declared, no worker ever announced one)",
+    504: "the request's deadline passed while its job was queued: it ended without running "
+    "(deadline_exceeded)",
 }
 
 
@@ -149,7 +153,7 @@ def documented_compatible(shape: ErrorShape) -> dict[int | str, dict[str, Any]]:
     """The `responses` of a compatible API's routes: every 4xx in its shape, validation errors included
     ("4XX" keeps FastAPI from listing its own 422)."""
     return {
-        **documented(400, 401, 404, 410, 413, 429, 503, shape=shape),
+        **documented(400, 401, 404, 410, 413, 429, 503, 504, shape=shape),
         "4XX": documented(400, shape=shape)[400] | {"description": "any other client error"},
     }
 

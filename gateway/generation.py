@@ -36,7 +36,14 @@ from gateway.deps import Services
 from gateway.entries import Entry
 from gateway.relay import START, Following, Hold
 from shared.chat import ToolCall
-from shared.errors import BackendUnavailable, EngineError, JobCancelled, PromptTooLong, StreampoolError
+from shared.errors import (
+    BackendUnavailable,
+    DeadlineExceeded,
+    EngineError,
+    JobCancelled,
+    PromptTooLong,
+    StreampoolError,
+)
 from shared.events import (
     CancelledEvent,
     DeltaEvent,
@@ -59,6 +66,8 @@ def error_from_event(event: ErrorEvent) -> StreampoolError:
     """The exception a failed job's `error` event stands for."""
     if event.code == PromptTooLong.error_type:
         return PromptTooLong(event.message)
+    if event.code == DeadlineExceeded.error_type:
+        return DeadlineExceeded(event.message)
     return EngineError(event.message, code=event.code)
 
 

@@ -38,17 +38,20 @@ RELAY_LAG_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0
 QUEUE_READ_TIMEOUT_SECONDS = 2.0
 
 
-QueueRead = Callable[[], Awaitable[tuple[dict[str, tuple[int, int]], dict[str, str] | None]]]
-"""Reads each model's (queued, running) job counts, and the tenants' totals (`Keys.tenant_totals`;
-None where the scrape will not show them)."""
+QueueRead = Callable[[], Awaitable[tuple[dict[str, tuple[int, int]], dict[str, str], dict[str, str] | None]]]
+"""Reads each model's (queued, running) job counts, the jobs each model's deadlines ended
+(`Keys.jobs_expired`), and the tenants' totals (`Keys.tenant_totals`; None where the scrape will not
+show them)."""
 
 
 class QueueFigures(Collector):
-    """`streampool_queue_depth{model}` and `streampool_jobs{model,state}` as last read from Redis;
-    nothing when the last read failed, so that a dashboard shows a gap rather than a stale figure."""
+    """`streampool_queue_depth{model}`, `streampool_jobs{model,state}` and
+    `streampool_jobs_expired_total{model}` as last read from Redis; nothing when the last read failed,
+    so that a dashboard shows a gap rather than a stale figure."""
 
     def __init__(self) -> None:
         self.by_model: dict[str, tuple[int, int]] | None = None
+        self.expired: dict[str, str] = {}
 
     def collect(self) -> Iterator[Metric]:
         if self.by_model is None:
@@ -66,8 +69,17 @@ class QueueFigures(Collector):
             depth.add_metric([model], queued)
             jobs.add_metric([model, "queued"], queued)
             jobs.add_metric([model, "running"], running)
+        expired = CounterMetricFamily(
+            "streampool_jobs_expired",
+            "Jobs that failed unrun because their deadline passed while they were queued "
+            "(deadline_exceeded), per model, whichever gateway or worker ended them",
+            labels=["model"],
+        )
+        for model in sorted(self.by_model):
+            expired.add_metric([model], int(self.expired.get(model, 0)))
         yield depth
         yield jobs
+        yield expired
 
 
 class TenantTotals(Collector):
@@ -200,11 +212,12 @@ class GatewayMetrics:
     async def read_queue(self, read: QueueRead) -> None:
         """Read the queue's figures for this scrape; a Redis that fails leaves them out (and is logged)."""
         try:
-            by_model, totals = await asyncio.wait_for(read(), QUEUE_READ_TIMEOUT_SECONDS)
+            by_model, expired, totals = await asyncio.wait_for(read(), QUEUE_READ_TIMEOUT_SECONDS)
         except (BackendUnavailable, RedisError, asyncio.TimeoutError) as exc:
             log.warning("metrics: the queue's figures are left out, Redis did not answer: %r", exc)
             self.queue.by_model = None
             self.tenant_totals.totals = None
             return
         self.queue.by_model = by_model
+        self.queue.expired = expired
         self.tenant_totals.totals = totals

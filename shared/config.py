@@ -193,6 +193,20 @@ class GatewaySettings(RedisSettings):
         description="length of a model's queue past which submissions for it get 429 (0: no limit); "
         "counted in interactive jobs alone, while a batch's line waits until the whole queue is under it",
     )
+    default_queue_deadline_seconds: float | None = Field(
+        None,
+        gt=0,
+        description="how long a request that sets no deadline (neither `deadline` nor the "
+        "`X-Streampool-Deadline` header) may wait in the queue; still queued then, its job fails "
+        "`deadline_exceeded` without running (none: it waits for as long as its job lives; a batch's "
+        "lines are never given it)",
+    )
+    deadline_sweep_seconds: float = Field(
+        1.0,
+        gt=0,
+        description="how often a gateway ends the queued jobs whose deadline has passed (a worker that "
+        "meets one ends it too): how late past its deadline a job no worker took may end",
+    )
     max_tokens_limit: int = Field(2048, ge=1, description="highest `max_tokens` a request may ask for")
     max_choices: int = Field(
         8, ge=1, description="highest `n` (choices of one prompt, in one job) a request may ask for"

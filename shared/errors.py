@@ -16,6 +16,7 @@ StreampoolError
 │   └── RateLimited       429 rate_limited (the caller's tenant is at one of its limits)
 ├── BackendUnavailable    503 unavailable (Redis unreachable, no model known at all)
 ├── JobCancelled          cancelled: the job a client waited on ended early (410 on OpenAI's routes)
+├── DeadlineExceeded      504 deadline_exceeded: the job a client waited on was still queued at its deadline
 ├── EngineError           a generation failed inside the engine (worker side)
 ├── NotResumable          not_resumable: a job of several choices met a second run (it fails)
 └── EngineDead            the engine itself is gone: no job is to blame, and its worker must go too
@@ -114,6 +115,12 @@ class BackendUnavailable(StreampoolError):
 
 class JobCancelled(StreampoolError):
     error_type = "cancelled"
+
+
+class DeadlineExceeded(StreampoolError):
+    """The job a client waited on failed unrun: its deadline passed before a worker started it."""
+
+    error_type = "deadline_exceeded"
 
 
 class EngineError(StreampoolError):

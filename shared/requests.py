@@ -51,6 +51,8 @@ PromptText = Annotated[Text, Field(min_length=1, max_length=MAX_PROMPT_CHARS)]
 PromptTokenIds = Annotated[list[TokenId], Field(min_length=1, max_length=MAX_PROMPT_CHARS)]
 PromptInput = str | list[int]
 """One prompt as the engine takes it: a text to tokenize, or the token ids themselves."""
+Deadline = Annotated[AwareDatetime, Field(strict=False)]
+"""An instant, RFC 3339 or unix seconds: a request's `deadline`, under that name on every API's body."""
 CACHE_SALT_FORBIDDEN = frozenset("@/\\\x00")  # what vLLM refuses in a salt
 MAX_CACHE_SALT_CHARS = 128  # vLLM's bound
 
@@ -194,8 +196,8 @@ class JobRequest(ChatOptions):
         description="the prompt's tokens' log-probabilities, with this many alternatives each (vLLM's), "
         "on the job's first delta event",
     )
-    deadline: AwareDatetime | None = Field(
-        None, strict=False, description="RFC 3339 or unix seconds; still queued then, the job fails unrun"
+    deadline: Deadline | None = Field(
+        None, description="RFC 3339 or unix seconds; still queued then, the job fails unrun"
     )
     pooling: PoolingJob | None = Field(
         None,

@@ -41,6 +41,7 @@ GROUPS = {
     "tests/gateway/test_readers.py": "gateway-process",  # tests/gateway/conftest.py's `gateway_process`
     "tests/gateway/test_reader_cursors.py": "gateway-process",
     "tests/gateway/test_structured_outputs.py": "gateway-process",
+    "tests/gateway/test_deadlines.py": "gateway-process",
     "tests/gateway/test_openai_stream_timing.py": "stream-timing",  # a gateway process of its own
     "tests/gateway/test_reader_bounds.py": "stream-limits",  # a gateway process of its own
     "tests/gateway/test_tenants.py": "tenants",  # a gateway process of its own

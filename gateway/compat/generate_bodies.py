@@ -28,7 +28,7 @@ from gateway.compat.openai_bodies import (
     refuse,
 )
 from shared.errors import InvalidRequest
-from shared.requests import MAX_PROMPT_CHARS, MAX_STOP_STRINGS, MAX_STOP_TOKEN_IDS, JobRequest
+from shared.requests import MAX_PROMPT_CHARS, MAX_STOP_STRINGS, MAX_STOP_TOKEN_IDS, Deadline, JobRequest
 from shared.sampling import SAME_NAMES
 
 GENERATE_PATH = "/inference/v1/generate"
@@ -163,6 +163,7 @@ class GenerateBody(BaseModel):
     priority: Integer | None = None
     kv_transfer_params: dict[str, Any] | None = None
     ec_transfer_params: dict[str, Any] | None = None
+    deadline: Deadline | None = None  # streampool's: still queued then, the job fails unrun
 
     @property
     def fills_context(self) -> bool:
@@ -226,6 +227,7 @@ class GenerateBody(BaseModel):
             **self.sampling_params.job_fields(max_tokens_limit),
             "cache_salt": self.cache_salt,
             "priority": self.priority,
+            "deadline": self.deadline,
         }
         return job_request_of(
             {name: value for name, value in fields.items() if value is not None}, PARAMETER_NAMES

@@ -25,6 +25,7 @@ from shared.requests import (
     MAX_STOP_STRINGS,
     MAX_STOP_TOKEN_IDS,
     ChatMessage,
+    Deadline,
     JobRequest,
     Text,
 )
@@ -225,6 +226,7 @@ class _Body(SamplingOptions):
     guided_choice: Any = None
     cache_salt: Name | None = None  # vLLM's: salts the engine's prefix cache
     prompt_logprobs: Integer | None = None  # vLLM's: the prompt tokens' logprobs, whole answers only
+    deadline: Deadline | None = None  # streampool's: still queued then, the job fails unrun
 
     @property
     def ignored_fields(self) -> list[str]:
@@ -369,6 +371,7 @@ class _Body(SamplingOptions):
             "structured_outputs": self._structured_outputs(),
             "cache_salt": self.cache_salt,
             "prompt_logprobs": self.prompt_logprobs,
+            "deadline": self.deadline,
             **self._input(),
         }
         fields = {name: value for name, value in fields.items() if value is not None}

@@ -39,7 +39,7 @@ from gateway.compat.openai_bodies import (
 from shared.chat import MAX_TOOLS, ReasoningEffort
 from shared.errors import InvalidRequest
 from shared.jobstore import Turn
-from shared.requests import MAX_MESSAGES, MAX_URL_CHARS, ChatMessage, JobRequest, Text
+from shared.requests import MAX_MESSAGES, MAX_URL_CHARS, ChatMessage, Deadline, JobRequest, Text
 from shared.webhooks import API, RESPONSE_API
 
 RESPONSES_PATH = "/v1/responses"
@@ -432,6 +432,7 @@ class ResponsesBody(SamplingOptions):
     safety_identifier: Name | None = None  # for OpenAI's abuse monitoring: nothing to do here
     # streampool's own: where to announce the response's end (see docs/webhooks.md).
     webhook: Annotated[Text, Field(min_length=1, max_length=MAX_URL_CHARS)] | None = None
+    deadline: Deadline | None = None  # streampool's: still queued then, the response fails unrun
 
     @property
     def ignored_fields(self) -> list[str]:
@@ -659,6 +660,7 @@ class ResponsesBody(SamplingOptions):
             "logprobs": (self.top_logprobs or 0) if self.output_logprobs else None,
             "truncate_prompt_tokens": -1 if self.truncation == "auto" else None,
             "messages": [*self._instructions, *self.conversation_of_input().chat_messages()],
+            "deadline": self.deadline,
             **self._chat_fields(),
         }
         fields = {name: value for name, value in fields.items() if value is not None}

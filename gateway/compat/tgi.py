@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from shared.errors import InvalidRequest
 from shared.events import CancelledEvent, DeltaEvent, DoneEvent, ErrorEvent, Event, TokenLogprob
-from shared.requests import MAX_PROMPT_CHARS, MAX_STOP_CHARS, MAX_STOP_STRINGS, JobRequest, Text
+from shared.requests import MAX_PROMPT_CHARS, MAX_STOP_CHARS, MAX_STOP_STRINGS, Deadline, JobRequest, Text
 
 DEFAULT_MAX_NEW_TOKENS = 100  # TGI's default
 ROUTER = "streampool"
@@ -31,6 +31,9 @@ ERRORS: dict[str, tuple[str, int]] = {
     "rate_limited": ("overloaded", 429),  # TGI has one type for every 429
     "unavailable": ("unavailable", 503),
     "cancelled": ("incomplete_generation", 500),  # TGI's name for a stream that ended early
+    # No worker started the job by its deadline: the queue was too busy (or had no worker), as TGI's
+    # "overloaded" says, with the gateway's timeout status.
+    "deadline_exceeded": ("overloaded", 504),
 }
 GENERATION_ERROR = ("generation", 424)
 
@@ -119,6 +122,7 @@ class GenerateRequest(BaseModel):
     inputs: Text = Field(min_length=1, max_length=MAX_PROMPT_CHARS)
     parameters: Parameters = Parameters()
     stream: bool = False
+    deadline: Deadline | None = None  # streampool's: still queued then, the job fails unrun
 
     def job_request(self, max_new_tokens_limit: int, *, stream: bool) -> JobRequest:
         """The job this body asks for; `InvalidRequest`, naming the parameter, when it cannot be one.
@@ -141,6 +145,7 @@ class GenerateRequest(BaseModel):
             "seed": params.seed,
             "stop": params.stop or None,
             "logprobs": 0 if stream or params.details else None,
+            "deadline": self.deadline,
         }
         try:
             return JobRequest.model_validate(

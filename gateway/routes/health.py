@@ -90,16 +90,17 @@ async def metrics(services: ServicesDep, operator: Operator) -> Response:
 
 async def _queue_figures(
     services: Services, tenants: bool
-) -> tuple[dict[str, tuple[int, int]], dict[str, str] | None]:
+) -> tuple[dict[str, tuple[int, int]], dict[str, str], dict[str, str] | None]:
     """Each known model's queued jobs (its queue's length) and running ones (its workers' heartbeats),
-    and where `tenants`, the tenants' totals of jobs and tokens."""
+    the jobs its deadlines ended, and where `tenants`, the tenants' totals of jobs and tokens."""
     catalog = await services.admission.catalog()
     running: Counter[str] = Counter()
     for worker in await services.admission.live_workers():
         running[worker.model] += worker.running_jobs
     depths = await queue_depths(services.redis, services.keys, catalog.entries)
     totals: dict[str, str] | None = None
-    if tenants:
-        with redis_errors():
+    with redis_errors():
+        expired = await services.redis.hgetall(services.keys.jobs_expired)  # type: ignore[misc]
+        if tenants:
             totals = await services.redis.hgetall(services.keys.tenant_totals)  # type: ignore[misc]
-    return {model: (depths[model], running[model]) for model in catalog.entries}, totals
+    return {model: (depths[model], running[model]) for model in catalog.entries}, expired, totals

@@ -13,6 +13,7 @@ from starlette.routing import BaseRoute
 from starlette.types import Scope
 
 from gateway.auth import REQUIRE_KEY, Owner, caller
+from gateway.deadlines import header_deadline
 from gateway.deps import JobId, OwnedJobId, Services, ServicesDep, checked_job_id, services_of
 from gateway.entries import Entry
 from gateway.errors import ShapedRoute, documented
@@ -102,7 +103,11 @@ async def submit_job(
     # A stream over the limits is refused before any job is made.
     with services.hold_reader(owner) if streaming else NOT_HELD as hold:
         submission = await services.admission.admit(
-            body, owner, idempotency_key=idempotency_key, annotations=annotations
+            body,
+            owner,
+            idempotency_key=idempotency_key,
+            annotations=annotations,
+            deadline=header_deadline(request.headers, services.settings),
         )
         job_id = submission.job_id
         headers = {"Location": _urls(job_id).self, JOB_ID_HEADER: job_id}

@@ -27,6 +27,7 @@ from gateway.compat.openai_answers import (
 )
 from gateway.compat.openai_bodies import CHAT_COMPLETIONS_PATH, COMPLETIONS_PATH, ChatBody, CompletionBody
 from gateway.compat.stored_chat import stored_annotations
+from gateway.deadlines import header_deadline
 from gateway.deps import Services, ServicesDep
 from gateway.errors import STATUS_CODES, ErrorShape, ShapedRoute, documented_compatible, status_of
 from gateway.generation import JOB_ID_HEADER, JobRun, chunk_frames, event_source, whole_answer
@@ -151,7 +152,12 @@ async def _answer_held(
     annotations = framing.annotations() if keep_running else {}  # what a resumed stream is made with
     try:
         submission = await services.admission.admit(
-            job, owner, model=body.model, fill_context=body.fills_context, annotations=annotations | stored
+            job,
+            owner,
+            model=body.model,
+            fill_context=body.fills_context,
+            annotations=annotations | stored,
+            deadline=header_deadline(request.headers, services.settings),
         )
     except InvalidRequest as exc:
         raise body.in_own_terms(exc) from exc

@@ -35,12 +35,14 @@ from gateway.compat.responses_answers import (
     response_object,
 )
 from gateway.compat.responses_bodies import RESPONSES_PATH, ResponsesBody, Stored
+from gateway.deadlines import header_deadline
 from gateway.deps import Services, ServicesDep, prefixed_job_id
 from gateway.entries import Entry
 from gateway.generation import JOB_ID_HEADER, HeldEventSource, JobRun, keep_alive
 from gateway.relay import IDLE_SECONDS, NOT_HELD, START, Following, Hold, StreamLimits
 from gateway.routes.openai import ERRORS, OPENAI_ERRORS, SEPARATOR, STREAM, OpenAIRoute, ignored_fields_header
 from shared.errors import (
+    DeadlineExceeded,
     EngineError,
     InvalidRequest,
     JobCancelled,
@@ -232,6 +234,7 @@ async def _created(
             annotations={**stored.annotations(), **webhook},
             fill_context=body.max_output_tokens is None,  # as OpenAI: bounded by the context alone
             turn=body.turn(previous, earlier),
+            deadline=header_deadline(request.headers, services.settings),
         )
     except InvalidRequest as exc:
         raise body.in_own_terms(exc) from exc
@@ -250,7 +253,8 @@ async def _created(
         return JSONResponse(response_object(head, Standing("queued")), headers=headers)
     logprobs = None
     try:
-        with contextlib.suppress(JobCancelled, EngineError, PromptTooLong):  # the record says how it ended
+        # The record says how it ended.
+        with contextlib.suppress(JobCancelled, EngineError, PromptTooLong, DeadlineExceeded):
             result = await JobRun(services, head.job_id, request).result()
             if stored.output_logprobs:  # the record does not keep them: the job's events do
                 logprobs = [logprob_object(logprob, stored.top_logprobs) for logprob in result.first.logprobs]

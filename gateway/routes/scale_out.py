@@ -30,6 +30,7 @@ from gateway.compat.generate_answers import (
 from gateway.compat.generate_bodies import GENERATE_PATH, GenerateBody
 from gateway.compat.openai_bodies import ChatBody, CompletionBody
 from gateway.compat.render import CHAT_RENDER_PATH, COMPLETIONS_RENDER_PATH, render_requests
+from gateway.deadlines import header_deadline
 from gateway.deps import Services, ServicesDep
 from gateway.errors import ErrorShape, ShapedRoute, documented_compatible, status_of
 from gateway.generation import JOB_ID_HEADER, JobRun, chunk_frames, event_source
@@ -82,7 +83,11 @@ async def generate(body: GenerateBody, request: Request, owner: Owner, services:
         target = await services.admission.resolve(body.model)
         try:
             submission = await services.admission.admit(
-                job, owner, model=body.model, fill_context=body.fills_context
+                job,
+                owner,
+                model=body.model,
+                fill_context=body.fills_context,
+                deadline=header_deadline(request.headers, services.settings),
             )
         except InvalidRequest as exc:
             raise body.in_own_terms(exc) from exc

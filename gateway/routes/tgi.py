@@ -19,6 +19,7 @@ from sse_starlette import EventSourceResponse, ServerSentEvent
 
 from gateway.auth import REQUIRE_KEY, Owner
 from gateway.compat import tgi
+from gateway.deadlines import header_deadline
 from gateway.deps import Services, ServicesDep
 from gateway.errors import ErrorShape, ShapedRoute, documented
 from gateway.generation import JOB_ID_HEADER, JobRun, event_source, keep_alive
@@ -45,7 +46,7 @@ router = APIRouter(
 
 # As TGI: 422 for any invalid input (a prompt too long for the context included).
 GENERATION_ERRORS: dict[int | str, dict[str, Any]] = {
-    **documented(400, 413, 422, 429),
+    **documented(400, 413, 422, 429, 504),
     424: {"model": tgi.ErrorResponse, "description": "generation failed"},
     500: {"model": tgi.ErrorResponse, "description": "the job was cancelled before it ended"},
 }
@@ -73,7 +74,9 @@ async def _submit(
     serves one model: the gateway's default one (or the only one it knows)."""
     job = body.job_request(services.settings.max_tokens_limit, stream=stream)
     try:
-        submission = await services.admission.admit(job, owner)
+        submission = await services.admission.admit(
+            job, owner, deadline=header_deadline(request.headers, services.settings)
+        )
     except InvalidRequest as exc:
         raise body.in_own_terms(exc) from exc
     return JobRun(services, submission.job_id, request)
