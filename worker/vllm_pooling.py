@@ -74,6 +74,8 @@ class VllmPooling:
 
     def __init__(self, llm: AsyncLLM, settings: WorkerSettings, tasks: tuple[SupportedTask, ...]) -> None:
         self._llm = llm
+        # Where vLLM schedules by priority, a request's own counts; else the queue has ordered the job by it.
+        self._by_priority = llm.vllm_config.scheduler_config.policy == "priority"
         self.serving = Serving("generate" in tasks, pooling_routes(tasks, llm.model_config))
         self._state = State()
         if not self.serving.pooling_routes:
@@ -102,6 +104,8 @@ class VllmPooling:
             raise EngineError(_validation_message(exc), code="BadRequestError") from exc
         if hasattr(request, "request_id"):
             request.request_id = request_id  # the answer's id, and its engine requests' ids, are the job's
+        if not self._by_priority and hasattr(request, "priority"):
+            request.priority = 0  # as a generation's: first come, first served refuses any other
         name, api = STATES[job.route]
         handler = getattr(self._state, name, None)
         try:
