@@ -431,6 +431,18 @@ def write_fair_share(fair: FairShare, out: Path) -> Path:
     return path
 
 
+def write_section(section: list[str], name: str, measured: object, out: Path) -> Path:
+    """Put a phase run alone (its `section` of RESULTS.md, and `measured`, a dataclass, as results.json's
+    `name`) in place, leaving everything else as it is, as `write_fair_share` does; answers RESULTS.md's
+    path."""
+    raw_path, path = out / "results.json", out / "RESULTS.md"
+    raw = json.loads(raw_path.read_text())
+    raw[name] = dataclasses.asdict(measured)  # type: ignore[call-overload]
+    raw_path.write_text(json.dumps(raw, indent=1, default=str))
+    path.write_text("\n".join(_put_section(path.read_text().splitlines(), section)) + "\n")
+    return path
+
+
 def fleet_section(fleet: FleetRun | None) -> list[str]:
     if fleet is None:
         return [fleet_report.HEADING, "", "Not measured in this run.", ""]
