@@ -44,6 +44,8 @@ if TYPE_CHECKING:  # imports vLLM: only a worker whose pool parses output has on
 log = logging.getLogger(__name__)
 
 HAND_BACK_RETRY_SECONDS = 0.5
+POOLING_CHECK_SECONDS = 0.5
+"""How often a pooling job, which has no steps of its own, checks its cancel key and lease meanwhile."""
 
 
 class StreamBehind(Exception):
@@ -232,13 +234,30 @@ class JobRunner:
                 return await self._stop(job_id, chunker, verdict, 1)
         log.info("pooling: /%s, %d inputs", job.route, job.inputs)
         try:
-            result = await self.engine.pool(job_id, job)
+            result = await self._pooled(job_id, job)
         except EngineError as exc:  # vLLM's refusal: its type is the code, for the status vLLM answers
             return await self._fail(job_id, chunker, exc.message, exc.detail.get("code") or exc.error_type)
+        if isinstance(result, Verdict):
+            return await self._stop(job_id, chunker, result, 1)
         chunker.prompt_tokens = usage_prompt_tokens(result)
         return await self._end(
             job_id, chunker, chunker.pooled(result), JobState.completed, "stop", result=result
         )
+
+    async def _pooled(self, job_id: str, job: PoolingJob) -> dict[str, Any] | Verdict:
+        """The engine's answer; or, where a check made meanwhile (as a generation's steps check) says
+        the job may not go on (cancelled, or no longer this worker's), its verdict: the engine's
+        requests are then aborted, as the answer is cancelled."""
+        answer = asyncio.ensure_future(self.engine.pool(job_id, job))
+        try:
+            while not (await asyncio.wait({answer}, timeout=POOLING_CHECK_SECONDS))[0]:
+                verdict = await self.publisher.step(job_id, [])
+                if verdict is not Verdict.go:
+                    return verdict
+            return answer.result()
+        finally:
+            answer.cancel()
+            await asyncio.gather(answer, return_exceptions=True)
 
     def _reply(self, request: JobRequest, prompts: list[Prompt]) -> Reply | None:
         """The parsing of a chat's output, where the pool parses; a request its parsers refuse (a

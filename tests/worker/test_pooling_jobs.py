@@ -1,9 +1,11 @@
 """A pooling job's run on a worker, against the real Redis, on the synthetic engine's embeddings (the
 subject is the job's run, not vLLM's answer): one `done` event holds the whole answer, which the job's
-record shows; refusals end it with vLLM's error type as the code; a job handed back runs again whole."""
+record shows; refusals end it with vLLM's error type as the code; a cancel stops it; a job handed back
+runs again whole."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
@@ -14,7 +16,7 @@ from shared.lifecycle.transitions import ReleaseOutcome
 from shared.pooling import PoolingJob
 from shared.requests import JobRequest
 from tests.worker.test_jobs import LEASE_SECONDS, runner, stream
-from worker.jobs import Ending
+from worker.jobs import POOLING_CHECK_SECONDS, Ending
 from worker.leases import Leases
 from worker.synthetic_engine import SyntheticEngine, read_model_card
 
@@ -22,11 +24,11 @@ EMBEDDING_POOL = ["--runner", "pooling", "--convert", "embed"]
 TEXTS = ["the first input", "the second", "the third and last"]
 
 
-def synthetic(engine_args: list[str]) -> SyntheticEngine:
+def synthetic(engine_args: list[str], step_seconds: float = 0.001) -> SyntheticEngine:
     if not DEFAULT_MODEL_DIR.is_dir():
         pytest.skip("the default model is not prepared (make setup)")
     settings = WorkerSettings(
-        engine="synthetic", synthetic_step_seconds=0.001, max_model_len=256, engine_args=engine_args
+        engine="synthetic", synthetic_step_seconds=step_seconds, max_model_len=256, engine_args=engine_args
     )
     return SyntheticEngine(settings, read_model_card(settings.model, settings.model_name, 256))
 
@@ -112,3 +114,20 @@ async def test_a_pooling_job_handed_back_runs_again_whole_on_the_next_worker(
     await runner(store, engine).run(once)
     assert events[-1]["result"]["data"] == (await stream(store, once))[-1]["result"]["data"]
     assert (await store.record(job_id)).attempts == 2
+
+
+async def test_a_pooling_job_cancelled_while_its_answer_is_made_ends_cancelled_without_one(
+    store: JobStore,
+) -> None:
+    """A pooling job has no steps: it checks its cancel key meanwhile, and stops its engine requests."""
+    slow = synthetic(EMBEDDING_POOL, step_seconds=10.0)
+    job_id = await submit(store, slow, embeddings(input=TEXTS))
+    run = asyncio.create_task(runner(store, slow).run(job_id))
+    while (await store.record(job_id)).status != "running":
+        await asyncio.sleep(0.01)
+    await store.cancel(job_id)
+    assert await asyncio.wait_for(run, POOLING_CHECK_SECONDS * 10) is Ending.ended
+    events = await stream(store, job_id)
+    assert [event["type"] for event in events] == ["status", "status", "cancelled"]
+    record = await store.record(job_id)
+    assert record.status == "cancelled" and record.output.result is None
