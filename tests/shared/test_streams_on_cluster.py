@@ -138,6 +138,18 @@ async def test_a_cancel_reaches_a_job_on_the_cluster(store: JobStore) -> None:
     assert [fields["type"] for _, fields in entries] == ["status", "cancelled"]
 
 
+async def test_a_job_past_its_deadline_ends_on_the_cluster_with_no_worker_to_start_it(
+    store: JobStore,
+) -> None:
+    """The deadline sweep ends the record on the control plane, then the stream on its master."""
+    jobs = [(await store.submit(REQUEST, model=MODEL, max_queued=0, deadline=0.0)).job_id for _ in range(6)]
+    assert await store.expire_due([MODEL]) == len(jobs)
+    for job_id in jobs:
+        assert (await store.record(job_id)).status is JobState.failed
+        entries = await store.streams.xrange(store.keys.stream(job_id))
+        assert [fields["type"] for _, fields in entries] == ["status", "error"]
+
+
 def test_partitions_name_their_slot_in_the_data_plane_keys_alone() -> None:
     keys = Keys("sp", 16)
     job_id = uuid.uuid4().hex
