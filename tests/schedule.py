@@ -25,6 +25,7 @@ GROUPS = {
     "tests/worker/test_sampling_params.py": "engine-libraries",  # imports vLLM
     "tests/worker/test_replies.py": "engine-libraries",
     "tests/worker/test_synthetic_pooling.py": "engine-libraries",  # imports vLLM's protocol models
+    "tests/gateway/test_pooling_compat.py": "engine-libraries",  # imports vLLM's protocol models
     "tests/worker/test_cpu_dtype.py": "engine-libraries",  # imports torch
     "tests/worker/test_constraint_compile.py": "engine-libraries",  # its child imports xgrammar (torch)
     "tests/gateway/test_vllm_routes.py": "engine-libraries",  # loads the tokenizer with transformers
@@ -65,6 +66,7 @@ GROUPS = {
     "tests/e2e/test_batches.py": "batches",  # gateways and a synthetic worker of its own
     "tests/e2e/test_streams_apart.py": "streams-apart",  # its streams' Redis, gateway and synthetic workers
     "tests/e2e/test_streams_on_cluster.py": "streams-on-cluster-e2e",  # its cluster, gateways and workers
+    "tests/e2e/test_pooling.py": "pooling-engines",  # its embedding pool and vLLM's server, one engine each
 }
 """Each module's group: what the comment names is set up once per group, not once per process."""
 
