@@ -13,7 +13,7 @@ if there is one)::
     tokens_per_minute = 200000   # prompt plus generated tokens of jobs ended in any sliding minute
     weight = 2.0                 # its share of each model's queue, against the others' weights
     default_priority = 0         # a job's priority when it names none (lower runs first, as in vLLM)
-    min_priority = -10           # the most urgent priority its jobs may ask for
+    min_priority = 0             # the most urgent priority its jobs may ask for (default: any)
     webhook_allowed_prefixes = ["https://hooks.example.com/team-a/"]  # instead of the gateway's
 
     [[keys]]
@@ -77,7 +77,7 @@ class _TenantTable(BaseModel):
     tokens_per_minute: int | None = Field(None, ge=1)
     weight: float = Field(1.0, gt=0, allow_inf_nan=False)
     default_priority: int = Field(0, ge=-MAX_PRIORITY, le=MAX_PRIORITY)
-    min_priority: int = Field(0, ge=-MAX_PRIORITY, le=MAX_PRIORITY)
+    min_priority: int = Field(-MAX_PRIORITY, ge=-MAX_PRIORITY, le=MAX_PRIORITY)
     webhook_allowed_prefixes: tuple[str, ...] | None = Field(None, strict=False)  # a TOML array
 
     @model_validator(mode="after")

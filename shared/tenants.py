@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel
 
+from shared.requests import MAX_PRIORITY
+
 DEFAULT_TENANT = "default"
 """The tenant whose table gives its limits to every key that names no tenant (each such key is a tenant
 of its own, with those limits), and whose share of a queue the jobs of no tenant take."""
@@ -38,7 +40,9 @@ class Tenant:
     tokens_per_minute: int | None = None
     weight: float = 1.0
     default_priority: int = 0
-    min_priority: int = 0
+    # vLLM's order, lower first, negative included: a job's priority orders only its own tenant's share,
+    # so that the bound is the operator's to raise (0: no jumping of one's own queue), not a refusal.
+    min_priority: int = -MAX_PRIORITY
     webhook_allowed_prefixes: tuple[str, ...] | None = None  # None: the gateway's setting
 
     def script_limits(self) -> dict[str, int]:

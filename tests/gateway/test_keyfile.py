@@ -55,7 +55,10 @@ def test_a_toml_file_gives_keys_their_webhook(tmp_path: Path) -> None:
         ('[[tenants]]\nname = "a"\nmax_queued_jobs = 0\n', "tenants.0.max_queued_jobs"),
         ('[[tenants]]\nname = "a"\ntokens_per_minute = "many"\n', "tenants.0.tokens_per_minute"),
         ('[[tenants]]\nname = "a"\nweight = 0\n', "tenants.0.weight"),
-        ('[[tenants]]\nname = "a"\ndefault_priority = -3\n', "default_priority must be at least min_pri"),
+        (
+            '[[tenants]]\nname = "a"\nmin_priority = 0\ndefault_priority = -3\n',
+            "default_priority must be at least min_pri",
+        ),
         ('[[tenants]]\nname = "a"\nmin_priority = -2000000\n', "tenants.0.min_priority"),
         ('[[tenants]]\nname = "a"\nrequests_per_hour = 3\n', "tenants.0.requests_per_hour"),
     ],
