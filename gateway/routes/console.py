@@ -13,13 +13,13 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Query, Request, Response
 from fastapi.responses import FileResponse
 from fastapi.security.utils import get_authorization_scheme_param
-from starlette.exceptions import HTTPException
 
 from gateway.auth import ApiKeys
 from gateway.console import Console, JobList, Snapshot, list_jobs
 from gateway.deps import JobIdPath, ServicesDep, checked_job_id, services_of
 from gateway.errors import documented
-from gateway.routes.playground import HEADERS, STATIC
+from gateway.routes.jobs import cancel_job
+from gateway.routes.playground import asset, static_file
 from shared.errors import Forbidden, Unauthorized
 from shared.events import JobState
 from shared.requests import CancelAnswer, JobRecord
@@ -66,16 +66,13 @@ router = APIRouter(
 @page.get("/console")
 async def console_page() -> FileResponse:
     """The console page."""
-    return FileResponse(STATIC / "console.html", media_type="text/html; charset=utf-8", headers=HEADERS)
+    return static_file("console.html", "text/html")
 
 
 @page.get("/console/{name}")
 async def console_asset(name: str) -> FileResponse:
-    """The page's script or stylesheet; nothing else from the folder."""
-    media_type = ASSETS.get(name)
-    if media_type is None:
-        raise HTTPException(404, f"no console asset {name!r}")
-    return FileResponse(STATIC / name, media_type=f"{media_type}; charset=utf-8", headers=HEADERS)
+    """The page's script or stylesheet."""
+    return asset(name, ASSETS, "console")
 
 
 @router.get("/snapshot", response_model=Snapshot)
@@ -113,7 +110,4 @@ async def job(job_id: JobIdPath, services: ServicesDep) -> JobRecord:
 )
 async def cancel(job_id: JobIdPath, services: ServicesDep, response: Response) -> CancelAnswer:
     """Cancel any job, as its owner's `POST /v1/jobs/{id}/cancel` does."""
-    answer, took_effect = await services.store.cancel(checked_job_id(job_id))
-    if not took_effect:
-        response.status_code = 200
-    return answer
+    return await cancel_job(checked_job_id(job_id), services, response)

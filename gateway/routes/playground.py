@@ -6,6 +6,7 @@ GET only: `POST /` belongs to the TGI-compatible routes.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 
 from fastapi import APIRouter
@@ -28,19 +29,29 @@ HEADERS = {
 router = APIRouter(tags=["playground"], include_in_schema=False)
 
 
+def static_file(name: str, media_type: str) -> FileResponse:
+    """A file of the gateway's pages (the playground's, the console's), with their headers."""
+    return FileResponse(STATIC / name, media_type=f"{media_type}; charset=utf-8", headers=HEADERS)
+
+
+def asset(name: str, assets: Mapping[str, str], page: str) -> FileResponse:
+    """One of `page`'s scripts or stylesheets, by name; nothing else from the folder."""
+    media_type = assets.get(name)
+    if media_type is None:
+        raise HTTPException(404, f"no {page} asset {name!r}")
+    return static_file(name, media_type)
+
+
 @router.get("/")
 async def playground_page() -> FileResponse:
     """The playground page."""
-    return FileResponse(STATIC / "index.html", media_type="text/html; charset=utf-8", headers=HEADERS)
+    return static_file("index.html", "text/html")
 
 
 @router.get("/playground/{name}")
 async def playground_asset(name: str) -> FileResponse:
-    """One of the page's scripts or stylesheets; nothing else from the folder."""
-    media_type = ASSETS.get(name)
-    if media_type is None:
-        raise HTTPException(404, f"no playground asset {name!r}")
-    return FileResponse(STATIC / name, media_type=f"{media_type}; charset=utf-8", headers=HEADERS)
+    """One of the page's scripts or stylesheets."""
+    return asset(name, ASSETS, "playground")
 
 
 @router.get("/v1/playground/models", dependencies=[REQUIRE_KEY])

@@ -378,7 +378,13 @@ function chatBody(request) {
 
 /** Streams the chunks of `job`'s chat completion into the page from `url`: its POST, or its resumption
  * after the chunks already shown (`resumeChat`). */
-async function streamChat(url, init) {
+function streamChat(url, init) {
+  return streamAnswer(url, init, onChunk, lostChat);
+}
+
+/** Streams `job`'s answer from `url` (a POST that makes the job, or a resumption of its stream) into
+ * `dispatch`, an event at a time; `lost(following)` when the stream fails or ends before the answer. */
+async function streamAnswer(url, init, dispatch, lost) {
   const controller = new AbortController();
   const following = { close: () => controller.abort() };
   source = following;
@@ -386,7 +392,7 @@ async function streamChat(url, init) {
   try {
     response = await fetch(url, { ...init, headers: withKey(init.headers), signal: controller.signal });
   } catch {
-    return lostChat(following);
+    return lost(following);
   }
   if (!response.ok) {
     detach();
@@ -401,7 +407,7 @@ async function streamChat(url, init) {
     save();
     render();
   }
-  if (await readBody(response, controller.signal, onChunk)) lostChat(following);
+  if (await readBody(response, controller.signal, dispatch)) lost(following);
 }
 
 /** The chat's stream was cut before its `[DONE]` (a gateway stopping): its job goes on, so resume. */
@@ -469,30 +475,8 @@ function responseBody(request) {
 
 /** Streams `job`'s response events into the page from `url`: its POST, or its resumption after the last
  * event shown (`resumeResponse`). */
-async function streamResponse(url, init) {
-  const controller = new AbortController();
-  const following = { close: () => controller.abort() };
-  source = following;
-  let response;
-  try {
-    response = await fetch(url, { ...init, headers: withKey(init.headers), signal: controller.signal });
-  } catch {
-    return lostResponse(following);
-  }
-  if (!response.ok) {
-    detach();
-    job.state = "error";
-    job.error = refusal(response, await response.json().catch(() => null));
-    return render();
-  }
-  if (!job.id) { // the POST's answer: the job is admitted
-    job.id = response.headers.get(JOB_ID_HEADER);
-    job.state = "queued";
-    history.replaceState(null, "", `?job=${encodeURIComponent(job.id)}`); // a reload resumes
-    save();
-    render();
-  }
-  if (await readBody(response, controller.signal, onResponseEvent)) lostResponse(following);
+function streamResponse(url, init) {
+  return streamAnswer(url, init, onResponseEvent, lostResponse);
 }
 
 function lostResponse(following) {
