@@ -62,6 +62,7 @@ function useKey(event) {
   ui.apiKey.value = "";
   ui.auth.hidden = true;
   for (const poll of [pollSnapshot, pollJobs]) poll();
+  if (opened) pollJob();
 }
 
 /** Runs `read` now and every `ms` after it ends, in one chain a name (a new call replaces the chain);

@@ -72,10 +72,10 @@ function showMode() {
 /** The mode the picked model is best tried in: Chat where its card has a chat template. */
 function suggestMode() {
   const option = ui.model.selectedOptions[0];
-  const chats_ = chats[option?.dataset.root ?? ""];
-  ui.modeHint.textContent = chats_ === false ? "This model's card has no chat template: Prompt mode." : "";
-  if (modePicked || chats_ === undefined) return;
-  ui.form.elements.mode.value = chats_ ? "chat" : "prompt";
+  const chatting = chats[option?.dataset.root ?? ""];
+  ui.modeHint.textContent = chatting === false ? "No chat template is known for this model: Prompt mode." : "";
+  if (modePicked || chatting === undefined) return;
+  ui.form.elements.mode.value = chatting ? "chat" : "prompt";
   showMode();
 }
 
@@ -640,8 +640,8 @@ async function attach(id) {
 async function showModels() {
   const picked = ui.model.value;
   try {
-    const [models, chatting] = await Promise.all([fetchJSON("/v1/models"), fetchJSON("/v1/playground/models")]);
-    chats = chatting;
+    const [models, chatModels] = await Promise.all([fetchJSON("/v1/models"), fetchJSON("/v1/playground/models")]);
+    chats = chatModels;
     const options = models.data.map((model) => {
       const option = new Option(model.workers ? model.id : `${model.id} (no live worker)`, model.id);
       option.title = `${model.workers} live workers, ${model.queue_depth} jobs queued`;

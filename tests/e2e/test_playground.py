@@ -114,6 +114,8 @@ def test_root_serves_the_page_and_its_assets(system: System) -> None:
     assert types["/playground/playground.css"].startswith("text/css")
     missing = httpx.get(f"{system.base_url}/playground/app.py")
     assert missing.status_code == 404 and missing.json()["error_type"] == "not_found"
+    # Which models chat: the synthetic workers publish the default model's card, chat template and all.
+    assert httpx.get(f"{system.base_url}/v1/playground/models").json() == {system.settings.model_name: True}
 
 
 def test_playground_leaves_post_root_to_the_tgi_routes() -> None:
@@ -360,6 +362,9 @@ def test_a_gateway_that_asks_for_a_key_gets_one_and_streams_with_it(
     expect(page.locator("#auth")).to_be_hidden()
     # The declared model, picked: its job queues until a worker of it starts.
     expect(page.locator("#model")).to_have_text(f"{keyed.settings.default_model} (no live worker)")
+    # No worker has published its card: no chat template is known, and the page opens in Prompt mode.
+    expect(page.locator("input[name=mode][value=prompt]")).to_be_checked()
+    expect(page.locator("#mode-hint")).to_have_text("No chat template is known for this model: Prompt mode.")
 
     page.fill("#prompt", "Hi")
     with page.expect_request(lambda r: "/events" in r.url) as streamed:
