@@ -82,7 +82,7 @@ class PoolingBody(BaseModel):
     def job_request(self) -> JobRequest:
         """The job: this body as vLLM's model of the route takes it, with its inputs counted."""
         body = self.model_dump(mode="json", exclude_unset=True)
-        pooling = PoolingJob(route=self.route, body=body, inputs=max(1, len(self.pieces())))
+        pooling = PoolingJob(route=self.route, body=body, inputs=len(self.pieces()))
         return JobRequest(model=self.model, pooling=pooling, priority=self.priority)
 
 
@@ -207,6 +207,16 @@ BODIES: dict[PoolingRoute, type[PoolingBody]] = {
 }
 
 
+INPUT_PARAMS: dict[PoolingRoute, str] = {
+    "embeddings": "input",
+    "pooling": "input",
+    "classify": "input",
+    "score": "documents",
+    "rerank": "documents",
+}
+"""The parameter that holds a route's inputs, named where there are too many."""
+
+
 def pooling_body(job: PoolingJob) -> PoolingBody:
     """A job's body as its route's model reads it (a native API's submission gives it as a dict);
     `InvalidRequest` naming the parameter when it is no request of the route."""
@@ -258,13 +268,3 @@ def bounded_pooling(
         )
     pooling = PoolingJob(route=job.pooling.route, body={**job.pooling.body, "model": model}, inputs=inputs)
     return job.model_copy(update={"pooling": pooling})
-
-
-INPUT_PARAMS: dict[PoolingRoute, str] = {
-    "embeddings": "input",
-    "pooling": "input",
-    "classify": "input",
-    "score": "documents",
-    "rerank": "documents",
-}
-"""The parameter that holds a route's inputs, named where there are too many."""
