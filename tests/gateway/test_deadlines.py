@@ -177,10 +177,16 @@ async def test_the_token_route_answers_a_job_past_its_deadline_504_in_vllms_shap
     await unrun(gateway, await newest_job(redis_client, settings))
 
 
-async def test_a_header_that_is_no_wait_in_seconds_is_refused_before_any_job(
+async def test_a_deadline_that_is_no_instant_or_a_header_that_is_no_wait_is_refused_before_any_job(
     gateway: httpx.AsyncClient, settings: Settings, redis_client: aioredis.Redis
 ) -> None:
     body = {"model": settings.default_model, "messages": [{"role": "user", "content": "Hi"}]}
+    for deadline in ["tomorrow", "2030-01-01T00:00:00"]:  # the second has no time zone
+        answer = await gateway.post("/v1/chat/completions", json={**body, "deadline": deadline})
+        assert answer.status_code == 400, deadline
+        assert answer.json()["error"]["param"] == "deadline"
+        tgi = await gateway.post("/generate", json={"inputs": "Hi", "deadline": deadline})
+        assert tgi.status_code == 422, deadline
     for value in ["0", "-1", "soon", "nan", "inf", "1733000000"]:  # the last: an instant, not a wait
         answer = await gateway.post("/v1/chat/completions", json=body, headers={DEADLINE_HEADER: value})
         assert answer.status_code == 400, value
