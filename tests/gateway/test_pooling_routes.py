@@ -116,6 +116,7 @@ async def test_each_route_is_one_job_of_its_handler_answered_whole_with_its_resu
     assert answer.headers["X-Streampool-Job-Id"] == job_id
     record = (await gateway.get(f"/v1/jobs/{job_id}")).json()
     assert record["status"] == "completed"
+    assert record["output"]["result"] == result  # the native API reads the answer too
 
 
 async def test_a_request_names_the_canonical_model_to_its_worker_and_counts_token_lists_and_chats(
