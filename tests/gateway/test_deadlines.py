@@ -151,7 +151,7 @@ async def test_tgi_answers_a_job_past_its_deadline_with_its_error_shape(
     )
 
 
-async def test_a_background_response_past_its_deadline_fails_with_the_error(
+async def test_a_response_past_its_deadline_fails_with_the_error(
     gateway: httpx.AsyncClient, client: openai.AsyncOpenAI, settings: Settings
 ) -> None:
     created = await client.responses.create(
@@ -165,6 +165,12 @@ async def test_a_background_response_past_its_deadline_fails_with_the_error(
     response = await client.responses.retrieve(created.id)
     assert response.status == "failed"
     assert response.error is not None and response.error.message == DEADLINE_PASSED
+    # Waited for (no `background`), it answers the failed response.
+    waited = await client.responses.create(
+        model=settings.default_model or "", input="Hello", extra_headers={DEADLINE_HEADER: str(SOON)}
+    )
+    assert waited.status == "failed"
+    assert waited.error is not None and waited.error.message == DEADLINE_PASSED
 
 
 async def test_the_token_route_answers_a_job_past_its_deadline_504_in_vllms_shape(
