@@ -17,7 +17,7 @@ from shared.jobstore import DEADLINE_EXCEEDED, DEADLINE_PASSED, JobStore
 from shared.keys import Keys
 from shared.requests import JobRequest
 from tests.conftest import UNIT_RETENTION_SECONDS, delete_test_keys, make_settings
-from tests.shared.transitions import MODEL, WORKER
+from tests.shared.transitions import MODEL, WORKER, claimed
 
 REQUEST = JobRequest(prompt="The capital of France is", max_tokens=8)
 LEASE_SECONDS = 6.0
@@ -75,6 +75,7 @@ async def test_a_queued_job_past_its_deadline_fails_unrun_with_no_worker_to_star
     assert await store.redis.zcard(model.deadlines) == 0
     assert await expired_count(store) == "1"
     # Nothing is left for a worker: a claim finds no job, a start of it is refused.
+    assert await claimed(store) == []
     assert await store.start(job_id, WORKER, MODEL, lease_seconds=LEASE_SECONDS) is None
     assert await store.expire_due([MODEL]) == 0
     assert await expired_count(store) == "1"
