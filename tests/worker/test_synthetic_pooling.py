@@ -14,6 +14,7 @@ import pytest
 from shared.config import DEFAULT_MODEL_DIR, WorkerSettings
 from shared.errors import EngineError
 from shared.pooling import PoolingJob
+from worker.app import engine_card
 from worker.engine import Serving
 from worker.synthetic_engine import SyntheticEngine, read_model_card
 from worker.synthetic_pooling import EMBEDDING_DIMENSIONS, synthetic_serving
@@ -26,15 +27,19 @@ MAX_MODEL_LEN = 64
 
 
 @pytest.fixture(scope="module")
-def engine() -> SyntheticEngine:
+def settings() -> WorkerSettings:
     if not DEFAULT_MODEL_DIR.is_dir():
         pytest.skip("the default model is not prepared (make setup)")
-    settings = WorkerSettings(
+    return WorkerSettings(
         engine="synthetic",
         synthetic_step_seconds=0.001,
         max_model_len=MAX_MODEL_LEN,
         engine_args=["--runner", "pooling", "--convert", "embed"],
     )
+
+
+@pytest.fixture(scope="module")
+def engine(settings: WorkerSettings) -> SyntheticEngine:
     return SyntheticEngine(settings, read_model_card(settings.model, settings.model_name, MAX_MODEL_LEN))
 
 
@@ -63,6 +68,14 @@ def test_vllms_flags_of_an_embedding_pool_make_the_synthetic_engine_serve_embedd
     flags: list[str], serving: Serving
 ) -> None:
     assert synthetic_serving(flags) == serving
+
+
+async def test_the_model_card_of_an_embedding_pool_says_it_serves_embeddings_and_does_not_generate(
+    settings: WorkerSettings, engine: SyntheticEngine
+) -> None:
+    card = await engine_card(settings, engine)
+    assert card is not None
+    assert (card.generates, card.pooling_routes) == (False, ["embeddings"])
 
 
 def test_a_conversion_the_synthetic_engine_cannot_pool_ends_its_start() -> None:
