@@ -222,10 +222,9 @@ class JobRunner:
     ) -> Ending:
         """A pooling job: its whole answer in its `done` event. A job whose last run's worker was lost
         runs again from the start: nothing of an answer is written before all of it."""
-        if job.route not in serving.pooling_routes:
-            raise EngineError(
-                f"{self.engine.model_name} does not serve /{job.route}: it serves {serving.describe()}"
-            )
+        if job.route not in serving.pooling_routes:  # its pool's card said otherwise when it was admitted
+            message = f"{self.engine.model_name} does not serve /{job.route}: it serves {serving.describe()}"
+            return await self._fail(job_id, chunker, message, "BadRequestError")
         if started.resumed:
             self.metrics.resumes.inc()
             message = f"run again by worker {self.worker_id}"

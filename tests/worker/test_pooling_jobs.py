@@ -90,7 +90,7 @@ async def test_generation_on_an_embedding_pool_and_embeddings_on_a_generating_on
     pooling = await submit(store, generating, embeddings(input=TEXTS))
     await runner(store, generating).run(pooling)
     refused = (await stream(store, pooling))[-1]
-    assert refused["type"] == "error"
+    assert (refused["type"], refused["code"]) == ("error", "BadRequestError")
     assert refused["message"] == f"{engine.model_name} does not serve /embeddings: it serves generation"
 
 
