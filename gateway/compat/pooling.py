@@ -14,7 +14,7 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from gateway.compat.openai_bodies import Integer, Name
+from gateway.compat.openai_bodies import Integer, Name, job_request_of
 from shared.errors import InvalidRequest, PromptTooLong
 from shared.pooling import PoolingJob, PoolingRoute
 from shared.prompt_tokens import PromptCounter
@@ -83,7 +83,7 @@ class PoolingBody(BaseModel):
         """The job: this body as vLLM's model of the route takes it, with its inputs counted."""
         body = self.model_dump(mode="json", exclude_unset=True)
         pooling = PoolingJob(route=self.route, body=body, inputs=len(self.pieces()))
-        return JobRequest(model=self.model, pooling=pooling, priority=self.priority)
+        return job_request_of({"model": self.model, "pooling": pooling, "priority": self.priority}, {})
 
 
 class _TextsOrChat(PoolingBody):

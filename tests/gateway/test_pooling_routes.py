@@ -227,6 +227,7 @@ async def test_a_native_submission_of_a_pooling_job_is_checked_as_its_route_and_
         ({"input": "a", "encoding_format": "bytes"}, "encoding_format"),
         ({"input": []}, None),
         ({"input": [1, "a"]}, "input"),
+        ({"input": "a", "model": ""}, "model"),
     ],
 )
 async def test_an_embeddings_body_no_worker_could_answer_in_json_is_400_with_no_job(
