@@ -12,6 +12,8 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from functools import partial
 
 import redis.asyncio as aioredis
 from pydantic import BaseModel
@@ -24,6 +26,7 @@ from shared.redis_client import redis_errors
 from shared.tenants import Tenant, TenantUsage
 from shared.workers import WorkerInfo
 
+LISTS_KEPT = 32  # the job lists of this many filters are kept for a second each (the consoles' open ones)
 HISTORY_POINTS = 600  # ten minutes of one-second snapshots: what a newly opened console draws at once
 BATCHES_SHOWN = 20
 JOB_FIELDS = ["status", "model", "tenant", "created_at", "started_at", "finished_at", "worker", "token_count"]
@@ -97,6 +100,18 @@ class JobRow(BaseModel):
     token_count: int | None  # an ended job's; a running one's is its record's (`GET /v1/jobs/{id}`)
 
 
+@dataclass(frozen=True)
+class JobFilter:
+    """What a job list keeps: jobs in `state`, of `model`, of `tenant`, submitted at most `max_age` s
+    ago (None: any), the newest `limit`."""
+
+    state: JobState | None = None
+    model: str | None = None
+    tenant: str | None = None
+    max_age: float | None = None
+    limit: int = 50
+
+
 class JobList(BaseModel):
     data: list[JobRow]
     scanned: int  # index entries read: at most `INDEX_SCAN`
@@ -136,6 +151,19 @@ class Console:
         self.rates = Rates()
         self.history: deque[Point] = deque(maxlen=HISTORY_POINTS)
         self.snapshot = Recent(self._read)
+        self._lists: dict[JobFilter, Recent[JobList]] = {}
+
+    async def jobs(self, wanted: JobFilter) -> JobList:
+        """The job list of `wanted`'s filters, as read at most a second ago: consoles that show the same
+        filters share one read."""
+        listed = self._lists.pop(wanted, None)
+        if listed is None:
+            services = self.services
+            listed = Recent(partial(list_jobs, services.redis, services.keys, wanted))
+        self._lists[wanted] = listed  # the newest last: the oldest goes first
+        while len(self._lists) > LISTS_KEPT:
+            del self._lists[next(iter(self._lists))]
+        return await listed.get()
 
     async def _read(self) -> Snapshot:
         services, now = self.services, time.time()
@@ -233,37 +261,30 @@ async def queue_rows(
     return rows
 
 
-async def list_jobs(
-    redis: aioredis.Redis,
-    keys: Keys,
-    *,
-    state: JobState | None = None,
-    model: str | None = None,
-    tenant: str | None = None,
-    max_age: float | None = None,
-    limit: int = 50,
-) -> JobList:
+async def list_jobs(redis: aioredis.Redis, keys: Keys, wanted: JobFilter) -> JobList:
     """The newest jobs that match, newest first, from the job index (running ones from the set of
     running jobs, which holds them all however old); at most `INDEX_SCAN` entries are read, a page
     of ids and one pipeline of their records at a time. Ids whose record expired leave the index."""
     now = time.time()
-    oldest = "-inf" if max_age is None else int((now - max_age) * 1000)
+    state, limit = wanted.state, wanted.limit
+    oldest = "-inf" if wanted.max_age is None else int((now - wanted.max_age) * 1000)
     rows: list[JobRow] = []
-    scanned = 0
+    scanned = offset = 0  # entries read; where the next page starts (less the expired ones dropped)
     with redis_errors():
         running: list[str] | None = None
         if state is JobState.running:
             running = sorted(await redis.smembers(keys.running))  # type: ignore[misc]
         while len(rows) < limit and scanned < INDEX_SCAN:
             if running is not None:
-                ids = running[scanned : scanned + INDEX_PAGE]
+                ids = running[offset : offset + INDEX_PAGE]
             else:
                 ids = await redis.zrevrangebyscore(
-                    keys.job_index, "+inf", oldest, start=scanned, num=INDEX_PAGE
+                    keys.job_index, "+inf", oldest, start=offset, num=INDEX_PAGE
                 )
             if not ids:
                 break
             scanned += len(ids)
+            offset += len(ids)
             async with redis.pipeline(transaction=False) as pipe:
                 for job_id in ids:
                     pipe.hmget(keys.job(job_id), JOB_FIELDS)
@@ -271,9 +292,10 @@ async def list_jobs(
             gone = [job_id for job_id, values in zip(ids, records, strict=True) if values[0] is None]
             if gone and running is None:
                 await redis.zrem(keys.job_index, *gone)
+                offset -= len(gone)
             for job_id, values in zip(ids, records, strict=True):
                 row = _job_row(job_id, dict(zip(JOB_FIELDS, values, strict=True)))
-                if row is not None and _matches(row, state, model, tenant, now, max_age):
+                if row is not None and _matches(row, wanted, now):
                     rows.append(row)
     if running is not None:
         rows.sort(key=lambda row: row.created_at, reverse=True)
@@ -302,17 +324,10 @@ def _job_row(job_id: str, fields: dict[str, str | None]) -> JobRow | None:
     )
 
 
-def _matches(
-    row: JobRow,
-    state: JobState | None,
-    model: str | None,
-    tenant: str | None,
-    now: float,
-    max_age: float | None,
-) -> bool:
+def _matches(row: JobRow, wanted: JobFilter, now: float) -> bool:
     return (
-        (state is None or row.status is state)
-        and (model is None or row.model == model)
-        and (tenant is None or row.tenant == tenant)
-        and (max_age is None or now - row.created_at <= max_age)
+        (wanted.state is None or row.status is wanted.state)
+        and (wanted.model is None or row.model == wanted.model)
+        and (wanted.tenant is None or row.tenant == wanted.tenant)
+        and (wanted.max_age is None or now - row.created_at <= wanted.max_age)
     )

@@ -15,7 +15,7 @@ from fastapi.responses import FileResponse
 from fastapi.security.utils import get_authorization_scheme_param
 
 from gateway.auth import ApiKeys
-from gateway.console import Console, JobList, Snapshot, list_jobs
+from gateway.console import Console, JobFilter, JobList, Snapshot
 from gateway.deps import JobIdPath, ServicesDep, checked_job_id, services_of
 from gateway.errors import documented
 from gateway.routes.jobs import cancel_job
@@ -54,6 +54,8 @@ async def _console(request: Request) -> Console:
     return console
 
 
+ConsoleDep = Annotated[Console, Depends(_console)]
+
 page = APIRouter(tags=["console"], include_in_schema=False)
 router = APIRouter(
     prefix="/v1/console",
@@ -76,24 +78,23 @@ async def console_asset(name: str) -> FileResponse:
 
 
 @router.get("/snapshot", response_model=Snapshot)
-async def snapshot(console: Annotated[Console, Depends(_console)]) -> Snapshot:
+async def snapshot(console: ConsoleDep) -> Snapshot:
     """Workers, queues, tenants and batches under way, as read at most a second ago."""
     return await console.snapshot.get()
 
 
 @router.get("/jobs", response_model=JobList)
 async def jobs(
-    services: ServicesDep,
+    console: ConsoleDep,
     state: JobState | None = None,
     model: Annotated[str | None, Query(max_length=256)] = None,
     tenant: Annotated[str | None, Query(max_length=256)] = None,
     max_age: Annotated[float | None, Query(gt=0, description="seconds since submission")] = None,
     limit: Annotated[int, Query(ge=1, le=MAX_LIMIT)] = 50,
 ) -> JobList:
-    """The newest jobs that match, newest first, from the job index (`job_index_size` newest jobs)."""
-    return await list_jobs(
-        services.redis, services.keys, state=state, model=model, tenant=tenant, max_age=max_age, limit=limit
-    )
+    """The newest jobs that match, newest first, from the job index (`job_index_size` newest jobs), as
+    read at most a second ago."""
+    return await console.jobs(JobFilter(state, model, tenant, max_age, limit))
 
 
 @router.get("/jobs/{job_id}", response_model=JobRecord, responses=documented(404))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from gateway.console import list_jobs
+from gateway.console import JobFilter, list_jobs
 from shared.events import JobState
 from shared.jobstore import JobStore
 from shared.requests import JobRequest
@@ -36,26 +36,26 @@ async def test_the_list_filters_by_state_model_and_age_newest_first(store: JobSt
     await store.cancel(cancelled)
     redis, keys = store.redis, store.keys
 
-    listed = await list_jobs(redis, keys)
+    listed = await list_jobs(redis, keys, JobFilter())
     assert [row.id for row in listed.data] == [cancelled, other, first]
     assert listed.scanned == 3
-    queued = await list_jobs(redis, keys, state=JobState.queued, model="smol")
+    queued = await list_jobs(redis, keys, JobFilter(state=JobState.queued, model="smol"))
     assert [row.id for row in queued.data] == [first]
     assert queued.data[0].status is JobState.queued and queued.data[0].model == "smol"
-    ended = await list_jobs(redis, keys, state=JobState.cancelled)
+    ended = await list_jobs(redis, keys, JobFilter(state=JobState.cancelled))
     assert [(row.id, row.token_count) for row in ended.data] == [(cancelled, 0)]
-    assert [row.id for row in (await list_jobs(redis, keys, limit=1)).data] == [cancelled]
-    assert (await list_jobs(redis, keys, tenant="acme")).data == []
+    assert [row.id for row in (await list_jobs(redis, keys, JobFilter(limit=1))).data] == [cancelled]
+    assert (await list_jobs(redis, keys, JobFilter(tenant="acme"))).data == []
 
     await redis.zadd(keys.job_index, {"0" * 32: 1})  # a job whose record expired long ago
-    assert [row.id for row in (await list_jobs(redis, keys)).data] == [cancelled, other, first]
+    assert [row.id for row in (await list_jobs(redis, keys, JobFilter())).data] == [cancelled, other, first]
     assert await redis.zscore(keys.job_index, "0" * 32) is None  # dropped as the list read it
-    assert (await list_jobs(redis, keys, max_age=3600)).scanned == 3  # the old entry was not read
+    assert (await list_jobs(redis, keys, JobFilter(max_age=3600))).scanned == 3  # the old entry was not read
 
 
 async def test_running_jobs_are_listed_from_the_set_of_running_jobs(store: JobStore) -> None:
     job_id = (await store.submit(REQUEST, model="smol", max_queued=0)).job_id
     assert await store.start(job_id, "worker-1", "smol", lease_seconds=30) is not None
-    [row] = (await list_jobs(store.redis, store.keys, state=JobState.running)).data
+    [row] = (await list_jobs(store.redis, store.keys, JobFilter(state=JobState.running))).data
     assert (row.id, row.status, row.worker) == (job_id, JobState.running, "worker-1")
     assert row.started_at is not None and row.started_at >= row.created_at
