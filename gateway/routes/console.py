@@ -28,14 +28,15 @@ ASSETS = {"console.js": "text/javascript", "console.css": "text/css"}
 MAX_LIMIT = 500
 
 
-async def console_access(request: Request) -> None:
-    """The metrics token, or an admin key (any caller where the gateway asks for no key)."""
+async def console_access(request: Request) -> bool:
+    """The metrics token, or an admin key (any caller where the gateway asks for no key); whether it was
+    an admin's (or no key was asked for): the metrics token reads, and changes nothing."""
     scheme, token = get_authorization_scheme_param(request.headers.get("Authorization"))
     presented = token if scheme.lower() == "bearer" and token else None
     api_keys: ApiKeys = request.app.state.api_keys
     try:
         if api_keys.operator(presented):
-            return
+            return False
     except Unauthorized:
         pass  # not the metrics token: an API key, perhaps
     owner = api_keys.owner(presented)
@@ -43,6 +44,13 @@ async def console_access(request: Request) -> None:
         raise Forbidden(
             "the console needs an admin key (`admin = true` in the keys file) or the metrics token"
         )
+    return True
+
+
+async def console_admin(admin: Annotated[bool, Depends(console_access)]) -> None:
+    """For what changes a job: an admin key (or no key asked for), not the metrics token."""
+    if not admin:
+        raise Forbidden("cancelling a job needs an admin key: the metrics token only reads")
 
 
 async def _console(request: Request) -> Console:
@@ -105,6 +113,7 @@ async def job(job_id: JobIdPath, services: ServicesDep) -> JobRecord:
 
 @router.post(
     "/jobs/{job_id}/cancel",
+    dependencies=[Depends(console_admin)],
     status_code=202,
     response_model=CancelAnswer,
     responses={200: {"model": CancelAnswer, "description": "the job had already ended"}, **documented(404)},
