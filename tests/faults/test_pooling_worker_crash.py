@@ -22,9 +22,10 @@ INPUTS = [f"input number {number} of the corpus" for number in range(40)]
 
 
 @pytest.fixture(scope="module")
-def pool(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pool]:
+def embedding_pool(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pool]:
     """Synthetic embedding workers (vLLM's flags of an embedding pool): the subject is the lease and the
-    queue, not vLLM's vectors, which tests/e2e compares with vLLM's server's."""
+    queue, not vLLM's vectors, which tests/e2e/test_pooling.py compares with vLLM's server's. (Not named
+    `pool`, which would count its tests among those on the real engine.)"""
     yield from run_pool(
         redis_url,
         tmp_path_factory,
@@ -45,9 +46,8 @@ async def running_worker(pool: Pool) -> str:
     raise AssertionError("no worker ran the embeddings job")
 
 
-async def test_a_worker_killed_mid_batch_of_embeddings_loses_no_input(
-    pool: Pool, client: httpx.AsyncClient
-) -> None:
+async def test_a_worker_killed_mid_batch_of_embeddings_loses_no_input(embedding_pool: Pool) -> None:
+    pool = embedding_pool
     pool.ensure_workers()
     async with openai.AsyncOpenAI(
         base_url=f"{pool.base_url}/v1", api_key="none", max_retries=0, timeout=WAIT_TIMEOUT
@@ -63,7 +63,8 @@ async def test_a_worker_killed_mid_batch_of_embeddings_loses_no_input(
     answer = answered.parse()
     assert [item.index for item in answer.data] == list(range(len(INPUTS)))
     assert [item.embedding for item in answer.data] == [item.embedding for item in uninterrupted.data]
-    job = (await client.get(f"/v1/jobs/{answered.headers['x-streampool-job-id']}")).json()
+    async with httpx.AsyncClient(base_url=pool.base_url) as client:
+        job = (await client.get(f"/v1/jobs/{answered.headers['x-streampool-job-id']}")).json()
     assert job["status"] == "completed" and job["attempts"] == 2
     assert pool.worker_named(job["worker"]) != victim
     kept = job["output"]["result"]["data"]  # as the client asked: base64, the `openai` package's default
