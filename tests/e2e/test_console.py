@@ -3,12 +3,14 @@ system of synthetic workers (the subject is the page and what it reads, not gene
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from collections.abc import Iterator
 from typing import Any
 
 import httpx
+import openai
 import pytest
 from playwright.sync_api import Browser, Page, expect
 
@@ -143,3 +145,26 @@ def test_the_jobs_table_filters_by_state(console: Page, system: System) -> None:
     console.select_option("#filters select[name=max_age]", "60")
     expect(console.locator(f"#jobs tr[data-job='{running}']")).to_be_visible(timeout=TIMEOUT_MS)
     httpx.post(f"{system.base_url}/v1/jobs/{running}/cancel").raise_for_status()
+
+
+def test_a_batch_in_progress_shows_its_counts_and_a_progress_bar(console: Page, system: System) -> None:
+    model = system.settings.model_name
+    body = {"model": model, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": LONG}
+    lines = [
+        {"custom_id": f"line-{n}", "method": "POST", "url": "/v1/chat/completions", "body": body}
+        for n in range(3)
+    ]
+    data = "".join(json.dumps(line) + "\n" for line in lines).encode()
+    with openai.OpenAI(base_url=f"{system.base_url}/v1", api_key="none", max_retries=0) as client:
+        upload = client.files.create(file=("input.jsonl", data), purpose="batch")
+        batch = client.batches.create(
+            input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="24h"
+        )
+        try:
+            row = console.locator("#batches tbody tr", has_text=batch.id)
+            expect(row).to_contain_text("under way, of 3", timeout=TIMEOUT_MS)
+            expect(row.locator("progress")).to_have_attribute("max", "3")
+            expect(row).to_contain_text("/v1/chat/completions")
+        finally:
+            client.batches.cancel(batch.id)
+        expect(console.locator("#batches tbody tr", has_text=batch.id)).to_have_count(0, timeout=TIMEOUT_MS)
