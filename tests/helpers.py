@@ -194,6 +194,28 @@ async def poll_all(client: httpx.AsyncClient, job_id: str, limit: int = 100) -> 
     return events
 
 
+def completed_batch(
+    client: openai.OpenAI, lines: list[dict[str, Any]], endpoint: str
+) -> list[dict[str, Any]]:
+    """The output file's lines of a batch of `lines` for `endpoint`, run through `client.files` and
+    `client.batches` until it completes (with no error file)."""
+    data = "".join(json.dumps(line) + "\n" for line in lines).encode()
+    input_file = client.files.create(file=("batch.jsonl", data), purpose="batch")
+    batch = client.batches.create(
+        input_file_id=input_file.id,
+        endpoint=endpoint,  # type: ignore[arg-type]  # one of the package's literal endpoints
+        completion_window="24h",
+    )
+    deadline = time.monotonic() + JOB_DEADLINE_SECONDS
+    while (batch := client.batches.retrieve(batch.id)).status not in ("completed", "failed", "expired"):
+        assert time.monotonic() < deadline, f"batch {batch.id} still {batch.status}"
+        time.sleep(0.2)
+    assert batch.status == "completed" and batch.output_file_id and batch.error_file_id is None, batch
+    assert batch.request_counts is not None and batch.request_counts.completed == len(lines)
+    assert client.files.retrieve(batch.output_file_id).purpose == "batch_output"
+    return [json.loads(line) for line in client.files.content(batch.output_file_id).text.splitlines()]
+
+
 def job_record(base_url: str, job_id: str) -> dict[str, Any]:
     """A job's record (`GET /v1/jobs/{id}`), by its id or its response's (`resp_<id>`), for the tests
     that drive a synchronous client."""

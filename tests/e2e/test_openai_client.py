@@ -22,7 +22,7 @@ from openai.types import Completion
 from openai.types.chat import ChatCompletionMessageParam
 
 from tests.conftest import System
-from tests.helpers import JOB_DEADLINE_SECONDS, LONG_PROMPT, job_record
+from tests.helpers import JOB_DEADLINE_SECONDS, LONG_PROMPT, completed_batch, job_record
 from tests.open_responses import suite_request, valid_events
 
 JOB_ID_HEADER = "X-Streampool-Job-Id"
@@ -216,17 +216,7 @@ def test_a_batch_answers_each_custom_id_once_with_what_a_direct_greedy_request_a
         {"custom_id": f"q{n}", "method": "POST", "url": "/v1/chat/completions", "body": body}
         for n, body in enumerate(bodies)
     ]
-    data = "".join(json.dumps(line) + "\n" for line in lines).encode()
-    input_file = sync_openai.files.create(file=("questions.jsonl", data), purpose="batch")
-    batch = sync_openai.batches.create(
-        input_file_id=input_file.id, endpoint="/v1/chat/completions", completion_window="24h"
-    )
-    deadline = time.monotonic() + JOB_DEADLINE_SECONDS
-    while (batch := sync_openai.batches.retrieve(batch.id)).status not in ("completed", "failed", "expired"):
-        assert time.monotonic() < deadline, f"batch {batch.id} still {batch.status}"
-        time.sleep(0.2)
-    assert batch.status == "completed" and batch.output_file_id and batch.error_file_id is None
-    output = [json.loads(line) for line in sync_openai.files.content(batch.output_file_id).text.splitlines()]
+    output = completed_batch(sync_openai, lines, "/v1/chat/completions")
     assert [line["custom_id"] for line in output] == ["q0", "q1", "q2"]
     for line, body in zip(output, bodies, strict=True):
         direct = sync_openai.chat.completions.create(**body)

@@ -10,9 +10,7 @@ of pooling on the real engine is here (tests/schedule.py keeps the module in one
 from __future__ import annotations
 
 import base64
-import json
 import math
-import time
 import warnings
 from array import array
 from collections.abc import Iterator
@@ -24,13 +22,15 @@ import openai
 import pytest
 
 from bench import vllm_server
-from bench.system import start
-from tests.conftest import System, run_system
-from tests.helpers import JOB_DEADLINE_SECONDS
+from bench.system import START_TIMEOUT_SECONDS, start
+from tests.conftest import SYSTEM_START_TIMEOUT, System, make_settings, run_system
+from tests.helpers import completed_batch
 from tests.processes import free_port
 
 EMBEDDING_FLAGS = ["--runner", "pooling", "--convert", "embed"]
 TOLERANCE = 1e-3  # of each coordinate, relative to the vector's largest: both engines run float32 on the CPU
+# The engines' start counts against the first test's time limit, whichever test comes first.
+pytestmark = pytest.mark.timeout(SYSTEM_START_TIMEOUT + START_TIMEOUT_SECONDS)
 TEXTS = [
     "The lighthouse keeper lit the lamp at dusk.",
     "A recipe for bread needs flour, water, salt and yeast.",
@@ -49,21 +49,26 @@ class Engines:
 
 @pytest.fixture(scope="module")
 def engines(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engines]:
-    pooled = run_system(redis_url, tmp_path_factory, engine="vllm", workers=1, engine_args=EMBEDDING_FLAGS)
-    system = next(pooled)
+    """Both engines start side by side: one after the other, on a loaded machine, they outlast a test's
+    time limit."""
     port = free_port()
+    settings = make_settings(redis_url, engine="vllm", engine_args=EMBEDDING_FLAGS)
+    with warnings.catch_warnings():  # the flags come from the worker's engine arguments: vLLM's import
+        warnings.simplefilter("ignore", DeprecationWarning)
+        flags = vllm_server.server_flags(settings, port)
+    server = start("vllm-server", ["bench.vllm_server", *flags], settings, tmp_path_factory.mktemp("vllm"))
     try:
-        with warnings.catch_warnings():  # the flags come from the worker's engine arguments: vLLM's import
-            warnings.simplefilter("ignore", DeprecationWarning)
-            flags = vllm_server.server_flags(system.settings, port)
-        server = start("vllm-server", ["bench.vllm_server", *flags], system.settings, system.log_dir)
+        pooled = run_system(
+            redis_url, tmp_path_factory, engine="vllm", workers=1, engine_args=EMBEDDING_FLAGS
+        )
+        system = next(pooled)
         try:
             vllm_server.wait_ready(port, server)
             yield Engines(system, f"http://127.0.0.1:{port}")
         finally:
-            vllm_server.stop(server)
+            pooled.close()
     finally:
-        pooled.close()
+        vllm_server.stop(server)
 
 
 @pytest.fixture(scope="module")
@@ -196,19 +201,7 @@ def test_a_batch_of_embeddings_lines_answers_vllms_vectors_in_openais_output_lin
         {"custom_id": f"e{n}", "method": "POST", "url": "/v1/embeddings", "body": body}
         for n, body in enumerate(bodies)
     ]
-    data = "".join(json.dumps(line) + "\n" for line in lines).encode()
-    input_file = sync_openai.files.create(file=("corpus.jsonl", data), purpose="batch")
-    batch = sync_openai.batches.create(
-        input_file_id=input_file.id, endpoint="/v1/embeddings", completion_window="24h"
-    )
-    deadline = time.monotonic() + JOB_DEADLINE_SECONDS
-    while (batch := sync_openai.batches.retrieve(batch.id)).status not in ("completed", "failed", "expired"):
-        assert time.monotonic() < deadline, f"batch {batch.id} still {batch.status}"
-        time.sleep(0.2)
-    assert batch.status == "completed" and batch.output_file_id and batch.error_file_id is None, batch
-    assert batch.request_counts is not None and batch.request_counts.completed == len(bodies)
-    assert sync_openai.files.retrieve(batch.output_file_id).purpose == "batch_output"
-    output = [json.loads(line) for line in sync_openai.files.content(batch.output_file_id).text.splitlines()]
+    output = completed_batch(sync_openai, lines, "/v1/embeddings")
     assert [line["custom_id"] for line in output] == [line["custom_id"] for line in lines]
     for line, body in zip(output, bodies, strict=True):
         assert line["error"] is None and line["response"]["status_code"] == 200
