@@ -29,6 +29,7 @@ from gateway.compat.pooling import (
     RerankBody,
     ScoreBody,
 )
+from gateway.deadlines import header_deadline
 from gateway.deps import Services, ServicesDep
 from gateway.generation import JOB_ID_HEADER, JobRun
 from gateway.routes.openai import ERRORS, OpenAIErrors, OpenAIRoute
@@ -52,18 +53,24 @@ class PoolingErrors(OpenAIErrors):
 POOLING_ERRORS = PoolingErrors()
 
 
-class PoolingRoute(OpenAIRoute):
+class PoolingAPIRoute(OpenAIRoute):
     error_shape = POOLING_ERRORS
 
 
-router = APIRouter(tags=["pooling"], dependencies=[REQUIRE_KEY], responses=ERRORS, route_class=PoolingRoute)
+router = APIRouter(
+    tags=["pooling"], dependencies=[REQUIRE_KEY], responses=ERRORS, route_class=PoolingAPIRoute
+)
 
 
 async def answer(body: PoolingBody, request: Request, owner: str, services: Services) -> Response:
     """Refusals (a model that does not serve the route, too many inputs or tokens, a full queue, a
-    tenant at a limit) are answered before any job is made; then the job's answer, once it has one."""
+    tenant at a limit) are answered before any job is made; then the job's answer, once it has one. Its
+    wait in the queue is bounded as on every route (`X-Streampool-Deadline`: `gateway.deadlines`)."""
     with services.hold_reader(owner):
-        submission = await services.admission.admit(body.job_request(), owner, model=body.model)
+        deadline = header_deadline(request.headers, services.settings)
+        submission = await services.admission.admit(
+            body.job_request(), owner, model=body.model, deadline=deadline
+        )
         result = await JobRun(services, submission.job_id, request).result()
     return JSONResponse(result.pooled, headers={JOB_ID_HEADER: submission.job_id})
 

@@ -257,3 +257,21 @@ async def test_a_refusal_of_vllms_pooling_code_is_answered_as_vllms_server_answe
     assert answer.json() == {
         "error": {"message": message, "type": "BadRequestError", "param": None, "code": 400}
     }
+
+
+async def test_a_pooling_requests_wait_in_the_queue_is_bounded_by_its_deadline_header(
+    gateway: httpx.AsyncClient, store: JobStore, embedder: ModelCard
+) -> None:
+    refused = await gateway.post(
+        "/v1/embeddings", json={"model": EMBEDDER, "input": "a"}, headers={"X-Streampool-Deadline": "soon"}
+    )
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "X-Streampool-Deadline"
+    assert await _jobs(store) == {}
+    asking = asyncio.create_task(
+        gateway.post(
+            "/v1/embeddings", json={"model": EMBEDDER, "input": "a"}, headers={"X-Streampool-Deadline": "0.5"}
+        )
+    )
+    answer = await asyncio.wait_for(asking, 30)  # no worker starts it: its deadline ends it
+    assert answer.status_code == 504, answer.text
+    assert answer.json()["error"]["code"] == "deadline_exceeded"
