@@ -164,6 +164,7 @@ class SyntheticEngine:
         self._clock = StepClock(settings.synthetic_step_seconds)
         self._serving = synthetic_serving(settings.engine_args)
         self._embeddings = SyntheticEmbeddings(self._counter, self.model_name, self.max_model_len)
+        self._pooling = 0  # pooling requests running
         # Each drawn token ends its choice with this chance: answers of about this many tokens on average.
         mean = settings.synthetic_mean_tokens
         self._eos_chance = 1 / mean if mean else 0.0
@@ -321,7 +322,11 @@ class SyntheticEngine:
                 f"the synthetic engine does not answer /{job.route}", code="NotImplementedError"
             )
         answer = self._embeddings.answer(request_id, job.body)
-        await self._clock.step()
+        self._pooling += 1
+        try:
+            await self._clock.step()
+        finally:
+            self._pooling -= 1
         return answer
 
     async def abort(self, request_id: str) -> None:
@@ -339,7 +344,7 @@ class SyntheticEngine:
         """Nothing is held for an adapter here but its path, which each request carries."""
 
     def running_requests(self) -> int:
-        return len(self._aborted)
+        return len(self._aborted) + self._pooling
 
     @property
     def dead(self) -> bool:

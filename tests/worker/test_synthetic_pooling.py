@@ -3,6 +3,7 @@ own `EmbeddingResponse` (validated with vLLM's model), drawn from the inputs' to
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import math
 import warnings
@@ -149,3 +150,15 @@ async def test_a_route_it_does_not_answer_is_refused_as_vllm_refuses_it(engine: 
     with pytest.raises(EngineError) as refused:
         await engine.pool("job-1", job)
     assert refused.value.detail["code"] == "NotImplementedError"
+
+
+async def test_a_pooling_request_counts_among_the_running_requests_until_answered(
+    engine: SyntheticEngine,
+) -> None:
+    answering = asyncio.ensure_future(
+        engine.pool("job-1", PoolingJob(route="embeddings", body={"input": "hi"}))
+    )
+    await asyncio.sleep(0)
+    assert engine.running_requests() == 1
+    await answering
+    assert engine.running_requests() == 0
