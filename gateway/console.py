@@ -20,6 +20,7 @@ from pydantic import BaseModel
 
 from gateway.admission import Recent
 from gateway.deps import Services
+from shared.errors import JobNotFound
 from shared.events import JobState
 from shared.keys import Keys
 from shared.redis_client import redis_errors
@@ -300,6 +301,15 @@ async def list_jobs(redis: aioredis.Redis, keys: Keys, wanted: JobFilter) -> Job
     if running is not None:
         rows.sort(key=lambda row: row.created_at, reverse=True)
     return JobList(data=rows[:limit], scanned=scanned)
+
+
+async def job_owner(redis: aioredis.Redis, keys: Keys, job_id: str) -> str:
+    """The owner of any job, whose view of it the console takes (`JobNotFound` for no such job)."""
+    with redis_errors():
+        owner: str | None = await redis.hget(keys.job(job_id), "owner")  # type: ignore[misc]
+    if owner is None:
+        raise JobNotFound(f"no job {job_id}")
+    return owner
 
 
 def _job_row(job_id: str, fields: dict[str, str | None]) -> JobRow | None:

@@ -15,10 +15,10 @@ from fastapi.responses import FileResponse
 from fastapi.security.utils import get_authorization_scheme_param
 
 from gateway.auth import ApiKeys
-from gateway.console import Console, JobFilter, JobList, Snapshot
+from gateway.console import Console, JobFilter, JobList, Snapshot, job_owner
 from gateway.deps import JobIdPath, ServicesDep, checked_job_id, services_of
 from gateway.errors import documented
-from gateway.routes.jobs import cancel_job
+from gateway.routes.jobs import CURSOR_MAX_LENGTH, LIMIT_DEFAULT, cancel_job, job_events
 from gateway.routes.playground import asset, static_file
 from shared.errors import Forbidden, Unauthorized
 from shared.events import JobState
@@ -109,6 +109,24 @@ async def jobs(
 async def job(job_id: JobIdPath, services: ServicesDep) -> JobRecord:
     """Any job's record, its output so far included while it runs."""
     return await services.store.record(checked_job_id(job_id))
+
+
+@router.get("/jobs/{job_id}/events", responses=documented(404, 410))
+async def events(
+    job_id: JobIdPath,
+    request: Request,
+    services: ServicesDep,
+    after: Annotated[
+        str | None, Query(max_length=CURSOR_MAX_LENGTH, description="stream id to read after")
+    ] = None,
+) -> Response:
+    """Any job's events, as its owner's `GET /v1/jobs/{id}/events` gives them (and counted among its
+    owner's readers): SSE from `after` (from the start: its replay) to its end, or one page of JSON."""
+    job_id = checked_job_id(job_id)
+    owner = await job_owner(services.redis, services.keys, job_id)
+    return await job_events(
+        job_id, owner, request, services, after=after, wait=0.0, limit=LIMIT_DEFAULT, last_event_id=None
+    )
 
 
 @router.post(

@@ -1,15 +1,16 @@
 "use strict";
 // streampool console: polls the gateway's snapshot (workers, queues, tenants, batches, the last
-// minutes' tokens a second and queue depth) once a second, the job list with its filters every
-// other second, and the job opened from the list once a second while it is under way.
+// minutes' tokens a second and queue depth) once a second and the job list with its filters every
+// other second, and follows the stream of the job opened from the list (its replay, then live).
 // Every read needs an admin key or the metrics token (where the gateway asks for keys): a 401 or
 // 403 shows the key form; the key is kept for this tab, as the playground keeps its own.
 
 const SNAPSHOT_MS = 1000; // the gateway reads Redis for it at most once a second whatever polls it
 const JOBS_MS = 2000;
-const JOB_MS = 1000;
+const RECONNECT_MS = 1000;
 const KEY_STORAGE = "streampool.apiKey";
 const ACTIVE = new Set(["queued", "running"]);
+const TERMINAL = { done: "completed", cancelled: "cancelled", error: "failed" }; // event type -> state
 const LIMITS = { queued_jobs: "max_queued_jobs", requests_last_minute: "requests_per_minute",
   tokens_last_minute: "tokens_per_minute" };
 
@@ -26,6 +27,7 @@ const ui = {
 
 let apiKey = sessionStorage.getItem(KEY_STORAGE) ?? "";
 let opened = null; // the id of the job on show
+let following = null; // the AbortController of its stream
 const timers = {};
 const runs = {};
 
@@ -33,9 +35,10 @@ const runs = {};
 
 class Refused extends Error {}
 
+const authorization = () => (apiKey ? { Authorization: `Bearer ${apiKey}` } : {});
+
 async function fetchJSON(url, options = {}) {
-  const headers = apiKey ? { Authorization: `Bearer ${apiKey}` } : {};
-  const response = await fetch(url, { ...options, headers });
+  const response = await fetch(url, { ...options, headers: authorization() });
   const body = await response.json().catch(() => null);
   if (response.status === 401 || response.status === 403) {
     askForKey(body?.error);
@@ -62,7 +65,7 @@ function useKey(event) {
   ui.apiKey.value = "";
   ui.auth.hidden = true;
   for (const poll of [pollSnapshot, pollJobs]) poll();
-  if (opened) pollJob();
+  if (opened) followJob(opened);
 }
 
 /** Runs `read` now and every `ms` after it ends, in one chain a name (a new call replaces the chain);
@@ -244,48 +247,112 @@ async function cancelJob(id, button) {
     showError(`Cancel failed: ${err.message}`);
   }
   pollJobs();
-  if (opened === id) pollJob();
 }
 
 function openJob(id) {
   opened = id;
   ui.job.hidden = false;
   ui.jobId.textContent = id;
-  ui.jobText.textContent = "";
   ui.jobOpen.href = `/?job=${encodeURIComponent(id)}`;
   history.replaceState(null, "", `?job=${encodeURIComponent(id)}`);
-  pollJob();
+  followJob(id);
 }
 
 function closeJob() {
   opened = null;
-  clearTimeout(timers.job);
+  following?.abort();
   ui.job.hidden = true;
   history.replaceState(null, "", location.pathname);
 }
 
-/** The job's record, its output so far included: read again each second until it has ended. */
-async function readJob() {
-  const id = opened;
-  if (!id) return;
+/** The job's record: its model, worker and attempts (its state and output come from its stream). */
+async function showRecord(id) {
   const record = await fetchJSON(`/v1/console/jobs/${encodeURIComponent(id)}`);
   if (opened !== id) return;
-  ui.job.dataset.state = record.status;
-  ui.jobState.textContent = record.status;
   ui.jobModel.textContent = text(record.model);
   ui.jobWorker.textContent = text(record.worker);
-  ui.jobTokens.textContent = record.output.token_count;
   ui.jobAttempts.textContent = record.attempts;
-  ui.jobText.textContent = record.output.text;
-  ui.cancelJob.disabled = !ACTIVE.has(record.status);
-  if (!ACTIVE.has(record.status)) throw new Ended();
 }
 
-class Ended extends Refused {} // stops the job's polling, as a refusal does
+function showState(state) {
+  ui.job.dataset.state = state;
+  ui.jobState.textContent = state;
+  ui.cancelJob.disabled = !ACTIVE.has(state);
+}
+
+/** The opened job's events, from the start of its stream (a replay, then live) to its end, through the
+ * console's route (any owner's job); after a dropped connection, again from the last event seen. */
+async function followJob(id) {
+  following?.abort();
+  const controller = new AbortController();
+  following = controller;
+  const seen = { lastEventId: "", tokens: 0, ended: false };
+  ui.jobText.textContent = "";
+  ui.jobTokens.textContent = "0";
+  showState("…");
+  showRecord(id).catch((err) => showError(err.message));
+  while (!controller.signal.aborted && !seen.ended) {
+    const after = seen.lastEventId ? `?after=${encodeURIComponent(seen.lastEventId)}` : "";
+    try {
+      const response = await fetch(`/v1/console/jobs/${encodeURIComponent(id)}/events${after}`, {
+        headers: { ...authorization(), Accept: "text/event-stream" }, signal: controller.signal,
+      });
+      if (!response.ok) {
+        const body = await response.json().catch(() => null);
+        if (response.status === 401 || response.status === 403) askForKey(body?.error);
+        else showError(`${body?.error ?? "HTTP error"} (${response.status})`);
+        return;
+      }
+      await readEvents(response, (event, eventId) => onJobEvent(id, event, eventId, seen));
+    } catch {
+      // dropped, or aborted (closed, or another job opened): the loop's condition says which
+    }
+    if (!seen.ended) await new Promise((resolve) => setTimeout(resolve, RECONNECT_MS));
+  }
+}
+
+/** Hands each event of a `text/event-stream` answer to `dispatch`, with its id, until the body ends. */
+async function readEvents(response, dispatch) {
+  const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
+  let buffer = "";
+  let data = [];
+  let eventId = "";
+  for (;;) {
+    const { done, value } = await reader.read();
+    if (done) return;
+    const lines = (buffer + value).split(/\r\n|\r|\n/);
+    buffer = lines.pop();
+    for (const line of lines) {
+      if (line === "") {
+        if (data.length) dispatch(JSON.parse(data.join("\n")), eventId);
+        data = [];
+      } else if (line.startsWith("data:")) {
+        data.push(line.slice(5).replace(/^ /, ""));
+      } else if (line.startsWith("id:")) {
+        eventId = line.slice(3).trim();
+      }
+    }
+  }
+}
+
+function onJobEvent(id, event, eventId, seen) {
+  if (opened !== id || event.seq === undefined) return; // another job's, or the gateway's own failure
+  seen.lastEventId = eventId;
+  if (event.type === "status") {
+    showState(event.state);
+  } else if (event.type === "delta") {
+    seen.tokens += event.token_ids.length;
+    ui.jobTokens.textContent = seen.tokens;
+    ui.jobText.append(event.text);
+  } else if (event.type in TERMINAL) {
+    seen.ended = true;
+    showState(TERMINAL[event.type]);
+    showRecord(id).catch((err) => showError(err.message));
+  }
+}
 
 const pollSnapshot = () => every("snapshot", SNAPSHOT_MS, readSnapshot);
 const pollJobs = () => every("jobs", JOBS_MS, readJobs);
-const pollJob = () => every("job", JOB_MS, readJob);
 
 ui.auth.addEventListener("submit", useKey);
 ui.filters.addEventListener("change", pollJobs);

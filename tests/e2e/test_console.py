@@ -83,6 +83,14 @@ def test_its_data_needs_an_admin_key_where_the_gateway_asks_for_keys(keyed: Keye
     assert httpx.get(f"{keyed.base_url}/v1/console/jobs", headers=bearer(KEY_A)).status_code == 403
 
 
+def test_any_jobs_events_are_read_through_the_console(system: System) -> None:
+    job_id = submit(system, max_tokens=3)
+    wait_status(system, job_id, "completed")
+    page = httpx.get(f"{system.base_url}/v1/console/jobs/{job_id}/events").json()
+    assert [event["type"] for event in page["events"]][-1] == "done" and page["done"] is True
+    assert httpx.get(f"{system.base_url}/v1/console/jobs/{'0' * 32}/events").status_code == 404
+
+
 def test_the_snapshot_shows_the_workers_and_queues_and_is_read_once_a_second(system: System) -> None:
     url = f"{system.base_url}/v1/console/snapshot"
     snapshot = httpx.get(url).json()
@@ -137,6 +145,11 @@ def test_the_jobs_table_filters_by_state(console: Page, system: System) -> None:
     states = console.locator("#jobs tr[data-job]").evaluate_all("rows => rows.map(row => row.dataset.state)")
     assert states and set(states) == {"cancelled"}
     assert console.locator(f"#jobs tr[data-job='{running}']").count() == 0
+    console.locator(f"#jobs tr[data-job='{cancelled}'] button.link").click()  # its replay
+    expect(console.locator("#job-state")).to_have_text("cancelled", timeout=TIMEOUT_MS)
+    ended = record(system, cancelled)
+    expect(console.locator("#job-tokens")).to_have_text(str(ended["output"]["token_count"]))
+    assert console.locator("#job-text").text_content() == ended["output"]["text"]
 
     console.select_option("#filters select[name=state]", "running")
     expect(console.locator(f"#jobs tr[data-job='{running}']")).to_be_visible(timeout=TIMEOUT_MS)
