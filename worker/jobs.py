@@ -222,8 +222,13 @@ class JobRunner:
     ) -> Ending:
         """A pooling job: its whole answer in its `done` event. A job whose last run's worker was lost
         runs again from the start: nothing of an answer is written before all of it."""
+        model = self.engine.model_name
         if job.route not in serving.pooling_routes:  # its pool's card said otherwise when it was admitted
-            message = f"{self.engine.model_name} does not serve /{job.route}: it serves {serving.describe()}"
+            message = f"{model} does not serve /{job.route}: it serves {serving.describe()}"
+            return await self._fail(job_id, chunker, message, "BadRequestError")
+        adapter = Target.of_job(started.request.model, model).adapter
+        if adapter is not None:  # rather than its base model's answer, as if the adapter's
+            message = f"{model} answers /{job.route} with its base model alone, not with adapter {adapter}"
             return await self._fail(job_id, chunker, message, "BadRequestError")
         if started.resumed:
             self.metrics.resumes.inc()

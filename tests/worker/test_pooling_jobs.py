@@ -22,6 +22,7 @@ from worker.synthetic_engine import SyntheticEngine, read_model_card
 
 EMBEDDING_POOL = ["--runner", "pooling", "--convert", "embed"]
 TEXTS = ["the first input", "the second", "the third and last"]
+ADAPTER = "sql-lora"
 
 
 def synthetic(engine_args: list[str], step_seconds: float = 0.001) -> SyntheticEngine:
@@ -131,3 +132,17 @@ async def test_a_pooling_job_cancelled_while_its_answer_is_made_ends_cancelled_w
     assert [event["type"] for event in events] == ["status", "status", "cancelled"]
     record = await store.record(job_id)
     assert record.status == "cancelled" and record.output.result is None
+
+
+async def test_a_pooling_job_naming_an_adapter_fails_rather_than_answer_with_the_base_model(
+    store: JobStore, engine: SyntheticEngine
+) -> None:
+    request = embeddings(input=TEXTS).model_copy(update={"model": f"{engine.model_name}:{ADAPTER}"})
+    job_id = await submit(store, engine, request)
+    await runner(store, engine).run(job_id)
+    refused = (await stream(store, job_id))[-1]
+    assert (refused["type"], refused["code"]) == ("error", "BadRequestError")
+    assert (
+        refused["message"]
+        == f"{engine.model_name} answers /embeddings with its base model alone, not with adapter {ADAPTER}"
+    )
