@@ -17,7 +17,8 @@ from gateway.auth import REQUIRE_KEY
 from gateway.deps import ServicesDep
 
 STATIC = Path(__file__).resolve().parent.parent / "static"
-ASSETS = {"playground.js": "text/javascript", "playground.css": "text/css"}
+ASSETS = {"playground.js": "text/javascript", "playground.css": "text/css", "theme.css": "text/css"}
+"""The playground's files; `theme.css` is the console's too."""
 HEADERS = {
     "Cache-Control": "no-cache",
     "X-Content-Type-Options": "nosniff",

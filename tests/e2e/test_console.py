@@ -70,6 +70,7 @@ def test_the_page_and_its_assets_are_served_to_anyone(keyed: KeyedGateway) -> No
     assert "<title>streampool console</title>" in page.text
     assets = re.findall(r'(?:href|src)="(/console/[^"]+)"', page.text)
     assert sorted(assets) == ["/console/console.css", "/console/console.js"]
+    assert '<link rel="stylesheet" href="/playground/theme.css">' in page.text  # the playground's colours
     for asset, media_type in zip(sorted(assets), ["text/css", "text/javascript"], strict=True):
         assert httpx.get(f"{keyed.base_url}{asset}").headers["content-type"].startswith(media_type)
     assert httpx.get(f"{keyed.base_url}/console/app.py").status_code == 404

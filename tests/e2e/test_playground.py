@@ -108,10 +108,15 @@ def test_root_serves_the_page_and_its_assets(system: System) -> None:
     assert page.headers["content-type"].startswith("text/html")
     assert "<title>streampool playground</title>" in page.text
     assets = re.findall(r'(?:href|src)="(/playground/[^"]+)"', page.text)
-    assert sorted(assets) == ["/playground/playground.css", "/playground/playground.js"]
+    assert sorted(assets) == [
+        "/playground/playground.css",
+        "/playground/playground.js",
+        "/playground/theme.css",
+    ]
     types = {asset: httpx.get(f"{system.base_url}{asset}").headers["content-type"] for asset in assets}
     assert types["/playground/playground.js"].startswith("text/javascript")
     assert types["/playground/playground.css"].startswith("text/css")
+    assert types["/playground/theme.css"].startswith("text/css")  # the console's too
     missing = httpx.get(f"{system.base_url}/playground/app.py")
     assert missing.status_code == 404 and missing.json()["error_type"] == "not_found"
     # Which models chat: the synthetic workers publish the default model's card, chat template and all.
