@@ -3,6 +3,7 @@ first with its filters."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 
 from gateway.console import JobFilter, list_jobs
@@ -13,11 +14,17 @@ from shared.requests import JobRequest
 REQUEST = JobRequest(prompt="Hi", max_tokens=4)
 
 
+async def submit(store: JobStore, model: str = "smol") -> str:
+    """A job submitted a few ms after the one before: the index scores by ms, and ties sort by id."""
+    await asyncio.sleep(0.003)
+    return (await store.submit(REQUEST, model=model, max_queued=0)).job_id
+
+
 async def test_each_submission_enters_the_index_and_the_oldest_leave_beyond_its_size(
     store_factory: Callable[..., JobStore],
 ) -> None:
     store = store_factory(job_index_size=3)
-    ids = [(await store.submit(REQUEST, model="smol", max_queued=0)).job_id for _ in range(5)]
+    ids = [await submit(store) for _ in range(5)]
     index = await store.redis.zrange(store.keys.job_index, 0, -1)
     assert index == ids[-3:]  # scored by submission: the two oldest were trimmed
     assert 0 < await store.redis.ttl(store.keys.job_index) <= store.settings.job_lifetime_seconds
@@ -30,9 +37,9 @@ async def test_a_store_with_no_index_writes_none(store_factory: Callable[..., Jo
 
 
 async def test_the_list_filters_by_state_model_and_age_newest_first(store: JobStore) -> None:
-    first = (await store.submit(REQUEST, model="smol", max_queued=0)).job_id
-    other = (await store.submit(REQUEST, model="other", max_queued=0)).job_id
-    cancelled = (await store.submit(REQUEST, model="smol", max_queued=0)).job_id
+    first = await submit(store)
+    other = await submit(store, "other")
+    cancelled = await submit(store)
     await store.cancel(cancelled)
     redis, keys = store.redis, store.keys
 
