@@ -90,6 +90,12 @@ def test_any_jobs_events_are_read_through_the_console(system: System) -> None:
     page = httpx.get(f"{system.base_url}/v1/console/jobs/{job_id}/events").json()
     assert [event["type"] for event in page["events"]][-1] == "done" and page["done"] is True
     assert httpx.get(f"{system.base_url}/v1/console/jobs/{'0' * 32}/events").status_code == 404
+    # A job's other keys (`<id>:<suffix>`) are no job's, on each of the console's job routes.
+    for suffix in (":events", ":cancel", ":lease", ":webhook"):
+        url = f"{system.base_url}/v1/console/jobs/{job_id}{suffix}"
+        assert httpx.get(url).status_code == 404
+        assert httpx.get(f"{url}/events").status_code == 404
+        assert httpx.post(f"{url}/cancel").status_code == 404
 
 
 def test_the_snapshot_shows_the_workers_and_queues_and_is_read_once_a_second(system: System) -> None:

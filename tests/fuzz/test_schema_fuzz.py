@@ -154,7 +154,11 @@ def test_every_route_answers_within_its_documented_schema(
         answers_as_documented()
 
 
-JOB_ROUTES = [(method, path) for method, path in ROUTES if "{job_id}" in path]
+# The console's job routes take an admin's key, which KEY_A is not (403 before any id): their ids are
+# checked in tests/e2e/test_console.py.
+JOB_ROUTES = [
+    (method, path) for method, path in ROUTES if "{job_id}" in path and not path.startswith("/v1/console/")
+]
 
 
 @pytest.mark.parametrize(("method", "path"), JOB_ROUTES, ids=[f"{m} {p}" for m, p in JOB_ROUTES])
