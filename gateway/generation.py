@@ -18,7 +18,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator
 from contextlib import aclosing, contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, Protocol
 
 from fastapi import Request
 from sse_starlette import EventSourceResponse, ServerSentEvent
@@ -31,7 +31,6 @@ from gateway.compat.openai_answers import (
     ToolCallObject,
     completion,
 )
-from gateway.compat.openai_bodies import ChatBody, CompletionBody
 from gateway.deps import Services
 from gateway.entries import Entry
 from gateway.relay import START, Following, Hold
@@ -354,11 +353,20 @@ async def chunk_frames(
     yield ServerSentEvent(data="[DONE]", sep=sep)
 
 
-def whole_answer(
-    body: CompletionBody | ChatBody, job: JobRequest, answer: Answer, result: Result
-) -> dict[str, Any]:
-    """OpenAI's answer (not streamed) to `body`, whose job `job` generated `result`: a route's, or a
-    batch's line's."""
+class Answered(Protocol):
+    """What a whole answer takes from the body it answers (`ChatBody`, `CompletionBody`, or what a
+    stored chat completion keeps of its body)."""
+
+    @property
+    def role(self) -> str: ...
+
+    @property
+    def echoed(self) -> str: ...
+
+
+def whole_answer(body: Answered, job: JobRequest, answer: Answer, result: Result) -> dict[str, Any]:
+    """OpenAI's answer (not streamed) to `body`, whose job `job` generated `result`: a route's, a
+    batch's line's, or a stored chat completion's."""
     answer = replace(answer, role=body.role)
     choices = [
         ChoiceOutput(
