@@ -174,6 +174,8 @@ class ScoreBody(PoolingBody):
         firsts, seconds = self._sides()
         if not firsts or not seconds:
             raise ValueError("each side needs at least one input")
+        if len(firsts) not in (1, len(seconds)):
+            raise ValueError("Input lengths must be either 1:1, 1:N or N:N")  # vLLM's words
         return self
 
     def pieces(self) -> list[list[Piece]]:
@@ -195,11 +197,19 @@ class RerankBody(PoolingBody):
     documents: ScoreInput | list[ScoreInput]
     top_n: Annotated[int, Field(ge=0)] = 0
 
+    @model_validator(mode="after")
+    def _a_document(self) -> RerankBody:
+        if not self._documents():
+            raise ValueError("at least one document is required")
+        return self
+
+    def _documents(self) -> list[ScoreInput]:
+        return self.documents if isinstance(self.documents, list) else [self.documents]
+
     def pieces(self) -> list[list[Piece]]:
         """A document an input, with the query it is scored against."""
-        documents = self.documents if isinstance(self.documents, list) else [self.documents]
         query = score_input_texts(self.query)
-        return [[*query, *score_input_texts(document)] for document in documents]
+        return [[*query, *score_input_texts(document)] for document in self._documents()]
 
 
 BODIES: dict[PoolingRoute, type[PoolingBody]] = {

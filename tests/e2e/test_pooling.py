@@ -180,6 +180,19 @@ def test_scores_and_rankings_equal_vllms_server(
     assert all(math.isclose(a, b, abs_tol=TOLERANCE) for a, b in pairs), pairs
 
 
+def test_the_pooling_route_equals_vllms_server(engines: Engines, sync_openai: openai.OpenAI) -> None:
+    """vLLM's `/pooling`, the pooler's output of each input: for an embedding model, its vector."""
+    body = {"model": sync_openai.models.list().data[0].id, "input": TEXTS}
+    ours = httpx.post(f"{engines.system.base_url}/pooling", json=body, timeout=120)
+    theirs = httpx.post(f"{engines.vllm_url}/pooling", json=body, timeout=120)
+    assert ours.status_code == theirs.status_code == 200, (ours.text, theirs.text)
+    mine, vllms = ours.json(), theirs.json()
+    assert mine["usage"] == vllms["usage"]
+    assert [item["index"] for item in mine["data"]] == [item["index"] for item in vllms["data"]] == [0, 1, 2]
+    for a, b in zip(mine["data"], vllms["data"], strict=True):
+        assert_close(a["data"], b["data"])
+
+
 def test_a_generation_request_to_the_embedding_model_is_400_naming_what_it_serves(
     sync_openai: openai.OpenAI,
 ) -> None:

@@ -240,6 +240,23 @@ async def test_an_embeddings_body_no_worker_could_answer_in_json_is_400_with_no_
     assert await _jobs(store) == {}
 
 
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/rerank", {"query": "q", "documents": []}),
+        ("/score", {"queries": ["a", "b"], "documents": ["c", "d", "e"]}),
+        ("/v1/score", {"text_1": ["a", "b"], "text_2": "c"}),
+    ],
+    ids=["no-document", "two-to-three", "two-to-one"],
+)
+async def test_inputs_vllm_cannot_pair_are_400_with_no_job(
+    gateway: httpx.AsyncClient, store: JobStore, embedder: ModelCard, path: str, body: dict[str, Any]
+) -> None:
+    answer = await gateway.post(path, json={"model": EMBEDDER, **body})
+    assert answer.status_code == 400, answer.text
+    assert await _jobs(store) == {}
+
+
 async def test_a_refusal_of_vllms_pooling_code_is_answered_as_vllms_server_answers_it(
     gateway: httpx.AsyncClient, store: JobStore, embedder: ModelCard
 ) -> None:
