@@ -30,12 +30,11 @@ run: setup
 	$(BIN)/streampool up
 
 # The whole suite: the tests that start no engine spread over processes as in `test-fast` (with every
-# fuzz example), then the tests on the real engine in two processes, each starting its own deployments
-# once (tests/schedule.py's SYSTEM_GROUPS). Each part lists its slowest tests: where to look when the
-# suite grows.
+# fuzz example), then the tests on the real engine in one process, which starts each deployment once.
+# Each part lists its slowest tests: where to look when the suite grows.
 test: setup
 	$(BIN)/pytest -m unit -n $(FAST_PROCESSES) --durations=15
-	$(BIN)/pytest -m system -n 2 --durations=30
+	$(BIN)/pytest -m system --durations=30
 
 # The tests that start no engine (`unit`, given in tests/conftest.py), spread over two processes a
 # core (part of their time is spent waiting on the gateways and Redis servers they start) as

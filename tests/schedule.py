@@ -70,17 +70,6 @@ GROUPS = {
 }
 """Each module's group: what the comment names is set up once per group, not once per process."""
 
-POOL_ENGINES = "pool-engines"
-SYSTEM_GROUPS = {
-    "tests/e2e/test_models.py": POOL_ENGINES,  # tests/conftest.py's `pool`: real workers serving an adapter
-    "tests/faults/test_engine_death.py": POOL_ENGINES,
-    "tests/e2e/test_pooling.py": POOL_ENGINES,  # its own vLLM server and embedding worker
-}
-"""The tests on the real engine (`make test`'s `-m system`) in two processes: these modules, whose
-engines are their own, in one; every other one, on the session's `system`, in the other. Each engine
-starts once, and each process's tests run while the other's wait on theirs."""
-SYSTEM_ENGINES = "system-engines"
-
 
 def _path(nodeid: str) -> str:
     return nodeid.split("::")[0]
@@ -101,9 +90,6 @@ class GroupScheduling(LoadScopeScheduling):
     def __init__(self, config: pytest.Config, log: object = None) -> None:
         super().__init__(config, log)  # type: ignore[arg-type]
         config.option.loadscopereorder = False  # else the largest scopes would go first
-        self.on_engines = config.getoption("markexpr") == "system"
 
     def _split_scope(self, nodeid: str) -> str:
-        if self.on_engines:
-            return SYSTEM_GROUPS.get(_path(nodeid), SYSTEM_ENGINES)
         return GROUPS.get(_path(nodeid), nodeid)

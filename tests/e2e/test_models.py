@@ -6,9 +6,10 @@ model writes, also batched with it.
 The queue's tests run workers of the synthetic engine (their subject is where a job goes, not what
 it generates) under two served names of the default model, the first announcing an adapter, which the
 synthetic engine never loads. The adapter's test runs on the session's workers of the real engine
-that serve a real adapter (`pool`; random weights, `tests/lora_adapter.py`), run by vLLM's CPU build;
-so does the test of an adapter loaded at run time (tests/faults/test_runtime_adapters.py follows such
-loads through workers that come and go, on the synthetic engine).
+that serve a real adapter (`pool`; random weights, `tests/lora_adapter.py`), run by vLLM's CPU build,
+beside the session's workers of the same weights without one; so does the test of an adapter
+loaded at run time (tests/faults/test_runtime_adapters.py follows such loads through workers that come
+and go, on the synthetic engine).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import redis.asyncio as aioredis
 from cli.launcher import wait_healthy
 from shared.config import DEFAULT_MODEL_DIR, Settings
 from shared.keys import Keys
-from tests.conftest import SYSTEM_START_TIMEOUT, make_settings
+from tests.conftest import SYSTEM_START_TIMEOUT, System, make_settings
 from tests.faults.conftest import Pool
 from tests.gateway.keyed_gateway import KEY_A, KEY_B, bearer
 from tests.helpers import eventually, in_process_gateway, submit, wait_for_status
@@ -201,15 +202,19 @@ async def test_a_tenants_backlog_delays_another_tenants_next_job_by_at_most_a_pi
     assert len(overtaking) <= SECOND_SLOTS, (len(overtaking), waiting_then)
 
 
-async def test_an_adapter_changes_what_its_base_model_writes_also_when_batched_with_it(pool: Pool) -> None:
+async def test_an_adapter_changes_what_its_base_model_writes_also_when_batched_with_it(
+    pool: Pool, system: System
+) -> None:
     """Base and adapter jobs at once on the workers serving the adapter, greedy: each kind gives one
-    text, the base model's that of a base job run alone, the adapter's another."""
+    text, the base model's that of the session's workers (the same weights, no adapter), the adapter's
+    another."""
     model = DEFAULT_MODEL_DIR.name
     names = [model, f"{model}:{ADAPTER}", ADAPTER] * 3
     async with httpx.AsyncClient(base_url=pool.base_url, timeout=120) as http:
-        plain = await wait_for_status(http, await submit(http, **PROMPT, model=model), STARTED)
         job_ids = [await submit(http, **PROMPT, model=name) for name in names]
         records = [await wait_for_status(http, job_id, STARTED) for job_id in job_ids]
+    async with httpx.AsyncClient(base_url=system.base_url, timeout=120) as http:
+        plain = await wait_for_status(http, await submit(http, **PROMPT, model=model), STARTED)
 
     assert [(record["model"], record["adapter"]) for record in records] == [
         (model, None),
