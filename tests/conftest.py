@@ -69,7 +69,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Every test is `system` when it uses an engine-starting fixture, directly or through another
     fixture (and no SYNTHETIC_FIXTURES, whose workers need no engine), and `unit` otherwise: a new
     test is classified by what it uses (`make test-fast` runs `-m unit`). In a test process of `-n`,
-    the tests are ordered as tests/schedule.py deals them."""
+    the tests are ordered as tests/schedule.py deals them; in one process, the modules with engines of
+    their own go first (tests/schedule.py's ENGINES_FIRST)."""
     for item in items:
         # A parametrize argument named like a fixture (tests/deploy's `deployment`) replaces it.
         callspec = getattr(item, "callspec", None)
@@ -78,6 +79,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         item.add_marker(pytest.mark.system if on_engine else pytest.mark.unit)
     if os.environ.get("PYTEST_XDIST_WORKER"):
         items.sort(key=schedule.rank)  # stable: each module's tests keep their order
+    else:
+        items.sort(key=schedule.engines_first)
 
 
 @pytest.hookimpl(optionalhook=True)

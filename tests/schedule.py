@@ -71,6 +71,19 @@ GROUPS = {
 """Each module's group: what the comment names is set up once per group, not once per process."""
 
 
+ENGINES_FIRST = ["tests/e2e/test_pooling.py", "tests/e2e/test_tool_choice.py"]
+"""In one process on the real engine (`make test`'s `-m system`), the modules that start engines of
+their own (for a module: an embedding pool and vLLM's server; vLLM's server beside the session's
+deployment) go first, in this order, each stopping its own before the next starts: a real worker
+holds about 3 GiB, and with the session's `system` and `pool` alive too, the machine would hold six."""
+
+
+def engines_first(item: pytest.Item) -> int:
+    """Where a test on the real engine goes when one process runs them all (ENGINES_FIRST)."""
+    path = _path(item.nodeid)
+    return ENGINES_FIRST.index(path) if path in ENGINES_FIRST else len(ENGINES_FIRST)
+
+
 def _path(nodeid: str) -> str:
     return nodeid.split("::")[0]
 
