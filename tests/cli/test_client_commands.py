@@ -158,9 +158,12 @@ def test_submit_stream_prints_exactly_the_generated_text_then_a_summary(system: 
 
 def test_follow_of_a_finished_job_prints_its_whole_text(system: System) -> None:
     job_id = finished_job(system, "The capital of France is")
-    result = run(command(system, "follow", job_id))
+    # As bytes: `run`'s universal newlines would turn a drawn token's "\r\n" into "\n".
+    result = subprocess.run(
+        command(system, "follow", job_id), cwd=ROOT, capture_output=True, timeout=EXIT_TIMEOUT
+    )
     assert result.returncode == EXIT_OK
-    assert result.stdout == record(system, job_id)["output"]["text"] != ""
+    assert result.stdout.decode() == record(system, job_id)["output"]["text"] != ""
 
 
 def test_follow_after_a_cursor_prints_only_the_text_after_it(system: System) -> None:
