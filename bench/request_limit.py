@@ -32,8 +32,8 @@ import uvicorn
 import uvloop
 from starlette.types import Receive, Scope, Send
 
-from gateway.entries import Entry
-from gateway.routes.jobs import page_json
+from gateway.relay.entries import Entry
+from gateway.relay.polls import page_json
 from shared.events import DeltaEvent, JobState
 
 CONNECTIONS = 200

@@ -21,8 +21,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.entries import Entry
-from gateway.sse import entry_frame
+from gateway.relay.entries import Entry
+from gateway.relay.sse import entry_frame
 from shared.events import DeltaEvent
 
 CONNECTIONS = 1000

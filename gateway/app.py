@@ -26,17 +26,20 @@ from gateway.body_limit import BodyLimit
 from gateway.deadline_sweep import sweep_deadlines
 from gateway.deps import Services
 from gateway.errors import install_error_handlers
-from gateway.fanout import StreamHub
 from gateway.files.expiry import sweep_expired_files
 from gateway.files.storage import FileStorage
 from gateway.files.store import Files
 from gateway.generation import OpenRuns
 from gateway.metrics import GatewayMetrics
-from gateway.notice_sources import ClusterNotices, NoticeSource, ServerNotices
 from gateway.plain_polls import PlainPolls
 from gateway.processes import serve_processes
 from gateway.prompt_limit import PromptLimit
-from gateway.relay import Relay
+from gateway.relay.cluster_notices import ClusterNotices
+from gateway.relay.hub import StreamHub
+from gateway.relay.notices import NoticeSource
+from gateway.relay.relay import Relay
+from gateway.relay.server_notices import ServerNotices
+from gateway.relay.server_send import KeepServerSend
 from gateway.request_metrics import RequestCounts, RequestMetrics
 from gateway.routes import (
     adapters,
@@ -56,7 +59,6 @@ from gateway.routes import (
     usage,
     vllm,
 )
-from gateway.server_send import KeepServerSend
 from gateway.webhooks.deliveries import Deliveries
 from gateway.webhooks.sender import WebhookSender
 from gateway.webhooks.targets import WebhooksMisconfigured, WebhookTargets

@@ -14,7 +14,8 @@ from gateway.auth import Owner
 from gateway.batches.store import Batches
 from gateway.files.store import Files
 from gateway.metrics import GatewayMetrics
-from gateway.relay import Hold, Relay, StreamLimits
+from gateway.relay.open_streams import Hold, StreamLimits
+from gateway.relay.relay import Relay
 from gateway.webhooks.deliveries import Deliveries
 from gateway.webhooks.targets import WebhookTargets
 from shared.config import GatewaySettings

@@ -32,8 +32,11 @@ from gateway.compat.openai_answers import (
     completion,
 )
 from gateway.deps import Services
-from gateway.entries import Entry
-from gateway.relay import START, Following, Hold
+from gateway.relay.cursors import START
+from gateway.relay.entries import Entry
+from gateway.relay.following import Following
+from gateway.relay.open_streams import Hold
+from gateway.relay.streamed_answer import streamed_answer
 from shared.chat import ToolCall
 from shared.errors import (
     BackendUnavailable,
@@ -321,8 +324,8 @@ async def chunk_frames(
 ) -> AsyncIterator[ServerSentEvent]:
     """A run's answer as `data:` chunks (`feed` makes each event's), then `[DONE]`, as OpenAI's and
     vLLM's servers stream, each line ended with `sep`; a failure ends it as the chunk `failure`
-    writes, never a silent close. `starting_after`: the number of chunks from the answer's first that
-    are made but not sent (a client resuming has them), keep-alives not counted.
+    writes, never a silent close (`streamed_answer`). `starting_after`: the number of chunks from the
+    answer's first that are made but not sent (a client resuming has them), keep-alives not counted.
 
     The first chunk goes with the first token: a chunk sent earlier would make a client's time to
     first token the queue's. Until then only keep-alive comments go out, after each `sse_ping_seconds`
@@ -331,26 +334,33 @@ async def chunk_frames(
     Closing this generator early (the client went away) closes the job's events, which cancels the job
     unless the run is kept.
     """
-    metrics = run.services.metrics
-    metrics.streams_open.inc()
-    made = 0
-    try:
-        async with aclosing(run.events()) as events:
-            async for event in events:
-                if event is None:
-                    yield keep_alive(sep)
-                    continue
-                raise_for_failure(event)
-                for chunk in feed(event):
-                    made += 1
-                    if made > starting_after:
-                        # Only `data:` lines, as OpenAI and vLLM stream them: no `event:` or `id:` fields.
-                        yield ServerSentEvent(data=json.dumps(chunk), sep=sep)
-    except StreampoolError as exc:
-        yield ServerSentEvent(data=json.dumps(failure(exc)), sep=sep)
-    finally:
-        metrics.streams_open.dec()
+
+    def failed(exc: StreampoolError) -> list[ServerSentEvent]:
+        return [ServerSentEvent(data=json.dumps(failure(exc)), sep=sep)]
+
+    chunks = streamed_answer(_chunks(run, feed, sep, starting_after), failed, run.services.metrics)
+    async with aclosing(chunks):
+        async for chunk in chunks:
+            yield chunk
     yield ServerSentEvent(data="[DONE]", sep=sep)
+
+
+async def _chunks(
+    run: JobRun, feed: Callable[[Event], list[dict[str, Any]]], sep: str, starting_after: int
+) -> AsyncGenerator[ServerSentEvent, None]:
+    """`chunk_frames`' chunks and keep-alives, a failed job's raised."""
+    made = 0
+    async with aclosing(run.events()) as events:
+        async for event in events:
+            if event is None:
+                yield keep_alive(sep)
+                continue
+            raise_for_failure(event)
+            for chunk in feed(event):
+                made += 1
+                if made > starting_after:
+                    # Only `data:` lines, as OpenAI and vLLM stream them: no `event:` or `id:` fields.
+                    yield ServerSentEvent(data=json.dumps(chunk), sep=sep)
 
 
 class Answered(Protocol):

@@ -19,7 +19,7 @@ from typing import Any
 from gateway.compat.stored_chat import METADATA, metadata_of
 from gateway.deps import Services
 from gateway.generation import Collected, whole_answer
-from gateway.relay import START
+from gateway.relay.cursors import START
 from gateway.resumption import FRAMING, Framing
 from shared.errors import JobNotFound
 from shared.events import DoneEvent, JobState, event_adapter

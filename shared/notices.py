@@ -14,5 +14,5 @@ UNIT = "\x1f"  # the ASCII unit separator, between an entry's fields
 
 
 def notice_line(stream: str, entry_id: str, kind: str, at: str, data: str) -> str:
-    """One entry as a notice carries it; `gateway.fanout` reads it back."""
+    """One entry as a notice carries it; `gateway.relay.hub` reads it back."""
     return f"{stream}{UNIT}{entry_id}{UNIT}{kind}{UNIT}{at}{UNIT}{data}"

@@ -18,7 +18,8 @@ from gateway.auth import ApiKeys
 from gateway.console import Console, JobFilter, JobList, Snapshot, job_owner
 from gateway.deps import JobIdPath, ServicesDep, checked_job_id, services_of
 from gateway.errors import documented
-from gateway.routes.jobs import CURSOR_MAX_LENGTH, LIMIT_DEFAULT, cancel_job, job_events
+from gateway.relay.polls import CURSOR_MAX_LENGTH, LIMIT_DEFAULT
+from gateway.routes.jobs import cancel_job, job_events
 from gateway.routes.playground import asset, static_file
 from shared.errors import Forbidden, Unauthorized
 from shared.events import JobState

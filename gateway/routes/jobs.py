@@ -2,24 +2,22 @@
 
 from __future__ import annotations
 
-import json
 import logging
-import re
-from typing import Annotated, NamedTuple
+from typing import Annotated
 
 from fastapi import APIRouter, Header, Query, Request, Response
 from fastapi.routing import APIRoute
 from starlette.routing import BaseRoute
-from starlette.types import Scope
 
-from gateway.auth import REQUIRE_KEY, Owner, caller
+from gateway.auth import REQUIRE_KEY, Owner
 from gateway.deadlines import header_deadline
-from gateway.deps import JobId, OwnedJobId, Services, ServicesDep, checked_job_id, services_of
-from gateway.entries import Entry
+from gateway.deps import JobId, OwnedJobId, ServicesDep
 from gateway.errors import ShapedRoute, documented
 from gateway.generation import JOB_ID_HEADER
-from gateway.relay import NOT_HELD, START, StreamLimits, parse_cursor
-from gateway.sse import EventStream
+from gateway.relay.cursors import START, parse_cursor
+from gateway.relay.open_streams import NOT_HELD, StreamLimits
+from gateway.relay.polls import CURSOR_MAX_LENGTH, LIMIT_DEFAULT, LIMIT_MOST, WAIT_MOST, page_response
+from gateway.relay.sse import EventStream
 from shared.events import JobState
 from shared.requests import (
     CancelAnswer,
@@ -60,13 +58,6 @@ SUBMIT_STREAM_CONTENT = {
         }
     }
 }
-
-
-CURSOR_MAX_LENGTH = 41  # of `after` and `Last-Event-ID`
-WAIT_MOST = 3600  # s, of a long-poll's `wait`, before `poll_wait_max` bounds it further
-LIMIT_MOST = 1000  # events of a long-poll page
-LIMIT_DEFAULT = 100
-JSON = "application/json"
 
 
 def _wants_events(request: Request) -> bool:
@@ -182,90 +173,7 @@ async def job_events(
         # 404 / 410 / 422 / 429 before the stream starts
         followed, hold = await services.relay.open(job_id, cursor, owner, limits)
         return EventStream(followed, hold, services.metrics, services.settings.sse_ping_seconds)
-    return await _page(job_id, cursor, wait, limit, owner, services)
-
-
-async def _page(
-    job_id: str, cursor: str, wait: float, limit: int, owner: str, services: Services
-) -> Response:
-    """One long-poll page, as an `EventsPage`'s JSON."""
-    wait = min(wait, services.settings.poll_wait_max)
-    limits = StreamLimits.of(services.settings)
-    entries, state, done = await services.relay.page(job_id, cursor, limit, wait, owner, limits)
-    return Response(page_json(entries, entries[-1].id if entries else cursor, state, done), media_type=JSON)
-
-
-def page_json(entries: list[Entry], cursor: str, state: JobState, done: bool) -> str:
-    """An `EventsPage` as JSON, written from the entries' own JSON (`Entry.as_json`): a page goes out
-    once per batch of events, and decoding its events to validate and encode them again cost the
-    gateway more than the rest of the page."""
-    events = ",".join(entry.as_json() for entry in entries)
-    done_json = "true" if done else "false"
-    return (
-        f'{{"events":[{events}],"cursor":{json.dumps(cursor)},"status":"{state.value}","done":{done_json}}}'
-    )
-
-
-PLAIN_VALUES = {
-    b"after": re.compile(rb"[0-9-]{0,%d}" % CURSOR_MAX_LENGTH),
-    b"wait": re.compile(rb"(0|[1-9][0-9]{0,3})(\.[0-9]{1,6})?"),
-    b"limit": re.compile(rb"[1-9][0-9]{0,3}"),
-}
-"""The values of a long-poll's query that `plain_poll` reads itself: plain digits, as clients send
-them; FastAPI reads every other form."""
-NOT_PLAIN_HEADERS = frozenset({b"content-length", b"transfer-encoding"})
-"""A request that declares a body is not a plain poll: the body limit (`gateway.body_limit`) sees it."""
-
-
-class Poll(NamedTuple):
-    """A plain long-poll's values, as `job_events` would be given them."""
-
-    after: str | None
-    wait: float
-    limit: int
-    last_event_id: str | None
-
-
-def plain_poll(scope: Scope) -> Poll | None:
-    """A long-poll's `after`, `wait`, `limit` and `Last-Event-ID`, where the query has no other
-    parameter and each is absent or plain (`PLAIN_VALUES`) and within the bounds `job_events`
-    declares, read as Starlette and FastAPI read them (the last of a repeated parameter, the first of
-    a repeated header); None for a request that is anything else: an event stream's, one with a body,
-    or one whose values FastAPI is to refuse, or to read otherwise."""
-    values: dict[bytes, bytes] = {}
-    query: bytes = scope["query_string"]
-    for pair in query.split(b"&") if query else ():
-        name, _, value = pair.partition(b"=")
-        plain = PLAIN_VALUES.get(name)
-        if plain is None or not plain.fullmatch(value):
-            return None
-        values[name] = value
-    accept = last_event_id = None
-    for name, value in scope["headers"]:
-        if name == b"accept" and accept is None:
-            accept = value
-        elif name == b"last-event-id" and last_event_id is None:
-            last_event_id = value.decode("latin-1")
-        elif name in NOT_PLAIN_HEADERS:
-            return None
-    if (accept is not None and b"text/event-stream" in accept) or len(
-        last_event_id or ""
-    ) > CURSOR_MAX_LENGTH:
-        return None
-    wait, limit = float(values.get(b"wait", 0)), int(values.get(b"limit", LIMIT_DEFAULT))
-    if wait > WAIT_MOST or limit > LIMIT_MOST:
-        return None
-    after = values.get(b"after")
-    return Poll(None if after is None else after.decode(), wait, limit, last_event_id)
-
-
-async def plain_page(request: Request, poll: Poll) -> Response:
-    """A plain long-poll's page, by the steps `job_events` takes for it (the caller's key, the job id's
-    form, the cursor, the page) without FastAPI's resolving of its parameters (`gateway.plain_polls`)."""
-    owner = await caller(request)
-    job_id = checked_job_id(request.scope["path_params"]["job_id"])
-    cursor = parse_cursor(poll.last_event_id or poll.after)
-    return await _page(job_id, cursor, poll.wait, poll.limit, owner, services_of(request))
+    return await page_response(services.relay, services.settings, job_id, cursor, wait, limit, owner)
 
 
 router.add_api_route(

@@ -31,7 +31,7 @@ from gateway.deadlines import header_deadline
 from gateway.deps import Services, ServicesDep
 from gateway.errors import STATUS_CODES, ErrorShape, ShapedRoute, documented_compatible, status_of
 from gateway.generation import JOB_ID_HEADER, JobRun, chunk_frames, event_source, whole_answer
-from gateway.relay import Hold
+from gateway.relay.open_streams import Hold
 from gateway.resumption import Framing, keeps_running
 from gateway.stored_completions import StoredCompletions
 from shared.errors import (

@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import json
 import time
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from typing import Annotated, Any, Literal
 
@@ -37,9 +37,12 @@ from gateway.compat.responses_answers import (
 from gateway.compat.responses_bodies import RESPONSES_PATH, ResponsesBody, Stored
 from gateway.deadlines import header_deadline
 from gateway.deps import Services, ServicesDep, prefixed_job_id
-from gateway.entries import Entry
 from gateway.generation import JOB_ID_HEADER, HeldEventSource, JobRun, keep_alive
-from gateway.relay import IDLE_SECONDS, NOT_HELD, START, Following, Hold, StreamLimits
+from gateway.relay.cursors import START
+from gateway.relay.entries import Entry
+from gateway.relay.following import IDLE_SECONDS, Following
+from gateway.relay.open_streams import NOT_HELD, Hold, StreamLimits
+from gateway.relay.streamed_answer import streamed_answer
 from gateway.routes.openai import ERRORS, OPENAI_ERRORS, SEPARATOR, STREAM, OpenAIRoute, ignored_fields_header
 from shared.errors import (
     DeadlineExceeded,
@@ -129,15 +132,16 @@ def _frame(event: dict[str, Any]) -> ServerSentEvent:
     return ServerSentEvent(data=json.dumps(event), event=event["type"], sep=SEPARATOR)
 
 
-async def _frames(
+def _frames(
     entries: AsyncGenerator[Entry | None, None], events: ResponseEvents, after: int, services: Services
-) -> AsyncIterator[ServerSentEvent]:
+) -> AsyncGenerator[ServerSentEvent, None]:
     """The response events of the job's entries numbered past `after`, and a keep-alive for each
-    silence (None); a failure of the stream itself (not of the job) ends it with an `error` event,
-    never a silent close."""
+    silence (None); a failure of the stream itself (not of the job) ends it with an `error` event
+    numbered after the last one sent (`streamed_answer`)."""
     last = after
-    services.metrics.streams_open.inc()
-    try:
+
+    async def frames() -> AsyncGenerator[ServerSentEvent, None]:
+        nonlocal last
         async with aclosing(entries):  # closing a foreground run's entries early cancels its job
             async for entry in entries:
                 if entry is None:
@@ -147,11 +151,12 @@ async def _frames(
                     if event["sequence_number"] > after:
                         last = event["sequence_number"]
                         yield _frame(event)
-    except StreampoolError as exc:
+
+    def failed(exc: StreampoolError) -> list[ServerSentEvent]:
         code = OPENAI_ERRORS.failure(exc)[1]["error"]["code"]
-        yield _frame(error_event(exc.message, code, last + 1))
-    finally:
-        services.metrics.streams_open.dec()
+        return [_frame(error_event(exc.message, code, last + 1))]
+
+    return streamed_answer(frames(), failed, services.metrics)
 
 
 async def _followed(services: Services, following: Following) -> AsyncGenerator[Entry | None, None]:

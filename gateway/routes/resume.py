@@ -20,7 +20,8 @@ from gateway.auth import REQUIRE_KEY, Owner
 from gateway.compat.openai_bodies import CHAT_COMPLETIONS_PATH, COMPLETIONS_PATH
 from gateway.deps import JOB_ID, Services, ServicesDep
 from gateway.generation import JobRun, chunk_frames, event_source
-from gateway.relay import START, StreamLimits
+from gateway.relay.cursors import START
+from gateway.relay.open_streams import StreamLimits
 from gateway.resumption import Framing
 from gateway.routes.openai import ERRORS, SEPARATOR, STREAM, OpenAIRoute, stream_failure
 from shared.errors import JobNotFound

@@ -7,7 +7,7 @@ that leaves before the end cancels its job. Every answer names its job in a head
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from importlib.metadata import version
 from typing import Any
@@ -23,6 +23,7 @@ from gateway.deadlines import header_deadline
 from gateway.deps import Services, ServicesDep
 from gateway.errors import ErrorShape, ShapedRoute, documented
 from gateway.generation import JOB_ID_HEADER, JobRun, event_source, keep_alive
+from gateway.relay.streamed_answer import streamed_answer
 from shared.errors import BackendUnavailable, InvalidRequest, PromptTooLong, StreampoolError
 
 
@@ -101,29 +102,32 @@ async def _generate(
     return _json([generation] if listed else generation, 200, run.job_id)
 
 
-async def _token_events(
+def _token_events(
     services: Services, run: JobRun, body: tgi.GenerateRequest
-) -> AsyncIterator[ServerSentEvent]:
-    """The job's tokens as TGI events, each sent once no event at hand shows it to be the last."""
+) -> AsyncGenerator[ServerSentEvent, None]:
+    """The job's tokens as TGI events, each sent once no event at hand shows it to be the last; a
+    failure ends them with the tokens held back and TGI's error message (`streamed_answer`)."""
     tokens = tgi.TokenStream(body)
-    services.metrics.streams_open.inc()
-    try:
-        async with aclosing(tgi.with_lookahead(run.events())) as events:
-            async for event, next_at_hand in events:
-                if event is None:
-                    yield keep_alive()
-                    continue
-                messages = tokens.feed(event)
-                if not next_at_hand:
-                    messages += tokens.flush()
-                for message in messages:
-                    yield ServerSentEvent(data=message.model_dump_json())
-    except StreampoolError as exc:
-        # The response has started: the failure becomes a last event, never a silent close.
-        for message in [*tokens.flush(), tgi.error(exc.message, exc.error_type)[0]]:
-            yield ServerSentEvent(data=message.model_dump_json())
-    finally:
-        services.metrics.streams_open.dec()
+
+    def failed(exc: StreampoolError) -> list[ServerSentEvent]:
+        messages = [*tokens.flush(), tgi.error(exc.message, exc.error_type)[0]]
+        return [ServerSentEvent(data=message.model_dump_json()) for message in messages]
+
+    return streamed_answer(_tokens(run, tokens), failed, services.metrics)
+
+
+async def _tokens(run: JobRun, tokens: tgi.TokenStream) -> AsyncGenerator[ServerSentEvent, None]:
+    """`_token_events`' events and keep-alives, a failure raised."""
+    async with aclosing(tgi.with_lookahead(run.events())) as events:
+        async for event, next_at_hand in events:
+            if event is None:
+                yield keep_alive()
+                continue
+            messages = tokens.feed(event)
+            if not next_at_hand:
+                messages += tokens.flush()
+            for message in messages:
+                yield ServerSentEvent(data=message.model_dump_json())
 
 
 async def _stream(

@@ -100,7 +100,7 @@ cancel asked as the lease does; the step reads it instead of the lease::
                                      running job's ask),     and a stop leaves an ended record whose
                                      then stream_end, or     stream has not ended: until it does the
                                      writer_drop (unheld)    job reads as running, and a
-    release     release              writer_drop, or         reader ends it `gateway.relay.HEAL_SECONDS`
+    release     release              writer_drop, or         reader ends it `gateway.relay.relay.HEAL_SECONDS`
                                      stream_end (failed)     later with the record's `end_event`
     expire      expire               stream_end              as a cancel of a queued job
     renew       renew                EXPIRE of stream and    either; the writer lives a job lifetime

@@ -15,9 +15,9 @@ import openai
 import pytest
 import redis.asyncio as aioredis
 
-from gateway.fanout import StreamHub
-from gateway.notice_sources import ServerNotices
-from gateway.relay import Relay
+from gateway.relay.hub import StreamHub
+from gateway.relay.relay import Relay
+from gateway.relay.server_notices import ServerNotices
 from shared.config import DEFAULT_MODEL_DIR, Settings
 from shared.keys import Keys
 from shared.model_card import ModelCard, publish_model_card

@@ -13,11 +13,14 @@ import pytest
 import redis
 import redis.asyncio as aioredis
 
-from gateway import fanout
-from gateway.entries import Entry
-from gateway.fanout import StreamHub, Subscription
-from gateway.notice_sources import ServerNotices
-from gateway.relay import IDLE_SECONDS, START, Relay, StreamLimits
+from gateway.relay.cursors import START
+from gateway.relay.entries import Entry
+from gateway.relay.following import IDLE_SECONDS
+from gateway.relay.hub import StreamHub
+from gateway.relay.open_streams import StreamLimits
+from gateway.relay.relay import Relay
+from gateway.relay.server_notices import ServerNotices
+from gateway.relay.subscription import Subscription
 from shared.config import GatewaySettings
 from shared.events import DeltaEvent, DoneEvent, Event, JobState, Usage
 from shared.jobstore import JobStore
@@ -57,7 +60,7 @@ async def _follow_all(relay: Relay, job_id: str, cursor: str = START) -> list[st
 async def test_many_followers_share_one_reader_which_reads_only_the_streams_a_notice_names(
     redis_client: aioredis.Redis, relay: Relay, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(fanout, "SWEEP_SECONDS", 60.0)  # no sweep reads every stream meanwhile
+    monkeypatch.setattr("gateway.relay.hub.SWEEP_SECONDS", 60.0)  # no sweep reads every stream meanwhile
     jobs = [uuid.uuid4().hex for _ in range(50)]
     for job_id in jobs:
         await _append(redis_client, relay, job_id, "status")
@@ -84,7 +87,7 @@ async def test_many_followers_share_one_reader_which_reads_only_the_streams_a_no
 async def test_a_notice_missed_is_made_up_by_the_sweep(
     redis_client: aioredis.Redis, relay: Relay, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(fanout, "SWEEP_SECONDS", 0.2)
+    monkeypatch.setattr("gateway.relay.hub.SWEEP_SECONDS", 0.2)
     job_id = uuid.uuid4().hex
     await _append(redis_client, relay, job_id, "status")
     following = asyncio.create_task(_follow_all(relay, job_id))
@@ -96,7 +99,7 @@ async def test_a_notice_missed_is_made_up_by_the_sweep(
 async def test_a_follower_that_falls_behind_catches_up_without_gap_or_duplicate(
     redis_client: aioredis.Redis, relay: Relay, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(fanout, "SUBSCRIBER_BUFFER", 4)
+    monkeypatch.setattr("gateway.relay.subscription.SUBSCRIBER_BUFFER", 4)
     job_id = uuid.uuid4().hex
     await _append(redis_client, relay, job_id, "status")
     follower = relay.follow(job_id, START).batches(IDLE_SECONDS)
@@ -169,7 +172,7 @@ async def test_waiting_long_polls_hold_no_redis_connection_each(redis_url: str, 
 async def test_a_long_poll_with_nothing_new_answers_empty_once_its_wait_is_over(
     relay: Relay, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(fanout, "LINGER_SECONDS", 0.05)
+    monkeypatch.setattr("gateway.relay.hub.LINGER_SECONDS", 0.05)
     job_id = uuid.uuid4().hex
     cursor = await _append(relay.redis, relay, job_id, "status")
     await relay.redis.hset(relay.keys.job(job_id), mapping={"status": "running", "owner": ANONYMOUS_OWNER})
@@ -218,7 +221,7 @@ async def test_a_stream_followed_right_after_the_last_one_left_is_heard_at_once(
 ) -> None:
     """The last follower's leaving stops the notices' listener; a follower coming in the same moment
     gets a listener of its own, not the one on its way out (no sweep would make up for it here)."""
-    monkeypatch.setattr(fanout, "SWEEP_SECONDS", 60.0)
+    monkeypatch.setattr("gateway.relay.hub.SWEEP_SECONDS", 60.0)
     first, second = relay.keys.stream(uuid.uuid4().hex), relay.keys.stream(uuid.uuid4().hex)
     with relay.hub.subscribe(first, START, 1 << 20):
         await eventually(lambda: stream_reader_listening(redis_client, relay.keys), "the hub listens")
@@ -235,7 +238,7 @@ async def test_lines_for_streams_not_watched_here_are_passed_over_without_a_read
 ) -> None:
     """With two gateways or more, most of a step's lines are for other gateways' clients: they are passed
     over, named or whole, with no read and nothing handed out; the watched stream's line is handed out."""
-    monkeypatch.setattr(fanout, "SWEEP_SECONDS", 60.0)
+    monkeypatch.setattr("gateway.relay.hub.SWEEP_SECONDS", 60.0)
     watched, other = relay.keys.stream(uuid.uuid4().hex), relay.keys.stream(uuid.uuid4().hex)
     with relay.hub.subscribe(watched, "2-1", 1 << 20) as subscription:
         await eventually(lambda: asyncio.sleep(0, not relay.hub._due), "the new stream read", interval=0.01)
@@ -359,7 +362,7 @@ async def test_steps_of_many_workers_reach_every_follower_once_and_in_order_with
 ) -> None:
     """Four workers step their jobs at once, round after round: each step's notice carries its
     entries, and the hub hands them out without reading a stream."""
-    monkeypatch.setattr(fanout, "SWEEP_SECONDS", 60.0)
+    monkeypatch.setattr("gateway.relay.hub.SWEEP_SECONDS", 60.0)
     jobs = await _started_jobs(store, [f"worker-{n}" for n in range(4)], each=10)
     every_job = [job_id for job_ids in jobs.values() for job_id in job_ids]
     followers = await _followed(relay, every_job)
@@ -419,7 +422,7 @@ async def test_a_client_write_that_fails_in_the_hubs_callback_leaves_the_entries
 ) -> None:
     """A follower whose direct write raises (a stand-in: a client's transport failing under the hub's
     callback) still gets every entry, from its own task; the hub goes on for the other followers."""
-    monkeypatch.setattr(fanout, "SWEEP_SECONDS", 60.0)
+    monkeypatch.setattr("gateway.relay.hub.SWEEP_SECONDS", 60.0)
     failing_job, other_job = (await _started_jobs(store, ["worker-1"], each=2))["worker-1"]
     failing = relay.follow(failing_job, START)
     attempts = 0
@@ -450,7 +453,7 @@ async def test_a_client_write_that_fails_in_the_hubs_callback_leaves_the_entries
 async def test_an_entry_after_one_the_hub_missed_has_its_stream_read_from_the_cursor(
     store: JobStore, relay: Relay, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(fanout, "SWEEP_SECONDS", 60.0)
+    monkeypatch.setattr("gateway.relay.hub.SWEEP_SECONDS", 60.0)
     (job_id,) = (await _started_jobs(store, ["worker-1"], each=1))["worker-1"]
     (follower,) = await _followed(relay, [job_id])
     reads = ReadCount(relay, monkeypatch)
@@ -538,7 +541,7 @@ async def test_a_stream_of_a_partition_not_heard_yet_misses_nothing_appended_bef
     subscription lasts a round trip, too short to append in otherwise); steps appended meanwhile,
     their notices gone unheard, reach the follower once its subscription holds, by the read that
     follows it, not by a sweep."""
-    monkeypatch.setattr(fanout, "SWEEP_SECONDS", 60.0)
+    monkeypatch.setattr("gateway.relay.hub.SWEEP_SECONDS", 60.0)
     source = relay.hub._source
     assert isinstance(source, ServerNotices)
     held, resubscribe = asyncio.Event(), source._resubscribe

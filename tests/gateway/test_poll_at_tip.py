@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 import redis.asyncio as aioredis
 
-from gateway import fanout
-from gateway.entries import Entry
-from gateway.fanout import StreamHub
-from gateway.notice_sources import ServerNotices
-from gateway.relay import Relay, StreamLimits
+from gateway.relay.entries import Entry
+from gateway.relay.hub import StreamHub
+from gateway.relay.open_streams import StreamLimits
+from gateway.relay.relay import Relay
+from gateway.relay.server_notices import ServerNotices
 from shared.config import GatewaySettings
 from shared.errors import JobNotFound
 from shared.events import JobState
@@ -188,7 +188,7 @@ async def _listener(relay: Relay) -> str:
 async def test_a_stream_watched_only_to_linger_is_dropped_after_the_linger(
     relay: Relay, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(fanout, "LINGER_SECONDS", 0.2)
+    monkeypatch.setattr("gateway.relay.hub.LINGER_SECONDS", 0.2)
     await _at_the_tip(relay)
 
     async def dropped() -> bool:
@@ -202,7 +202,7 @@ async def test_what_a_check_found_is_checked_again_after_its_time(
 ) -> None:
     """A running job's record can go with no entry to say so: however many polls what a check found
     answers, it is checked in Redis again `CHECKED_SECONDS` after."""
-    monkeypatch.setattr(fanout, "CHECKED_SECONDS", 0.3)
+    monkeypatch.setattr("gateway.relay.hub.CHECKED_SECONDS", 0.3)
     await _at_the_tip(relay)
     await asyncio.sleep(0.3)
     checks = await _checks(relay)

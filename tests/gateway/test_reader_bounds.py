@@ -17,9 +17,11 @@ import httpx
 import pytest
 import redis.asyncio as aioredis
 
-from gateway.entries import Entry, entries_bytes
-from gateway.fanout import Subscription
-from gateway.relay import FIRST_READ, START, Relay
+from gateway.relay.cursors import START
+from gateway.relay.entries import Entry, entries_bytes
+from gateway.relay.following import FIRST_READ
+from gateway.relay.relay import Relay
+from gateway.relay.subscription import Subscription
 from shared import jobstore
 from shared.config import DEFAULT_MODEL_DIR
 from shared.events import DeltaEvent, Progress

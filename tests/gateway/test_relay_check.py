@@ -8,7 +8,8 @@ import uuid
 import pytest
 import redis.asyncio as aioredis
 
-from gateway.relay import Relay, StreamLimits
+from gateway.relay.open_streams import StreamLimits
+from gateway.relay.relay import Relay
 from shared.errors import CursorExpired, JobNotFound
 from shared.events import JobState
 

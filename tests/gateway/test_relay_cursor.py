@@ -6,8 +6,9 @@ import json
 
 import pytest
 
-from gateway.relay import START, Entry, parse_cursor
-from gateway.routes.jobs import page_json
+from gateway.relay.cursors import START, parse_cursor
+from gateway.relay.entries import Entry
+from gateway.relay.polls import page_json
 from shared.errors import InvalidRequest
 from shared.events import JobState
 from shared.requests import EventsPage

@@ -15,7 +15,7 @@ import pytest
 import uvicorn
 from starlette.types import Receive, Scope, Send
 
-from gateway.server_send import KeepServerSend, body_writer, server_send
+from gateway.relay.server_send import KeepServerSend, body_writer, server_send
 from tests.helpers import eventually
 from tests.processes import free_port
 

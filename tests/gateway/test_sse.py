@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from sse_starlette.sse import ServerSentEvent
 
-from gateway.entries import Entry
-from gateway.sse import entry_frame, frame
+from gateway.relay.entries import Entry
+from gateway.relay.sse import entry_frame, frame
 
 
 @pytest.mark.parametrize(

@@ -16,9 +16,10 @@ import pytest
 import redis.asyncio as aioredis
 
 from gateway.admission import fullest_memory
-from gateway.fanout import StreamHub
-from gateway.notice_sources import ServerNotices
-from gateway.relay import HEAL_SECONDS, Relay, StreamLimits
+from gateway.relay.hub import StreamHub
+from gateway.relay.open_streams import StreamLimits
+from gateway.relay.relay import HEAL_SECONDS, Relay
+from gateway.relay.server_notices import ServerNotices
 from shared.errors import JobNotFound
 from shared.events import CancelledEvent, DeltaEvent, DoneEvent, ErrorEvent, JobState, Usage
 from shared.jobstore import JobStore, Outcome
@@ -263,7 +264,7 @@ async def test_an_end_stopped_between_the_record_and_the_stream_is_healed_by_a_r
     state, _, _ = await relay.check(job_id, "0", "anonymous", LIMITS)
     assert state is JobState.running
     finished_at = float(await store.redis.hget(store.keys.job(job_id), "finished_at"))  # type: ignore[misc]
-    monkeypatch.setattr("gateway.relay.time.time", lambda: finished_at + HEAL_SECONDS + 1)
+    monkeypatch.setattr("gateway.relay.relay.time.time", lambda: finished_at + HEAL_SECONDS + 1)
     state, _, entries = await relay.check(job_id, "0", "anonymous", LIMITS, count=10)
     assert state is JobState.cancelled
     assert await stream_types(store, job_id) == ["status", "cancelled"]

@@ -20,11 +20,12 @@ from redis.crc import key_slot
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisClusterException
 
-from gateway import fanout
 from gateway.admission import fullest_memory
-from gateway.fanout import StreamHub
-from gateway.notice_sources import ClusterNotices, bulk
-from gateway.relay import Relay, StreamLimits
+from gateway.relay.cluster_notices import ClusterNotices
+from gateway.relay.hub import StreamHub
+from gateway.relay.notices import bulk
+from gateway.relay.open_streams import StreamLimits
+from gateway.relay.relay import Relay
 from shared.events import DeltaEvent, DoneEvent, JobState, Usage
 from shared.jobstore import JobStore, Outcome
 from shared.keys import Keys
@@ -108,7 +109,7 @@ async def test_jobs_on_every_master_are_stepped_one_call_a_partition_and_followe
 ) -> None:
     """The followers get every entry from the masters' shard channels: the hub's sweep, which would
     read every stream in any case, is put off past the test's end."""
-    monkeypatch.setattr(fanout, "SWEEP_SECONDS", 600.0)
+    monkeypatch.setattr("gateway.relay.hub.SWEEP_SECONDS", 600.0)
     jobs = await started_jobs(store, 24)
     masters = {redis_cluster.master_of(store.keys.stream(job_id)) for job_id in jobs}
     assert masters == set(redis_cluster.masters())  # the partitions spread the jobs over them all

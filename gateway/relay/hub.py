@@ -39,7 +39,7 @@ forgotten whenever the notices may have been missed (the listening connection dr
 failed) or a follower of the stream fell behind.
 
 Where the notices come from and how the streams are read, on one Redis or on a Redis Cluster's
-masters, is the hub's `NoticeSource` (`gateway.notice_sources`).
+masters, is the hub's `NoticeSource` (`gateway.relay.notices`).
 """
 
 from __future__ import annotations
@@ -49,13 +49,14 @@ import contextlib
 import logging
 from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from typing import Any
 
 from redis.exceptions import RedisError
 
-from gateway.entries import Entry, entries_bytes, state_of
-from gateway.notice_sources import NoticeSource, bulk
+from gateway.relay.entries import Entry, entries_bytes
+from gateway.relay.notices import NoticeSource
+from gateway.relay.subscription import Subscription
+from gateway.relay.watches import Checked, Watched
 from shared.events import JobState
 from shared.notices import LINE, UNIT
 
@@ -63,7 +64,6 @@ log = logging.getLogger(__name__)
 
 HUB_READ_COUNT = 256  # most entries of one stream a read takes; a stream read out is read again
 SWEEP_SECONDS = 5.0  # how often every watched stream is read, whatever the notices said
-SUBSCRIBER_BUFFER = 1024  # entries held for one follower before it must catch up from Redis itself
 RETRY_FIRST_SECONDS = 0.05  # the reader's first wait after a Redis failure, doubled up to the last
 RETRY_LAST_SECONDS = 2.0
 LINGER_SECONDS = 3.0
@@ -79,188 +79,6 @@ answered from the hub learns of it this late at most, as late as a poll checked 
 what its check found before a wait of the default `poll_wait_max`."""
 
 
-LiveWriter = Callable[[str, str, str], bool]
-"""Writes one entry (its id, event type and data) to a follower's client now and answers True, or
-answers False and writes nothing when the follower's task must take it instead."""
-
-
-@dataclass(eq=False)
-class Subscription:
-    """A follower's mailbox: new entries of one stream, or the news that it fell behind."""
-
-    stream: str
-    started_after: str
-    max_bytes: int  # of entries held while behind, past which the follower catches up by itself
-    pending: list[Entry] = field(default_factory=list)
-    pending_bytes: int = 0  # of the batches offered while entries were pending already
-    lagged: bool = False
-    direct: LiveWriter | None = None
-    """Hands a notice's entry straight to the follower's client while it waits with nothing pending,
-    from the hub's callback, without waking its task (`Following.write_directly`)."""
-    _live: LiveWriter | None = None  # `direct` while the task is parked in `wait`, nothing pending
-    _waiter: asyncio.Future[None] | None = None
-    _timeout: float = 0.0  # of the `wait` in progress
-    _deadline: float = 0.0  # when the `wait` in progress times out, by the loop's clock
-    _timer: asyncio.TimerHandle | None = None
-
-    def take(self) -> list[Entry]:
-        """Every entry delivered since the last take, oldest first."""
-        pending, self.pending, self.pending_bytes = self.pending, [], 0
-        return pending
-
-    async def wait(self, timeout: float) -> None:
-        """Until entries are pending, the hub dropped this subscription, or `timeout` s passed.
-
-        A follower waits once per batch it writes. Its timer is not made and cancelled at each
-        wait: it stays set, and when it fires before the current deadline it is set again for
-        the rest, so it fires about once per `timeout` rather than once per batch.
-        """
-        if self.pending or self.lagged:
-            return
-        loop = asyncio.get_running_loop()
-        self._timeout = timeout
-        self._deadline = loop.time() + timeout
-        self._waiter = waiter = loop.create_future()
-        self._live = self.direct  # nothing pending, and the task parked: written now, in order
-        if self._timer is None:
-            self._timer = loop.call_at(self._deadline, self._on_timer)
-        try:
-            await waiter
-        finally:
-            self._waiter = self._live = None
-
-    def _on_timer(self) -> None:
-        loop = asyncio.get_running_loop()
-        if self._waiter is not None and loop.time() < self._deadline:
-            self._timer = loop.call_at(self._deadline, self._on_timer)
-            return
-        self._timer = None
-        self.interrupt()
-
-    def write_live(self, entry_id: str, kind: str, data: str, now: float) -> bool:
-        """Whether `direct` wrote a notice's entry to the client, the task parked with nothing pending
-        (`now`: the loop's time, from which the wait's silence is counted again). A `direct` that
-        fails is logged and not asked again: the follower's task writes the entry, and meets the
-        failure on its own, while the hub goes on listening for every other follower."""
-        live = self._live
-        if live is None:
-            return False
-        try:
-            written = live(entry_id, kind, data)
-        except Exception:
-            log.exception("writing an entry of %s to a client failed; its own task takes it", self.stream)
-            self.direct = self._live = None
-            return False
-        if written:
-            self._deadline = now + self._timeout
-        return written
-
-    def interrupt(self) -> None:
-        """End a `wait` in progress now."""
-        self._live = None
-        if self._waiter is not None:
-            _wake(self._waiter)
-
-    def close(self) -> None:
-        """Cancel the timer: the follower has left."""
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-
-    def offer(self, entries: list[Entry], size: int) -> bool:
-        """Hand new entries over to the follower's task; False (and lagged) when that would overflow
-        the buffer.
-
-        `size` (their bytes) is counted only while entries are pending, and the hub measures it only
-        then: a follower that keeps up costs no per-entry work, and one that does not holds at most
-        one read of the hub's and `max_bytes` more.
-        """
-        if self.pending:
-            self.pending_bytes += size
-            if len(self.pending) + len(entries) > SUBSCRIBER_BUFFER or self.pending_bytes > self.max_bytes:
-                self.lagged = True
-        if not self.lagged:
-            self.pending += entries
-        self.interrupt()
-        return not self.lagged
-
-
-def _wake(waiter: asyncio.Future[None]) -> None:
-    if not waiter.done():
-        waiter.set_result(None)
-
-
-def _id_key(entry_id: str) -> tuple[int, int]:
-    """A stream id (or a cursor such as '12', short for '12-0') as a key that sorts as Redis does."""
-    ms, _, seq = entry_id.partition("-")
-    return int(ms), int(seq or 0)
-
-
-def _next_id(cursor: str) -> str | None:
-    """The id of the entry right after `cursor` in a job stream, whose ids are '<seq>-1' with seqs
-    one apart; None when the cursor is not of that kind (the stream is read from it instead)."""
-    seq, _, part = cursor.partition("-")
-    if not seq.isdigit():
-        return None
-    if part == "1":
-        return f"{int(seq) + 1}-1"
-    return f"{seq}-1" if part in ("", "0") else None
-
-
-@dataclass(eq=False)
-class Checked:
-    """What the relay's last check in Redis found of a watched stream's job as of the hub's cursor:
-    who owns it and its state, the state moved on by each status and terminal entry the hub has
-    handed out since; good until `until` (by the loop's clock, `CHECKED_SECONDS` after the check)."""
-
-    owner: str
-    state: JobState
-    until: float
-
-    def moved_by(self, kind: str, data: str) -> Checked | None:
-        """This, its state moved by an entry; None for an entry whose state cannot be read (the hub's
-        callback serves every follower: such an entry is left to a check in Redis, not raised)."""
-        try:
-            state = state_of(kind, data)
-        except (ValueError, KeyError, TypeError):
-            return None
-        if state is not None:
-            self.state = state
-        return self
-
-
-@dataclass(eq=False)
-class _Watched:
-    """A stream the reader watches: its followers, the cursor the next read starts after, and for a
-    long-polled stream what a check found of its job and how long it is watched without followers."""
-
-    stream: str
-    name: bytes  # packed (`notice_sources.bulk`)
-    partition: int  # whose notices tell of it (`NoticeSource.partition`)
-    cursor: str
-    next_id: str | None  # the id of the entry after the cursor, if a notice line may be taken as it
-    subscriptions: tuple[Subscription, ...] = ()  # a tuple: handing out may drop one, mid-loop
-    checked: Checked | None = None
-    lingers_until: float = 0.0  # by the loop's clock: kept, without followers, until then
-    linger_timer: bool = False  # a timer of `_linger`'s is set, to fire at or before `lingers_until`
-
-    @classmethod
-    def at(cls, stream: str, partition: int, cursor: str) -> _Watched:
-        return cls(stream, bulk(stream), partition, cursor, _next_id(cursor))
-
-    def advance(self, cursor: str) -> None:
-        self.cursor, self.next_id = cursor, _next_id(cursor)
-
-    def step(self) -> None:
-        """Move the cursor onto `next_id` ('<seq>-1'), a notice's entry handed out."""
-        assert self.next_id is not None
-        self.cursor, self.next_id = self.next_id, f"{int(self.next_id[:-2]) + 1}-1"
-
-    def holds(self, entry_id: str) -> bool:
-        """Whether the entry was handed out already: its id is not past the cursor."""
-        return _id_key(entry_id) <= _id_key(self.cursor)
-
-
 def _entry(entry_id: str, fields: list[str]) -> Entry:
     if fields[0] == "type" and fields[2] == "data":  # the order every writer of job streams uses
         return Entry(entry_id, fields[1], fields[3], fields[5] if len(fields) > 5 else "")
@@ -273,7 +91,7 @@ class StreamHub:
         self._on_written = on_written
         """Told, once per notice of which entries went straight to clients, the last one's `at`
         (a step's entries share it): the relay lag, observed once per step, not per entry."""
-        self._watched: dict[str, _Watched] = {}
+        self._watched: dict[str, Watched] = {}
         self._due: set[str] = set()  # watched streams to read: named by a notice, new, or not read out
         self._woken = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -334,13 +152,13 @@ class StreamHub:
             if not watched.subscriptions:
                 self._linger(stream, watched)
 
-    def _watch(self, stream: str, cursor: str) -> _Watched:
+    def _watch(self, stream: str, cursor: str) -> Watched:
         """The watch of `stream`, made from `cursor` if there is none (and read at once); the notices'
         listener and the reader running."""
         watched = self._watched.get(stream)
         if watched is None:
             partition = self._source.partition(stream)
-            watched = self._watched[stream] = _Watched.at(stream, partition, cursor)
+            watched = self._watched[stream] = Watched.at(stream, partition, cursor)
             self._due.add(stream)
             self._woken.set()
             self._partitions[partition] = self._partitions.get(partition, 0) + 1
@@ -364,7 +182,7 @@ class StreamHub:
         else:
             self._unwatch(subscription.stream)
 
-    def _linger(self, stream: str, watched: _Watched) -> None:
+    def _linger(self, stream: str, watched: Watched) -> None:
         """Keep a long-polled stream watched without followers for `LINGER_SECONDS` from now.
 
         A stream lingers again at each poll it answers: its timer is not made anew each time, but
@@ -376,7 +194,7 @@ class StreamHub:
             watched.linger_timer = True
             loop.call_at(watched.lingers_until, self._linger_over, stream, watched)
 
-    def _linger_over(self, stream: str, watched: _Watched) -> None:
+    def _linger_over(self, stream: str, watched: Watched) -> None:
         """Drop a stream watched only to linger, once its last linger is over."""
         watched.linger_timer = False
         if self._watched.get(stream) is not watched or watched.subscriptions:
@@ -436,7 +254,7 @@ class StreamHub:
         if written_at and self._on_written is not None:
             self._on_written(written_at)
 
-    def _hand_out(self, watched: _Watched, entry_id: str, kind: str, at: str, data: str, now: float) -> bool:
+    def _hand_out(self, watched: Watched, entry_id: str, kind: str, at: str, data: str, now: float) -> bool:
         """Hand a notice's entry, the next of its stream, to its followers: written to the clients of
         those parked with nothing pending, straight from its fields; an `Entry` for the others' tasks.
         Whether any client had it written."""
@@ -534,7 +352,7 @@ class StreamHub:
                 return
         self._deliver(watched, [_entry(entry_id, fields) for entry_id, fields in entries])
 
-    def _deliver(self, watched: _Watched, entries: list[Entry]) -> None:
+    def _deliver(self, watched: Watched, entries: list[Entry]) -> None:
         """Hand entries that follow the stream's cursor to its followers' tasks, and move the cursor on."""
         watched.advance(entries[-1].id)
         for entry in entries:

@@ -21,16 +21,19 @@ import asyncio
 import json
 import logging
 import re
+from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from datetime import datetime, timezone
 
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from gateway.entries import Entry
 from gateway.metrics import GatewayMetrics
-from gateway.relay import Following, Hold
-from gateway.server_send import body_writer, server_send
+from gateway.relay.entries import Entry
+from gateway.relay.following import Following
+from gateway.relay.open_streams import Hold
+from gateway.relay.server_send import body_writer, server_send
+from gateway.relay.streamed_answer import streamed_answer
 from shared.errors import StreampoolError
 
 SEPARATOR = "\r\n"  # sse-starlette's default line separator
@@ -126,28 +129,31 @@ class EventStream(Response):
             # The writes run in a task of their own: woken once per batch, a task resumes every frame
             # it is suspended in, and here that would be the dozen of the ASGI stack above this one.
             writing = asyncio.create_task(self._write(send))
-            self.metrics.streams_open.inc()
             try:
                 await writing
             finally:
-                self.metrics.streams_open.dec()
                 writing.cancel()
                 listening.cancel()
         await send(END)
 
     async def _write(self, send: Send) -> None:
-        try:
-            async with aclosing(self.following.batches(self.ping_seconds)) as batches:
-                async for batch in batches:
-                    body = b"".join(map(entry_frame, batch)) if batch else ping_frame()
-                    await send({"type": "http.response.body", "body": body, "more_body": True})
-                    if (
-                        batch and batch[0].at
-                    ):  # once per write, for its oldest entry: cheap at the relay's rate
-                        self.metrics.observe_relay_lag(batch[0].at)
-        except StreampoolError as exc:  # the client resumes from its cursor; an operator may want to know
-            log.warning("a follow of job %s ended early: %s", self.following.job_id, exc.message)
-            await send({"type": "http.response.body", "body": error_frame(exc), "more_body": True})
+        bodies = streamed_answer(self._bodies(), self._failed, self.metrics)
+        async with aclosing(bodies):
+            async for body in bodies:
+                await send({"type": "http.response.body", "body": body, "more_body": True})
+
+    async def _bodies(self) -> AsyncGenerator[bytes, None]:
+        """Every entry that arrived together as one body, a keep-alive after each silence."""
+        async with aclosing(self.following.batches(self.ping_seconds)) as batches:
+            async for batch in batches:
+                yield b"".join(map(entry_frame, batch)) if batch else ping_frame()
+                if batch and batch[0].at:  # once per write, for its oldest entry: cheap at the relay's rate
+                    self.metrics.observe_relay_lag(batch[0].at)
+
+    def _failed(self, exc: StreampoolError) -> list[bytes]:
+        """The client resumes from its cursor; an operator may want to know."""
+        log.warning("a follow of job %s ended early: %s", self.following.job_id, exc.message)
+        return [error_frame(exc)]
 
     async def _stop_on_disconnect(self, receive: Receive) -> None:
         while (await receive())["type"] != "http.disconnect":

@@ -1,54 +1,39 @@
-"""Reading job streams from a client's cursor: follow until the terminal event, or one page.
+"""Reading job streams for clients from a cursor: one long-poll page, or a follow to the terminal
+event (`gateway.relay.following`), the cursor checked in Redis first.
 
-A follower first catches up with its own reads, then takes new entries from the
-process's one `StreamHub` reader, as many at a time as have arrived; if it falls
-behind, it catches up again from Redis, so a slow client costs Redis reads, never
-unbounded gateway memory. A long-poll page that has to wait for its first entry waits
-the same way, and so does a cursor past the end of a running job's stream, for the stream
-to reach it. A long-poll at the tip of a stream the hub watches is answered from what the hub knows
-of it (`StreamHub.at_tip`), without a round trip to Redis.
+A long-poll page that has to wait for its first entry waits on the process's one `StreamHub`
+reader, as a follow does, and so does a cursor past the end of a running job's stream, for the
+stream to reach it. A long-poll at the tip of a stream the hub watches is answered from what the hub
+knows of it (`StreamHub.at_tip`), without a round trip to Redis.
 """
 
 from __future__ import annotations
 
 import asyncio
-import re
 import time
-from collections import Counter
-from collections.abc import AsyncGenerator, Iterator
-from contextlib import aclosing, contextmanager
-from dataclasses import dataclass
 from typing import NamedTuple
 
 import redis.asyncio as aioredis
 
-from gateway.entries import Entry, entries_bytes
-from gateway.fanout import LiveWriter, StreamHub, Subscription
+from gateway.relay.cursors import id_key
+from gateway.relay.entries import Entry
+from gateway.relay.following import Following
+from gateway.relay.hub import StreamHub
+from gateway.relay.open_streams import Hold, OpenStreams, StreamLimits
 from shared.config import GatewaySettings
-from shared.errors import BackendUnavailable, CursorExpired, InvalidRequest, JobNotFound, Overloaded
+from shared.errors import CursorExpired, InvalidRequest, JobNotFound
 from shared.events import TERMINAL_EVENT_TYPES, JobState
-from shared.keys import ANONYMOUS_OWNER, Keys
+from shared.keys import Keys
 from shared.lifecycle import scripts
 from shared.lifecycle.arguments import CursorCheckArgs
 from shared.lifecycle.transitions import Transitions
 from shared.redis_client import StreamsRedis, redis_errors
 
-CURSOR = re.compile(r"[0-9]{1,20}(-[0-9]{1,20})?")
-MAX_ID_PART = 2**64 - 1
-START = "0-0"
-READ_BATCH = 512  # most entries one catch-up read asks for
-FIRST_READ = 16  # a follow's first catch-up read, before the size of its stream's entries is known
 DEFAULT_BATCH_BYTES: int = GatewaySettings.model_fields["reader_batch_bytes"].default
-IDLE_SECONDS = 5.0  # how long a silent follow waits before checking its job still exists
 AHEAD_WAIT_SECONDS = 10.0  # for a running job's stream to reach a cursor past its end (a failover)
 HEAL_SECONDS = 5.0
 """With the streams apart, how long after a job's record ended without a worker its stream may still
 lack the end before a reader ends it: the record's end and the stream's are one round trip apart."""
-
-
-def _id_tuple(stream_id: str) -> tuple[int, int]:
-    ms, _, seq = stream_id.partition("-")
-    return int(ms), int(seq or 0)
 
 
 class AtCursor(NamedTuple):
@@ -65,128 +50,7 @@ class AtCursor(NamedTuple):
 
 def _past(cursor: str, found: AtCursor) -> bool:
     """Whether `cursor` is past the last entry the stream has had."""
-    return _id_tuple(cursor) > _id_tuple(found.last)
-
-
-def parse_cursor(cursor: str | None) -> str:
-    """A client's cursor (a stream id; none means the start), checked before it reaches Redis."""
-    if cursor is None or cursor == "":
-        return START
-    if not CURSOR.fullmatch(cursor) or max(_id_tuple(cursor)) > MAX_ID_PART:
-        raise InvalidRequest(f"cursor {cursor!r} is not an event id like '12-1'")
-    return cursor
-
-
-def _through_terminal(entries: list[Entry]) -> list[Entry]:
-    """The entries up to and including the first terminal one: nothing after it is relayed."""
-    for n, entry in enumerate(entries):
-        if entry.terminal:
-            return entries[: n + 1]
-    return entries
-
-
-def _batch_count(entries: list[Entry], batch_bytes: int) -> int:
-    """How many entries like these make about `batch_bytes`: the next catch-up read's count."""
-    return max(1, min(READ_BATCH, batch_bytes * len(entries) // max(1, entries_bytes(entries))))
-
-
-@dataclass(frozen=True)
-class StreamLimits:
-    """How many streams one gateway process serves at once, in all and per API key, and how many
-    bytes of events one of them holds."""
-
-    most: int
-    most_per_owner: int
-    batch_bytes: int
-
-    @classmethod
-    def of(cls, settings: GatewaySettings) -> StreamLimits:
-        return cls(settings.max_open_streams, settings.max_open_streams_per_key, settings.reader_batch_bytes)
-
-
-class Hold:
-    """One place among a gateway's open readers (`OpenStreams.hold`), given back once: at the end of
-    its `with` block, unless `hand_over` passed it on to what outlives the block (a streamed answer)."""
-
-    def __init__(self, streams: OpenStreams | None, owner: str) -> None:
-        self._streams = streams
-        self.owner = owner
-
-    def hand_over(self) -> Hold:
-        """This place, now given back by whoever takes the returned hold, not by this one."""
-        handed, self._streams = Hold(self._streams, self.owner), None
-        return handed
-
-    def release(self) -> None:
-        streams, self._streams = self._streams, None
-        if streams is not None:
-            streams.let_go(self.owner)
-
-    def __enter__(self) -> Hold:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.release()
-
-
-NOT_HELD = Hold(None, ANONYMOUS_OWNER)
-"""The hold of a request that holds no connection open (it is answered at once)."""
-
-
-class OpenStreams:
-    """Every request that holds a connection open on a job (event streams, waiting polls, a cursor
-    waiting for its stream, streamed or whole OpenAI, TGI and Responses answers, a cancel waiting for
-    its job's end) holds a place here, so that none holds more than its share; and the native follows,
-    so that shutting down can end them all."""
-
-    def __init__(self) -> None:
-        self._followings: set[Following] = set()
-        self._held = 0
-        self._held_by: Counter[str] = Counter()
-
-    def __len__(self) -> int:
-        return len(self._followings)
-
-    @property
-    def held(self) -> int:
-        """The places held now, by readers of every kind (`streampool_readers_open`)."""
-        return self._held
-
-    def hold(self, owner: str, limits: StreamLimits) -> Hold:
-        """A place for one more reader of `owner`'s, until the hold is given back; `Overloaded` (429)
-        when the gateway, or the owner's API key, is at its limit. Where no key is required every
-        client is the one anonymous owner: the total bounds them."""
-        if self._held >= limits.most:
-            raise Overloaded(
-                f"this gateway serves {limits.most} streams, its limit; retry, or through another"
-            )
-        if owner != ANONYMOUS_OWNER and self._held_by[owner] >= limits.most_per_owner:
-            raise Overloaded(
-                f"this API key has {limits.most_per_owner} streams open on this gateway, its limit"
-            )
-        self._held += 1
-        self._held_by[owner] += 1
-        return Hold(self, owner)
-
-    def let_go(self, owner: str) -> None:
-        self._held -= 1
-        self._held_by[owner] -= 1
-        if not self._held_by[owner]:
-            del self._held_by[owner]
-
-    @contextmanager
-    def open(self, following: Following) -> Iterator[None]:
-        """While a follow runs that a stopping gateway ends at once."""
-        self._followings.add(following)
-        try:
-            yield
-        finally:
-            self._followings.discard(following)
-
-    def close(self) -> None:
-        """End every stream now (without a terminal event: its clients reconnect from their cursor)."""
-        for following in self._followings:
-            following.stop()
+    return id_key(cursor) > id_key(found.last)
 
 
 class Relay:
@@ -222,7 +86,7 @@ class Relay:
         simply at the end.
         """
         state, found = await self._checked(job_id, cursor, owner, limits, count)
-        return state, _id_tuple(cursor) >= _id_tuple(found.last), found.entries
+        return state, id_key(cursor) >= id_key(found.last), found.entries
 
     async def _checked(
         self, job_id: str, cursor: str, owner: str, limits: StreamLimits, count: int
@@ -277,7 +141,7 @@ class Relay:
 
         The status is read before the stream: the script that ends a job writes both, so a job read
         as ended has its terminal event in what follows."""
-        ms, seq = _id_tuple(cursor)
+        ms, seq = id_key(cursor)
         args: CursorCheckArgs = {"cursor": f"{ms}-{seq}", "count": count}
         if self.transitions is not None:
             return await self._state_and_stream_apart(job_id, owner, args)
@@ -412,165 +276,3 @@ class Relay:
         `cursor`, so the follow subscribes at once, without reading the stream first (the hub reads
         a stream it begins to watch, and what came since that read is in that one)."""
         return Following(self, job_id, cursor, batch_bytes, at_end)
-
-
-class Following:
-    """One client's follow of one job stream: `batches` gives the entries as many at a time as have
-    arrived together. A cursor already at or past the terminal event ends the follow at once; `stop`
-    ends it early (the client left, or the gateway stops)."""
-
-    def __init__(self, relay: Relay, job_id: str, cursor: str, batch_bytes: int, at_end: bool) -> None:
-        self.relay = relay
-        self.job_id = job_id
-        self.cursor = cursor
-        self.batch_bytes = batch_bytes
-        self.stopped = False
-        self.write_now: LiveWriter | None = None
-        """Set by an answer that can write an entry to its client at once (`EventStream`): live
-        entries then reach it from the hub's callback while `batches` waits (see `write_directly`)."""
-        self._at_end = at_end  # the first catch-up read is skipped (`Relay.follow`)
-        self._subscription: Subscription | None = None
-
-    def stop(self) -> None:
-        self.stopped = True
-        if self._subscription is not None:
-            self._subscription.interrupt()
-
-    async def batches(self, idle_seconds: float) -> AsyncGenerator[list[Entry], None]:
-        """New entries in order, in batches as they arrive; an empty batch after each
-        `idle_seconds` of silence (when a client may want a keep-alive)."""
-        relay = self.relay
-        stream = relay.keys.stream(self.job_id)
-        while not self.stopped:
-            if self._at_end:  # nothing to catch up with first (`Relay.follow`): a waiting poll's case
-                self._at_end = False
-            else:
-                async with aclosing(self._catch_up()) as caught_up:
-                    async for batch in caught_up:
-                        batch = _through_terminal(batch)
-                        self.cursor = batch[-1].id
-                        yield batch
-                        if batch[-1].terminal:
-                            return
-                if self.stopped:
-                    return
-            with relay.hub.subscribe(stream, self.cursor, self.batch_bytes) as subscription:
-                self._subscription = subscription
-                try:
-                    async with aclosing(self._live(subscription, idle_seconds)) as live:
-                        async for batch in live:
-                            batch = _through_terminal(batch)
-                            if batch:
-                                self.cursor = batch[-1].id
-                            yield batch
-                            if batch and batch[-1].terminal:
-                                return
-                finally:
-                    self._subscription = None
-                if not subscription.lagged:
-                    return  # stopped, or the job ended while idle and this follow has everything
-
-    async def first_batch(self, idle_seconds: float) -> list[Entry]:
-        """The first batch `batches` gives (none after `idle_seconds` of silence), for a long-poll.
-
-        A poll comes once per step of its job, at the stream's tip: there the hub's cursor for the
-        stream is the follow's, so there is no gap to fill and nothing read twice, and the batch is
-        what one wait on the hub brings. That case takes none of `batches`' generators, made and
-        closed for each poll (without them, long-polls alone cost the gateway about 0.73 of the CPU an
-        event: bench/RESULTS.md, section 9). Elsewhere, and for a follower the hub dropped, `batches`
-        gives it. A wait with nothing at its end answers none, as `batches` does whether or not the
-        job ended meanwhile.
-        """
-        if self._at_end and not self.stopped:
-            self._at_end = False  # whatever comes of it, `batches` after it reads the stream first
-            stream = self.relay.keys.stream(self.job_id)
-            with self.relay.hub.subscribe(stream, self.cursor, self.batch_bytes) as subscription:
-                if subscription.started_after == self.cursor:
-                    self._subscription = subscription
-                    try:
-                        await subscription.wait(idle_seconds)
-                    finally:
-                        self._subscription = None
-                    if not subscription.lagged:
-                        batch = _through_terminal(subscription.take())
-                        if batch:
-                            self.cursor = batch[-1].id
-                        return batch
-                else:
-                    self._at_end = True  # the hub is elsewhere in the stream: `batches` fills the gap
-        async with aclosing(self.batches(idle_seconds)) as batches:
-            async for batch in batches:
-                return batch
-        return []
-
-    async def _catch_up(self) -> AsyncGenerator[list[Entry], None]:
-        """What the stream already holds after the cursor, with plain (non-blocking) reads of about
-        `batch_bytes` each: each read's count follows the size of the entries the last one brought
-        (a delta with 20 logprobs a token is ten times a plain one), so that a reader that cannot
-        keep up holds a bounded number of bytes, not of entries (a follow known to be at the end
-        skips it at first: `batches`); a follow dropped for lagging reads from then on."""
-        cursor, count = self.cursor, FIRST_READ
-        while not self.stopped:
-            entries = await self.relay.read(self.job_id, cursor, count)
-            if entries:
-                yield entries
-                cursor = entries[-1].id
-            if len(entries) < count:
-                return
-            count = _batch_count(entries, self.batch_bytes)
-
-    async def _live(
-        self, subscription: Subscription, idle_seconds: float
-    ) -> AsyncGenerator[list[Entry], None]:
-        """New entries from the hub, after filling the gap up to where the hub already was."""
-        relay, cursor, hub_at = self.relay, _id_tuple(self.cursor), _id_tuple(subscription.started_after)
-        if hub_at > cursor:
-            with redis_errors():
-                gap = await relay.streams.xrange(
-                    relay.keys.stream(self.job_id), min=f"({self.cursor}", max=subscription.started_after
-                )
-            if gap:
-                yield [Entry.of(entry_id, fields) for entry_id, fields in gap]
-                cursor = _id_tuple(gap[-1][0])
-        # Ahead of the hub's cursor, this follow may be handed entries it has already read (from a
-        # read sent before it subscribed); once past them, the hub only hands over new ones.
-        ahead = cursor > hub_at
-        direct = self.write_now is not None  # to hand to the hub, once past what the follow has read
-        while True:
-            if direct and not ahead:
-                subscription.direct, direct = self.write_directly, False
-            await subscription.wait(idle_seconds)
-            if self.stopped:
-                return
-            entries = subscription.take()
-            if entries:
-                if ahead:
-                    entries = [entry for entry in entries if _id_tuple(entry.id) > cursor]
-                    ahead = not entries
-                if entries:
-                    yield entries
-            elif subscription.lagged or await self._ended_while_idle():
-                return
-            else:
-                yield []
-
-    def write_directly(self, entry_id: str, kind: str, data: str) -> bool:
-        """A notice's entry the hub hands over while `batches` waits with nothing pending, written to the
-        client at once (`write_now`), the cursor moved past it; False to have it yielded by `batches`
-        instead: a terminal entry (the follow ends with it), a follow stopped, or a client that cannot
-        take it now."""
-        if self.stopped or kind in TERMINAL_EVENT_TYPES:
-            return False
-        assert self.write_now is not None
-        if not self.write_now(entry_id, kind, data):
-            return False
-        self.cursor = entry_id
-        return True
-
-    async def _ended_while_idle(self) -> bool:
-        """Whether a silent job has ended with nothing left to read; Redis down counts as not
-        (the hub resumes the stream once Redis is back)."""
-        try:
-            return await self.relay.ended(self.job_id, self.cursor)
-        except BackendUnavailable:
-            return False

@@ -1,12 +1,6 @@
-"""Where a gateway's stream hub (`gateway.fanout.StreamHub`) hears of new entries and reads streams:
-one Redis, or the masters of a Redis Cluster holding the job streams in partitions.
+"""The stream hub's notices and reads on a Redis Cluster (`gateway.relay.notices.NoticeSource`).
 
-On one Redis every script that appends publishes its notice on its stream's notice partition's
-channel (`Keys.notice_channel`): the hub subscribes to the channels of the partitions of the streams
-it watches, and only to those (`want`, `unwant`), so that a gateway whose clients follow the jobs it
-submitted, in its own partition, hears of few others. It reads the streams it must with one XREAD
-on a connection of its own. On a Redis Cluster a
-partition's scripts publish on the partition's shard channel (`Keys.partition_notices`, SPUBLISH),
+A partition's scripts publish on the partition's shard channel (`Keys.partition_notices`, SPUBLISH),
 which reaches only the subscribers of the master holding its slot: the hub subscribes on each
 master to the channels of every partition it holds (job ids there stay random, so that a gateway's
 streams spread over the masters, and every gateway hears of every stream), and reads the streams of
@@ -14,16 +8,14 @@ each partition with one XREAD, each partition's sent to its master, one round tr
 a slot moves, its master unsubscribes the hub from its channel (`sunsubscribe`): the hub subscribes
 again where the slots are now, and reads every stream it watches, as after any notice it may have
 missed.
-
-A source's failure is a `RedisError` or an `OSError`, which the hub meets by starting over.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable, Collection, Sequence
-from typing import Any, Protocol
+from collections.abc import Collection, Sequence
+from typing import Any
 
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import ClusterNode
@@ -32,168 +24,9 @@ from redis.crc import key_slot
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisClusterException, RedisError, ResponseError
 
+from gateway.relay.notices import READ_TIMEOUT_SECONDS, Due, Hear, Heard, RawEntries, xread
 from shared.keys import Keys
 from shared.redis_client import StreamsCluster, close_cluster, remap_cluster
-
-READ_TIMEOUT_SECONDS = 10.0  # a read without an answer by then means a dead connection
-
-
-class Due(Protocol):
-    """A stream to read: its name (`stream`, and packed as a RESP bulk string, `name`) and the cursor
-    the read starts after."""
-
-    stream: str
-    name: bytes
-    cursor: str
-
-
-Hear = Callable[[str], None]
-"""What a source hands each notice to."""
-
-Heard = Callable[[int, bool], None]
-"""What a source tells of each notice partition whose subscription now holds (True: every notice of
-it is heard from now on) or has ended (False)."""
-
-RawEntries = list[list[Any]]
-"""A stream's entries as XREAD answers them unparsed: [id, [field, value, ...]] each."""
-
-
-def bulk(value: str) -> bytes:
-    """One argument of a Redis command as the protocol carries it (a RESP bulk string)."""
-    data = value.encode()
-    return b"$%d\r\n%s\r\n" % (len(data), data)
-
-
-class NoticeSource(Protocol):
-    def partition(self, stream: str) -> int:
-        """The notice partition of a job's stream."""
-
-    def want(self, partition: int) -> None:
-        """Hear the partition's notices from now on: a stream of it is watched."""
-
-    def unwant(self, partition: int) -> None:
-        """Hear the partition's notices no longer: no stream of it is watched."""
-
-    async def listen(self, hear: Hear, heard: Heard, timeout: float) -> None:
-        """Hand every notice of the partitions wanted to `hear`, telling `heard` of each partition's
-        subscription as it starts and ends, until cancelled or a failure; `timeout`: the longest
-        wait for a message."""
-
-    async def read(self, due: Collection[Due], count: int) -> list[tuple[str, RawEntries]]:
-        """Up to `count` entries of each due stream after its cursor: (stream, entries) for each
-        stream that has any."""
-
-    async def drop(self) -> None:
-        """Let go of the reading connections (after a failure: the next read makes them anew)."""
-
-    async def aclose(self) -> None: ...
-
-
-class ServerNotices:
-    """One Redis: a channel a notice partition, and one raw connection for the reads.
-
-    The listening connection subscribes to the channels of the partitions wanted, and no others:
-    subscriptions change one command at a time, from a task of their own (`_resubscribe`), while the
-    listener reads; Redis confirms each on the same connection, in order with the notices, and from
-    its confirmation on every notice of the partition is heard.
-
-    redis-py packs a command's arguments anew at every call, in Python, which for 1,000 streams cost
-    the reader more than the entries it brought back; the hub keeps each stream's name packed, this
-    packs the cursors of the streams it reads only, and reads the reply raw, without redis-py's
-    per-entry dictionaries."""
-
-    def __init__(self, reader: aioredis.Redis, keys: Keys) -> None:
-        self._reader = reader  # its pool's connection listens to the notices; the reads have their own
-        self._keys = keys
-        self._partitions = {keys.notice_channel(n): n for n in range(keys.notice_partitions)}
-        self._wanted: set[int] = set()
-        self._asked: set[int] = set()  # subscribed to on the listening connection, or about to be
-        self._pubsub: aioredis.client.PubSub | None = None  # while listening
-        self._changing: asyncio.Task[None] | None = None
-        self._failure: RedisError | OSError | None = None  # met by `_resubscribe`
-        self._connection: AbstractConnection | None = None
-
-    def partition(self, stream: str) -> int:
-        return self._keys.notice_partition(self._keys.stream_job(stream))
-
-    def want(self, partition: int) -> None:
-        self._wanted.add(partition)
-        self._change()
-
-    def unwant(self, partition: int) -> None:
-        self._wanted.discard(partition)
-        self._change()
-
-    async def listen(self, hear: Hear, heard: Heard, timeout: float) -> None:
-        partitions = self._partitions
-        async with self._reader.pubsub() as pubsub:
-            await pubsub.connect()
-            self._pubsub, self._asked, self._failure = pubsub, set(), None
-            try:
-                self._change()
-                while True:
-                    message = await pubsub.get_message(timeout=timeout)
-                    if message is None:
-                        self._check_changes()
-                        continue
-                    kind = message["type"]
-                    if kind == "message":
-                        hear(message["data"])
-                    elif kind == "subscribe" or kind == "unsubscribe":
-                        heard(partitions[message["channel"]], kind == "subscribe")
-            finally:
-                self._pubsub = None
-                if self._changing is not None:
-                    self._changing.cancel()
-                    self._changing = None
-
-    def _change(self) -> None:
-        """Bring the listening connection's subscriptions to what is wanted (from a task: `want` and
-        `unwant` are told as the hub watches and drops streams, and await nothing)."""
-        if self._pubsub is not None and (self._changing is None or self._changing.done()):
-            self._changing = asyncio.create_task(self._resubscribe(self._pubsub), name="notice subscriptions")
-
-    async def _resubscribe(self, pubsub: aioredis.client.PubSub) -> None:
-        """SUBSCRIBE and UNSUBSCRIBE until what is asked of the connection is what is wanted; what is
-        wanted meanwhile is taken up by the next command. A failure is kept for the listener to raise
-        (the connection is dropped with it: the listener starts over, subscribing to what is wanted)."""
-        try:
-            while True:
-                if more := self._wanted - self._asked:
-                    self._asked |= more
-                    await pubsub.subscribe(*(self._keys.notice_channel(n) for n in sorted(more)))
-                elif fewer := self._asked - self._wanted:
-                    self._asked -= fewer
-                    await pubsub.unsubscribe(*(self._keys.notice_channel(n) for n in sorted(fewer)))
-                else:
-                    return
-        except (RedisError, OSError) as exc:
-            self._failure = exc
-
-    def _check_changes(self) -> None:
-        """Raise what a change of subscriptions met."""
-        if self._failure is not None:
-            failure, self._failure = self._failure, None
-            raise failure
-
-    async def read(self, due: Collection[Due], count: int) -> list[tuple[str, RawEntries]]:
-        if self._connection is None:
-            self._connection = self._reader.connection_pool.make_connection()  # type: ignore[no-untyped-call]
-        connection = self._connection
-        await connection.send_packed_command(xread(due, count))
-        reply: list[tuple[str, RawEntries]] | None = await connection.read_response(
-            timeout=READ_TIMEOUT_SECONDS
-        )
-        return reply or []
-
-    async def drop(self) -> None:
-        if self._connection is not None:
-            await self._connection.disconnect(nowait=True)
-
-    async def aclose(self) -> None:
-        if self._connection is not None:
-            await self._connection.disconnect()
-        await self._reader.aclose()
 
 
 class ClusterNotices:
@@ -324,18 +157,6 @@ class ClusterNotices:
             return self._cluster.nodes_manager.get_node_from_slot(slot)
         except (RedisClusterException, KeyError) as exc:  # no map yet, or the slot not covered (a failover)
             raise RedisConnectionError(f"no master is known to hold slot {slot}") from exc
-
-
-def xread(streams: Collection[Due], count: int) -> bytes:
-    """One XREAD of up to `count` entries of each stream after its cursor, packed for the wire."""
-    return b"".join(
-        [
-            b"*%d\r\n" % (4 + 2 * len(streams)),
-            *map(bulk, ("XREAD", "COUNT", str(count), "STREAMS")),
-            *[stream.name for stream in streams],
-            *[bulk(stream.cursor) for stream in streams],
-        ]
-    )
 
 
 async def _hear(pubsub: aioredis.client.PubSub, hear: Hear, timeout: float) -> None:
