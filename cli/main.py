@@ -85,9 +85,10 @@ def _gateway(settings: GatewaySettings) -> None:
 
 
 def _worker(settings: WorkerSettings) -> None:
+    from cli.engines import start_engine
     from worker.app import run
 
-    run(settings)
+    run(settings, start_engine)
 
 
 def _with_engine_flags(settings: WorkerSettings) -> WorkerSettings:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from shared.events import TokenLogprob, ToolCallDelta
+from shared.model_card import ModelCard
 from shared.pooling import PoolingJob, PoolingRoute
 from shared.requests import JobRequest
 
@@ -128,6 +129,11 @@ class Engine(Protocol):
 
     async def serving(self) -> Serving:
         """What its model serves: generation, pooling routes, or both."""
+        ...
+
+    async def model_card(self) -> ModelCard | None:
+        """The card of its model, from the tokenizer it renders with (`worker.model_card`); None where
+        none can be made, which only leaves the prompt's length to the worker to check."""
         ...
 
     async def pool(self, request_id: str, job: PoolingJob) -> dict[str, Any]:

@@ -1,8 +1,9 @@
 """The model card a worker publishes at start-up, so that gateways can refuse too-long prompts early.
 
-Built from the same folder, with the same tokenizer class, that vLLM loads: the gateway's count
-then equals the worker's. The worker still checks every prompt itself; a card it cannot build
-only means gateways leave that check to the worker.
+Each engine gives its own (`Engine.model_card`); vLLM's is built here from the same folder, with the
+same tokenizer class, that vLLM loads: the gateway's count then equals the worker's. The worker
+still checks every prompt itself; a card it cannot build only means gateways leave that check to
+the worker.
 """
 
 from __future__ import annotations
@@ -14,8 +15,10 @@ from pathlib import Path
 
 import redis.asyncio as aioredis
 
+from shared.config import WorkerSettings
 from shared.keys import Keys
 from shared.model_card import ModelCard, publish_model_card
+from worker.engine import Engine
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +52,7 @@ def _vocab_size(folder: Path) -> int | None:
     return size if isinstance(size, int) else None
 
 
-async def build(folder: Path, model: str, max_model_len: int) -> ModelCard | None:
+async def build_card(folder: Path, model: str, max_model_len: int) -> ModelCard | None:
     """The card, built off the event loop; None when there is none, which is logged, never fatal."""
     try:
         card = await asyncio.to_thread(build_model_card, folder, model, max_model_len)
@@ -59,6 +62,25 @@ async def build(folder: Path, model: str, max_model_len: int) -> ModelCard | Non
     if card is None:
         log.warning("no model card (no tokenizer.json form): gateways will not check prompt lengths")
     return card
+
+
+async def engine_card(settings: WorkerSettings, engine: Engine) -> ModelCard | None:
+    """The card to publish: the engine's own, with what the pool's parsers take and what its model
+    serves (generation, pooling routes), so that gateways refuse what it cannot (vLLM's start-up flags)."""
+    card = await engine.model_card()
+    if card is None:
+        return None
+    serving = await engine.serving()
+    return card.model_copy(
+        update={
+            "generates": serving.generates,
+            "pooling_routes": serving.pooling_routes,
+            "chat_template": engine.chat_template,
+            "tool_call_parser": settings.auto_tool_parser,
+            "reasoning_parser": settings.reasoning_parser,
+            "trust_request_chat_template": settings.trust_request_chat_template,
+        }
+    )
 
 
 async def publish(redis: aioredis.Redis, keys: Keys, card: ModelCard) -> None:

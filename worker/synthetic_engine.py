@@ -315,6 +315,9 @@ class SyntheticEngine:
     async def serving(self) -> Serving:
         return self._serving
 
+    async def model_card(self) -> ModelCard:
+        return self.card
+
     async def pool(self, request_id: str, job: PoolingJob) -> dict[str, Any]:
         """Embeddings, a step after the request came: a batch of inputs is one step, as on a GPU."""
         if job.route not in self._serving.pooling_routes:

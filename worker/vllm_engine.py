@@ -25,6 +25,7 @@ from vllm.v1.engine.exceptions import EngineDeadError, EngineGenerateError
 from shared.config import WorkerSettings
 from shared.errors import EngineDead, EngineError
 from shared.events import TokenLogprob, TopLogprob
+from shared.model_card import ModelCard
 from shared.pooling import PoolingJob
 from shared.requests import JobRequest, StructuredOutputs
 from shared.sampling import vllm_sampling_fields
@@ -34,6 +35,7 @@ from worker.constraint_compile import ConstraintCompiler
 from worker.cpu_dtype import dtype_for_cpu
 from worker.engine import ADAPTER_NOT_FOUND, Adapter, EngineDelta, Prompt, Serving
 from worker.engine_arguments import engine_args_from, shown, with_engine_flags
+from worker.model_card import build_card
 from worker.vllm_pooling import VllmPooling
 
 CPU_GPU_MEMORY_UTILIZATION = 0.3
@@ -276,6 +278,10 @@ class VllmEngine:
 
     async def serving(self) -> Serving:
         return (await self._pooling_handlers()).serving
+
+    async def model_card(self) -> ModelCard | None:
+        """Built from the folder vLLM loaded, with the tokenizer class it loaded it with."""
+        return await build_card(self._settings.model, self.model_name, self.max_model_len)
 
     async def pool(self, request_id: str, job: PoolingJob) -> dict[str, Any]:
         return await (await self._pooling_handlers()).answer(request_id, job)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from cli.engines import start_engine
 from shared.config import WorkerSettings
 from tests.processes import free_port
 from worker.app import WorkerApp
@@ -17,7 +18,7 @@ async def test_the_metrics_server_binds_the_configured_address(
     monkeypatch: pytest.MonkeyPatch, options: dict[str, str], address: str
 ) -> None:
     monkeypatch.delenv("STREAMPOOL_METRICS_HOST", raising=False)
-    server = WorkerApp(WorkerSettings(metrics_port=free_port(), **options)).server  # type: ignore[arg-type]
+    server = WorkerApp(WorkerSettings(metrics_port=free_port(), **options), start_engine).server  # type: ignore[arg-type]
     server.start()
     try:
         assert server._httpd is not None

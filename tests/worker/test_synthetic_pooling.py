@@ -15,8 +15,8 @@ import pytest
 from shared.config import DEFAULT_MODEL_DIR, WorkerSettings
 from shared.errors import EngineError
 from shared.pooling import PoolingJob
-from worker.app import engine_card
 from worker.engine import Serving
+from worker.model_card import engine_card
 from worker.synthetic_engine import SyntheticEngine, read_model_card
 from worker.synthetic_pooling import EMBEDDING_DIMENSIONS, synthetic_serving
 

@@ -1,34 +1,41 @@
-"""The worker's queue loop: arq's `Worker`, with the project's intake. Only the worker imports this
-module, and no other module imports arq (an import-linter contract keeps the gateway off both).
+"""The worker's queue loop: arq's `Worker`, with the project's intake. No other module imports arq
+(an import-linter contract keeps the gateway and the client off both).
 
 Each mechanism exists once:
 
-- arq runs the loop: `max_jobs` jobs at once (its semaphore and tasks), `on_startup` and
-  `on_shutdown`, and the stop: on SIGTERM or SIGINT no new jobs, `job_completion_wait` seconds for
-  the running ones, then they are cancelled (and hand themselves over).
+- arq keeps the runs (its `tasks`, `max_jobs` at once), `on_startup` and `on_shutdown`, and the
+  stop: on SIGTERM or SIGINT no new jobs, `job_completion_wait` seconds for the running ones, then
+  they are cancelled (and hand themselves over).
 - arq's queue is the model's sorted set (`ModelKeys.queue`, under the configured prefix): job ids
   scored by submission ms, written by the lifecycle scripts that queue a job (`enqueue.lua`).
 - The project does the rest, and arq's own versions are not used, so arq writes no key of its own:
   - picking jobs: the claim script (`claim.lua`), fair among tenants, in one round trip, where arq
     reads the queue and checks each job in four;
   - holding a job: the job's lease, from the claim (`claim:<worker>`) through its run, where arq
-    keeps an in-progress key; `run_job` below is the project's runner, so arq's payload, in-progress,
-    retry and result keys are never written;
+    keeps an in-progress key; the job's run is the project's (`RunJob`), so arq's payload,
+    in-progress, retry and result keys are never written;
   - counting runs: the record's `attempts` against `max_attempts`, where arq keeps a retry key;
   - time limits: a queued job's `deadline` (`start.lua`) and a running one's `job_timeout_seconds`
     (`worker.jobs`), where arq times a job out;
   - liveness: the worker's heartbeat (`worker.heartbeat`), where arq writes a health-check key.
 
-`QueueWorker` overrides four public methods of arq's `Worker` (0.28.0, pinned): `main` (start-up
-waits for Redis in `on_startup`, where arq reads INFO first and ends if Redis does not answer; a
-Redis outage pauses the loop instead of ending it; an idle worker waits for a wake-up message,
-published with every enqueue, rather than poll every few milliseconds), `run_job`, `handle_sig` (a
-stop always stops the intake first, also with no drain time: `stopping`, which the worker's /health
-reports) and `close` (no health-check key to delete, a stop's cancelled runs are no error, and a
-Redis that does not answer keeps neither `on_shutdown` from running nor the process from ending
-cleanly). It can also stop
-itself for good (`fail`: its engine died), as on a signal but marked failed, so that its process
-exits non-zero and its supervisor starts a new one.
+`QueueWorker` is arq's `Worker` (0.28.0, pinned) with two of its methods replaced, and no more:
+it reads none of arq's private attributes, and stops through arq's own signal handlers, drain
+(`handle_sig_wait_for_completion`) and stop hook (`on_stop`). The two must stay, for what arq's own
+would lose:
+
+- `main`: arq's loop reads Redis (INFO) before `on_startup`, so a worker started before Redis
+  answers ends there (the worker's start-up waits for Redis in `on_startup`, with its engine up);
+  it takes jobs by ZRANGEBYSCORE and runs them through its own keys (payload, in-progress, retry,
+  result), which the project's jobs do not have; any Redis error in a poll ends it (a Redis outage
+  pauses the loop here instead); it polls every `poll_delay` (an idle worker waits here for a
+  wake-up message, published with every enqueue); and it writes a health-check key each hour. None
+  of these is a hook: the replaced loop calls none of arq's, and runs its claimed jobs itself.
+- `close`: arq's deletes its health-check key before `on_shutdown` (with Redis down it raises, and
+  `on_shutdown` never runs), and waits for the runs a stop cancelled as if each were an error.
+
+It can also stop itself for good (`fail`: its engine died), as on a signal but marked failed, so
+that its process exits non-zero and its supervisor starts a new one.
 """
 
 from __future__ import annotations
@@ -83,19 +90,23 @@ class QueueWorker(Worker):
         unclaim: Unclaim,
         wakeup_channel: str,
         batch_reserved: int = 0,
+        handle_signals: bool = True,
         **kwargs: Any,
     ) -> None:
-        super().__init__(*args, **kwargs)
+        super().__init__(*args, handle_signals=handle_signals, **kwargs)
         self.batch_reserved = batch_reserved
         self.run_claimed = run
         self.claim = claim
         self.unclaim = unclaim
         self.idle_poll_seconds = self.poll_delay_s
         self.wakeup_channel = wakeup_channel
+        self.handles_signals = handle_signals
+        self.on_stop = self._stop_intake  # arq's hook, at the end of every stop
         self._wakeup = asyncio.Event()
         self._listener: asyncio.Task[None] | None = None
         self._redis_down = False
         self._failed = False
+        self._closed = False
 
     @property
     def stopping(self) -> bool:
@@ -132,8 +143,9 @@ class QueueWorker(Worker):
             if self._listener is not None:
                 self._listener.cancel()
 
-    async def run_job(self, job_id: str, score: int) -> None:
-        """The project's run of a job this worker claimed (arq's reads and writes keys of its own)."""
+    async def _run(self, job_id: str) -> None:
+        """The project's run of a job this worker claimed (arq's `run_job` reads and writes keys of
+        its own)."""
         if not await self.run_claimed(job_id):
             # Shielded: the stop that often comes with an unstarted job (`fail`) cancels the runs
             # still going, and a claim not let go of keeps the job from every worker until it lapses.
@@ -142,10 +154,11 @@ class QueueWorker(Worker):
 
     async def close(self) -> None:
         """Wait for the running jobs, then `on_shutdown`, then close the connections."""
-        if not self._handle_signals:
-            self.handle_sig(SIGUSR1)
-        if self._pool is None:
+        if not self.handles_signals:
+            self.handle_sig(SIGUSR1)  # as arq's: what a signal would have stopped
+        if self._closed:
             return
+        self._closed = True
         # The stop cancelled the jobs still running (they handed themselves over): their tasks end
         # cancelled, which is no error of the worker's.
         for ended in await asyncio.gather(*self.tasks.values(), return_exceptions=True):
@@ -154,11 +167,10 @@ class QueueWorker(Worker):
         if self.on_shutdown is not None:
             await self.on_shutdown(self.ctx)
         await self.pool.aclose(close_connection_pool=True)
-        self._pool = None
 
-    def handle_sig(self, signum: Signals) -> None:
+    def _stop_intake(self, _: Signals) -> None:
+        """A stop always stops the intake, also with no drain time (where arq's stop leaves it)."""
         self.allow_pick_jobs = False
-        super().handle_sig(signum)
 
     async def _take_jobs(self) -> None:
         """One turn of the intake: claim what the free slots take, then wait for work."""
@@ -206,22 +218,20 @@ class QueueWorker(Worker):
             wanted=free,
             batch_wanted=max(0, free - self.batch_reserved),
         )
-        for job_id, score in claimed:
+        for job_id, _ in claimed:
             if job_id in self.tasks:
                 # An earlier run of this job has not ended here yet (its lease lapsed, and a reaper
                 # requeued it meanwhile): one task a job id, so the job goes to another worker now,
                 # or to this one once that run has gone.
                 await self.unclaim(self.pool, job_id=job_id)
                 continue
-            await self.sem.acquire()  # free: each claimed job had a free slot
-            self.job_counter += 1
-            task = self.loop.create_task(self.run_job(job_id, score))
+            self.job_counter += 1  # each claimed job had a free slot
+            task = self.loop.create_task(self._run(job_id))
             task.add_done_callback(self._job_ended)
             self.tasks[job_id] = task
 
     def _job_ended(self, _: asyncio.Task[None]) -> None:
         """A slot is free: the intake looks for a job at once (a full worker does not poll)."""
-        self.sem.release()
         self.job_counter -= 1
         self._wakeup.set()
 
@@ -260,7 +270,7 @@ def queue_worker(
             await on_shutdown()
 
     async def unused(ctx: dict[str, Any]) -> None:
-        """arq asks for a function; `QueueWorker.run_job` runs the job instead."""
+        """arq asks for a function; `QueueWorker` runs each job with `run` instead."""
 
     return QueueWorker(
         functions=[func(unused, name="run_job")],

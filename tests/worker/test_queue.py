@@ -17,11 +17,11 @@ import pytest
 from shared.jobstore import JobStore
 from shared.keys import Keys
 from shared.lifecycle.transitions import claim, unclaim
-from shared.queue import QueueWorker, queue_worker
 from shared.redis_client import connection_pool
 from shared.requests import JobRequest
 from tests.helpers import arq_keys_of, eventually
 from tests.processes import free_port
+from worker.queue import QueueWorker, queue_worker
 
 REQUEST = JobRequest(prompt="The capital of France is", max_tokens=8)
 MODEL = "smol"
