@@ -8,23 +8,16 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import httpx
 
+from bench.engine_figures import CancelSample
 from bench.jobclient import follow, submit
 from bench.stats import StreamTiming
 from bench.workload import request
 from shared.jobstore import JobStore
 
 TOKENS_BEFORE_CANCEL = 8
-
-
-@dataclass(frozen=True)
-class CancelSample:
-    seconds_to_cancelled_event: float
-    steps_after_accepted: int  # vs tokens the client had when the cancel returned
-    steps_after_published: int  # vs tokens already in the job's stream when the cancel returned
 
 
 async def one(http: httpx.AsyncClient, store: JobStore, number: int) -> CancelSample:

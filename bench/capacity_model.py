@@ -1,38 +1,18 @@
-"""How much of one Redis core a deployment uses: per event, from `bench.fleet`'s figures for the data
-plane as it is (`redis_cores_per_event`); per step and per followed stream, from the figures
-`bench.redis_capacity` measured when a step was one script per job and a gateway's reader named every
-stream it followed in each read (the rest of this docstring).
+"""How much of one Redis core, and of the control plane's, a deployment of GPU workers uses, from the
+costs `bench.fleet` measures: the data plane's cost goes with the events (a step is one script call for
+all of a worker's jobs, and a gateway reads no stream in steady flow: the step's notice carries its
+entries), the control plane's with the jobs started and ended.
 
-Redis runs commands on one thread, so one core is its ceiling. The load is the sum of what each
-worker's steps cost (one pipeline per engine step, one step script per running job in it) and what
-relaying its jobs' streams costs (the gateways' reads, beyond the append the step already paid):
-
-    Redis cores = workers x (steps/s x cost_per_step(jobs) + jobs x cost_per_followed_stream)
-
-A gateway's reader names every stream it follows in each blocking XREAD, so relaying costs Redis
-per followed stream and per read more than per event: `cost_per_followed_stream` is Redis CPU
-seconds per followed stream per second, measured at the reader's rate of reads (see
-bench/REDIS_CAPACITY.md).
-
-An engine step gives every running job one token, and the worker sends one pipeline per step
-(each job's script reads its lease, which carries a cancel asked for, even when `stream_step` holds
-its tokens back), so a
-worker's steps/s is one sequence's tokens/s. With `stream_step` 1 it writes jobs x steps/s events
-a second; the step cost is measured with one event per script, an upper bound for larger steps.
+An engine step gives every running job one token, and the worker sends one pipeline per step (each
+job's lease, which carries a cancel asked for, read even when `stream_step` holds its tokens back), so a
+worker's steps/s is one sequence's tokens/s. With `stream_step` 1 it writes jobs x steps/s events a
+second.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-
-
-@dataclass(frozen=True)
-class RedisCosts:
-    """Redis CPU seconds per unit of work, at one batch size of the worker (jobs per step)."""
-
-    per_step: float  # one worker step: a pipeline of `jobs` step scripts
-    per_followed_stream: float  # a second of one stream followed by a gateway (its reads), beyond writing it
 
 
 @dataclass(frozen=True)
@@ -59,15 +39,9 @@ class Workload:
         return self.jobs * self.tokens_per_second / self.tokens_per_job
 
 
-def redis_cores(costs: RedisCosts, workload: Workload, workers: int) -> float:
-    """Share of one Redis core that `workers` such workers keep busy, every job's stream followed."""
-    per_worker = workload.steps_per_second * costs.per_step + workload.jobs * costs.per_followed_stream
-    return workers * per_worker
-
-
-def workers_per_redis(costs: RedisCosts, workload: Workload, utilization: float) -> int:
-    """How many such workers one Redis carries with its core at most `utilization` busy."""
-    return math.floor(utilization / redis_cores(costs, workload, 1))
+UTILIZATION = 0.7  # of Redis's core and of each gateway's, leaving room for bursts and everything else
+TYPICAL = (Workload(32, 50.0), Workload(256, 30.0))
+"""A Llama-3-8B class model on one GPU: 32 sequences at about 50 tokens/s each, or 256 at about 30."""
 
 
 def redis_cores_per_event(cost_per_event: float, workload: Workload, workers: int) -> float:
@@ -77,12 +51,6 @@ def redis_cores_per_event(cost_per_event: float, workload: Workload, workers: in
     not with the streams followed, since a step is one script call for all of a worker's jobs and a
     gateway reads no stream in steady flow (the step's notice carries its entries)."""
     return workers * workload.events_per_second * cost_per_event
-
-
-def gateways_for(events_per_second: float, gateway_cpu_per_event: float, utilization: float) -> int:
-    """Gateway processes (one core each at most) relaying `events_per_second`, each at most
-    `utilization` busy."""
-    return math.ceil(events_per_second * gateway_cpu_per_event / utilization)
 
 
 def workers_per_cluster(

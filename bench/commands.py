@@ -9,38 +9,19 @@ count (and so the per-step figures) err on the high side."""
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
 
 import httpx
 import redis
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench import redis_probe
+from bench.engine_figures import StepCost
 from bench.jobclient import run_job
 from bench.workload import request
 
 SETTLE_SECONDS = 0.3  # for the last commands of what ran before to be counted before, not during
 ROUND_TRIPS = "streampool_worker_redis_round_trips"
 STEP_COMMANDS = ("xadd", "exists", "eval")  # what the publisher sends: appends, cancel checks, finish
-
-
-@dataclass(frozen=True)
-class StepCost:
-    jobs: int
-    steps: int
-    calls: dict[str, int]
-    round_trips: int
-
-    def per_step(self, *names: str) -> float:
-        return sum(self.calls.get(name, 0) for name in names) / self.steps
-
-    @property
-    def all_per_step(self) -> float:
-        return sum(self.calls.values()) / self.steps
-
-    @property
-    def round_trips_per_step(self) -> float:
-        return self.round_trips / self.steps
 
 
 async def round_trips(http: httpx.AsyncClient, worker_metrics_url: str) -> int:

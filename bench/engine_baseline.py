@@ -7,23 +7,15 @@ import asyncio
 import itertools
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import psutil
 
 from bench import first_token
-from bench.stats import PhaseSummary, StreamTiming, summarize
+from bench.engine_figures import MAX_TOKENS, EngineRun
+from bench.stats import StreamTiming, summarize
 from bench.workload import closed_loop
 from shared.config import Settings
 from shared.requests import JobRequest
-
-
-@dataclass
-class EngineRun:
-    """One start of the in-process engine: its concurrency levels, then its first-token samples."""
-
-    levels: list[PhaseSummary]
-    first_tokens: list[float]  # seconds
 
 
 async def run(
@@ -56,9 +48,7 @@ async def run(
         for concurrency, rounds in levels:
             timings, seconds, cpu = await closed_loop(concurrency, rounds, max_tokens, one, on_done)
             summaries.append(summarize(concurrency, timings, seconds, cpu))
-        timings, _, _ = await closed_loop(
-            1, first_tokens, first_token.MAX_TOKENS, one, on_done, first_token.request
-        )
+        timings, _, _ = await closed_loop(1, first_tokens, MAX_TOKENS, one, on_done, first_token.request)
         return EngineRun(summaries, [timing.ttft for timing in timings])
     finally:
         engine.shutdown()

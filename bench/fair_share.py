@@ -13,8 +13,8 @@ commandstats, EVALSHA), of the claim script and of the claim script before fair 
 (`fifo_claim.lua`), on the same queued jobs.
 
 `python -m bench.fair_share [--quick]` runs this phase alone, with a gateway, a worker and a private
-redis-server of its own, and puts its figures into bench/results.json and bench/RESULTS.md (section 8
-and its target) in place, leaving the rest of both as they are (`report.write_fair_share`).
+redis-server of its own, and puts its figures into bench/results.json (`fair_share`, the other parts kept
+as they are), from which RESULTS.md is rendered again (section 8 and its target: `report.record`).
 """
 
 from __future__ import annotations
@@ -27,16 +27,23 @@ import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable, Iterator
-from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from statistics import median
 
 import psutil
 import redis.asyncio as aioredis
 import uvloop
 
-from bench import pickup, report, system
+from bench import fair_share_report, pickup, report, system
+from bench.fair_share_figures import (
+    NO_TENANT,
+    TENANT_COUNTS,
+    ClaimCost,
+    FairPlan,
+    FairShare,
+    TenantRun,
+    Timing,
+)
 from bench.stats import percentile
 from bench.workload import request
 from shared.config import Settings
@@ -46,9 +53,6 @@ from shared.lifecycle import scripts
 from shared.lifecycle.transitions import claim
 from shared.tenants import Tenant
 
-NO_TENANT = 0
-"""The single queue: jobs of no tenant."""
-TENANT_COUNTS = (NO_TENANT, 1, 10, 100)
 DRAIN_TIMEOUT_SECONDS = 300
 IN_PROGRESS_MS = 600_000  # the claim-cost runs' marks and claims: they must outlast the run
 HERE = Path(__file__).resolve().parent
@@ -57,113 +61,13 @@ FIFO_CLAIM: scripts.LuaScript[list[object]] = scripts.LuaScript(
 )
 
 
-@dataclass(frozen=True)
-class FairPlan:
-    """How much the phase runs."""
-
-    burst_jobs: int  # jobs per burst
-    rounds: int  # bursts per tenant count, interleaved: each round runs every count once
-    pickup_jobs: int  # jobs one at a time, per tenant count
-    claims: int  # jobs queued and claimed one per call, per tenant count and script
-
-
 FULL = FairPlan(burst_jobs=300, rounds=5, pickup_jobs=100, claims=2000)
 QUICK = FairPlan(burst_jobs=100, rounds=1, pickup_jobs=20, claims=300)
-
-
-def label(tenants: int) -> str:
-    """A tenant count as the report names it."""
-    return "no tenant (single queue)" if tenants == NO_TENANT else f"{tenants} tenant{'s' * (tenants > 1)}"
 
 
 def steps(plan: FairPlan) -> int:
     """The progress steps of one run: each burst (the warm-up too), each pickup job, each claim-cost run."""
     return 1 + len(TENANT_COUNTS) * (plan.rounds + plan.pickup_jobs + 1)
-
-
-@dataclass
-class TenantRun:
-    """One tenant count (NO_TENANT: the single queue) end to end."""
-
-    tenants: int
-    burst_rates: list[float] = field(default_factory=list)  # jobs started per second, one per round
-    first_rates: list[float] = field(default_factory=list)  # the same, of the jobs of the first claim
-    pickup: list[float] = field(default_factory=list)  # seconds, created_at to started_at
-
-    def add_burst(self, started: list[float], first_claim: int) -> None:
-        """One burst's start times: the rate of all its jobs, and of the `first_claim` started first
-        (the jobs the worker's first claim took as it resumed, where the engine holds none back)."""
-        self.burst_rates.append(started_per_second(started))
-        self.first_rates.append(started_per_second(sorted(started)[:first_claim]))
-
-    @property
-    def label(self) -> str:
-        return label(self.tenants)
-
-    @property
-    def jobs_per_second(self) -> float:
-        """The median of the rounds: one burst's rate swings with the machine's other loads."""
-        return median(self.burst_rates)
-
-    @property
-    def first_claim_per_second(self) -> float:
-        return median(self.first_rates)
-
-
-@dataclass(frozen=True)
-class Timing:
-    """One claim script's calls: Redis's own time per call (INFO commandstats) and the client's round trip
-    per call (p50), in µs."""
-
-    us: float
-    round_trip_us: float
-
-
-@dataclass(frozen=True)
-class ClaimCost:
-    """The claim script's cost with jobs queued across `tenants`, beside the script before fair sharing,
-    with the worker's `read_limit` and reading the queue's head only (its cheapest)."""
-
-    tenants: int
-    claims: int
-    fifo: Timing
-    fifo_head: Timing
-    fair: Timing
-
-    @property
-    def label(self) -> str:
-        return label(self.tenants)
-
-
-@dataclass
-class FairShare:
-    """Everything the phase measured."""
-
-    command: str
-    measured: str  # when (UTC): a run of this phase alone is not the run of the rest of RESULTS.md
-    plan: FairPlan
-    read_limit: int
-    max_jobs: int  # the worker's: its first claim after a burst takes this many jobs
-    runs: list[TenantRun] = field(default_factory=list)
-    claims: list[ClaimCost] = field(default_factory=list)
-
-    def run(self, tenants: int) -> TenantRun:
-        return next(run for run in self.runs if run.tenants == tenants)
-
-    @property
-    def single_queue(self) -> TenantRun:
-        return self.run(NO_TENANT)
-
-    def ratios(self) -> dict[int, float]:
-        """Jobs started per second with each count of tenants over the single queue's."""
-        single = self.single_queue.jobs_per_second
-        return {run.tenants: run.jobs_per_second / single for run in self.runs if run.tenants != NO_TENANT}
-
-
-def started_per_second(started: list[float]) -> float:
-    """Jobs started per second from their start times: (N - 1) over the span from the first to the last."""
-    ordered = sorted(started)
-    return (len(ordered) - 1) / (ordered[-1] - ordered[0])
 
 
 def read_limit(settings: Settings) -> int:
@@ -347,9 +251,9 @@ def main() -> None:
         )
     finally:
         system.tear_down(children, url, settings.key_prefix, redis_server)
-    path = report.write_fair_share(results, HERE)
-    print("\n".join(report.fair_share_section(results)))
-    print(f"wrote section 8 of {path} and the fair_share part of results.json")
+    path = report.record(fair_share=results)
+    print("\n".join(fair_share_report.section(results)))
+    print(f"wrote the fair_share part of results.json and rendered {path}")
 
 
 if __name__ == "__main__":

@@ -12,16 +12,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
 
+from bench.engine_figures import MAX_TOKENS, SHORT_PROMPTS, FirstToken
 from bench.sse_client import Submitter
 from bench.workload import SEED
 from shared.events import TERMINAL_EVENT_TYPES
 from shared.jobstore import JobStore
 from shared.requests import JobRequest
-
-MAX_TOKENS = 2
-SHORT_PROMPTS = ("The capital of France is", "One, two, three,", "The sky is", "Water boils at")
 
 
 def request(index: int, max_tokens: int) -> JobRequest:
@@ -29,17 +26,6 @@ def request(index: int, max_tokens: int) -> JobRequest:
     machine's speed, a few per cent of it) is small next to the milliseconds the path adds."""
     prompt = SHORT_PROMPTS[index % len(SHORT_PROMPTS)]
     return JobRequest(prompt=prompt, max_tokens=max_tokens, temperature=0.0, seed=SEED)
-
-
-@dataclass(frozen=True)
-class FirstToken:
-    """One job's first token through the full path, in seconds, split where the clocks were read."""
-
-    ttft: float  # client, before the POST, to the first delta's receipt
-    to_record: float  # before the POST to the gateway's created_at: client, HTTP, validation, prompt count
-    pickup: float  # created_at to started_at: the queue
-    to_append: float  # started_at to the first delta's append: start, render, engine, publish
-    relay: float  # the first delta's append to its receipt: gateway reader, fan-out, SSE, client
 
 
 async def full_path(

@@ -1,7 +1,7 @@
 """The data plane at a fleet's rates: W workers on the synthetic engine, G gateway processes and a
 client for every job, on a private Redis.
 
-    python -m bench.fleet [--quick] [--workers W] [--gateways G] [--rate R] [--streams N ...]
+    python -m bench.fleet [--quick] [--relay] [--workers W] [--gateways G] [--rate R] [--streams N ...]
                           [--clients {mixed,sse,long-poll,resume}] [--stream-step K]
 
 Each level runs `streams` jobs spread over the workers (`worker_max_jobs` each), every worker's jobs
@@ -24,8 +24,9 @@ entry of one stream; `bench.step_limit` the step script's cost a job on a busy R
 client's socket costs a process that does nothing else; and `bench.request_limit` a long-poll's: the CPU
 the gateway's HTTP server spends on a request answered at once, at the long-polls' own rate.
 
-It writes its section of bench/RESULTS.md and its part of results.json in place; `make bench` runs it
-as its last phase.
+Run alone it puts its part into bench/results.json (`fleet`, or `fleet_cluster` with `--masters`), from
+which RESULTS.md is rendered again (`report.record`); `make bench` runs it once no engine is alive, and
+again at one gateway process over SSE alone (`RELAY`: DESIGN.md's relay target, section 4).
 """
 
 from __future__ import annotations
@@ -56,9 +57,10 @@ from bench import (
     system,
 )
 from bench.delivery import Delivery, account, lags
-from bench.fleet_clients import CLIENT_MIXES, KINDS, LONG_POLL, ClientReport, Clients, kind_of
-from bench.fleet_figures import FleetLevel, FleetPlan, FleetRun, Lifecycle
+from bench.fleet_clients import CLIENT_MIXES, KINDS, LONG_POLL, SSE, ClientReport, Clients, kind_of
+from bench.fleet_figures import FleetLevel, FleetPlan, FleetRun, Lifecycle, lags_by_kind
 from bench.fleet_system import BATCH, START_TIMEOUT_SECONDS, Fleet
+from bench.limit_figures import RequestCost
 from bench.redis_cluster import Cluster, partition_slots
 from bench.redis_probe import Probe
 from shared.config import Settings
@@ -67,7 +69,6 @@ from shared.keys import Keys
 from shared.redis_client import connect_streams
 from tests.redis_cleanup import delete_prefix
 
-OUT = Path(__file__).resolve().parent
 SETTLE_SECONDS = 1.0  # after the jobs run, and after the clients are live, before a window opens
 DRAIN_TIMEOUT_SECONDS = 60.0  # for the clients to end with their cancelled jobs
 REQUEST_LIMIT_REQUESTS = 2000  # long-polls in `request_limit`'s run: a window that averages many wake-ups
@@ -100,6 +101,14 @@ QUICK = FleetPlan(
     unfollowed_seconds=2.0,
     limit_requests=100_000,
 )
+# DESIGN.md's relay target (RESULTS.md's section 4): one gateway process, 1,000 streams followed over SSE
+# at 10 events/s each, then the rate of those streams raised 1.5x a level until one is not sustained.
+RELAY = replace(
+    FULL, gateways=1, client_processes=2, streams=(1000,), rate_streams=1000, rate_levels=4, clients=SSE
+)
+RELAY_QUICK = replace(
+    RELAY, workers=2, rate_levels=0, seconds=4.0, unfollowed_seconds=2.0, limit_requests=100_000
+)
 
 
 def _account(
@@ -110,8 +119,8 @@ def _account(
 ) -> tuple[Delivery, dict[str, list[float]], list[str]]:
     """The level's delivery, its lags by the clients' kind (of the deltas sent in `window`), and its
     failed follows."""
-    received = {job_id: item for report in reports for job_id, item in report.received.items()}
-    failures = [failure for report in reports for failure in report.failures]
+    received = {job_id: item for client in reports for job_id, item in client.received.items()}
+    failures = [failure for client in reports for failure in client.failures]
     delivery, by_kind = Delivery(), {kind: list[float]() for kind in KINDS}
     for job_id in job_ids:
         item = received.get(job_id)
@@ -162,7 +171,7 @@ async def run_level(
         unfollowed=unfollowed,
         followed=followed,
         delivery=delivery,
-        lags=by_kind,
+        lags=lags_by_kind(by_kind),
         failures=failures,
         masters=len(fleet.masters),
         lifecycle=lifecycle if fleet.masters else None,  # on one Redis the steps run meanwhile
@@ -261,7 +270,7 @@ def long_polls_of_a_gateway_process(plan: FleetPlan) -> tuple[int, float] | None
     return max(1, polling // processes), plan.rate * polling / streams / processes
 
 
-def long_poll_floor(plan: FleetPlan, on_progress: Callable[[str], None]) -> request_limit.RequestCost | None:
+def long_poll_floor(plan: FleetPlan, on_progress: Callable[[str], None]) -> RequestCost | None:
     """`bench.request_limit` at a gateway process's long-polls (`long_polls_of_a_gateway_process`), its
     window long enough to average many wake-ups, or twice the plan's followed window if that is
     shorter (a quick run's), and never shorter than `request_limit`'s own."""
@@ -316,8 +325,9 @@ def measure_clustered(
 
 
 def plan_of(args: argparse.Namespace) -> FleetPlan:
-    """The plan of `--quick` or not, with what the other flags give in place of its own."""
-    plan = QUICK if args.quick else FULL
+    """The plan of `--quick` or not (of `--relay`: `RELAY` or `RELAY_QUICK`), with what the other flags
+    give in place of its own."""
+    plan = (RELAY_QUICK if args.quick else RELAY) if args.relay else (QUICK if args.quick else FULL)
     given = {name: value for name, value in vars(args).items() if name in FleetPlan.__dataclass_fields__}
     given = {name: value for name, value in given.items() if value is not None}
     for name in ("streams", "masters"):
@@ -331,6 +341,12 @@ def main_parser() -> argparse.ArgumentParser:
         description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--quick", action="store_true", help="a smoke run of under 2 minutes")
+    parser.add_argument(
+        "--relay",
+        action="store_true",
+        help="DESIGN.md's relay target (section 4): one gateway process, 1,000 streams over SSE at 10 events"
+        " a second each, then their rate raised until a level is not sustained",
+    )
     parser.add_argument("--workers", type=int, help="worker processes")
     parser.add_argument("--gateways", type=int, help="gateways, each on a port of its own")
     parser.add_argument("--gateway-processes", type=int, help="processes of each gateway, on its one port")
@@ -373,7 +389,7 @@ def main() -> None:
     command = shlex.join(["python", "-m", "bench.fleet", *sys.argv[1:]])
     if plan.masters:
         run = measure_clustered(plan, logs, command, lambda text: print(text, flush=True))
-        path = report.write_fleet_cluster(run, OUT)
+        path = report.record(fleet_cluster=run)
         print("\n".join(fleet_cluster_report.section(run)))
     else:
         redis_server, url = system.start_redis(logs)
@@ -382,9 +398,9 @@ def main() -> None:
         finally:
             redis_server.terminate()
             redis_server.wait()
-        path = report.write_fleet(run, OUT)
-        print("\n".join(fleet_report.section(run)))
-    print(f"wrote its section of {path} and its part of results.json ({run.minutes:.1f} min); logs: {logs}")
+        path = report.record(**{"relay" if args.relay else "fleet": run})
+        print("\n".join((fleet_report.relay_section if args.relay else fleet_report.section)(run)))
+    print(f"wrote its part of results.json and rendered {path} ({run.minutes:.1f} min); logs: {logs}")
 
 
 if __name__ == "__main__":

@@ -5,31 +5,24 @@ master's, how evenly the masters share it, the control plane's own cost, and wha
 from __future__ import annotations
 
 import math
-from typing import Any
 
 from bench import fleet_report
 from bench.capacity_model import (
+    TYPICAL,
+    UTILIZATION,
     control_cores,
     jobs_per_control_core,
     workers_per_cluster,
     workers_per_control_plane,
 )
-from bench.capacity_report import TYPICAL, UTILIZATION
 from bench.fleet_figures import FleetLevel, FleetPlan, FleetRun
+from bench.formats import ratio, us
 from bench.redis_cluster import partition_slots, slot_ranges
 from shared.config import Settings
 from shared.keys import Keys
 
 HEADING = "## 9b. The data plane on a Redis Cluster's masters (synthetic engine)"
 TARGET = 1.2  # the masters' summed cost against one master's, and the busiest master against its share
-
-
-def _us(value: float) -> str:
-    return "n/a" if math.isnan(value) else f"{value:.1f}"
-
-
-def _ratio(value: float) -> str:
-    return "n/a" if math.isnan(value) else f"{value:.2f}"
 
 
 def partitions(plan: FleetPlan) -> int:
@@ -68,11 +61,11 @@ def _cost_rows(run: FleetRun) -> list[str]:
         held = " / ".join(map(str, partitions_held(run.plan, level.masters)))
         lines.append(
             f"| {level.masters} | {held} | {level.streams} | {level.asked_rate:,.0f} /"
-            f" {level.followed.events_per_second:,.0f} | {_us(level.redis_total_us)} /"
-            f" {_us(level.redis_step_us)} / {_us(level.redis_relay_us)}"
-            f" | {_ratio(against_one_master(run, level))} | {' / '.join(map(_us, level.master_us))}"
-            f" | {_ratio(level.busiest_share)} | {_us(level.control_us)} | {_us(level.gateway_us)}"
-            f" | {_us(level.worker_us)} | {level.followed.machine_busy:.0%} |"
+            f" {level.followed.events_per_second:,.0f} | {us(level.redis_total_us)} /"
+            f" {us(level.redis_step_us)} / {us(level.redis_relay_us)}"
+            f" | {ratio(against_one_master(run, level))} | {' / '.join(map(us, level.master_us))}"
+            f" | {ratio(level.busiest_share)} | {us(level.control_us)} | {us(level.gateway_us)}"
+            f" | {us(level.worker_us)} | {level.followed.machine_busy:.0%} |"
         )
     return lines
 
@@ -125,9 +118,9 @@ def _control_rows(run: FleetRun) -> list[str]:
             continue
         lines.append(
             f"| {level.masters} | {life.jobs}"
-            f" | {life.start_seconds:.1f}, {_us(1e6 * life.start_cpu / life.jobs)}"
-            f" | {life.end_seconds:.1f}, {_us(1e6 * life.end_cpu / life.jobs)} | {_us(life.us_per_job)}"
-            f" | {life.jobs_per_second(UTILIZATION):,.0f} | {_us(level.control_us)} |"
+            f" | {life.start_seconds:.1f}, {us(1e6 * life.start_cpu / life.jobs)}"
+            f" | {life.end_seconds:.1f}, {us(1e6 * life.end_cpu / life.jobs)} | {us(life.us_per_job)}"
+            f" | {life.jobs_per_second(UTILIZATION):,.0f} | {us(level.control_us)} |"
         )
     return lines
 
@@ -167,8 +160,8 @@ def _sizing_rows(run: FleetRun) -> list[str]:
             )
             lines.append(
                 f"| {masters} | {workload.jobs} jobs x {workload.tokens_per_second:g} tokens/s"
-                f" | {workload.events_per_second:,.0f} | {_us(level.redis_total_us)}"
-                f" | {_ratio(level.busiest_share)} | {workers} | {workload.jobs_per_second:.1f}"
+                f" | {workload.events_per_second:,.0f} | {us(level.redis_total_us)}"
+                f" | {ratio(level.busiest_share)} | {workers} | {workload.jobs_per_second:.1f}"
                 f" | {control:.4f} | {carried} |"
             )
     return lines
@@ -181,7 +174,7 @@ def _limit(run: FleetRun) -> str:
         return ""
     dearest = max(costs)
     return (
-        f" The control plane's own limit, at the dearest of its costs a job ({_us(dearest)} µs):"
+        f" The control plane's own limit, at the dearest of its costs a job ({us(dearest)} µs):"
         f" {jobs_per_control_core(dearest / 1e6, UTILIZATION):,.0f} jobs started and ended a second per"
         f" control-plane core at {100 * UTILIZATION:.0f} %, whatever the masters of the streams."
     )
@@ -244,13 +237,3 @@ def section(run: FleetRun) -> list[str]:
         "",
         *([f"The run stopped early: {run.stopped}.", ""] if run.stopped else []),
     ]
-
-
-def raw(run: FleetRun) -> dict[str, Any]:
-    """The run for results.json: section 9's, each level with its masters' figures."""
-    data = fleet_report.raw(run)
-    for level, item in zip(run.levels, data["levels"], strict=True):
-        item["against_one_master"] = against_one_master(run, level)
-        item["busiest_share"] = level.busiest_share
-        item["partitions_held"] = partitions_held(run.plan, level.masters)
-    return data

@@ -12,22 +12,19 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from bench.delivery import Delivery
 from bench.fleet_clients import MIXED
+from bench.limit_figures import Limit, RequestCost, WriteCost
 from bench.stats import percentile
-
-if TYPE_CHECKING:  # a run keeps the limits of its Redis and of a gateway's writes beside its levels
-    from bench.redis_probe import Limit
-    from bench.request_limit import RequestCost
-    from bench.socket_limit import WriteCost
 
 LAG_TARGET_SECONDS = 0.020
 STEP_COMMANDS = ("evalsha", "eval")
 """The workers' scripts: steps (and heartbeats' lease renewals); their XADDs count inside them too."""
 RELAY_COMMANDS = ("xread", "xrange", "xrevrange")
 QUANTILES = (50.0, 99.0, 99.9)
+ALL = "all"
+"""The lags of every kind of client together, beside each kind's (`fleet_clients.KINDS`)."""
 
 
 def us_per(cpu_seconds: float, units: int) -> float:
@@ -66,6 +63,30 @@ class Window:
 
 
 @dataclass(frozen=True)
+class Lags:
+    """The lags of the events one kind of client received in a followed window, as percentiles (seconds):
+    what results.json keeps of them. `events` is None in a run from before it was kept."""
+
+    events: int | None
+    p50: float
+    p99: float
+    p999: float
+
+    def at(self, q: float) -> float:
+        return {50.0: self.p50, 99.0: self.p99, 99.9: self.p999}[q]
+
+
+def lags_of(seconds: list[float]) -> Lags:
+    return Lags(len(seconds), *(percentile(seconds, q) for q in QUANTILES))
+
+
+def lags_by_kind(by_kind: dict[str, list[float]]) -> dict[str, Lags]:
+    """Each kind's lags, and all of them together (`ALL`)."""
+    every = [lag for lags in by_kind.values() for lag in lags]
+    return {**{kind: lags_of(lags) for kind, lags in by_kind.items()}, ALL: lags_of(every)}
+
+
+@dataclass(frozen=True)
 class Lifecycle:
     """The control plane's Redis CPU (idle share taken off) while a level's `jobs` were submitted and
     started (the workers' claims), and while they were cancelled and ended, with the seconds each took:
@@ -99,7 +120,7 @@ class FleetLevel:
     unfollowed: Window
     followed: Window
     delivery: Delivery
-    lags: dict[str, list[float]] = field(repr=False)  # seconds, by the clients' kind (fleet_clients.KINDS)
+    lags: dict[str, Lags]  # by the clients' kind (fleet_clients.KINDS), and all of them (`ALL`)
     failures: list[str]
     masters: int = 0  # the streams' Redis Cluster's masters; 0: the streams on the one Redis
     lifecycle: Lifecycle | None = None  # with the streams on a cluster, the control plane's share
@@ -163,12 +184,9 @@ class FleetLevel:
         """The load generator's own share: what it takes from the cores the rest is measured on."""
         return self.followed.per_event(self.followed.client_cpu)
 
-    @property
-    def all_lags(self) -> list[float]:
-        return [lag for lags in self.lags.values() for lag in lags]
-
-    def lag(self, q: float, kind: str | None = None) -> float:
-        return percentile(self.all_lags if kind is None else self.lags.get(kind, []), q)
+    def lag(self, q: float, kind: str = ALL) -> float:
+        lags = self.lags.get(kind)
+        return lags.at(q) if lags is not None else math.nan
 
     @property
     def sustained(self) -> bool:

@@ -1,31 +1,36 @@
-"""The fleet's section of bench/RESULTS.md, its part of results.json, and its one line per level."""
+"""Sections 4 and 9 of bench/RESULTS.md, section 4's targets, and the one line per level a fleet run
+prints as it goes: the data plane measured by the fleet's harness (`bench.fleet`)."""
 
 from __future__ import annotations
 
-import dataclasses
 import math
-from typing import Any
 
-from bench.capacity_model import redis_cores_per_event
-from bench.capacity_report import TYPICAL, UTILIZATION
+from bench.capacity_model import TYPICAL, UTILIZATION, redis_cores_per_event
 from bench.fleet_clients import KINDS, LONG_POLL, MIXED, RESUME, SSE
-from bench.fleet_figures import QUANTILES, RELAY_COMMANDS, STEP_COMMANDS, FleetLevel, FleetPlan, FleetRun
+from bench.fleet_figures import (
+    ALL,
+    QUANTILES,
+    RELAY_COMMANDS,
+    STEP_COMMANDS,
+    FleetLevel,
+    FleetPlan,
+    FleetRun,
+)
+from bench.formats import ms, us, verdict
 from bench.socket_limit import ROUNDS_PER_SECOND
 
 HEADING = "## 9. The data plane at a fleet's rates (synthetic engine)"
-FAILURES_KEPT = 20  # of a level's failed follows, in results.json (all are counted)
+RELAY_HEADING = "## 4. Relay capacity, one gateway process (the fleet's harness, every client over SSE)"
 
 
-def _ms(seconds: float) -> str:
-    return "n/a" if math.isnan(seconds) else f"{seconds * 1000:.1f}"
+def lags_text(level: FleetLevel, kind: str = ALL) -> str:
+    return " / ".join(ms(level.lag(q, kind)) for q in QUANTILES)
 
 
-def _us(value: float) -> str:
-    return "n/a" if math.isnan(value) else f"{value:.1f}"
-
-
-def lags_text(level: FleetLevel, kind: str | None = None) -> str:
-    return " / ".join(_ms(level.lag(q, kind)) for q in QUANTILES)
+def _events(level: FleetLevel, kind: str) -> str:
+    """The events whose lag one kind of client measured."""
+    lags = level.lags.get(kind)
+    return "n/a" if lags is None or lags.events is None else str(lags.events)
 
 
 def describe(level: FleetLevel) -> str:
@@ -33,9 +38,9 @@ def describe(level: FleetLevel) -> str:
     return (
         f"{level.streams} streams x {level.steps_per_second:.3g} steps/s "
         f"({level.asked_rate:,.0f} events/s asked, {level.achieved:.0%} made): "
-        f"Redis {_us(level.redis_total_us)} us/event (steps "
-        f"{_us(level.redis_step_us)}, relay {_us(level.redis_relay_us)}), gateway {_us(level.gateway_us)}, "
-        f"worker {_us(level.worker_us)}; lag p50/p99/p99.9 {lags_text(level)} ms; sent {d.sent}, delivered "
+        f"Redis {us(level.redis_total_us)} us/event (steps "
+        f"{us(level.redis_step_us)}, relay {us(level.redis_relay_us)}), gateway {us(level.gateway_us)}, "
+        f"worker {us(level.worker_us)}; lag p50/p99/p99.9 {lags_text(level)} ms; sent {d.sent}, delivered "
         f"{d.delivered}, duplicated {d.duplicated}, reordered {d.reordered}, unexpected {d.unexpected}, "
         f"{len(level.failures)} failed follows; sustained: {'yes' if level.sustained else 'no'}"
     )
@@ -53,10 +58,10 @@ def _cost_rows(run: FleetRun) -> list[str]:
         reads = followed.calls.get("xread", 0) / followed.events if followed.events else math.nan
         lines.append(
             f"| {level.streams} | {level.steps_per_second:.3g} | {level.asked_rate:,.0f} / "
-            f"{followed.events_per_second:,.0f} | {_us(level.redis_total_us)} / {_us(level.redis_step_us)} / "
-            f"{_us(level.redis_relay_us)} | {_us(followed.commands_per_event(STEP_COMMANDS))} / "
-            f"{_us(followed.commands_per_event(RELAY_COMMANDS))} | {reads:.2f} | {_us(level.gateway_us)} / "
-            f"{_us(level.gateway_system_us)} | {_us(level.worker_us)} | {_us(level.client_us)} "
+            f"{followed.events_per_second:,.0f} | {us(level.redis_total_us)} / {us(level.redis_step_us)} / "
+            f"{us(level.redis_relay_us)} | {us(followed.commands_per_event(STEP_COMMANDS))} / "
+            f"{us(followed.commands_per_event(RELAY_COMMANDS))} | {reads:.2f} | {us(level.gateway_us)} / "
+            f"{us(level.gateway_system_us)} | {us(level.worker_us)} | {us(level.client_us)} "
             f"| {followed.machine_busy:.0%} |"
         )
     return lines
@@ -71,7 +76,7 @@ def _delivery_rows(run: FleetRun) -> list[str]:
     ]
     for level in run.levels:
         d = level.delivery
-        kinds = " | ".join(f"{len(level.lags.get(kind, []))}, {lags_text(level, kind)}" for kind in KINDS)
+        kinds = " | ".join(f"{_events(level, kind)}, {lags_text(level, kind)}" for kind in KINDS)
         lines.append(
             f"| {level.streams} | {level.asked_rate:,.0f} | {lags_text(level)} | {kinds} | {d.sent} "
             f"| {d.delivered} | {d.duplicated} | {d.reordered} | {len(level.failures)} "
@@ -116,10 +121,10 @@ def _sizing_rows(run: FleetRun) -> list[str]:
         " | gateway processes a worker |",
         "| --- | --- | --- | --- | --- | --- | --- |",
     ]
-    costs = [(f"{_us(level.redis_total_us)} (the level's)", level.redis_total_us)]
+    costs = [(f"{us(level.redis_total_us)} (the level's)", level.redis_total_us)]
     if run.step_limit is not None:
         busy = run.step_limit.redis_us + level.redis_relay_us
-        costs.append((f"{_us(busy)} (busy step {_us(run.step_limit.redis_us)} + the level's relay)", busy))
+        costs.append((f"{us(busy)} (busy step {us(run.step_limit.redis_us)} + the level's relay)", busy))
     for workload in TYPICAL:
         gateways = workload.events_per_second * level.gateway_us / 1e6 / UTILIZATION
         for label, redis_us in costs:
@@ -128,7 +133,7 @@ def _sizing_rows(run: FleetRun) -> list[str]:
                 f"| {workload.jobs} jobs x {workload.tokens_per_second:g} tokens/s"
                 f" | {workload.events_per_second:,.0f} | {label} | {share:.3f}"
                 f" | {math.floor(UTILIZATION / share)}"
-                f" | {_us(level.gateway_us)} | {gateways:.1f} |"
+                f" | {us(level.gateway_us)} | {gateways:.1f} |"
             )
     return [
         f"What it means for sizing (`bench/capacity_model.py`), at the costs of the {level.streams}-stream"
@@ -150,7 +155,7 @@ def _write_cost(run: FleetRun) -> list[str]:
     return [
         f"A gateway's physical limit in the same run (`bench.socket_limit`): a process that only writes"
         f" an event's chunk ({cost.chunk_bytes} bytes) to each of {cost.connections} loopback sockets in"
-        f" turn, {ROUNDS_PER_SECOND:g} rounds a second, spends {_us(cost.cpu_us_per_write)} µs of CPU"
+        f" turn, {ROUNDS_PER_SECOND:g} rounds a second, spends {us(cost.cpu_us_per_write)} µs of CPU"
         " a write. On loopback the kernel delivers to the reading socket, and wakes its reader, in the"
         " writer's system call: a write to a remote client costs less.",
         "",
@@ -167,24 +172,27 @@ def _request_cost(run: FleetRun) -> list[str]:
         f" (uvicorn as the gateway runs it) with an application that only answers each request at once"
         f" with a long-poll page of one delta ({cost.page_bytes} bytes), {cost.requests_per_second:,.0f}"
         f" requests a second over {cost.connections} kept-alive connections (a gateway process's"
-        f" long-polls at the largest level), spends {_us(cost.cpu_us_per_request)} µs of CPU a request. A"
+        f" long-polls at the largest level), spends {us(cost.cpu_us_per_request)} µs of CPU a request. A"
         " client polling at a stream's tip sends a request an event: this is the floor under the"
         " gateway's CPU per long-polled event.",
         "",
     ]
 
 
-def section(run: FleetRun) -> list[str]:
-    """The section, from a run of `python -m bench.fleet` or of `make bench`."""
-    plan = run.plan
-    limits = [
+def _limits(run: FleetRun) -> list[str]:
+    return [
         "| command | pipeline | per second | Redis CPU µs per command |",
         "| --- | --- | --- | --- |",
         *(
-            f"| {limit.name} | {limit.pipeline} | {limit.per_second:,.0f} | {_us(limit.redis_us)} |"
+            f"| {limit.name} | {limit.pipeline} | {limit.per_second:,.0f} | {us(limit.redis_us)} |"
             for limit in [*run.limits, *([run.step_limit] if run.step_limit else [])]
         ),
     ]
+
+
+def section(run: FleetRun) -> list[str]:
+    """Section 9, from a run of `python -m bench.fleet` or of `make bench`."""
+    plan = run.plan
     return [
         HEADING,
         "",
@@ -221,7 +229,7 @@ def section(run: FleetRun) -> list[str]:
         " on the same busy Redis (`bench.step_limit`: calls of 256 jobs, a delta each, every job's lease"
         " read (it carries a cancel), sent back to back as `redis-benchmark` sends its commands):",
         "",
-        *limits,
+        *_limits(run),
         "",
         *_write_cost(run),
         *_request_cost(run),
@@ -239,12 +247,59 @@ def section(run: FleetRun) -> list[str]:
     ]
 
 
-def raw(run: FleetRun) -> dict[str, Any]:
-    """The run for results.json, each level's lags as percentiles."""
-    data = dataclasses.asdict(run)
-    for level, item in zip(run.levels, data["levels"], strict=True):
-        item["lags"] = {kind: {f"p{q:g}": level.lag(q, kind) for q in QUANTILES} for kind in KINDS}
-        item["lags"]["all"] = {f"p{q:g}": level.lag(q) for q in QUANTILES}
-        item["failure_count"] = len(level.failures)
-        item["failures"] = level.failures[:FAILURES_KEPT]
-    return data
+RELAY_STREAMS, RELAY_RATE = 1000, 10.0
+"""DESIGN.md's relay target: 1,000 streams at 10 events a second each, through one gateway process."""
+RELAY_TARGET_LABEL = "relay lag p99 <= 20 ms, 1,000 SSE streams x 10/s, one gateway"
+RELAY_RATE_LABEL = "highest rate one gateway sustains vs redis-benchmark XADD"
+
+
+def relay_targets(run: FleetRun | None) -> list[str]:
+    """DESIGN.md's relay targets, judged on section 4's levels."""
+    levels = run.levels if run is not None else []
+    at_target = next(
+        (
+            level
+            for level in levels
+            if level.streams == RELAY_STREAMS and level.asked_rate == RELAY_STREAMS * RELAY_RATE
+        ),
+        None,
+    )
+    if run is None or at_target is None:
+        return [f"| {RELAY_TARGET_LABEL} | not run | **missed** |", f"| {RELAY_RATE_LABEL} | not run | |"]
+    d = at_target.delivery
+    best = max(
+        (level for level in levels if level.sustained), key=lambda level: level.asked_rate, default=None
+    )
+    best_text = f"{best.asked_rate:,.0f} events/s ({best.streams} streams)" if best else "no level sustained"
+    xadd = ", ".join(
+        f"P{limit.pipeline}: {limit.per_second:,.0f}/s" for limit in run.limits if limit.name == "XADD"
+    )
+    return [
+        f"| {RELAY_TARGET_LABEL} | p99 {ms(at_target.lag(99))} ms, {d.delivered}/{d.sent} delivered"
+        f" | {verdict(at_target.sustained)} |",
+        f"| {RELAY_RATE_LABEL} | {best_text} vs {xadd} | (reported) |",
+    ]
+
+
+def relay_section(run: FleetRun) -> list[str]:
+    """Section 4: one gateway process relaying every stream over SSE, at DESIGN.md's relay target and at
+    rates raised past it, by the fleet's harness (section 9 says how it measures)."""
+    plan = run.plan
+    return [
+        RELAY_HEADING,
+        "",
+        f"Measured by `{run.command}` ({run.measured}, {run.minutes:.1f} minutes), with the harness of"
+        f" section 9: {plan.workers} workers on the synthetic engine, {gateways_text(plan)}, a client for"
+        f" every job in {plan.client_processes} processes ({clients_text(plan)}), a private Redis."
+        f" The levels: {', '.join(map(str, plan.streams))} streams at {plan.rate:,.0f} events/s in all,"
+        f" then {plan.rate_streams} streams at a rate raised {plan.rate_factor:g}x a level until a level is"
+        " not sustained (lag p99 past 20 ms, an event lost, duplicated or reordered, or a follow failed).",
+        "",
+        *_limits(run),
+        "",
+        *_cost_rows(run),
+        "",
+        *_delivery_rows(run),
+        "",
+        *([f"The run stopped early: {run.stopped}.", ""] if run.stopped else []),
+    ]

@@ -23,7 +23,8 @@ from typing import Any
 import httpx
 
 from bench.jobclient import client
-from bench.peer import PeerLevel, PeerPlan, PeerRun
+from bench.peer import PeerPlan
+from bench.peer_figures import PeerLevel, PeerRun
 from bench.sse_client import sse_events
 from bench.stats import StreamTiming, summarize
 from bench.workload import closed_loop

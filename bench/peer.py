@@ -14,8 +14,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
+
+from bench.peer_figures import PeerLevel, PeerRun
 
 
 @dataclass(frozen=True)
@@ -26,29 +28,6 @@ class PeerPlan:
     output_len: int
     levels: list[tuple[int, int]]  # (max concurrency, prompts)
     seed: int = 0
-
-
-@dataclass
-class PeerLevel:
-    """One level's figures, as vLLM's benchmark client reports them (latencies in ms)."""
-
-    concurrency: int
-    completed: int
-    failed: int
-    output_tokens: int
-    output_tokens_per_second: float
-    ttft_p50: float
-    ttft_p99: float
-    itl_p50: float
-    itl_p99: float
-
-
-@dataclass
-class PeerRun:
-    """One side's run of every level: vLLM's server (twice, before and after streampool) or streampool."""
-
-    side: str
-    levels: list[PeerLevel] = field(default_factory=list)
 
 
 def _arguments(

@@ -14,6 +14,7 @@ from urllib.parse import urlparse
 import redis
 from redis.typing import EncodableT, FieldT
 
+from bench.limit_figures import Limit
 from shared.events import DeltaEvent
 
 IDLE_SECONDS = 2.0
@@ -98,22 +99,6 @@ class Ceiling:
     p50_ms: float
 
 
-@dataclass(frozen=True)
-class Limit:
-    """A physical limit: `redis-benchmark` sending one command as fast as Redis takes it, and Redis's own
-    CPU per command there (idle share taken off)."""
-
-    name: str
-    pipeline: int
-    requests: int
-    per_second: float
-    redis_cpu: float
-
-    @property
-    def redis_us(self) -> float:
-        return 1e6 * self.redis_cpu / self.requests
-
-
 def stream_limits(probe: Probe, url: str, written: str, read: str, requests: int) -> list[Limit]:
     """XADD of an event as a worker writes it (MAXLEN ~ as the worker, to the stream `written`), pipelined
     by 16; and XREAD of one such entry of one stream (`read`, written here), alone and pipelined by 16.
@@ -143,17 +128,6 @@ def stream_limits(probe: Probe, url: str, written: str, read: str, requests: int
         )
     probe.client.delete(written, read)
     return found
-
-
-def xadd_ceiling(
-    url: str, key: str, pipeline: int, requests: int, clients: int = BENCHMARK_CLIENTS
-) -> Ceiling:
-    """`redis-benchmark` running XADD (the worker's command, MAXLEN ~ like the worker) on one of our keys.
-
-    The same command as `-t xadd`, but on a key under the bench's prefix, so nothing else is written.
-    """
-    command = ("XADD", key, "MAXLEN", "~", "100000", "*", "myfield", "myvalue")
-    return benchmark(url, command, pipeline, requests, clients)
 
 
 def benchmark(

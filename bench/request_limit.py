@@ -25,13 +25,13 @@ import multiprocessing
 import socket
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import uvicorn
 import uvloop
 from starlette.types import Receive, Scope, Send
 
+from bench.limit_figures import RequestCost
 from gateway.relay.entries import Entry
 from gateway.relay.polls import page_json
 from shared.events import DeltaEvent, JobState
@@ -114,17 +114,6 @@ async def _poll(port: int, connections: int, requests_per_second: float, total: 
 
 def _client(port: int, connections: int, requests_per_second: float, total: int, counts: Any) -> None:
     counts.put(uvloop.run(_poll(port, connections, requests_per_second, total)))
-
-
-@dataclass(frozen=True)
-class RequestCost:
-    connections: int
-    requests_per_second: float
-    page_bytes: int
-    requests: int  # in the measured window: the rate's worth of its seconds, counted by the server
-    cpu_us_per_request: float
-    answered: int  # every request the client had answered, the window's and those around it
-    sent: int  # every request the client sent: `answered` when the server answered them all
 
 
 def measure(

@@ -1,18 +1,18 @@
 """`python -m bench.run [--quick]`: every phase of the benchmark in one run, one after the other, then
-bench/RESULTS.md. The in-process engine runs before the system and again after it (the full path is
-compared with both, so that a machine that drifts during the run shows as the gap between them), and is
-shut down before the worker starts: on 2 cores two engines must never run during a measurement. vLLM's
-own server is measured the same way around streampool (A, B, A): before the worker starts, and again
-once it has stopped. The fleet (`bench.fleet`: workers on the synthetic engine, several gateways, a
-client for every job) runs once no engine is alive, and a batch beside interactive work
-(`bench.batch`, synthetic engine) last. `--only-completions` runs vLLM's benchmark client beside vLLM's
-server alone (section 7), `--only-generate` the row of `/inference/v1/generate`, and puts it into
-RESULTS.md in place."""
+bench/results.json and bench/RESULTS.md rendered from it. The in-process engine runs before the system and
+again after it (the full path is compared with both, so that a machine that drifts during the run shows
+as the gap between them), and is shut down before the worker starts: on 2 cores two engines must never
+run during a measurement. vLLM's own server is measured the same way around streampool (A, B, A):
+before the worker starts, and again once it has stopped. The phases on the synthetic engine
+(`SYNTHETIC_PHASES`: the fleet's harness at one gateway process, then at a fleet's rates, then a batch
+beside interactive work) run last, once no engine is alive, each starting what it measures.
+`--only-completions` runs vLLM's benchmark client beside vLLM's server alone (section 7),
+`--only-generate` the row of `/inference/v1/generate`; either puts its part into results.json and
+renders RESULTS.md again."""
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import platform
 import shlex
 import sys
@@ -42,20 +42,22 @@ from bench import (
     generate_client,
     peer,
     pickup,
+    plot,
     redis_probe,
-    relay_load,
+    report,
     system,
     vllm_server,
 )
+from bench.engine_figures import EngineRun
+from bench.fair_share_figures import FairPlan
 from bench.fleet_figures import FleetPlan
 from bench.jobclient import client
-from bench.report import Results, write, write_side_by_side
+from bench.peer_figures import PeerRun, SideBySide
+from bench.results_figures import Results
 from shared.config import Settings
 from shared.jobstore import JobStore
 from shared.keys import Keys
 from worker import cpu_placement
-
-OUT = Path(__file__).resolve().parent
 
 
 @dataclass(frozen=True)
@@ -68,11 +70,9 @@ class Plan:
     pickup_jobs: int
     cancels: int
     step_tokens: int
-    relay_streams: list[int]
-    relay_seconds: float
-    benchmark_requests: tuple[int, int]  # unpipelined, pipelined
     peer_plan: peer.PeerPlan  # vLLM's benchmark client against vLLM's server and streampool
-    fair_share: fair_share.FairPlan
+    fair_share: FairPlan
+    relay: FleetPlan  # the fleet's harness at DESIGN.md's relay target (section 4)
     fleet: FleetPlan
     batch: batch.BatchPlan
 
@@ -84,11 +84,9 @@ FULL = Plan(
     200,
     20,
     64,
-    [100, 250, 500, 1000, 2000],
-    10,
-    (200_000, 1_000_000),
     peer_plan=peer.PeerPlan(128, 128, [(1, 8), (8, 32), (32, 96)]),
     fair_share=fair_share.FULL,
+    relay=fleet.RELAY,
     fleet=fleet.FULL,
     batch=batch.FULL,
 )
@@ -99,11 +97,9 @@ QUICK = Plan(
     50,
     5,
     32,
-    [100, 1000],
-    5,
-    (50_000, 300_000),
     peer_plan=peer.PeerPlan(64, 32, [(1, 2), (8, 8), (32, 32)]),
     fair_share=fair_share.QUICK,
+    relay=fleet.RELAY_QUICK,
     fleet=fleet.QUICK,
     batch=batch.QUICK,
 )
@@ -136,20 +132,18 @@ def _has(distribution: str) -> bool:
 
 async def engine_phases(
     settings: Settings, plan: Plan, results: Results, logs: Path, progress: Progress, worker: psutil.Process
-) -> None:
+) -> list[PeerRun]:
     """vLLM's benchmark client, tokens in and tokens out, full path, pickup, fair sharing, cancel and Redis
     cost per step, against one gateway and one worker (`worker`: its process, which the fair sharing phase
-    holds at times)."""
+    holds at times); answers streampool's side of both rows beside vLLM's server."""
     streams = sum(c * r for c, r in plan.levels)
     sync_redis = redis.Redis.from_url(settings.redis_url, decode_responses=True)
     async_redis = aioredis.Redis.from_url(settings.redis_url, decode_responses=True)
     store = JobStore(async_redis, Keys(settings.key_prefix), settings)
-    results.peer_streampool = await peer_side(
-        "streampool", system.base_url(settings), settings, plan, logs, progress
-    )
-    results.generate_streampool = await generate_side(
-        "streampool", system.base_url(settings), settings, plan, logs, progress
-    )
+    ours = [
+        await row("streampool", system.base_url(settings), settings, plan, logs, progress)
+        for row in (peer_side, generate_side)
+    ]
     async with client(system.base_url(settings)) as http:
         task = progress.add_task("full path: streams", total=streams)
         results.full_path = await full_path.run_levels(
@@ -176,11 +170,12 @@ async def engine_phases(
             results.step_costs.append(cost)
             progress.advance(task)
     await store.redis.aclose()
+    return ours
 
 
 async def peer_side(
     side: str, base_url: str, settings: Settings, plan: Plan, logs: Path, progress: Progress
-) -> peer.PeerRun:
+) -> PeerRun:
     task = progress.add_task(f"vLLM's benchmark client, {side}: levels", total=len(plan.peer_plan.levels))
     model, name = settings.model, settings.model_name
     return await peer.run(
@@ -196,7 +191,7 @@ async def peer_side(
 
 async def generate_side(
     side: str, base_url: str, settings: Settings, plan: Plan, logs: Path, progress: Progress
-) -> peer.PeerRun:
+) -> PeerRun:
     """`/inference/v1/generate` at the levels of vLLM's benchmark client, by `generate_client`."""
     task = progress.add_task(f"tokens in, tokens out, {side}: levels", total=len(plan.peer_plan.levels))
     return await generate_client.run(
@@ -204,13 +199,13 @@ async def generate_side(
     )
 
 
-Side = Callable[[str, str, Settings, Plan, Path, Progress], Coroutine[Any, Any, peer.PeerRun]]
+Side = Callable[[str, str, Settings, Plan, Path, Progress], Coroutine[Any, Any, PeerRun]]
 """One row's client against one server: `peer_side` or `generate_side`."""
 
 
 def vllm_side(
     settings: Settings, plan: Plan, logs: Path, progress: Progress, run: int, rows: list[Side]
-) -> list[peer.PeerRun]:
+) -> list[PeerRun]:
     """vLLM's own server, the only engine alive, with this process (its client) on the cores the server
     keeps off its model runner's, as streampool's gateway and Redis are during its turn; each row's
     client in turn against it."""
@@ -223,7 +218,7 @@ def vllm_side(
         placement = system.share_worker_cores(server, [me])
         url = f"http://127.0.0.1:{port}"
 
-        async def sides() -> list[peer.PeerRun]:
+        async def sides() -> list[PeerRun]:
             side = f"vLLM's server, run {run}"
             return [await row(side, url, settings, plan, logs, progress) for row in rows]
 
@@ -234,50 +229,101 @@ def vllm_side(
             cpu_placement.bind(me, placement[0])
 
 
+def side_by_side(
+    command: str, quick: bool, plan: Plan, before: PeerRun, streampool: PeerRun, after: PeerRun
+) -> SideBySide:
+    """One row beside vLLM's server: vLLM's server before streampool and after it, and streampool."""
+    mode, peer_plan = "quick" if quick else "full", plan.peer_plan
+    return SideBySide(command, mode, peer_plan.input_len, peer_plan.output_len, [before, after], streampool)
+
+
 def only_side_by_side(row: str, quick: bool, redis_url: str | None) -> None:
     """One row beside vLLM's server alone (`row`: "completions", vLLM's benchmark client, or "generate",
-    `/inference/v1/generate`): vLLM's server, streampool, vLLM's server again; its section and targets
-    put into RESULTS.md and results.json in place (`report.write_side_by_side`)."""
+    `/inference/v1/generate`): vLLM's server, streampool, vLLM's server again; its part put into
+    results.json (`peer` or `generate`) and RESULTS.md rendered again."""
     plan = QUICK if quick else FULL
     side: Side = peer_side if row == "completions" else generate_side
     logs = Path(tempfile.mkdtemp(prefix=f"streampool-bench-{row}-"))
     redis_server, url = (None, redis_url) if redis_url else system.start_redis(logs)
     settings = system.bench_settings(url)
     command = shlex.join(["python", "-m", "bench.run", *sys.argv[1:]])
-    results = Results(command, "quick" if quick else "full", {}, plan.max_tokens)
-    results.peer_input_len, results.peer_output_len = plan.peer_plan.input_len, plan.peer_plan.output_len
-    vllm_runs = results.peer_vllm if row == "completions" else results.generate_vllm
     children: list[system.Child] = []
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     try:
         with Progress(*columns) as progress:
-            vllm_runs += vllm_side(settings, plan, logs, progress, 1, [side])
+            [before] = vllm_side(settings, plan, logs, progress, 1, [side])
             progress.console.print("waiting for the gateway and the worker's engine")
             serving, placement = system.start_system(settings, logs, redis_server, children)
             ours = uvloop.run(side("streampool", system.base_url(settings), settings, plan, logs, progress))
-            if row == "completions":
-                results.peer_streampool = ours
-            else:
-                results.generate_streampool = ours
             children.pop().stop()  # the worker, then the gateway once it has every core again, as in `main`
             if placement is not None:
                 for process in serving:
                     cpu_placement.bind(process, placement[0])
             children.pop().stop()
-            vllm_runs += vllm_side(settings, plan, logs, progress, 2, [side])
+            [after] = vllm_side(settings, plan, logs, progress, 2, [side])
     finally:
         system.tear_down(children, url, settings.key_prefix, redis_server)
-    path = write_side_by_side(results, OUT, row)
-    print(f"wrote the {row} row's section of {path} and its targets (logs: {logs})")
+    measured = side_by_side(command, quick, plan, before, ours, after)
+    path = report.record(**{"peer" if row == "completions" else "generate": measured})
+    print(f"wrote the {row} row's part of results.json and rendered {path} (logs: {logs})")
 
 
-def in_process(settings: Settings, plan: Plan, progress: Progress, when: str) -> engine_baseline.EngineRun:
+def in_process(settings: Settings, plan: Plan, progress: Progress, when: str) -> EngineRun:
     streams = sum(c * r for c, r in plan.levels) + plan.first_tokens
     task = progress.add_task(f"in-process engine, {when}: streams", total=streams)
     run = engine_baseline.run(
         settings, plan.levels, plan.max_tokens, plan.first_tokens, lambda: progress.advance(task)
     )
     return uvloop.run(run)  # the loop the worker runs its engine on
+
+
+@dataclass(frozen=True)
+class Apart:
+    """What a phase on the synthetic engine is given: it starts the processes it measures, on the run's
+    private Redis (`url`), once no engine is alive."""
+
+    url: str
+    plan: Plan
+    logs: Path
+    command: str
+    progress: Progress
+
+    def say(self, text: str) -> None:
+        self.progress.console.print(text)
+
+
+def relay_phase(apart: Apart, results: Results) -> None:
+    """Section 4: the fleet's harness at one gateway process, every client over SSE."""
+    results.relay = fleet.measure(
+        apart.url, apart.plan.relay, apart.logs, apart.command, lambda text: apart.say(f"relay: {text}")
+    )
+
+
+def fleet_phase(apart: Apart, results: Results) -> None:
+    """Section 9: the data plane at a fleet's rates."""
+    results.fleet = fleet.measure(
+        apart.url, apart.plan.fleet, apart.logs, apart.command, lambda text: apart.say(f"fleet: {text}")
+    )
+
+
+def batch_phase(apart: Apart, results: Results) -> None:
+    """A batch beside interactive work, into the notes."""
+    apart.say("batch beside interactive work (synthetic engine)")
+    figures = batch.measure(apart.url, apart.plan.batch, apart.logs)
+    rows = [row.strip("| ").replace(" | ", ": ") for row in figures.lines()]
+    results.notes.append(
+        "- A batch beside interactive work (`python -m bench.batch`): " + "; ".join(rows) + "."
+    )
+
+
+SYNTHETIC_PHASES: tuple[tuple[str, Callable[[Apart, Results], None]], ...] = (
+    ("relay", relay_phase),
+    ("fleet", fleet_phase),
+    ("batch", batch_phase),
+)
+"""The phases on the synthetic engine, in the order they run, each with the name its notes give it."""
+APART = ("fleet_cluster", "submit_index")
+"""The parts of results.json that only a run of their own measures: a run of every phase keeps them."""
 
 
 def main() -> None:
@@ -288,12 +334,12 @@ def main() -> None:
     alone.add_argument(
         "--only-completions",
         action="store_true",
-        help="only vLLM's benchmark client beside vLLM's server (section 7), put into RESULTS.md in place",
+        help="only vLLM's benchmark client beside vLLM's server (section 7), into results.json",
     )
     alone.add_argument(
         "--only-generate",
         action="store_true",
-        help="only the row of /inference/v1/generate beside vLLM's server, written into RESULTS.md in place",
+        help="only the row of /inference/v1/generate beside vLLM's server, into results.json and RESULTS.md",
     )
     args = parser.parse_args()
     if args.only_completions or args.only_generate:
@@ -306,74 +352,54 @@ def main() -> None:
     settings = system.bench_settings(url)
     command = "make bench" + (" QUICK=1" if args.quick else "")
     results = Results(command, "quick" if args.quick else "full", machine(url), plan.max_tokens)
-    results.peer_input_len, results.peer_output_len = plan.peer_plan.input_len, plan.peer_plan.output_len
-    notes = [f"- Logs of this run's gateway, worker and Redis: `{logs}` (not kept in the repository)."]
+    results.notes.append(
+        f"- Logs of this run's gateway, worker and Redis: `{logs}` (not kept in the repository)."
+    )
     children: list[system.Child] = []
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     try:
         with Progress(*columns) as progress:
             results.in_process.append(in_process(settings, plan, progress, "before the system"))
-            chat, generate = vllm_side(settings, plan, logs, progress, 1, [peer_side, generate_side])
-            results.peer_vllm.append(chat)
-            results.generate_vllm.append(generate)
+            before = vllm_side(settings, plan, logs, progress, 1, [peer_side, generate_side])
             leftovers = [f"{p.name()} ({p.status()})" for p in psutil.Process().children(recursive=True)]
-            notes.append(f"- This process's children when the worker started: {', '.join(leftovers)}.")
+            results.notes.append(
+                f"- This process's children when the worker started: {', '.join(leftovers)}."
+            )
             progress.console.print("waiting for the gateway and the worker's engine")
             serving, placement = system.start_system(settings, logs, redis_server, children)
             if placement is not None:
-                notes.append(
+                results.notes.append(
                     f"- During the engine phases the gateway, Redis and this process ran on core(s) "
                     f"{sorted(placement[1])}, with the worker and its engine core, off the model runner's."
                 )
-            uvloop.run(engine_phases(settings, plan, results, logs, progress, children[1].handle))
-            children.pop().stop()  # the worker: the relay phase must not share the cores with an engine
-            if placement is not None:  # the relay phase has every core
+            ours = uvloop.run(engine_phases(settings, plan, results, logs, progress, children[1].handle))
+            children.pop().stop()  # the worker: vLLM's server must not share the cores with its engine
+            if placement is not None:  # the gateway and Redis have every core again
                 for process in serving:
                     cpu_placement.bind(process, placement[0])
-            chat, generate = vllm_side(settings, plan, logs, progress, 2, [peer_side, generate_side])
-            results.peer_vllm.append(chat)
-            results.generate_vllm.append(generate)
-            results.in_process.append(in_process(settings, plan, progress, "after the system"))
-            task = progress.add_task("redis-benchmark XADD ceiling", total=2)
-            key = Keys(settings.key_prefix).stream("redis-benchmark")
-            for pipeline, requests in zip((1, 16), plan.benchmark_requests, strict=False):
-                results.ceilings.append(redis_probe.xadd_ceiling(url, key, pipeline, requests))
-                progress.advance(task)
-            redis.Redis.from_url(url).delete(key)
-            task = progress.add_task("relay load: levels", total=len(plan.relay_streams))
-            relay = relay_load.run_levels(
-                settings,
-                children[0],
-                plan.relay_streams,
-                plan.relay_seconds,
-                lambda level: progress.advance(task),
-                lambda streams, text: progress.update(
-                    task, description=f"relay load: {streams} streams, {text}"
-                ),
+            after = vllm_side(settings, plan, logs, progress, 2, [peer_side, generate_side])
+            results.peer, results.generate = (
+                side_by_side(command, args.quick, plan, *sides)
+                for sides in zip(before, ours, after, strict=True)
             )
-            results.relay = asyncio.run(relay)
-            children.pop().stop()  # the gateway: the fleet starts gateways of its own
-            try:  # the phases before it are written whatever becomes of it
-                results.fleet = fleet.measure(
-                    url, plan.fleet, logs, command, lambda text: progress.console.print(f"fleet: {text}")
-                )
-            except RuntimeError as exc:
-                notes.append(f"- The fleet's phase could not run: {exc}")
-            progress.console.print("batch beside interactive work (synthetic engine)")
-            try:
-                figures = batch.measure(url, plan.batch, logs)
-                rows = [row.strip("| ").replace(" | ", ": ") for row in figures.lines()]
-                notes.append(
-                    "- A batch beside interactive work (`python -m bench.batch`): " + "; ".join(rows) + "."
-                )
-            except RuntimeError as exc:
-                notes.append(f"- The batch phase could not run: {exc}")
+            results.in_process.append(in_process(settings, plan, progress, "after the system"))
+            children.pop().stop()  # the gateway: the phases on the synthetic engine start their own
+            apart = Apart(url, plan, logs, command, progress)
+            for name, phase in SYNTHETIC_PHASES:
+                try:  # the phases before it are written whatever becomes of it
+                    phase(apart, results)
+                except RuntimeError as exc:
+                    results.notes.append(f"- The {name} phase could not run: {exc}")
     finally:
         deleted = system.tear_down(children, url, settings.key_prefix, redis_server)
-        notes.append(f"- Keys deleted at the end under the run's prefix `{settings.key_prefix}`: {deleted}.")
+        results.notes.append(
+            f"- Keys deleted at the end under the run's prefix `{settings.key_prefix}`: {deleted}."
+        )
     results.minutes = (time.monotonic() - began) / 60
-    path = write(results, OUT, notes)
-    print(f"wrote {path} ({shlex.join(sys.argv)})")
+    plot.throughput(results, report.HERE)
+    measured = {name: value for name, value in vars(results).items() if name not in APART}
+    path = report.record(**measured)
+    print(f"wrote results.json and rendered {path} ({shlex.join(sys.argv)})")
 
 
 if __name__ == "__main__":

@@ -18,9 +18,9 @@ import multiprocessing
 import selectors
 import socket
 import time
-from dataclasses import dataclass
 from typing import Any
 
+from bench.limit_figures import WriteCost
 from gateway.relay.entries import Entry
 from gateway.relay.sse import entry_frame
 from shared.events import DeltaEvent
@@ -53,14 +53,6 @@ def _read_all(port: int, connections: int, ready: Any) -> None:
                 selector.unregister(sock)
                 sock.close()
                 open_ -= 1
-
-
-@dataclass(frozen=True)
-class WriteCost:
-    connections: int
-    chunk_bytes: int
-    writes: int
-    cpu_us_per_write: float
 
 
 def measure(

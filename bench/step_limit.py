@@ -20,7 +20,8 @@ import uuid
 import redis
 import redis.asyncio as aioredis
 
-from bench.redis_probe import Limit, Probe, snapshot
+from bench.limit_figures import Limit
+from bench.redis_probe import Probe, snapshot
 from shared.events import DeltaEvent
 from shared.keys import Keys
 from shared.lifecycle import scripts

@@ -7,7 +7,7 @@ writes the index (`job_index_size` 10,000, the index already full, so that each 
 one entry, as in a steady state) and one that writes none (`job_index_size` 0). Per arm: Redis's
 microseconds per EVALSHA (INFO commandstats: the submit script is the only script a submission
 runs), the submission's round trip p50 as this process sees it, and the index's memory. It puts its
-section (10) into bench/RESULTS.md and its part into results.json (`submit_index`) in place.
+part into results.json (`submit_index`), and RESULTS.md is rendered again (section 10).
 """
 
 from __future__ import annotations
@@ -27,15 +27,14 @@ import redis.asyncio as aioredis
 
 from bench import report, system
 from bench.stats import percentile
+from bench.submit_index_figures import INDEX_SIZE, SubmitIndexCost
 from shared.config import Settings
 from shared.jobstore import JobStore
 from shared.keys import Keys
 from shared.requests import JobRequest
 
-INDEX_SIZE = 10_000
 MODEL = "submit-index-bench"  # no worker serves it: the jobs stay queued
 REQUEST = JobRequest(prompt="Hi", max_tokens=1)
-HERE = Path(__file__).resolve().parent
 
 
 @dataclass(frozen=True)
@@ -64,28 +63,6 @@ class Arm:
     @property
     def trip_p50_us(self) -> float:
         return percentile(self.trips or [], 50) * 1e6
-
-
-@dataclass(frozen=True)
-class SubmitIndexCost:
-    measured: str  # when (UTC)
-    command: str
-    rounds: int
-    submissions: int
-    with_index: float  # Redis µs per submission
-    without_index: float
-    trip_with_us: float
-    trip_without_us: float
-    index_bytes: int  # the full index's MEMORY USAGE
-    load: float  # the machine's load average over the minute before the run: others' work shares the cores
-
-    @property
-    def extra_us(self) -> float:
-        return self.with_index - self.without_index
-
-    @property
-    def ratio(self) -> float:
-        return self.with_index / self.without_index
 
 
 async def _evalsha(redis: aioredis.Redis) -> tuple[int, int]:
@@ -142,27 +119,6 @@ async def measure(settings: Settings, plan: Plan, command: str) -> SubmitIndexCo
         await redis.aclose()
 
 
-def section(cost: SubmitIndexCost) -> list[str]:
-    return [
-        "## 10. The console's job index: its cost per submission",
-        "",
-        f"Measured {cost.measured} by `{cost.command}`, alone on a private redis-server: "
-        f"{cost.rounds} rounds of {cost.submissions:,} submissions a store, each store first in every other "
-        f"round; load average {cost.load:.1f} when it began. "
-        f"The index was full ({INDEX_SIZE:,} entries): each indexed submission also trims one.",
-        "",
-        "| submit script | Redis µs per submission | round trip p50 (µs) |",
-        "| --- | --- | --- |",
-        f"| with the index (`job_index_size` {INDEX_SIZE:,}) | {cost.with_index:.1f} "
-        f"| {cost.trip_with_us:.0f} |",
-        f"| without (`job_index_size` 0) | {cost.without_index:.1f} | {cost.trip_without_us:.0f} |",
-        "",
-        f"The index adds {cost.extra_us:.1f} µs of Redis's time to a submission ({cost.ratio:.2f}x the "
-        f"script without it), and holds {cost.index_bytes / 1e6:.2f} MB at {INDEX_SIZE:,} entries.",
-        "",
-    ]
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -178,9 +134,9 @@ def main() -> None:
     finally:
         redis_server.terminate()
         redis_server.wait()
-    path = report.write_section(section(cost), "submit_index", cost, HERE)
-    print("\n".join(section(cost)))
-    print(f"wrote section 10 of {path} and the submit_index part of results.json")
+    path = report.record(submit_index=cost)
+    print("\n".join(report.submit_index_section(cost)))
+    print(f"wrote the submit_index part of results.json and rendered {path}")
 
 
 if __name__ == "__main__":

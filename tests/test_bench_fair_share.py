@@ -10,18 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from bench.fair_share import (
-    FIFO_CLAIM,
-    QUICK,
-    ClaimCost,
-    FairShare,
-    TenantRun,
-    Timing,
-    claim_cost,
-    started_per_second,
-    submitter,
-)
-from bench.report import FAIR_SHARE_HEADING, HAND_WRITTEN, Results, render, write_fair_share
+from bench.fair_share import FIFO_CLAIM, QUICK, claim_cost, submitter
+from bench.fair_share_figures import ClaimCost, FairShare, TenantRun, Timing, started_per_second
+from bench.fair_share_report import HEADING as FAIR_SHARE_HEADING
+from bench.report import record, render
+from bench.results_figures import Results
 from shared.jobstore import JobStore
 
 
@@ -63,61 +56,31 @@ def results(fair: FairShare | None) -> Results:
 
 
 def test_the_target_is_met_at_nine_tenths_of_the_single_queue_at_every_count() -> None:
-    text = render(results(measured({0: [100], 1: [99], 10: [95], 100: [90]})), ["a", "b"], [])
+    text = render(results(measured({0: [100], 1: [99], 10: [95], 100: [90]})))
     assert target(text).endswith("| 1: 0.990, 10: 0.950, 100: 0.900 | **met** |")
     assert FAIR_SHARE_HEADING in text
     assert "| 100 tenants | 90 (90) | 0.900 | 90 (90) | 0.900 | 1.0 | 2.0 | 2.0 |" in text
 
 
 def test_the_target_is_missed_below_nine_tenths_at_any_count_or_when_not_run() -> None:
-    text = render(results(measured({0: [100], 1: [99], 10: [89], 100: [95]})), ["a", "b"], [])
+    text = render(results(measured({0: [100], 1: [99], 10: [89], 100: [95]})))
     assert target(text).endswith("**missed** |")
-    assert target(render(results(None), ["a", "b"], [])).endswith("| not run | **missed** |")
+    assert target(render(results(None))).endswith("| not run | **missed** |")
 
 
-RESULTS_MD = """# streampool benchmark results
-
-## Targets (DESIGN.md)
-
-| target | measured (this run) | verdict |
-| --- | --- | --- |
-| tokens/s full / in-process >= 0.97 at 1-32 streams | 1: 1.1 | **met** |
-
-## 7. streampool beside vLLM's own server
-
-vLLM's table.
-
-## Notes
-
-- a note.
-
-## Analysis (written by hand after this run; the tables above are generated)
-
-Hand-written analysis.
-"""
-
-
-def test_a_run_alone_puts_section_8_and_its_target_in_place_and_keeps_the_rest(tmp_path: Path) -> None:
-    (tmp_path / "RESULTS.md").write_text(RESULTS_MD)
-    (tmp_path / "results.json").write_text(json.dumps({"pickup": [0.001], "relay": []}))
-    write_fair_share(measured({0: [100], 1: [99], 10: [95], 100: [90]}), tmp_path)
+def test_a_run_alone_records_its_part_keeps_the_others_and_renders_section_8_again(tmp_path: Path) -> None:
+    record(tmp_path, pickup=[0.001], cancels=[])
+    record(tmp_path, fair_share=measured({0: [100], 1: [99], 10: [95], 100: [90]}))
     text = (tmp_path / "RESULTS.md").read_text()
-    assert text.index("vLLM's table.") < text.index(FAIR_SHARE_HEADING) < text.index("## Notes")
-    assert "- a note.\n" in text and text.endswith("Hand-written analysis.\n")
-    assert (
-        "| tokens/s full / in-process >= 0.97 at 1-32 streams | 1: 1.1 | **met** |\n| jobs started/s" in text
-    )
+    assert text.index("## 3. Queue pickup") < text.index(FAIR_SHARE_HEADING) < text.index("## Notes")
+    assert "1 jobs of max_tokens 1" in text  # section 3, from the part kept
     raw = json.loads((tmp_path / "results.json").read_text())
     assert raw["pickup"] == [0.001] and raw["fair_share"]["runs"][3]["burst_rates"] == [90]
 
-    # Again, with a paragraph written by hand under the section: replaced once, the paragraph kept.
-    paragraph = f"{HAND_WRITTEN}.** What the figures show.\n\n"
-    (tmp_path / "RESULTS.md").write_text(text.replace("## Notes", paragraph + "## Notes"))
-    write_fair_share(measured({0: [100], 1: [99], 10: [95], 100: [80]}), tmp_path)
+    record(tmp_path, fair_share=measured({0: [100], 1: [99], 10: [95], 100: [80]}))
     again = (tmp_path / "RESULTS.md").read_text()
     assert again.count(FAIR_SHARE_HEADING) == 1 and again.count("| jobs started/s with tenants") == 1
     assert "100: 0.800 | **missed** |" in again
-    assert paragraph + "## Notes" in again and again.endswith("Hand-written analysis.\n")
 
 
 async def test_the_script_before_fair_sharing_claims_from_the_queues_head(store: JobStore) -> None:

@@ -1,5 +1,5 @@
 """The fleet harness's pure parts (bench/delivery.py, bench/fleet_figures.py, bench/fleet_report.py): how
-what a client received is checked against its stream, and the figures per unit of work."""
+what a client received is checked against its stream, the figures per unit of work, and sections 4 and 9."""
 
 from __future__ import annotations
 
@@ -13,11 +13,11 @@ import pytest
 from bench.delivery import Delivery, account, delta_seq, lags
 from bench.fleet import QUICK, long_polls_of_a_gateway_process, main_parser, next_level, plan_of
 from bench.fleet_clients import KINDS, LONG_POLL, RESUME, SSE, kind_of
-from bench.fleet_figures import FleetLevel, FleetRun, Window, us_per
-from bench.fleet_report import HEADING, raw, section
-from bench.redis_probe import Limit
-from bench.report import Results, render, write_fleet
-from bench.request_limit import RequestCost
+from bench.fleet_figures import ALL, FleetLevel, FleetRun, Lags, Window, lags_by_kind, us_per
+from bench.fleet_report import HEADING, RELAY_HEADING, relay_targets, section
+from bench.limit_figures import Limit, RequestCost
+from bench.report import load, record, render
+from bench.results_figures import Results
 from shared.events import DeltaEvent
 
 
@@ -121,7 +121,9 @@ def level(lag_seconds: float = 0.005, delivery: Delivery | None = None) -> Fleet
             usec={"evalsha": 70_000, "xadd": 20_000, "xread": 35_000, "xrange": 7_000},
         ),
         delivery=delivery or Delivery(sent=9000, delivered=9000),
-        lags={SSE: [lag_seconds] * 80, LONG_POLL: [lag_seconds] * 10, RESUME: [lag_seconds] * 10},
+        lags=lags_by_kind(
+            {SSE: [lag_seconds] * 80, LONG_POLL: [lag_seconds] * 10, RESUME: [lag_seconds] * 10}
+        ),
         failures=[],
     )
 
@@ -197,11 +199,19 @@ def test_a_run_whose_first_level_could_not_run_still_writes_its_section_and_says
     assert "| GPU worker |" not in text  # no level, no sizing
 
 
-def test_results_json_keeps_the_lags_as_percentiles_by_kind() -> None:
-    data = raw(run_of(level()))
-    lags_kept = data["levels"][0]["lags"]
-    assert set(lags_kept) == {*KINDS, "all"}
-    assert lags_kept["all"] == {"p50": 0.005, "p99": 0.005, "p99.9": 0.005}
+def test_results_json_keeps_the_lags_as_percentiles_and_counts_by_kind(tmp_path: Path) -> None:
+    record(tmp_path, fleet=run_of(level()))
+    lags_kept = json.loads((tmp_path / "results.json").read_text())["fleet"]["levels"][0]["lags"]
+    assert set(lags_kept) == {*KINDS, ALL}
+    assert lags_kept[ALL] == {"events": 100, "p50": 0.005, "p99": 0.005, "p999": 0.005}
+    assert load(tmp_path).fleet == run_of(level())
+
+
+def test_a_lag_is_read_from_its_kinds_percentiles_and_missing_for_a_kind_not_run() -> None:
+    figures = replace(level(), lags={ALL: Lags(3, 0.001, 0.002, 0.004), SSE: Lags(3, 0.001, 0.002, 0.004)})
+    assert (figures.lag(50), figures.lag(99.9, SSE)) == (0.001, 0.004)
+    assert math.isnan(figures.lag(99, LONG_POLL))
+    assert any("| n/a, n/a / n/a / n/a |" in line for line in section(run_of(figures)))  # long-poll
 
 
 def test_flags_change_the_plan_they_name_and_leave_the_rest() -> None:
@@ -210,25 +220,51 @@ def test_flags_change_the_plan_they_name_and_leave_the_rest() -> None:
 
 
 def test_make_bench_puts_the_fleet_section_before_the_notes() -> None:
-    text = render(Results("make bench", "full", {}, 128, fleet=run_of(level())), ["a", "b"], [])
+    text = render(Results("make bench", "full", {}, 128, fleet=run_of(level())))
     assert text.index(HEADING) < text.index("## Notes")
-    alone = render(Results("make bench", "full", {}, 128), ["a", "b"], [])
+    alone = render(Results("make bench", "full", {}, 128))
     assert alone[alone.index(HEADING) + 2] == "Not measured in this run."
 
 
-def test_a_run_alone_replaces_its_section_in_place_and_keeps_the_rest(tmp_path: Path) -> None:
-    (tmp_path / "results.json").write_text(json.dumps({"relay": [1]}))
-    kept = ["# results", "", "## 8. Fair sharing", "", "figures", "", "## Notes", "", "- a note"]
-    (tmp_path / "RESULTS.md").write_text("\n".join(kept) + "\n")
-    write_fleet(run_of(level(0.025)), tmp_path)
-    write_fleet(run_of(level(0.005)), tmp_path)
+def test_a_run_alone_records_its_part_keeps_the_others_and_renders_section_9_again(tmp_path: Path) -> None:
+    record(tmp_path, pickup=[0.001], notes=["- a note"])
+    record(tmp_path, fleet=run_of(level(0.025)))
+    record(tmp_path, fleet=run_of(level(0.005)))
     lines = (tmp_path / "RESULTS.md").read_text().splitlines()
     assert lines.count(HEADING) == 1
-    assert lines.index("## 8. Fair sharing") < lines.index(HEADING) < lines.index("## Notes")
+    assert lines.index("## 8. Fair sharing among tenants") < lines.index(HEADING) < lines.index("## Notes")
     assert lines[-1] == "- a note"
     assert [line for line in lines if line.startswith("| 1000 |")][-1].endswith("| yes |")
     raw_kept = json.loads((tmp_path / "results.json").read_text())
-    assert raw_kept["relay"] == [1] and len(raw_kept["fleet"]["levels"]) == 1
+    assert raw_kept["pickup"] == [0.001] and len(raw_kept["fleet"]["levels"]) == 1
+
+
+def test_the_relay_targets_are_judged_on_one_thousand_streams_at_ten_events_a_second_each() -> None:
+    """Section 4: lag p99 within 20 ms at 1,000 streams x 10/s, and the highest rate sustained beside
+    redis-benchmark's XADD."""
+    at_target = replace(level(0.015), steps_per_second=10.0)  # 1,000 streams x 10 events/s
+    raised = replace(level(0.015), steps_per_second=15.0)
+    past = replace(level(0.030), steps_per_second=22.5)
+    lag, rate = relay_targets(run_of(at_target, raised, past))
+    assert lag == (
+        "| relay lag p99 <= 20 ms, 1,000 SSE streams x 10/s, one gateway | p99 15.0 ms, 9000/9000 delivered"
+        " | **met** |"
+    )
+    assert "| 15,000 events/s (1000 streams) vs P16: 500,000/s | (reported) |" in rate
+    missed, _ = relay_targets(run_of(replace(level(0.025), steps_per_second=10.0)))
+    assert missed.endswith("**missed** |")
+    assert relay_targets(None)[0].endswith("| not run | **missed** |")
+    assert relay_targets(run_of(level()))[0].endswith("| not run | **missed** |")  # no level at 10/s
+
+
+def test_section_4_has_the_levels_costs_and_delivery_beside_the_limits() -> None:
+    text = render(
+        Results("make bench", "full", {}, 128, relay=run_of(replace(level(), steps_per_second=10.0)))
+    )
+    at = text.index(RELAY_HEADING)
+    section_4 = text[at : text.index("## 5. Cancel latency")]
+    assert "| XADD | 16 | 500,000 | 1.5 |" in section_4
+    assert len([line for line in section_4 if line.startswith("| 1000 |")]) == 2
 
 
 def test_the_levels_run_the_streams_at_the_fixed_rate_then_raise_it_until_one_is_not_sustained() -> None:

@@ -21,11 +21,11 @@ from bench.capacity_model import (
     workers_per_control_plane,
 )
 from bench.fleet import QUICK, main_parser, plan_of
-from bench.fleet_cluster_report import HEADING, against_one_master, partitions_held, raw, section
+from bench.fleet_cluster_report import HEADING, against_one_master, partitions_held, section
 from bench.fleet_figures import FleetLevel, FleetRun, Lifecycle
 from bench.fleet_report import HEADING as FLEET_HEADING
 from bench.redis_cluster import partition_slots, slot_ranges
-from bench.report import write_fleet_cluster
+from bench.report import load, record
 from shared.keys import Keys
 from tests.test_bench_fleet import level, window
 
@@ -132,21 +132,17 @@ def test_masters_are_a_flag_of_the_plan() -> None:
     assert partitions_held(plan, 2) == [8, 8]
 
 
-def test_a_clustered_run_writes_its_own_section_after_the_fleets_and_keeps_the_rest(tmp_path: Path) -> None:
-    (tmp_path / "results.json").write_text(json.dumps({"fleet": {"levels": []}}))
-    kept = ["# results", "", FLEET_HEADING, "", "figures", "", "## Notes", "", "- a note"]
-    (tmp_path / "RESULTS.md").write_text("\n".join(kept) + "\n")
+def test_a_clustered_run_records_its_own_part_and_renders_its_section_after_the_fleets(
+    tmp_path: Path,
+) -> None:
+    kept = run_of(clustered(1, (0.21,)))
+    record(tmp_path, fleet=replace(kept, plan=QUICK))
     run = run_of(clustered(1, (0.21,)), clustered(3, (0.08, 0.07, 0.09)))
-    write_fleet_cluster(run, tmp_path)
+    record(tmp_path, fleet_cluster=run)
+    record(tmp_path, fleet_cluster=run)
     lines = (tmp_path / "RESULTS.md").read_text().splitlines()
-    (tmp_path / "RESULTS.md").write_text(
-        "\n".join([*lines[:-1], "**Written by hand.** kept", "", *lines[-1:]])
-    )
-    write_fleet_cluster(run, tmp_path)
-    lines = (tmp_path / "RESULTS.md").read_text().splitlines()
-    assert lines.count(HEADING) == 1 and lines[2:5] == [FLEET_HEADING, "", "figures"]
+    assert lines.count(HEADING) == 1
     assert lines.index(FLEET_HEADING) < lines.index(HEADING) < lines.index("## Notes")
-    raw_kept = json.loads((tmp_path / "results.json").read_text())
-    assert raw_kept["fleet"] == {"levels": []}
-    assert raw_kept["fleet_cluster"]["levels"][1]["busiest_share"] == pytest.approx(1.125)
-    assert raw(run)["levels"][1]["partitions_held"] == [5, 6, 5]
+    assert load(tmp_path).fleet == replace(kept, plan=QUICK) and load(tmp_path).fleet_cluster == run
+    assert json.loads((tmp_path / "results.json").read_text())["fleet_cluster"]["levels"][1]["masters"] == 3
+    assert partitions_held(run.plan, 3) == [5, 6, 5]

@@ -10,8 +10,10 @@ from pathlib import Path
 import pytest
 
 from bench.generate_client import body, level_figures, read_chunk, token_prompts
-from bench.peer import PeerLevel, PeerRun
-from bench.report import GENERATE_HEADING, GENERATE_ROW, Results, render, write_side_by_side
+from bench.peer_figures import PeerLevel, PeerRun, SideBySide
+from bench.peer_report import GENERATE_HEADING, GENERATE_ROW
+from bench.report import record, render
+from bench.results_figures import Results
 from bench.stats import StreamTiming
 from shared.requests import JobRequest
 from tests.test_bench_peer import level, vllm_runs
@@ -25,12 +27,12 @@ def chunk(token_ids: list[int], finish_reason: str | None = None) -> str:
 
 
 def results(streampool: list[PeerLevel]) -> Results:
-    run = Results(
-        "python -m bench.run --only-generate", "full", {}, 128, peer_input_len=128, peer_output_len=128
-    )
-    run.generate_vllm = vllm_runs()
-    run.generate_streampool = PeerRun("streampool", streampool)
-    return run
+    return Results("make bench", "full", {}, 128, generate=generate_row(streampool))
+
+
+def generate_row(streampool: list[PeerLevel]) -> SideBySide:
+    command = "python -m bench.run --only-generate"
+    return SideBySide(command, "full", 128, 128, vllm_runs(), PeerRun("streampool", streampool))
 
 
 def targets(text: list[str]) -> list[str]:
@@ -82,43 +84,31 @@ def test_a_level_counts_failed_requests_apart_and_reports_milliseconds() -> None
 
 def test_the_rows_targets_are_judged_as_the_chat_rows_on_the_mean_of_both_vllm_runs() -> None:
     met = targets(
-        render(
-            results([level(1, 30.5, 50, 31.5), level(8, 151, 115, 52), level(32, 301, 230, 105)]),
-            ["a", "b"],
-            [],
-        )
+        render(results([level(1, 30.5, 50, 31.5), level(8, 151, 115, 52), level(32, 301, 230, 105)]))
     )
     assert len(met) == 4 and all(row.endswith("**met** |") for row in met), met
     slow = results([level(1, 29, 45, 31), level(8, 155, 105, 54), level(32, 305, 240, 102)])
-    assert all(row.endswith("**missed** |") for row in targets(render(slow, ["a", "b"], []))[:3])
-    text = render(slow, ["a", "b"], [])
+    assert all(row.endswith("**missed** |") for row in targets(render(slow))[:3])
+    text = render(slow)
     assert text.index(GENERATE_HEADING) < text.index("## 8. Fair sharing among tenants")
 
 
-def test_a_run_alone_puts_section_7b_and_its_targets_in_place_and_keeps_the_rest(tmp_path: Path) -> None:
-    before = (
-        "# results\n\n## Targets (DESIGN.md)\n\n| target | measured (this run) | verdict |\n"
-        "| --- | --- | --- |\n"
-        "| chat row | 1: 1.0 | **met** |\n\n## 7. vLLM's benchmark client\n\nvLLM's table.\n\n"
-        "## 8. Fair sharing among tenants\n\nTenants.\n\n## Notes\n\n- a note.\n"
-    )
-    (tmp_path / "RESULTS.md").write_text(before)
-    (tmp_path / "results.json").write_text(json.dumps({"pickup": [0.001]}))
-    write_side_by_side(
-        results([level(1, 31, 41, 31), level(8, 155, 105, 51), level(32, 305, 210, 102)]),
+def test_a_run_alone_records_its_row_keeps_the_other_parts_and_renders_section_7b_again(
+    tmp_path: Path,
+) -> None:
+    record(tmp_path, pickup=[0.001])
+    record(
         tmp_path,
-        "generate",
+        generate=generate_row([level(1, 31, 41, 31), level(8, 155, 105, 51), level(32, 305, 210, 102)]),
     )
     text = (tmp_path / "RESULTS.md").read_text()
-    assert text.index("vLLM's table.") < text.index(GENERATE_HEADING) < text.index("## 8. Fair sharing")
-    assert "| chat row | 1: 1.0 | **met** |\n| tokens in, tokens out" in text and "Tenants.\n" in text
+    assert text.index(GENERATE_HEADING) < text.index("## 8. Fair sharing")
     raw = json.loads((tmp_path / "results.json").read_text())
-    assert raw["pickup"] == [0.001] and raw["generate_streampool"]["levels"][2]["concurrency"] == 32
+    assert raw["pickup"] == [0.001] and raw["generate"]["streampool"]["levels"][2]["concurrency"] == 32
 
-    write_side_by_side(
-        results([level(1, 20, 41, 31), level(8, 155, 105, 51), level(32, 305, 210, 102)]),
+    record(
         tmp_path,
-        "generate",
+        generate=generate_row([level(1, 20, 41, 31), level(8, 155, 105, 51), level(32, 305, 210, 102)]),
     )
     again = (tmp_path / "RESULTS.md").read_text()
     assert again.count(GENERATE_HEADING) == 1 and len(targets(again.splitlines())) == 4
