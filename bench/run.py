@@ -326,6 +326,12 @@ APART = ("fleet_cluster", "submit_index")
 """The parts of results.json that only a run of their own measures: a run of every phase keeps them."""
 
 
+def save(results: Results, out: Path = report.HERE) -> Path:
+    """Every part of results.json that this run measured, the parts `APART` kept as they were, and
+    RESULTS.md rendered again; answers its path."""
+    return report.record(out, **{name: value for name, value in vars(results).items() if name not in APART})
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="a smoke run of a few minutes")
@@ -339,7 +345,7 @@ def main() -> None:
     alone.add_argument(
         "--only-generate",
         action="store_true",
-        help="only the row of /inference/v1/generate beside vLLM's server, into results.json and RESULTS.md",
+        help="only the row of /inference/v1/generate beside vLLM's server (section 7b), into results.json",
     )
     args = parser.parse_args()
     if args.only_completions or args.only_generate:
@@ -397,8 +403,7 @@ def main() -> None:
         )
     results.minutes = (time.monotonic() - began) / 60
     plot.throughput(results, report.HERE)
-    measured = {name: value for name, value in vars(results).items() if name not in APART}
-    path = report.record(**measured)
+    path = save(results)
     print(f"wrote results.json and rendered {path} ({shlex.join(sys.argv)})")
 
 
