@@ -1,4 +1,4 @@
-"""What Redis itself says: command counts and times, CPU and clients (INFO deltas), and its ceilings
+"""What Redis itself says: command counts and times and CPU (INFO deltas), and its limits
 (`redis-benchmark` on this machine, in the same run as the figures they bound)."""
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ BENCHMARK_CLIENTS = 50
 class Snapshot:
     calls: dict[str, int]
     cpu_seconds: float
-    connected_clients: int
     taken: float
     usec: dict[str, int] = field(default_factory=dict)  # time in each command, as Redis counts it
 
@@ -38,12 +37,10 @@ def info(client: redis.Redis, section: str) -> dict[str, Any]:
 def snapshot(client: redis.Redis) -> Snapshot:
     stats = info(client, "commandstats")
     cpu = info(client, "cpu")
-    clients = info(client, "clients")
     calls = {name.removeprefix("cmdstat_"): int(value["calls"]) for name, value in stats.items()}
     return Snapshot(
         calls=calls,
         cpu_seconds=float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"]),
-        connected_clients=int(clients["connected_clients"]),
         taken=time.monotonic(),
         usec={name.removeprefix("cmdstat_"): int(value["usec"]) for name, value in stats.items()},
     )
@@ -62,10 +59,6 @@ def usec_between(before: Snapshot, after: Snapshot) -> dict[str, int]:
     """µs Redis spent in each command between the snapshots; a script's commands count both on their
     own and in the script's time."""
     return _between(before.usec, after.usec)
-
-
-def cpu_percent(before: Snapshot, after: Snapshot) -> float:
-    return 100 * (after.cpu_seconds - before.cpu_seconds) / max(after.taken - before.taken, 1e-9)
 
 
 class Probe:
@@ -92,13 +85,6 @@ def measure_idle(probes: list[Probe]) -> list[float]:
     return [probe.idle_rate for probe in probes]
 
 
-@dataclass(frozen=True)
-class Ceiling:
-    pipeline: int
-    requests_per_second: float
-    p50_ms: float
-
-
 def stream_limits(probe: Probe, url: str, written: str, read: str, requests: int) -> list[Limit]:
     """XADD of an event as a worker writes it (MAXLEN ~ as the worker, to the stream `written`), pipelined
     by 16; and XREAD of one such entry of one stream (`read`, written here), alone and pipelined by 16.
@@ -116,29 +102,15 @@ def stream_limits(probe: Probe, url: str, written: str, read: str, requests: int
     found = []
     for name, pipeline, command in commands:
         before = snapshot(probe.client)
-        ceiling = benchmark(url, command, pipeline, requests, BENCHMARK_CLIENTS)
-        found.append(
-            Limit(
-                name,
-                pipeline,
-                requests,
-                ceiling.requests_per_second,
-                probe.busy(before, snapshot(probe.client)),
-            )
-        )
+        per_second = benchmark(url, command, pipeline, requests)
+        found.append(Limit(name, pipeline, requests, per_second, probe.busy(before, snapshot(probe.client))))
     probe.client.delete(written, read)
     return found
 
 
-def benchmark(
-    url: str,
-    command: tuple[str, ...],
-    pipeline: int,
-    requests: int,
-    clients: int,
-    options: tuple[str, ...] = (),
-) -> Ceiling:
-    """`redis-benchmark` sending `command` from `clients` connections, `pipeline` at a time on each."""
+def benchmark(url: str, command: tuple[str, ...], pipeline: int, requests: int) -> float:
+    """`redis-benchmark` sending `command` from `BENCHMARK_CLIENTS` connections, `pipeline` at a time on
+    each: the requests it had answered a second."""
     program = shutil.which("redis-benchmark")
     if program is None:
         raise RuntimeError("redis-benchmark is missing (Debian: apt-get install redis-tools)")
@@ -146,8 +118,7 @@ def benchmark(
     arguments = [
         program,
         *("-h", parsed.hostname or "127.0.0.1", "-p", str(parsed.port or 6379)),
-        *("-c", str(clients), "-n", str(requests), "-P", str(pipeline), "--csv"),
-        *options,
+        *("-c", str(BENCHMARK_CLIENTS), "-n", str(requests), "-P", str(pipeline), "--csv"),
         *command,
     ]
     output = subprocess.run(arguments, check=True, capture_output=True, text=True).stdout
@@ -156,4 +127,4 @@ def benchmark(
     # the first column, the test's name, is the command unquoted within: split from the right
     values = [value.strip('"') for value in lines[-1].rsplit(",", len(names) - 1)]
     row = dict(zip(names, values, strict=True))
-    return Ceiling(pipeline, float(row["rps"]), float(row.get("p50_latency_ms") or "nan"))
+    return float(row["rps"])

@@ -25,7 +25,7 @@ import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Generic, TypeVar
 
 import redis.asyncio as aioredis
@@ -43,6 +43,7 @@ from shared.model_card import ModelCard
 from shared.models import Catalog, Target, read_registry
 from shared.redis_client import StreamsRedis, redis_errors
 from shared.requests import QUICK_TO_TOKENIZE_CHARS, JobRequest
+from shared.scheduling import Placement
 from shared.tenants import DEFAULT_SHARE, Tenant
 from shared.workers import WorkerInfo, live_workers
 
@@ -185,6 +186,7 @@ class Admission:
         self.max_pooling_tokens = settings.max_pooling_tokens
         self.max_queued_jobs = settings.max_queued_jobs
         self.default_queue_deadline = settings.default_queue_deadline_seconds
+        self.share_by_tokens = settings.fair_share_unit == "tokens"
         self.memory_high_water = settings.redis_memory_high_water
         self.max_write_bytes = settings.max_request_write_bytes
         self.default_model = settings.default_model
@@ -304,15 +306,17 @@ class Admission:
         target = catalog.resolve(model if model is not None else job.model, self.default_model)
         job = job.model_copy(update={"model": target.qualified})
         check_pool_serves(job, await self.prompt_limit.card(target.model))
+        placement = Placement()
         try:
             if job.pooling is not None:
                 job = await self.bound_pooling(job, target.model)
             else:
-                whole = await self.prompt_limit.check(
+                whole, placement = await self.prompt_limit.check(
                     turn.whole(job) if turn else job,
                     target.model,
                     catalog.entries.get(target.model),
                     fill=self.max_tokens_limit if fill_context else None,
+                    adapter=target.adapter,
                 )
                 job = turn.own(whole) if turn else whole
         except PromptTooLong:
@@ -338,6 +342,7 @@ class Admission:
                 batch=batch_line.batch_id if batch_line else None,
                 wait_until=batch_line.expires_at if batch_line else None,
                 deadline=self._deadline(deadline, batch_line),
+                placement=placement if self.share_by_tokens else replace(placement, prompt_tokens=None),
             )
         except RateLimited as exc:
             self.metrics.rejected_by_tenant(tenant.name if tenant else "", exc.detail["limit"])

@@ -12,6 +12,8 @@ if there is one)::
     requests_per_minute = 600    # jobs admitted in any sliding minute
     tokens_per_minute = 200000   # prompt plus generated tokens of jobs ended in any sliding minute
     weight = 2.0                 # its share of each model's queue, against the others' weights
+    prompt_token_weight = 1.0    # what a prompt token counts against its share (default 1)
+    output_token_weight = 2.0    # what an output token counts (default 2: decoding costs more)
     default_priority = 0         # a job's priority when it names none (lower runs first, as in vLLM)
     min_priority = 0             # the most urgent priority its jobs may ask for (default: any)
     webhook_allowed_prefixes = ["https://hooks.example.com/team-a/"]  # instead of the gateway's
@@ -76,6 +78,8 @@ class _TenantTable(BaseModel):
     requests_per_minute: int | None = Field(None, ge=1)
     tokens_per_minute: int | None = Field(None, ge=1)
     weight: float = Field(1.0, gt=0, allow_inf_nan=False)
+    prompt_token_weight: float = Field(1.0, ge=0, allow_inf_nan=False)
+    output_token_weight: float = Field(2.0, ge=0, allow_inf_nan=False)
     default_priority: int = Field(0, ge=-MAX_PRIORITY, le=MAX_PRIORITY)
     min_priority: int = Field(-MAX_PRIORITY, ge=-MAX_PRIORITY, le=MAX_PRIORITY)
     webhook_allowed_prefixes: tuple[str, ...] | None = Field(None, strict=False)  # a TOML array

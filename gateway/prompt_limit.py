@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import NamedTuple
 
 import redis.asyncio as aioredis
 
@@ -24,6 +25,7 @@ from shared.model_card import ModelCard, model_card_digest, read_model_card
 from shared.models import ModelEntry
 from shared.prompt_tokens import Measure, PromptCounter, least_tokens
 from shared.requests import JobRequest
+from shared.scheduling import Placement, block_hashes
 
 CARD_REFRESH_SECONDS = 5.0
 
@@ -41,6 +43,13 @@ def prompt_too_long(
         max_tokens=max_tokens,
         context_length=context_length,
     )
+
+
+class CheckedPrompt(NamedTuple):
+    """A request within its model's context, and where the queue places it."""
+
+    request: JobRequest
+    placement: Placement
 
 
 class _Card:
@@ -100,19 +109,29 @@ class PromptLimit:
         return sum(request.kept_prompt_tokens(measure.tokens, context) for measure in measured)
 
     async def check(
-        self, request: JobRequest, model: str, announced: ModelEntry | None = None, *, fill: int | None = None
-    ) -> JobRequest:
+        self,
+        request: JobRequest,
+        model: str,
+        announced: ModelEntry | None = None,
+        *,
+        fill: int | None = None,
+        adapter: str | None = None,
+    ) -> CheckedPrompt:
         """The request, or `PromptTooLong` with the numbers when a prompt plus `max_tokens` exceed the
         model's context (`InvalidRequest` for a `truncate_prompt_tokens` over it, or a token id the model
         does not have, in the prompt, `logit_bias` or `stop_token_ids`). `announced`: what the model's
         workers' heartbeats said of it, for a model without a card. `fill`: the request named no
         `max_tokens`; as vLLM, it gets as many as the context leaves after its longest prompt, at most
-        `fill` (it keeps its own where the prompt cannot be counted)."""
+        `fill` (it keeps its own where the prompt cannot be counted). With it, its placement in the
+        queue: the prompts' tokens, as counted (at least, without a card), and the leading blocks of its
+        first prompt (run with `adapter`), where the card gives the pool's cache block size."""
         counter = await self.counter(model)
         if counter is None:
             if announced is None or announced.max_model_len is None:
-                return request
-            return _fitted(request, announced.max_model_len, _least_measures(request, announced))
+                return CheckedPrompt(request, Placement())
+            least = _least_measures(request, announced)
+            fitted = _fitted(request, announced.max_model_len, least)
+            return CheckedPrompt(fitted, Placement(sum(measure.tokens for measure in least)))
         context = counter.card.max_model_len
         for prompt in request.prompts or []:
             if isinstance(prompt, list):
@@ -120,11 +139,22 @@ class PromptLimit:
         counter.check_sampling_token_ids(request)
         measured = await measure_prompt(counter, request, context)
         if measured is None:
-            return request
+            return CheckedPrompt(request, Placement())
         if fill is not None:
             longest = max(request.kept_prompt_tokens(measure.tokens, context) for measure in measured)
             request = request.model_copy(update={"max_tokens": max(1, min(fill, context - longest))})
-        return _fitted(request, context, measured)
+        kept = [request.kept_prompt_tokens(measure.tokens, context) for measure in measured]
+        first = measured[0]
+        block_size = counter.card.cache_block_size
+        blocks: list[str] = []
+        if (
+            block_size
+            and first.token_ids is not None
+            and kept[0] == first.tokens
+            and request.cache_salt is None
+        ):
+            blocks = block_hashes(first.token_ids, block_size, adapter)
+        return CheckedPrompt(_fitted(request, context, measured), Placement(sum(kept), tuple(blocks)))
 
 
 def _least_measures(request: JobRequest, announced: ModelEntry) -> list[Measure]:

@@ -247,6 +247,12 @@ class GatewaySettings(RedisSettings):
         "beside it; a conversation's turn writes its own input alone), checked before anything is written: "
         "past it 413 `body_too_large`",
     )
+    fair_share_unit: Literal["tokens", "jobs"] = Field(
+        "tokens",
+        description="what a tenant's share of a model's queue counts: its jobs' prompt and output tokens, "
+        "each weighted by the tenant's `prompt_token_weight` and `output_token_weight` (the virtual token "
+        "counter), or its jobs, one each",
+    )
     poll_wait_max: float = Field(30.0, ge=0, description="longest a long-poll request may wait, seconds")
     sse_ping_seconds: float = Field(15.0, gt=0, description="keep-alive comment interval on idle SSE streams")
     max_body_bytes: int = Field(
@@ -598,6 +604,17 @@ class WorkerSettings(RedisSettings):
         gt=0,
         description="seconds between queue polls of an idle worker; a wake-up message on every enqueue "
         "makes it poll at once, so this only bounds how late a missed wake-up is made good",
+    )
+    prefix_aware_claiming: bool = Field(
+        True,
+        description="a worker claims first the queued jobs whose prompt prefix its cache holds, and a job "
+        "whose prefix another live worker holds is left to that one for `prefix_wait_seconds`",
+    )
+    prefix_wait_seconds: float | None = Field(
+        None,
+        ge=0,
+        description="longest a job waits for the worker holding its prefix (or, held nowhere, for the "
+        "least loaded worker) before any worker takes it (default: `worker_poll_delay`)",
     )
     heartbeat_seconds: float = Field(2.0, gt=0, description="interval of worker heartbeats")
     heartbeat_ttl_seconds: float = Field(10.0, gt=0, description="a worker silent this long counts as gone")

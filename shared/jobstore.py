@@ -52,6 +52,7 @@ from shared.requests import (
     JobRecord,
     JobRequest,
 )
+from shared.scheduling import NO_PLACEMENT, Placement
 from shared.tenants import Tenant, TenantUsage
 
 FIRST_WORKER_SEQ = 2  # seq 0 is `queued` (submit), 1 is `running` (start)
@@ -279,6 +280,7 @@ class JobStore:
         batch: str | None = None,
         wait_until: float | None = None,
         deadline: float | None = None,
+        placement: Placement = NO_PLACEMENT,
     ) -> Submission:
         """Write record (with its owner and model), `queued` event and queue entry in one atomic round trip.
 
@@ -301,7 +303,8 @@ class JobStore:
         time until which the job's keys must outlive a wait in the queue, when that is longer than a
         job lifetime from now (a batch's line waits until its window's end). `deadline`: when the job,
         still queued, fails unrun (unix seconds), where `request` names none (an API's header, the
-        gateway's default); the request's own `deadline` comes first.
+        gateway's default); the request's own `deadline` comes first. `placement`: what the queue
+        knows of the prompt (`shared.scheduling`): its cost against the tenant's share, its prefix.
 
         Acknowledged only once the replicas `acks` asks for hold the job; short of them,
         `BackendUnavailable` says the job may exist (a retry with the same idempotency key finds it).
@@ -335,6 +338,8 @@ class JobStore:
                     batch=batch,
                     index_size=self.settings.job_index_size,
                     deadline=request.deadline.timestamp() if request.deadline else deadline,
+                    prompt_tokens=placement.prompt_tokens,
+                    prefix_blocks=placement.prefix_blocks,
                 ),
                 wait,
             )

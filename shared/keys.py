@@ -79,6 +79,31 @@ class ModelKeys:
         return f"{self.root}:deadlines"
 
     @property
+    def prefix_blocks(self) -> str:
+        """Hash: prompt block hash (`shared.scheduling`) -> the worker whose cache took that block last
+        (`advertise.lua`), for a submission to find the worker holding its prefix (`prefix_holder.lua`)."""
+        return f"{self.root}:prefix-blocks"
+
+    @property
+    def preferred_prefix(self) -> str:
+        """Prefix of sorted sets, one a worker and tenant share (+ `<worker>:<share>`): the share's
+        queued jobs whose prefix that worker held at their submission, the head priority's longest
+        first (`submit.lua`); a claim of that worker's takes them first (`claim.lua`), and drops those
+        gone."""
+        return f"{self.root}:preferred:"
+
+    def worker_blocks(self, worker_id: str) -> str:
+        """Sorted set: the blocks one worker advertised, by when it last used them, at most its cache's
+        blocks; it expires with the worker's claims (`advertise.lua`)."""
+        return f"{self.root}:worker-blocks:{worker_id}"
+
+    @property
+    def worker_loads(self) -> str:
+        """Hash: worker id -> `<running jobs>:<ms>` as of its last claim, for a claim to leave a job no
+        worker holds to the least loaded one (`claim.lua`)."""
+        return f"{self.root}:worker-loads"
+
+    @property
     def card(self) -> str:
         """Hash (`digest`, `card`): the model's tokenizer and context, for gateways to count prompt tokens."""
         return f"{self.root}:card"

@@ -31,6 +31,9 @@ class ModelCard(BaseModel):
     trust_request_chat_template: bool = False  # a request's own `chat_template` is taken, not refused
     generates: bool = True  # its pool runs generation (vLLM's `generate` task)
     pooling_routes: list[PoolingRoute] = []  # the pooling routes its pool answers, as vLLM's server has them
+    # Its engines' prefix cache: how many tokens a block holds (None: no prefix caching), which the
+    # gateway hashes a prompt's leading blocks by (`shared.scheduling`).
+    cache_block_size: int | None = None
 
     @property
     def digest(self) -> str:

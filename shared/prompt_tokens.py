@@ -203,7 +203,7 @@ class PromptCounter:
             rendered = self.render_chat(request)
             return None if rendered is None else [self._measure_text(rendered, False, at_most)]
         return [
-            Measure(len(prompt), exact=True)
+            Measure(len(prompt), exact=True, token_ids=prompt)
             if isinstance(prompt, list)
             else self._measure_text(prompt, True, at_most)
             for prompt in prompts
@@ -212,14 +212,16 @@ class PromptCounter:
     def _measure_text(self, text: str, special: bool, at_most: int | None) -> Measure:
         if at_most is not None and len(text) > at_most * self.max_chars_per_token:
             return Measure(least_tokens(len(text), self.max_chars_per_token), exact=False)
-        return Measure(len(self._tokenizer.encode(text, add_special_tokens=special)), exact=True)
+        token_ids = self.encode(text, add_special_tokens=special)
+        return Measure(len(token_ids), exact=True, token_ids=token_ids)
 
 
 class Measure(NamedTuple):
-    """A prompt's tokens: counted (`exact`), or the fewest its text can be."""
+    """A prompt's tokens: counted (`exact`, with their ids), or the fewest its text can be."""
 
     tokens: int
     exact: bool
+    token_ids: list[int] | None = None
 
 
 def least_tokens(chars: int, max_chars_per_token: int | None) -> int:

@@ -39,11 +39,24 @@ class Tenant:
     requests_per_minute: int | None = None
     tokens_per_minute: int | None = None
     weight: float = 1.0
+    # What a job costs against the tenant's share, as the virtual token counter counts: each prompt
+    # token and each output token, weighted (decoding a token costs more than reading one).
+    prompt_token_weight: float = 1.0
+    output_token_weight: float = 2.0
     default_priority: int = 0
     # vLLM's order, lower first, negative included: a job's priority orders only its own tenant's share,
     # so that the bound is the operator's to raise (0: no jumping of one's own queue), not a refusal.
     min_priority: int = -MAX_PRIORITY
     webhook_allowed_prefixes: tuple[str, ...] | None = None  # None: the gateway's setting
+
+    def token_costs(self, prompt_tokens: int) -> dict[str, str]:
+        """A job's record fields that count it against this tenant's share (`claim.lua`): `cost`, its
+        prompt's part of its pass, taken at its claim, and `output_cost`, each output token's, charged
+        once it has ended."""
+        return {
+            "cost": repr(self.prompt_token_weight * prompt_tokens / self.weight),
+            "output_cost": repr(self.output_token_weight / self.weight),
+        }
 
     def script_limits(self) -> dict[str, int]:
         """The limits as the submit script reads them (`tenant_admit.lua`): 0 is none."""

@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable
 from functools import partial
 
+import redis.asyncio as aioredis
 import uvloop
 
 from shared.config import WorkerSettings
@@ -17,7 +18,7 @@ from shared.connections import Connections, control_pool
 from shared.errors import BackendUnavailable
 from shared.garbage import tune_garbage_collector
 from shared.keys import Keys
-from shared.lifecycle.transitions import claim, unclaim
+from shared.lifecycle.transitions import unclaim
 from worker.engine import Engine
 from worker.heartbeat import new_worker_id
 from worker.jobs import Ending
@@ -55,13 +56,7 @@ class WorkerApp:
         self.redis_wait = RedisWait(settings.redis_startup_timeout_seconds)
         self.queue = queue_worker(
             run=self.run_job,
-            claim=partial(
-                claim,
-                keys=self.keys,
-                model=model,
-                worker_id=self.worker_id,
-                lease_seconds=settings.lease_seconds,
-            ),
+            claim=self.claim_jobs,
             unclaim=partial(unclaim, keys=self.keys, model=model, worker_id=self.worker_id),
             pool=control_pool(settings, self.keys.client_name(f"worker:{self.worker_id}:queue")),
             # One engine, one model: the worker takes only its model's jobs.
@@ -111,6 +106,16 @@ class WorkerApp:
         if not self.queue.failed:
             log.error("worker %s: the engine died; taking no more jobs and exiting", self.worker_id)
         self.queue.fail()
+
+    async def claim_jobs(
+        self, redis: aioredis.Redis, *, read_limit: int, wanted: int, batch_wanted: int
+    ) -> list[tuple[str, int]]:
+        """The queue loop's claims: the started worker's (`worker.claiming`), which know its cache."""
+        if self.services is None:  # arq claims only after start-up
+            return []
+        return await self.services.claims(
+            redis, read_limit=read_limit, wanted=wanted, batch_wanted=batch_wanted
+        )
 
     async def run_job(self, job_id: str) -> bool:
         """The queue loop's entry point for a job: whether it is over (False: it is left for another run)."""

@@ -103,6 +103,14 @@ class Serving:
         return ", ".join(served) or "nothing"
 
 
+@dataclass(frozen=True)
+class PrefixCache:
+    """An engine's prefix cache: the tokens a block holds, and how many blocks it has."""
+
+    block_size: int
+    blocks: int
+
+
 class Engine(Protocol):
     """What a worker needs of a generation engine."""
 
@@ -112,6 +120,7 @@ class Engine(Protocol):
     dtype: str  # what the weights run in, resolved (never `auto`): "bfloat16", "float32", ...
     engine_arguments: dict[str, str]  # vLLM's arguments away from `vllm serve`'s defaults, for heartbeats
     chat_template: str | None  # what chats are rendered with: `--chat-template`'s, or the tokenizer's
+    prefix_cache: PrefixCache | None  # None: the engine caches no prefixes
 
     def render(self, request: JobRequest) -> Prompt:
         """Tokenize the prompt (a request of one), take its token ids as they are, or render `messages`

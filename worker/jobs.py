@@ -33,6 +33,7 @@ from shared.pooling import PoolingJob, usage_prompt_tokens
 from shared.requests import JobRequest
 from worker.adapters import Adapters
 from worker.chunker import Chunker
+from worker.claiming import Claims
 from worker.engine import Engine, Prompt, Serving, abort, generate, render
 from worker.leases import Leases
 from worker.metrics import RunClock, WorkerMetrics
@@ -74,8 +75,11 @@ class JobRunner:
         engine_died: Callable[[], None],
         adapters: Adapters,
         replies: ReplyParsing | None = None,
+        claims: Claims | None = None,
     ) -> None:
         self.engine = engine
+        self.claims = claims
+        """This worker's claims, told of the prompts it starts and the tokens its jobs generate."""
         self.adapters = adapters
         """The LoRA adapters its jobs may name."""
         self.replies = replies
@@ -123,6 +127,7 @@ class JobRunner:
 
     async def _run_started(self, job_id: str, started: Started) -> Ending:
         chunker = Chunker.after(started.progress, started.request.stream_step, started.request.choices)
+        earlier = chunker.completion_tokens  # what earlier runs of a resumed job generated
         try:
             return await self._run_guarded(job_id, started, chunker)
         except BackendUnavailable as exc:
@@ -132,6 +137,9 @@ class JobRunner:
         except StreamBehind:
             log.warning("a Redis failover lost the job's last events; handing the job back")
             return await self._hand_back(job_id, started, "a Redis failover lost its last events")
+        finally:
+            if self.claims is not None:
+                self.claims.charge(job_id, chunker.completion_tokens - earlier)
 
     async def _run_guarded(self, job_id: str, started: Started, chunker: Chunker) -> Ending:
         """Run the job; a failure ends it with an `error` event, a stop signal hands it back."""
@@ -184,6 +192,8 @@ class JobRunner:
         ) as adapter:
             if adapter is not None:
                 prompts = [replace(prompt, adapter=adapter) for prompt in prompts]
+            if self.claims is not None:
+                await self.claims.started(prompts[0].token_ids, None if adapter is None else adapter.name)
             return await self._run_prompts(job_id, started, chunker, prompts, reply)
 
     async def _run_prompts(

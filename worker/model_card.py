@@ -79,6 +79,10 @@ async def engine_card(settings: WorkerSettings, engine: Engine) -> ModelCard | N
             "tool_call_parser": settings.auto_tool_parser,
             "reasoning_parser": settings.reasoning_parser,
             "trust_request_chat_template": settings.trust_request_chat_template,
+            # The gateway hashes prompts by it, for the jobs to find the worker holding their prefix.
+            "cache_block_size": engine.prefix_cache.block_size
+            if engine.prefix_cache and settings.prefix_aware_claiming
+            else None,
         }
     )
 

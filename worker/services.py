@@ -22,6 +22,7 @@ from shared.model_card import ModelCard
 from shared.workers import WorkerInfo
 from worker import model_card
 from worker.adapters import Adapters
+from worker.claiming import Claims
 from worker.engine import Engine
 from worker.heartbeat import Heartbeat
 from worker.jobs import JobRunner
@@ -52,6 +53,7 @@ class WorkerServices:
     engine: Engine
     connections: Connections
     runner: JobRunner
+    claims: Claims
     adapters: Adapters
     heartbeat: Heartbeat
     periodic: list[Periodic]
@@ -73,6 +75,7 @@ class WorkerServices:
         publisher = Publisher(store.streams, store, me.worker_id, resend_seconds=settings.lease_seconds)
         metrics.count_redis_round_trips(lambda: publisher.round_trips)
         adapters = Adapters(engine, redis, me.keys, engine.model_name, settings.adapters)
+        claims = Claims(redis, me.keys, settings, me.worker_id, engine.prefix_cache, lambda: runner.running)
         runner = JobRunner(
             engine,
             store,
@@ -83,6 +86,7 @@ class WorkerServices:
             engine_died,
             adapters,
             reply_parsing(settings, engine),
+            claims,
         )
 
         def describe() -> WorkerInfo:
@@ -123,7 +127,7 @@ class WorkerServices:
             Periodic("engine watch", watch_engine, settings.heartbeat_seconds),
             Periodic("adapters", adapters.sync, settings.heartbeat_seconds),
         ]
-        return cls(me, engine, connections, runner, adapters, heartbeat, periodic)
+        return cls(me, engine, connections, runner, claims, adapters, heartbeat, periodic)
 
     async def register(self, card: ModelCard | None) -> None:
         """Start-up's reads and writes of Redis: the model card, the adapters loaded at run time, then

@@ -29,7 +29,7 @@ from shared.pooling import PoolingJob
 from shared.prompt_tokens import PromptCounter
 from shared.requests import JobRequest
 from worker import chat_template
-from worker.engine import ADAPTER_NOT_FOUND, Adapter, EngineDelta, Prompt, Serving
+from worker.engine import ADAPTER_NOT_FOUND, Adapter, EngineDelta, PrefixCache, Prompt, Serving
 from worker.synthetic_pooling import SyntheticEmbeddings, synthetic_serving
 
 SCRIPT_AFTER_TOOL = "|||"
@@ -150,6 +150,9 @@ class SyntheticEngine:
     Given vLLM's flags of an embedding pool, it answers embeddings instead (worker/synthetic_pooling.py)."""
 
     dtype = "synthetic"
+    # It caches nothing, but tells its prompts' blocks as vLLM's default cache would hold them, so
+    # that the queue's prefix-aware claims run as they do in front of vLLM.
+    prefix_cache: PrefixCache | None = PrefixCache(block_size=16, blocks=65_536)
 
     def __init__(self, settings: WorkerSettings, card: ModelCard) -> None:
         if (template := chat_template.load(settings.chat_template)) is not None:

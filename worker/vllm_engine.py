@@ -33,7 +33,7 @@ from worker import chat_template, cpu_placement
 from worker.adapter_gate import AdapterGate
 from worker.constraint_compile import ConstraintCompiler
 from worker.cpu_dtype import dtype_for_cpu
-from worker.engine import ADAPTER_NOT_FOUND, Adapter, EngineDelta, Prompt, Serving
+from worker.engine import ADAPTER_NOT_FOUND, Adapter, EngineDelta, PrefixCache, Prompt, Serving
 from worker.engine_arguments import engine_args_from, shown, with_engine_flags
 from worker.model_card import build_card
 from worker.vllm_pooling import VllmPooling
@@ -160,6 +160,10 @@ class VllmEngine:
         self.chat_template = chat_template.load(settings.chat_template) or own
         self._tokenizer = tokenizer
         self.max_chars_per_token = tokenizer.max_chars_per_token
+        cache = self._llm.vllm_config.cache_config
+        self.prefix_cache = (
+            PrefixCache(cache.block_size, cache.num_gpu_blocks or 0) if cache.enable_prefix_caching else None
+        )
         self._cores_before = cpu_placement.keep_off_model_cores() if current_platform.is_cpu() else None
         # The CPU build mixes up adapters batched together (worker/adapter_gate.py).
         lora = self._llm.vllm_config.lora_config is not None

@@ -139,7 +139,7 @@ async def _render(
     try:
         services.admission.check_limits(job)
         target = await services.admission.resolve(body.model)
-        job = await services.admission.prompt_limit.check(
+        job, _ = await services.admission.prompt_limit.check(
             job, target.model, fill=limit if body.fills_context else None
         )
     except InvalidRequest as exc:

@@ -45,6 +45,13 @@ class SubmitArgs(TypedDict):
     fields: dict[str, str]  # what the record keeps beside the job, for the API layer that made it
     index_size: int  # how many newest jobs the job index keeps (its key is '' with none)
     deadline: str | None  # unix seconds: still queued then, the job fails unrun; None: no deadline
+    blocks: list[str]  # the prompt's leading block hashes (`shared.scheduling`); [] for none
+    preferred: PreferredArgs  # where a job whose prefix a live worker holds is listed for it
+
+
+class PreferredArgs(TypedDict):
+    prefix: str  # the model's `preferred_prefix`: + worker + ':' + share, the worker's list of a share's jobs
+    scale: int  # a job's score there: priority * scale - the blocks held (fewer than scale)
 
 
 class StartArgs(TypedDict):
@@ -158,6 +165,26 @@ class ClaimArgs(TypedDict):
     read_limit: int
     wanted: int
     batch_wanted: int  # the most jobs of the batch band to take (`shared.batches`)
+    charges: list[tuple[str, int]]  # (job id, output tokens) of the jobs ended since the worker's last claim
+    affinity: AffinityArgs | None  # None: each tenant's first job, wherever its prefix is cached
+
+
+class AffinityArgs(TypedDict):
+    preferred_prefix: str  # as `PreferredArgs`
+    scale: int
+    running: int  # the jobs the claiming worker runs now
+    window: int  # how many of a share's head jobs a claim looks at
+    wait_ms: int  # how long a job is left to the worker holding its prefix, or to a less loaded one
+    stale_ms: int  # a worker's load older than this is not counted (it claims nothing: it is full)
+    blocks_ttl_ms: int  # how long the worker's advertised blocks live on from this claim
+
+
+class AdvertiseArgs(TypedDict):
+    worker: str
+    blocks: list[str]  # a prompt's leading block hashes, in order
+    capacity: int  # how many blocks the worker's cache holds
+    ttl_ms: int  # how long its blocks count without a claim of the worker's
+    index_ttl_ms: int  # how long the model's map lives without an advertisement
 
 
 class UnclaimArgs(TypedDict):

@@ -24,6 +24,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import NoScriptError
 
 from shared.lifecycle.arguments import (
+    AdvertiseArgs,
     BatchCreateArgs,
     BatchMoveArgs,
     CancelArgs,
@@ -145,6 +146,7 @@ async def _pipelined(redis: aioredis.Redis, *commands: tuple[Any, ...]) -> list[
 
 
 SUBMIT: LuaScript[SubmitArgs] = LuaScript.load("submit")
+ADVERTISE: LuaScript[AdvertiseArgs] = LuaScript.load("advertise")
 CLAIM: LuaScript[ClaimArgs] = LuaScript.load("claim")
 START: LuaScript[StartArgs] = LuaScript.load("start")
 EXPIRE: LuaScript[ExpireArgs] = LuaScript.load("expire")

@@ -1,4 +1,4 @@
--- uses: tenant_admit, append_event, hset_fields, share_member, enqueue
+-- uses: tenant_admit, append_event, hset_fields, share_member, enqueue, clock_ms, prefix_holder
 -- queued: write the record (with the canonical name of the job's model, whose queue `queue` is),
 -- the `queued` event, and the `fields` the record keeps beside the job (what an API layer above the
 -- job needs of it: a response's own fields, a webhook), and put the job on its model's queue
@@ -16,9 +16,13 @@
 -- tenant's counters ('' each for a job of no tenant); the model's `share_tenants`, `share_state`
 -- and `batch_share_tenants`; the job index ('' for none: the newest `index_size` jobs by submission);
 -- the model's `deadlines`, which a job with a `deadline` (unix seconds) joins, scored by it or by its
--- record's expiry if that comes first, so that it never holds a job whose keys are gone for long.
+-- record's expiry if that comes first, so that it never holds a job whose keys are gone for long;
+-- the model's `prefix_blocks` and the workers' heartbeats (`Keys.workers`): a job given its prompt's
+-- leading `blocks` keeps the live worker that holds the longest prefix of them as its `prefer`
+-- (`prefix_holder.lua`), which `claim.lua` leaves the job to for a while.
 local record, stream, idempotency, queue, tenant_queued, tenant_running, tenant_requests,
-      tenant_tokens, share_tenants, share_state, batch_share_tenants, index, deadlines = unpack(KEYS)
+      tenant_tokens, share_tenants, share_state, batch_share_tenants, index, deadlines, prefix_blocks,
+      workers = unpack(KEYS)
 local args = cjson.decode(ARGV[1])
 local id, tenant, share = args.id, args.tenant, args.share
 
@@ -53,6 +57,16 @@ redis.call('HSET', record, 'id', id, 'status', 'queued', 'created_at', args.crea
            'owner', args.owner, 'model', args.model, 'share', share.name, 'priority', share.priority)
 if idempotency ~= '' then redis.call('HSET', record, 'idempotency_key', idempotency) end
 hset_fields(record, args.fields)
+if #args.blocks > 0 then
+  local holder, held = prefix_holder(prefix_blocks, workers, args.blocks, clock_ms())
+  if holder then
+    redis.call('HSET', record, 'prefer', holder, 'prefer_blocks', held)
+    -- The holder's own list of the share's jobs it holds, longest held first within a priority.
+    local preferred = args.preferred.prefix .. holder .. ':' .. share.name
+    redis.call('ZADD', preferred, share.priority * args.preferred.scale - held, share_member(args.created_at, id))
+    if redis.call('TTL', preferred) < args.lifetime then redis.call('EXPIRE', preferred, args.lifetime) end
+  end
+end
 redis.call('EXPIRE', record, args.lifetime)
 if stream ~= '' then
   append_event(stream, args.maxlen, nil, 'status', args.queued_event)

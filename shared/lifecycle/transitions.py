@@ -16,6 +16,7 @@ from shared.events import ErrorEvent, Event, JobState, StatusEvent, event_json
 from shared.keys import Keys, ModelKeys
 from shared.lifecycle import scripts
 from shared.lifecycle.arguments import (
+    AdvertiseArgs,
     CancelArgs,
     ClaimArgs,
     ExpireArgs,
@@ -39,6 +40,7 @@ from shared.lifecycle.arguments import (
 from shared.notices import LINE, notice_line
 from shared.redis_client import StreamsRedis
 from shared.replication import Wait
+from shared.scheduling import MAX_PREFIX_BLOCKS
 from shared.tenants import DEFAULT_SHARE, Tenant, TenantUsage
 
 
@@ -158,6 +160,10 @@ class Finished:
 
 
 PUBLISH = "PUBLISH"
+PREFERRED_SCALE = 2 * MAX_PREFIX_BLOCKS  # past the blocks a job's prefix can hold (`PreferredArgs`)
+PREFIX_INDEX_TTL_MS = (
+    24 * 3600 * 1000
+)  # a model's prefix map outlives a day without a new prompt run, no more
 SHARD_PUBLISH = "SPUBLISH"  # on a Redis Cluster: to the subscribers of the master of the channel's slot
 
 
@@ -260,6 +266,11 @@ class NewJob:
     batch: str | None = None
     index_size: int = 0  # how many newest jobs the job index keeps; 0: the job is not indexed
     deadline: float | None = None  # unix seconds: still queued then, the job fails unrun
+    # Its prompt's tokens, counted against its tenant's share of the queue (None: the share counts
+    # jobs); its prompt's leading block hashes (`shared.prefix_blocks`), which find the worker whose
+    # cache holds them.
+    prompt_tokens: int | None = None
+    prefix_blocks: tuple[str, ...] = ()
 
 
 def _fields(entries: list[Any]) -> list[dict[str, str]]:
@@ -365,6 +376,8 @@ class Transitions:
         if job.batch:
             fields["batch"] = self.keys.batch(job.batch)
             fields["batch_ended"] = self.keys.batch_ended(job.batch)
+        if job.prompt_tokens is not None:
+            fields.update(share.token_costs(job.prompt_tokens))
         stream = self.keys.stream(job.job_id)
         keys = [
             self.keys.job(job.job_id),
@@ -377,6 +390,8 @@ class Transitions:
             queue.batch_share_tenants,
             self.keys.job_index if job.index_size else "",
             queue.deadlines,
+            queue.prefix_blocks,
+            self.keys.workers,
         ]
         args: SubmitArgs = {
             "id": job.job_id,
@@ -401,6 +416,8 @@ class Transitions:
             "fields": fields,
             "index_size": job.index_size,
             "deadline": None if job.deadline is None else repr(job.deadline),
+            "blocks": list(job.prefix_blocks),
+            "preferred": {"prefix": queue.preferred_prefix, "scale": PREFERRED_SCALE},
         }
         opened = False
         if self.split:  # the stream first: a record never exists without it
@@ -849,6 +866,19 @@ class Transitions:
         return ReleaseOutcome(outcome)
 
 
+@dataclass(frozen=True)
+class Affinity:
+    """How a worker's claims follow the prefixes its cache holds (`claim.lua`): `window` head jobs of
+    a share looked at, a job left `wait_seconds` to the worker holding its prefix (or to a less loaded
+    one), a worker's load counted for `stale_seconds` after its last claim, and its advertised blocks
+    for `blocks_ttl_seconds` (`advertise`)."""
+
+    window: int
+    wait_seconds: float
+    stale_seconds: float
+    blocks_ttl_seconds: float
+
+
 async def claim(
     redis: aioredis.Redis,
     *,
@@ -859,10 +889,15 @@ async def claim(
     read_limit: int,
     wanted: int,
     batch_wanted: int = 0,
+    charges: Sequence[tuple[str, int]] = (),
+    affinity: Affinity | None = None,
+    running: int = 0,
 ) -> list[tuple[str, int]]:
     """Up to `wanted` of `model`'s queued jobs that no other worker has taken, picked fairly among
     the tenants' shares (`claim.lua`), each claimed for `worker_id`: (id, submission ms) pairs. Of
     them at most `batch_wanted` are batches' jobs, and only once no interactive job waits.
+    `charges`: (job id, output tokens) of the jobs this worker ended since its last claim;
+    `affinity`: prefer the jobs whose prefix this worker's cache holds (`running`: its jobs now).
 
     A function of its own, not a method: the worker's queue loop runs it on its own connections.
     """
@@ -877,10 +912,52 @@ async def claim(
         "read_limit": read_limit,
         "wanted": wanted,
         "batch_wanted": batch_wanted,
+        "charges": list(charges),
+        "affinity": None
+        if affinity is None
+        else {
+            "preferred_prefix": model.preferred_prefix,
+            "scale": PREFERRED_SCALE,
+            "running": running,
+            "window": affinity.window,
+            "wait_ms": int(affinity.wait_seconds * 1000),
+            "stale_ms": int(affinity.stale_seconds * 1000),
+            "blocks_ttl_ms": int(affinity.blocks_ttl_seconds * 1000),
+        },
     }
-    keys_used = [model.queue, model.share_tenants, model.batch_share_tenants, model.share_state]
+    keys_used = [
+        model.queue,
+        model.share_tenants,
+        model.batch_share_tenants,
+        model.share_state,
+        model.worker_loads,
+        keys.workers,
+        model.worker_blocks(worker_id),
+    ]
     answer = await scripts.CLAIM(redis, keys_used, args)
     return [(job_id, int(float(score))) for job_id, score in zip(answer[::2], answer[1::2], strict=True)]
+
+
+async def advertise(
+    redis: aioredis.Redis,
+    *,
+    model: ModelKeys,
+    worker_id: str,
+    blocks: Sequence[str],
+    capacity: int,
+    ttl_seconds: float,
+) -> None:
+    """Tell that `worker_id`'s cache now holds `blocks`, a prompt's leading block hashes, keeping at
+    most `capacity` of its blocks advertised (`advertise.lua`); they lapse `ttl_seconds` after its
+    last claim or advertisement."""
+    args: AdvertiseArgs = {
+        "worker": worker_id,
+        "blocks": list(blocks),
+        "capacity": capacity,
+        "ttl_ms": int(ttl_seconds * 1000),
+        "index_ttl_ms": PREFIX_INDEX_TTL_MS,
+    }
+    await scripts.ADVERTISE(redis, [model.prefix_blocks, model.worker_blocks(worker_id)], args)
 
 
 async def unclaim(

@@ -1,6 +1,7 @@
 """The claim script's fair sharing of a model's queue among tenants, against the real Redis: a
 tenant's backlog delays another tenant's next job by about one job, backlogs are served in
-proportion to weights, and priority orders the jobs within one tenant's share."""
+proportion to weights, priority orders the jobs within one tenant's share, and jobs that carry
+their prompt's tokens are counted in tokens."""
 
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ from collections.abc import AsyncIterator
 import pytest
 
 from shared.jobstore import JobStore
+from shared.lifecycle.transitions import claim
 from shared.requests import JobRequest
+from shared.scheduling import Placement
 from shared.tenants import Tenant
 from tests.shared.transitions import claimed
 
@@ -149,3 +152,39 @@ async def test_a_queued_jobs_position_counts_only_its_own_tenants_jobs_before_it
     assert await position(urgent) == 0 and await position(b_job) == 0
     # by age, then (two in one millisecond) by id: each has its own place after the urgent one
     assert sorted([await position(job_id) for job_id in usual]) == [1, 2, 3]
+
+
+async def test_shares_count_prompt_and_output_tokens(store: JobStore) -> None:
+    """A tenant of long jobs and one of short jobs, equal weights, both with backlogs: each is served
+    about the same weighted tokens (prompt tokens once claimed, output tokens, twice, once ended),
+    as the virtual token counter serves them, where counting jobs would give the short one a few."""
+    # Prompt and output tokens; not in proportion, so that a share counting prompts alone fails too.
+    shapes = {"long": (400, 300), "short": (20, 5)}
+    tenant_of: dict[str, str] = {}
+    for name, count in (("long", 30), ("short", 800)):
+        prompt, _ = shapes[name]
+        for _ in range(count):
+            job = JobRequest(prompt="Hello", max_tokens=1)
+            placement = Placement(prompt_tokens=prompt)
+            submitted = await store.submit(
+                job, model=MODEL, max_queued=0, tenant=Tenant(name), placement=placement
+            )
+            tenant_of[submitted.job_id] = name
+    served = dict.fromkeys(shapes, 0)
+    charges: list[tuple[str, int]] = []
+    while served["long"] < 20 * 1000:
+        taken = await claim(
+            store.redis,
+            keys=store.keys,
+            model=store.keys.model(MODEL),
+            worker_id="worker-1",
+            lease_seconds=60,
+            read_limit=100,
+            wanted=1,
+            charges=charges,
+        )
+        ((job_id, _),) = taken
+        prompt, output = shapes[tenant_of[job_id]]
+        served[tenant_of[job_id]] += prompt + 2 * output
+        charges = [(job_id, output)]  # it ended: its output is charged at the next claim
+    assert 1 / 1.15 <= served["long"] / served["short"] <= 1.15, served

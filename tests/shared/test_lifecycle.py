@@ -65,6 +65,7 @@ SCRIPTS = {
     "delete",
     "tenant_usage",
     "unclaim",
+    "advertise",
     "batch_create",
     "batch_move",
     "cursor_check",
@@ -92,6 +93,7 @@ HELPERS = {
     "read_keys",
     "lease",
     "end_event",
+    "prefix_holder",
 }
 FOLDER = Path(scripts.__file__).parent
 
