@@ -7,8 +7,8 @@ before the worker starts, and again once it has stopped. The phases on the synth
 (`SYNTHETIC_PHASES`: the fleet's harness at one gateway process, then at a fleet's rates, then a batch
 beside interactive work) run last, once no engine is alive, each starting what it measures.
 `--only-completions` runs vLLM's benchmark client beside vLLM's server alone (section 7),
-`--only-generate` the row of `/inference/v1/generate`; either puts its part into results.json and
-renders RESULTS.md again."""
+`--only-generate` the row of `/inference/v1/generate` (`beside_vllm.alone`); either puts its part into
+results.json and renders RESULTS.md again."""
 
 from __future__ import annotations
 
@@ -18,11 +18,10 @@ import shlex
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
-from typing import Any
 
 import psutil
 import redis
@@ -32,6 +31,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from bench import (
     batch,
+    beside_vllm,
     cancel,
     commands,
     engine_baseline,
@@ -39,20 +39,18 @@ from bench import (
     first_token,
     fleet,
     full_path,
-    generate_client,
     peer,
     pickup,
     plot,
     redis_probe,
     report,
     system,
-    vllm_server,
 )
 from bench.engine_figures import EngineRun
 from bench.fair_share_figures import FairPlan
 from bench.fleet_figures import FleetPlan
 from bench.jobclient import client
-from bench.peer_figures import PeerRun, SideBySide
+from bench.peer_figures import PeerRun
 from bench.results_figures import Results
 from shared.config import Settings
 from shared.jobstore import JobStore
@@ -141,8 +139,8 @@ async def engine_phases(
     async_redis = aioredis.Redis.from_url(settings.redis_url, decode_responses=True)
     store = JobStore(async_redis, Keys(settings.key_prefix), settings)
     ours = [
-        await row("streampool", system.base_url(settings), settings, plan, logs, progress)
-        for row in (peer_side, generate_side)
+        await row("streampool", system.base_url(settings), settings, plan.peer_plan, logs, progress)
+        for row in ROWS
     ]
     async with client(system.base_url(settings)) as http:
         task = progress.add_task("full path: streams", total=streams)
@@ -173,99 +171,8 @@ async def engine_phases(
     return ours
 
 
-async def peer_side(
-    side: str, base_url: str, settings: Settings, plan: Plan, logs: Path, progress: Progress
-) -> PeerRun:
-    task = progress.add_task(f"vLLM's benchmark client, {side}: levels", total=len(plan.peer_plan.levels))
-    model, name = settings.model, settings.model_name
-    return await peer.run(
-        side,
-        base_url,
-        model,
-        name,
-        plan.peer_plan,
-        logs / "vllm-benchmark-client.log",
-        lambda: progress.advance(task),
-    )
-
-
-async def generate_side(
-    side: str, base_url: str, settings: Settings, plan: Plan, logs: Path, progress: Progress
-) -> PeerRun:
-    """`/inference/v1/generate` at the levels of vLLM's benchmark client, by `generate_client`."""
-    task = progress.add_task(f"tokens in, tokens out, {side}: levels", total=len(plan.peer_plan.levels))
-    return await generate_client.run(
-        side, base_url, settings.model, settings.model_name, plan.peer_plan, lambda: progress.advance(task)
-    )
-
-
-Side = Callable[[str, str, Settings, Plan, Path, Progress], Coroutine[Any, Any, PeerRun]]
-"""One row's client against one server: `peer_side` or `generate_side`."""
-
-
-def vllm_side(
-    settings: Settings, plan: Plan, logs: Path, progress: Progress, run: int, rows: list[Side]
-) -> list[PeerRun]:
-    """vLLM's own server, the only engine alive, with this process (its client) on the cores the server
-    keeps off its model runner's, as streampool's gateway and Redis are during its turn; each row's
-    client in turn against it."""
-    port = system.free_port()
-    server = vllm_server.start_server(settings, port, logs, f"vllm-server-{run}")
-    me, placement = psutil.Process(), None
-    try:
-        progress.console.print(f"waiting for vLLM's server (run {run})")
-        vllm_server.wait_ready(port, server)
-        placement = system.share_worker_cores(server, [me])
-        url = f"http://127.0.0.1:{port}"
-
-        async def sides() -> list[PeerRun]:
-            side = f"vLLM's server, run {run}"
-            return [await row(side, url, settings, plan, logs, progress) for row in rows]
-
-        return uvloop.run(sides())
-    finally:
-        vllm_server.stop(server)
-        if placement is not None:
-            cpu_placement.bind(me, placement[0])
-
-
-def side_by_side(
-    command: str, quick: bool, plan: Plan, before: PeerRun, streampool: PeerRun, after: PeerRun
-) -> SideBySide:
-    """One row beside vLLM's server: vLLM's server before streampool and after it, and streampool."""
-    mode, peer_plan = "quick" if quick else "full", plan.peer_plan
-    return SideBySide(command, mode, peer_plan.input_len, peer_plan.output_len, [before, after], streampool)
-
-
-def only_side_by_side(row: str, quick: bool, redis_url: str | None) -> None:
-    """One row beside vLLM's server alone (`row`: "completions", vLLM's benchmark client, or "generate",
-    `/inference/v1/generate`): vLLM's server, streampool, vLLM's server again; its part put into
-    results.json (`peer` or `generate`) and RESULTS.md rendered again."""
-    plan = QUICK if quick else FULL
-    side: Side = peer_side if row == "completions" else generate_side
-    logs = Path(tempfile.mkdtemp(prefix=f"streampool-bench-{row}-"))
-    redis_server, url = (None, redis_url) if redis_url else system.start_redis(logs)
-    settings = system.bench_settings(url)
-    command = shlex.join(["python", "-m", "bench.run", *sys.argv[1:]])
-    children: list[system.Child] = []
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    try:
-        with Progress(*columns) as progress:
-            [before] = vllm_side(settings, plan, logs, progress, 1, [side])
-            progress.console.print("waiting for the gateway and the worker's engine")
-            serving, placement = system.start_system(settings, logs, redis_server, children)
-            ours = uvloop.run(side("streampool", system.base_url(settings), settings, plan, logs, progress))
-            children.pop().stop()  # the worker, then the gateway once it has every core again, as in `main`
-            if placement is not None:
-                for process in serving:
-                    cpu_placement.bind(process, placement[0])
-            children.pop().stop()
-            [after] = vllm_side(settings, plan, logs, progress, 2, [side])
-    finally:
-        system.tear_down(children, url, settings.key_prefix, redis_server)
-    measured = side_by_side(command, quick, plan, before, ours, after)
-    path = report.record(**{"peer" if row == "completions" else "generate": measured})
-    print(f"wrote the {row} row's part of results.json and rendered {path} (logs: {logs})")
+ROWS: list[beside_vllm.Side] = [beside_vllm.peer_side, beside_vllm.generate_side]
+"""The rows beside vLLM's server, sections 7 and 7b, in the order they run against each server."""
 
 
 def in_process(settings: Settings, plan: Plan, progress: Progress, when: str) -> EngineRun:
@@ -349,7 +256,8 @@ def main() -> None:
     )
     args = parser.parse_args()
     if args.only_completions or args.only_generate:
-        only_side_by_side("completions" if args.only_completions else "generate", args.quick, args.redis_url)
+        row = "completions" if args.only_completions else "generate"
+        beside_vllm.alone(row, (QUICK if args.quick else FULL).peer_plan, args.quick, args.redis_url)
         return
     plan = QUICK if args.quick else FULL
     began = time.monotonic()
@@ -366,7 +274,7 @@ def main() -> None:
     try:
         with Progress(*columns) as progress:
             results.in_process.append(in_process(settings, plan, progress, "before the system"))
-            before = vllm_side(settings, plan, logs, progress, 1, [peer_side, generate_side])
+            before = beside_vllm.vllm_side(settings, plan.peer_plan, logs, progress, 1, ROWS)
             leftovers = [f"{p.name()} ({p.status()})" for p in psutil.Process().children(recursive=True)]
             results.notes.append(
                 f"- This process's children when the worker started: {', '.join(leftovers)}."
@@ -383,9 +291,9 @@ def main() -> None:
             if placement is not None:  # the gateway and Redis have every core again
                 for process in serving:
                     cpu_placement.bind(process, placement[0])
-            after = vllm_side(settings, plan, logs, progress, 2, [peer_side, generate_side])
+            after = beside_vllm.vllm_side(settings, plan.peer_plan, logs, progress, 2, ROWS)
             results.peer, results.generate = (
-                side_by_side(command, args.quick, plan, *sides)
+                beside_vllm.side_by_side(command, args.quick, plan.peer_plan, *sides)
                 for sides in zip(before, ours, after, strict=True)
             )
             results.in_process.append(in_process(settings, plan, progress, "after the system"))

@@ -3,42 +3,24 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import math
-import os
-import secrets
 import socket
 import sys
-import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-import httpx
 import uvicorn
 from fastapi import FastAPI
 
-from gateway.admission import Admission
 from gateway.auth import ApiKeys, AuthNotConfigured
-from gateway.batch_driver import BatchDriver
-from gateway.batches.store import Batches
 from gateway.body_limit import BodyLimit
-from gateway.deadline_sweep import sweep_deadlines
 from gateway.deps import Services
 from gateway.errors import install_error_handlers
-from gateway.files.expiry import sweep_expired_files
-from gateway.files.storage import FileStorage
-from gateway.files.store import Files
 from gateway.generation import OpenRuns
 from gateway.metrics import GatewayMetrics
 from gateway.plain_polls import PlainPolls
 from gateway.processes import serve_processes
-from gateway.prompt_limit import PromptLimit
-from gateway.relay.cluster_notices import ClusterNotices
-from gateway.relay.hub import StreamHub
-from gateway.relay.notices import NoticeSource
-from gateway.relay.relay import Relay
-from gateway.relay.server_notices import ServerNotices
 from gateway.relay.server_send import KeepServerSend
 from gateway.request_metrics import RequestCounts, RequestMetrics
 from gateway.routes import (
@@ -59,15 +41,12 @@ from gateway.routes import (
     usage,
     vllm,
 )
-from gateway.webhooks.deliveries import Deliveries
-from gateway.webhooks.sender import WebhookSender
+from gateway.services import Background, build_services
 from gateway.webhooks.targets import WebhooksMisconfigured, WebhookTargets
 from shared.config import GatewaySettings
+from shared.connections import Connections
 from shared.garbage import tune_garbage_collector
-from shared.jobstore import JobStore
 from shared.keys import Keys
-from shared.redis_client import connect, connect_cluster, connect_reader, connect_streams
-from shared.redis_url import is_cluster
 
 # A cancelled job ends within two decoding steps (a fraction of a second); past this margin after the
 # grace period, uvicorn cuts what is still open (a job whose worker no longer answers).
@@ -87,88 +66,16 @@ def create_app(settings: GatewaySettings) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         keys = Keys.of(settings)
-        url, sentinel_password = settings.redis_url, settings.redis_sentinel_password
-        most = settings.redis_max_connections
-        name = keys.client_name("gateway")
-        redis = connect(url, name, most, sentinel_password=sentinel_password)
-        streams_url = settings.streams_redis_url
-        streams = None
-        if streams_url is not None:
-            streams = connect_streams(streams_url, name, most, sentinel_password=sentinel_password)
-        source: NoticeSource
-        if streams_url is not None and is_cluster(streams_url):  # a client of the hub's own: it closes it
-            reader_cluster = connect_cluster(streams_url, keys.stream_reader_name, most)
-            source = ClusterNotices(reader_cluster, keys)
-        else:  # the notices come from where the streams are
-            reader_url = streams_url or url
-            reader = connect_reader(reader_url, keys.stream_reader_name, sentinel_password=sentinel_password)
-            source = ServerNotices(reader, keys)
-        hub = StreamHub(source, metrics.observe_relay_lag)
-        # The store reads the Redis settings every role has; the jobs it submits get ids in this
-        # process's own notice partition.
-        store = JobStore(redis, keys, settings, streams, own_notice_partition(settings, keys))
-        # A record outlives its last change by the retention, and the wait for its next attempt.
-        record_ttl = settings.retention_seconds + math.ceil(settings.webhook_max_retry_gap_seconds)
-        deliveries = Deliveries(redis, keys, record_ttl)
-        relay = Relay(redis, keys, hub, streams)
-        metrics.readers_open.set_function(lambda: relay.open_streams.held)
-        app.state.services = Services(
-            settings=settings,
-            keys=keys,
-            redis=redis,
-            store=store,
-            relay=relay,
-            metrics=metrics,
-            admission=Admission(
-                settings, redis, keys, store, PromptLimit(redis, keys), metrics, api_keys.tenants
-            ),
-            webhook_targets=webhook_targets,
-            deliveries=deliveries,
-            files=Files(redis, keys, FileStorage.of_settings(settings), settings, api_keys.tenants),
-            batches=Batches(redis, keys, settings),
-        )
-        services = app.state.services
-        timeout = httpx.Timeout(settings.webhook_timeout_seconds)
-        webhook_http = httpx.AsyncClient(timeout=timeout, follow_redirects=False)  # a redirect is no 2xx
-        sender = WebhookSender(
-            deliveries,
-            lambda owner: webhook.secret if (webhook := api_keys.webhooks.get(owner)) else None,
-            lambda owner: tenant.name if (tenant := api_keys.tenants.get(owner)) else owner,
-            settings,
-            webhook_http,
-            consumer=f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}",
-        )
-        sending = asyncio.create_task(sender.run(), name="webhook sender")
-        driver = BatchDriver(
-            settings,
-            services.batches,
-            services.files,
-            services.admission,
-            store,
-            pooling.POOLING_ERRORS.failure,  # OpenAI's shape; an embeddings line refused by vLLM in vLLM's
-        )
-        driving = asyncio.create_task(driver.run(), name="batch driver")
-        sweeping = asyncio.create_task(
-            sweep_expired_files(services.files, settings.files_sweep_seconds), name="file sweeper"
-        )
-        expiring = asyncio.create_task(
-            sweep_deadlines(store, services.admission, settings.deadline_sweep_seconds),
-            name="deadline sweeper",
-        )
+        connections = Connections.open(settings, keys.client_name("gateway"), reader=keys.stream_reader_name)
+        services = build_services(settings, keys, connections, api_keys, webhook_targets, metrics)
+        app.state.services = services
+        background = Background(services, api_keys)
         try:
             yield
         finally:
-            for task in (sending, driving, sweeping, expiring):
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
-            await driver.close()
-            await sender.close()
-            await webhook_http.aclose()
-            await hub.close()
-            await redis.aclose()
-            if streams is not None:
-                await streams.aclose()
+            await background.stop()
+            await services.relay.hub.close()
+            await connections.aclose()
 
     app = FastAPI(title="streampool", version="0.1.0", lifespan=lifespan)
     app.state.api_keys = api_keys
@@ -205,16 +112,6 @@ def create_app(settings: GatewaySettings) -> FastAPI:
     events = jobs.events_route(app.routes)
     app.add_middleware(PlainPolls, route=events, template=events.path, counts=counts)
     return app
-
-
-def own_notice_partition(settings: GatewaySettings, keys: Keys) -> int | None:
-    """The notice partition of the jobs this gateway process submits: the setting's, or one drawn at
-    random; None on a Redis Cluster, where job ids stay random to spread the streams over the masters."""
-    if keys.partitions:
-        return None
-    if settings.gateway_notice_partition is None:
-        return secrets.randbelow(keys.notice_partitions)
-    return settings.gateway_notice_partition % keys.notice_partitions
 
 
 class GatewayServer(uvicorn.Server):

@@ -13,9 +13,9 @@ import httpx
 import pytest
 import redis.asyncio as aioredis
 
-from gateway.app import own_notice_partition
 from gateway.deps import JOB_ID
 from gateway.processes import each_process_settings
+from gateway.services import own_notice_partition
 from shared.config import GatewaySettings, Settings
 from shared.jobstore import JobStore
 from shared.keys import Keys
