@@ -1,1 +1,2 @@
-"""streampool's benchmark: `make bench` (or `python -m bench.run`) writes bench/RESULTS.md."""
+"""streampool's benchmark: `make bench` (or `python -m bench.run`) writes bench/results.json and renders
+bench/RESULTS.md from it."""
