@@ -49,6 +49,9 @@ class Identity:
 
 @dataclass(frozen=True)
 class WorkerServices:
+    """A started worker's parts: built on an engine already loaded, registered once Redis answers,
+    then started; stopped by the worker's shutdown."""
+
     me: Identity
     engine: Engine
     connections: Connections
