@@ -30,7 +30,8 @@ would lose:
   result), which the project's jobs do not have; any Redis error in a poll ends it (a Redis outage
   pauses the loop here instead); it polls every `poll_delay` (an idle worker waits here for a
   wake-up message, published with every enqueue); and it writes a health-check key each hour. None
-  of these is a hook: the replaced loop calls none of arq's, and runs its claimed jobs itself.
+  of these is a hook: the replaced loop runs `on_startup` as arq's does, then claims and runs its
+  jobs itself (arq's `start_jobs` and `run_job` are never called).
 - `close`: arq's deletes its health-check key before `on_shutdown` (with Redis down it raises, and
   `on_shutdown` never runs), and waits for the runs a stop cancelled as if each were an error.
 
