@@ -16,7 +16,14 @@ from typing import Any, TypeVar
 
 from pydantic import TypeAdapter
 
-from bench import engine_report, fair_share_report, fleet_cluster_report, fleet_report, peer_report
+from bench import (
+    engine_report,
+    fair_share_report,
+    fleet_cluster_report,
+    fleet_report,
+    peer_report,
+    scheduling_report,
+)
 from bench.results_figures import Results
 from bench.submit_index_figures import INDEX_SIZE, SubmitIndexCost
 
@@ -58,6 +65,7 @@ def _targets(results: Results) -> list[str]:
         *peer_report.targets(results.peer, peer_report.CHAT_ROW, "7"),
         *peer_report.targets(results.generate, peer_report.GENERATE_ROW, "7b"),
         fair_share_report.target(results.fair_share),
+        *scheduling_report.targets(results.scheduling),
         "",
     ]
 
@@ -105,6 +113,7 @@ def render(results: Results) -> list[str]:
         *_part(fleet_report.HEADING, fleet_report.section, results.fleet),
         *_part(fleet_cluster_report.HEADING, fleet_cluster_report.section, results.fleet_cluster),
         *_part(SUBMIT_INDEX_HEADING, submit_index_section, results.submit_index),
+        *_part(scheduling_report.HEADING, scheduling_report.section, results.scheduling),
         "## Notes",
         "",
         *results.notes,

@@ -13,6 +13,7 @@ from bench.engine_figures import CancelSample, EngineRun, FirstToken, StepCost
 from bench.fair_share_figures import FairShare
 from bench.fleet_figures import FleetRun
 from bench.peer_figures import SideBySide
+from bench.scheduling_figures import Scheduling
 from bench.stats import PhaseSummary
 from bench.submit_index_figures import SubmitIndexCost
 
@@ -45,3 +46,4 @@ class Results:
     fleet: FleetRun | None = None
     fleet_cluster: FleetRun | None = None  # the streams on a Redis Cluster's masters (section 9b)
     submit_index: SubmitIndexCost | None = None
+    scheduling: Scheduling | None = None  # prefix-aware claiming, fair shares by tokens (section 11)

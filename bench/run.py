@@ -3,9 +3,10 @@ bench/results.json and bench/RESULTS.md rendered from it. The in-process engine 
 again after it (the full path is compared with both, so that a machine that drifts during the run shows
 as the gap between them), and is shut down before the worker starts: on 2 cores two engines must never
 run during a measurement. vLLM's own server is measured the same way around streampool (A, B, A):
-before the worker starts, and again once it has stopped. The phases on the synthetic engine
-(`SYNTHETIC_PHASES`: the fleet's harness at one gateway process, then at a fleet's rates, then a batch
-beside interactive work) run last, once no engine is alive, each starting what it measures.
+before the worker starts, and again once it has stopped. The phases apart (`APART_PHASES`: on the
+synthetic engine the fleet's harness at one gateway process, then at a fleet's rates, then a batch
+beside interactive work; then scheduling, with engines of its own) run last, once no engine is alive,
+each starting what it measures.
 `--only-completions` runs vLLM's benchmark client beside vLLM's server alone (section 7),
 `--only-generate` the row of `/inference/v1/generate` (`beside_vllm.alone`); either puts its part into
 results.json and renders RESULTS.md again."""
@@ -44,6 +45,8 @@ from bench import (
     plot,
     redis_probe,
     report,
+    scheduling,
+    scheduling_figures,
     system,
 )
 from bench.engine_figures import EngineRun
@@ -52,6 +55,7 @@ from bench.fleet_figures import FleetPlan
 from bench.jobclient import client
 from bench.peer_figures import PeerRun
 from bench.results_figures import Results
+from bench.scheduling_figures import SchedulingPlan
 from shared.config import Settings
 from shared.jobstore import JobStore
 from shared.keys import Keys
@@ -70,6 +74,7 @@ class Plan:
     step_tokens: int
     peer_plan: peer.PeerPlan  # vLLM's benchmark client against vLLM's server and streampool
     fair_share: FairPlan
+    scheduling: SchedulingPlan
     relay: FleetPlan  # the fleet's harness at DESIGN.md's relay target (section 4)
     fleet: FleetPlan
     batch: batch.BatchPlan
@@ -84,6 +89,7 @@ FULL = Plan(
     64,
     peer_plan=peer.PeerPlan(128, 128, [(1, 8), (8, 32), (32, 96)]),
     fair_share=fair_share.FULL,
+    scheduling=scheduling_figures.FULL,
     relay=fleet.RELAY,
     fleet=fleet.FULL,
     batch=batch.FULL,
@@ -97,6 +103,7 @@ QUICK = Plan(
     32,
     peer_plan=peer.PeerPlan(64, 32, [(1, 2), (8, 8), (32, 32)]),
     fair_share=fair_share.QUICK,
+    scheduling=scheduling_figures.QUICK,
     relay=fleet.RELAY_QUICK,
     fleet=fleet.QUICK,
     batch=batch.QUICK,
@@ -223,10 +230,20 @@ def batch_phase(apart: Apart, results: Results) -> None:
     )
 
 
-SYNTHETIC_PHASES: tuple[tuple[str, Callable[[Apart, Results], None]], ...] = (
+def scheduling_phase(apart: Apart, results: Results) -> None:
+    """Section 11: prefix-aware claiming (two real-engine workers, then vLLM's server alone), the claim
+    script's cost with it, and fair shares by tokens; it starts every engine it measures."""
+    say = lambda text: apart.say(f"scheduling: {text}")  # noqa: E731
+    results.scheduling = scheduling.measure(
+        apart.url, apart.logs, apart.plan.scheduling, scheduling.PARTS, apart.command, say
+    )
+
+
+APART_PHASES: tuple[tuple[str, Callable[[Apart, Results], None]], ...] = (
     ("relay", relay_phase),
     ("fleet", fleet_phase),
     ("batch", batch_phase),
+    ("scheduling", scheduling_phase),
 )
 """The phases on the synthetic engine, in the order they run, each with the name its notes give it."""
 APART = ("fleet_cluster", "submit_index")
@@ -299,7 +316,7 @@ def main() -> None:
             results.in_process.append(in_process(settings, plan, progress, "after the system"))
             children.pop().stop()  # the gateway: the phases on the synthetic engine start their own
             apart = Apart(url, plan, logs, command, progress)
-            for name, phase in SYNTHETIC_PHASES:
+            for name, phase in APART_PHASES:
                 try:  # the phases before it are written whatever becomes of it
                     phase(apart, results)
                 except RuntimeError as exc:

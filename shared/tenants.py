@@ -89,6 +89,8 @@ class UsageAnswer(BaseModel):
     tenant: str | None
     limits: dict[str, int | None]
     weight: float | None
+    prompt_token_weight: float | None
+    output_token_weight: float | None
     default_priority: int | None
     min_priority: int | None
     window_seconds: int = WINDOW_SECONDS

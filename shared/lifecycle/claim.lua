@@ -12,18 +12,20 @@
 -- submission), or by its stride (one over its weight) for a job with no cost; the model's clock
 -- becomes the pass just served. The output's tokens are charged once the job has ended: its worker
 -- passes (job, output tokens) in `charges` at its next claim, each moving the job's share's pass on
--- by the job's `output_cost` a token (or the pass the share keeps while it waits for nothing). A tenant that joins comes in at the clock, so it is served next
--- however long the others' backlogs, and tenants with backlogs are served tokens in proportion to
--- their weights. Each pick costs a few O(log n) commands.
+-- by the job's `output_cost` a token (or the pass the share keeps while it waits for nothing). A
+-- tenant that joins comes in at the clock, so it is served next however long the others' backlogs,
+-- and tenants with backlogs are served tokens in proportion to their weights. Each pick costs a few
+-- O(log n) commands.
 --
--- Which of a tenant's jobs: its first (lowest priority value, then earliest); with `affinity`, among
--- the first `affinity.window` of its head priority, the one this worker holds the longest prefix of
--- (`prefer`, written at submission from the workers' advertised blocks: `advertise.lua`). A job
--- whose prefix another live worker holds is left to it for `affinity.wait_ms` after its
--- submission; a job no live worker holds goes to the least loaded worker (the fewest running jobs,
--- from each worker's last claim, `ModelKeys.worker_loads`, within `affinity.stale_ms`), and to any
--- once it has waited `wait_ms`. A worker with nothing it may take from a tenant's head passes over
--- that tenant in this call, as over one whose jobs other workers have just claimed.
+-- Which of a tenant's jobs: its first (lowest priority value, then earliest); with `affinity`, of
+-- its head priority, first the one whose prefix this worker holds longest (its `preferred` list of
+-- the share, written at submission from the blocks the workers advertised: `submit.lua`,
+-- `advertise.lua`), else the first of the head priority's `window` jobs it may take: not one whose
+-- prefix another live worker holds, until it has waited `wait_ms` since its submission, and one
+-- no live worker holds only where no other worker runs fewer jobs (each worker's count as of its
+-- last claim, `ModelKeys.worker_loads`, within `stale_ms`: a full worker claims nothing) or once
+-- it has waited as long. A worker with nothing it may take from a tenant's head passes over that
+-- tenant in this call, as over one whose jobs other workers have just claimed.
 --
 -- A job stays in its share until it leaves the model's queue: start and cancel take its entry out
 -- (`leave_queue.lua`); an entry whose job left otherwise (its keys expired) is dropped here, and one

@@ -217,6 +217,8 @@ async def test_tokens_per_minute_counts_ended_jobs_usage(http: httpx.AsyncClient
             "tokens_per_minute": 50,
         },
         "weight": 2.5,
+        "prompt_token_weight": 1.0,
+        "output_token_weight": 2.0,
         "default_priority": 0,
         "min_priority": -5,
         "window_seconds": 60,

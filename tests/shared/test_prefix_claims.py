@@ -11,9 +11,10 @@ import time
 from collections.abc import Sequence
 
 from shared.jobstore import JobStore
-from shared.lifecycle.transitions import Affinity, advertise, claim
+from shared.lifecycle.transitions import Affinity, advertise
 from shared.requests import JobRequest
 from shared.scheduling import Placement, block_hashes
+from tests.shared.transitions import claimed
 
 MODEL = "smol"
 BLOCK = 16
@@ -49,20 +50,9 @@ async def submit(store: JobStore, token_ids: Sequence[int], priority: int = 0) -
 
 
 async def claims(
-    store: JobStore, worker: str, *, wanted: int = 1, running: int = 0, affinity: Affinity = AFFINITY
+    store: JobStore, worker: str, *, running: int = 0, affinity: Affinity = AFFINITY
 ) -> list[str]:
-    taken = await claim(
-        store.redis,
-        keys=store.keys,
-        model=store.keys.model(MODEL),
-        worker_id=worker,
-        lease_seconds=60,
-        read_limit=100,
-        wanted=wanted,
-        affinity=affinity,
-        running=running,
-    )
-    return [job_id for job_id, _ in taken]
+    return await claimed(store, worker=worker, model=MODEL, affinity=affinity, running=running)
 
 
 async def test_a_job_goes_to_the_live_worker_holding_its_prefix(store: JobStore) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 from shared.jobstore import JobStore
-from shared.lifecycle.transitions import Failure, ReleaseOutcome, claim
+from shared.lifecycle.transitions import Affinity, Failure, ReleaseOutcome, claim
 
 MODEL = "smol"
 WORKER = "worker-1"
@@ -39,9 +39,17 @@ async def release(
 
 
 async def claimed(
-    store: JobStore, *, wanted: int = 1, read_limit: int = 100, worker: str = WORKER, model: str = MODEL
+    store: JobStore,
+    *,
+    wanted: int = 1,
+    read_limit: int = 100,
+    worker: str = WORKER,
+    model: str = MODEL,
+    affinity: Affinity | None = None,
+    running: int = 0,
 ) -> list[str]:
-    """The jobs `worker`, a worker of `model`, claims, as its queue loop does before it starts them."""
+    """The jobs `worker`, a worker of `model` running `running` jobs, claims, as its queue loop does
+    before it starts them (`affinity`: preferring the prefixes it holds)."""
     taken = await claim(
         store.redis,
         keys=store.keys,
@@ -50,6 +58,8 @@ async def claimed(
         lease_seconds=60,
         read_limit=read_limit,
         wanted=wanted,
+        affinity=affinity,
+        running=running,
     )
     return [job_id for job_id, _ in taken]
 
