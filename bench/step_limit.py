@@ -25,6 +25,7 @@ from bench.redis_probe import Probe, snapshot
 from shared.events import DeltaEvent
 from shared.keys import Keys
 from shared.lifecycle import scripts
+from shared.lifecycle.planes import Lifecycle, OneRedis
 from shared.lifecycle.transitions import JobStep, Transitions
 
 JOBS = 256  # a GPU worker's running jobs: one call a step carries them all
@@ -59,7 +60,6 @@ def _calls(transitions: Transitions, job_ids: list[str], calls: int) -> list[tup
             steps=[
                 JobStep(job_id, [DeltaEvent(seq=seq, text=" token", token_ids=[0])]) for job_id in job_ids
             ],
-            maxlen=MAXLEN,
         )
         for seq in range(1, calls + 1)
     ]
@@ -72,7 +72,10 @@ def measure(probe: Probe, prefix: str, jobs: int = JOBS, calls: int = CALLS) -> 
     keys = Keys(f"{prefix}:step-limit")
     job_ids = _jobs(client, keys, jobs)
     unconnected = aioredis.Redis()  # `Transitions` only builds the commands here
-    commands = _calls(Transitions(unconnected, keys), job_ids, calls)
+    lifecycle = Lifecycle(maxlen=MAXLEN, retention_seconds=0, lifetime_seconds=0)
+    commands = _calls(
+        Transitions(unconnected, keys, lifecycle, OneRedis(unconnected, keys, lifecycle)), job_ids, calls
+    )
     client.script_load(scripts.STEP.source)
     try:
         before = snapshot(client)

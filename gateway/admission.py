@@ -228,8 +228,7 @@ class Admission:
         return waiting_for(await self.catalog(), model)
 
     async def _read_memory(self) -> Memory:
-        streams = self.store.streams if self.store.transitions.split else None
-        return await fullest_memory(self.redis, streams)
+        return await fullest_memory(self.redis, self.store.streams_apart)
 
     async def check_memory(self, writing: int = 0) -> None:
         """`Overloaded` once Redis holds, with the `writing` bytes a submission is about to write, more

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import time
 import uuid
@@ -31,13 +30,19 @@ from shared.events import (
     event_adapter,
 )
 from shared.keys import ANONYMOUS_OWNER, Keys, share_member
+from shared.lifecycle.planes import Lifecycle, Planes, planes_of
 from shared.lifecycle.transitions import (
     CancelOutcome,
     DeleteOutcome,
     ExpireOutcome,
+    Failure,
     FinishCommands,
+    JobStep,
     NewJob,
+    ReleaseOutcome,
     StartOutcome,
+    StepAnswer,
+    StepCall,
     SubmitOutcome,
     Transitions,
 )
@@ -82,15 +87,6 @@ def _optional_timestamp(value: str | None) -> datetime | None:
 def _events(entries: Iterable[dict[str, str]]) -> list[Event]:
     """The events of stream entries (each a `type` and its JSON `data`)."""
     return [event_adapter.validate_json(fields["data"]) for fields in entries]
-
-
-def request_digest(request: JobRequest) -> str:
-    """SHA-256 of the request as validated, in canonical JSON (keys sorted, defaults filled in): two
-    bodies that ask for the same job have the same digest, whatever their key order or spacing."""
-    canonical = json.dumps(
-        request.model_dump(mode="json", exclude_none=True), sort_keys=True, separators=(",", ":")
-    )
-    return hashlib.sha256(canonical.encode()).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -247,8 +243,18 @@ class JobStore:
         self.notice_partition = notice_partition
         self.keys = keys
         self.settings = settings
-        self.transitions = Transitions(redis, keys, streams)
-        self.streams = self.transitions.streams
+        lifecycle = Lifecycle(
+            maxlen=settings.stream_maxlen,
+            retention_seconds=settings.retention_seconds,
+            lifetime_seconds=settings.job_lifetime_seconds,
+            index_size=settings.job_index_size,
+        )
+        self.planes: Planes = planes_of(redis, keys, lifecycle, streams)
+        """Where the streams are: the seam each transition's stream part goes through."""
+        self.streams = self.planes.streams
+        self.streams_apart = streams
+        """The streams' own Redis, where they have one (`streams_redis_url`); None: `redis` holds them."""
+        self._transitions = Transitions(redis, keys, lifecycle, self.planes)
         self.acks = self._acks(redis)
         self.stream_acks = self._acks(streams) if isinstance(streams, aioredis.Redis) else None
         """The streams' own Redis's, which a job's end must reach too; none on a Redis Cluster, whose
@@ -313,36 +319,28 @@ class JobStore:
             partition = self.notice_partition
             job_id = uuid.uuid4().hex if partition is None else self.keys.job_id_in(partition)
         now = time.time()
+        job = NewJob(
+            job_id=job_id,
+            created_at=now,
+            request=request,
+            queued=StatusEvent(seq=0, state=JobState.queued, message=waiting),
+            owner=owner,
+            model=model,
+            max_queued=max_queued,
+            idempotency_key=idempotency_key,
+            fields={
+                **{ANNOTATION + name: value for name, value in (annotations or {}).items()},
+                **({CONVERSATION: turn.field} if turn else {}),
+            },
+            tenant=tenant,
+            batch=batch,
+            keep_until=wait_until,
+            deadline=deadline,
+            placement=placement,
+        )
         with redis_errors():
             wait = await self.acks.wait()
-            submitted = await self.transitions.submit(
-                NewJob(
-                    job_id=job_id,
-                    created_at=now,
-                    request_json=request.model_dump_json(exclude_none=True),
-                    request_digest=request_digest(request) if idempotency_key else "",
-                    queued=StatusEvent(seq=0, state=JobState.queued, message=waiting),
-                    idempotency_key=idempotency_key,
-                    owner=owner,
-                    model=model,
-                    lifetime_seconds=self.settings.job_lifetime_seconds
-                    + max(0, int((wait_until or now) - now)),
-                    max_queued=max_queued,
-                    maxlen=self.settings.stream_maxlen,
-                    annotations={
-                        **{ANNOTATION + name: value for name, value in (annotations or {}).items()},
-                        **({CONVERSATION: turn.field} if turn else {}),
-                    },
-                    tenant=tenant,
-                    priority=request.priority or 0,
-                    batch=batch,
-                    index_size=self.settings.job_index_size,
-                    deadline=request.deadline.timestamp() if request.deadline else deadline,
-                    prompt_tokens=placement.prompt_tokens,
-                    prefix_blocks=placement.prefix_blocks,
-                ),
-                wait,
-            )
+            submitted = await self._transitions.submit(job, wait)
         if submitted.outcome in (SubmitOutcome.created, SubmitOutcome.existing):
             then = "; the job may exist: retry with the same Idempotency-Key to find it"
             self.acks.check(wait, submitted.acked, f"job {submitted.job_id}", then)
@@ -379,17 +377,14 @@ class JobStore:
         its deadline passed while it was queued (then it has failed with `deadline_exceeded`).
         """
         with redis_errors():
-            answer = await self.transitions.start(
+            answer = await self._transitions.start(
                 job_id=job_id,
                 worker_id=worker_id,
                 model=model,
                 now=time.time(),
                 running=StatusEvent(seq=1, state=JobState.running, attempt=1),
                 expired=EXPIRED,
-                maxlen=self.settings.stream_maxlen,
                 lease_seconds=lease_seconds,
-                retention_seconds=self.settings.retention_seconds,
-                lifetime_seconds=self.settings.job_lifetime_seconds,
             )
         turn = Turn.of_field(answer.conversation)
         if answer.outcome is StartOutcome.ended:
@@ -416,13 +411,8 @@ class JobStore:
                 with redis_errors():
                     due = await self.redis.zrangebyscore(deadlines, "-inf", now, start=0, num=SWEEP_GROUP)
                     for job_id in due:
-                        outcome = await self.transitions.expire(
-                            job_id=job_id,
-                            model=model,
-                            now=now,
-                            expired=EXPIRED,
-                            maxlen=self.settings.stream_maxlen,
-                            retention_seconds=self.settings.retention_seconds,
+                        outcome = await self._transitions.expire(
+                            job_id=job_id, model=model, now=now, expired=EXPIRED
                         )
                         ended += outcome is ExpireOutcome.expired
                 if len(due) < SWEEP_GROUP:  # each call took its job out of the range read
@@ -504,14 +494,59 @@ class JobStore:
         """Pipeline commands that append the last events (terminal last) and end a running job, if
         this worker still holds its lease: one script, or with the streams apart the stream's end
         first, then the record's; each answer reads with `Finished.of` (`shared.lifecycle.transitions`)."""
-        return self.transitions.finish_commands(
+        return self._transitions.finish_commands(
             job_id=job_id,
             worker_id=worker_id,
             state=outcome.state,
             events=events,
             record_fields=outcome.record_fields(time.time()),
-            maxlen=self.settings.stream_maxlen,
-            retention_seconds=self.settings.retention_seconds,
+        )
+
+    def step_calls(self, worker_id: str, steps: list[JobStep]) -> list[StepCall]:
+        """The step script for `steps`, jobs of `worker_id`'s, as pipeline commands: one, or one a
+        partition of the streams (`shared.lifecycle.transitions`); each answer reads with `StepAnswer.of`."""
+        return self._transitions.step_calls(worker_id=worker_id, steps=steps)
+
+    def step_command(self, worker_id: str, steps: list[JobStep]) -> tuple[object, ...]:
+        """`step_calls` as one command, where the streams are in no partitions."""
+        return self._transitions.step_command(worker_id=worker_id, steps=steps)
+
+    async def step(self, worker_id: str, step: JobStep) -> StepAnswer:
+        """One job's step, sent on its own (a worker's publisher sends every job's in one call)."""
+        return await self._transitions.step(worker_id=worker_id, step=step)
+
+    async def renew(
+        self, worker_id: str, job_ids: list[str], *, lease_seconds: float, extend: Iterable[str]
+    ) -> list[str]:
+        """Extend the leases `worker_id` holds on `job_ids`, and the keys of those of them in `extend`
+        to a job lifetime from now; answers the jobs whose lease it lost."""
+        return await self._transitions.renew(
+            worker_id=worker_id, job_ids=job_ids, lease_seconds=lease_seconds, extend=list(extend)
+        )
+
+    async def release(
+        self,
+        job_id: str,
+        model: str,
+        *,
+        worker_id: str,
+        attempt: int,
+        max_attempts: int,
+        now: float,
+        message: str,
+        failure: Failure | None = None,
+    ) -> ReleaseOutcome:
+        """Requeue a running job of `model` (its record's) for another worker to resume, or once it is
+        out of attempts fail it with `failure` (`release.lua`: without it, `exhausted`)."""
+        return await self._transitions.release(
+            job_id=job_id,
+            model=model,
+            worker_id=worker_id,
+            attempt=attempt,
+            max_attempts=max_attempts,
+            now=now,
+            message=message,
+            failure=failure,
         )
 
     async def cancel(self, job_id: str) -> tuple[CancelAnswer, bool]:
@@ -529,14 +564,11 @@ class JobStore:
         while True:
             with redis_errors():
                 wait = await self.acks.wait()
-                result = await self.transitions.cancel(
+                result = await self._transitions.cancel(
                     job_id=job_id,
                     model=model,
                     now=time.time(),
                     cancelled=cancelled,
-                    maxlen=self.settings.stream_maxlen,
-                    retention_seconds=self.settings.retention_seconds,
-                    lifetime_seconds=self.settings.job_lifetime_seconds,
                     stream_tip=stream_tip,
                     record_fields=fields,
                     wait=wait,
@@ -580,7 +612,7 @@ class JobStore:
         still write to it (cancel it first)."""
         with redis_errors():
             wait = await self.acks.wait()
-            result = await self.transitions.delete(job_id=job_id, wait=wait)
+            result = await self._transitions.delete(job_id=job_id, wait=wait)
         if result.outcome is DeleteOutcome.deleted:
             self.acks.check(wait, result.acked, f"the deletion of job {job_id}", "; delete it again")
         if result.outcome is DeleteOutcome.missing or result.state is None:
@@ -592,7 +624,7 @@ class JobStore:
     async def tenant_usage(self, tenant: str) -> TenantUsage:
         """The tenant's counters, as its next submission's admission counts them."""
         with redis_errors():
-            return await self.transitions.tenant_usage(tenant)
+            return await self._transitions.tenant_usage(tenant)
 
     async def model_of(self, job_id: str) -> str:
         """The canonical name of the job's model, which names its queue; '' for no such job (whose

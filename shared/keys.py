@@ -110,6 +110,47 @@ class ModelKeys:
 
 
 @dataclass(frozen=True)
+class JobKeys:
+    """The keys of one job and of its model, in the one order every lifecycle script that touches a job
+    takes them first (`job_keys.lua` reads them; a script's own keys follow): the job's record, stream
+    ('' where the streams have a Redis of their own), cancel key, lease, the started jobs (`running`),
+    the webhooks stream and the job's delivery record; its model's queue, deadlines and share keys, and
+    the count of expired jobs. A script uses those it needs."""
+
+    record: str
+    stream: str
+    cancel: str
+    lease: str
+    running: str
+    webhooks: str
+    webhook: str
+    queue: str
+    deadlines: str
+    share_tenants: str
+    share_state: str
+    batch_share_tenants: str
+    expired: str
+
+    def listed(self) -> list[str]:
+        """As the scripts' first KEYS."""
+        return [
+            self.record,
+            self.stream,
+            self.cancel,
+            self.lease,
+            self.running,
+            self.webhooks,
+            self.webhook,
+            self.queue,
+            self.deadlines,
+            self.share_tenants,
+            self.share_state,
+            self.batch_share_tenants,
+            self.expired,
+        ]
+
+
+@dataclass(frozen=True)
 class Keys:
     """Key names for one deployment, arq's queues among them (`ModelKeys.queue`)."""
 
@@ -185,6 +226,25 @@ class Keys:
         """Hash: adapter name -> the LoRA adapter loaded at run time (JSON, `shared.adapters.RuntimeAdapter`),
         which every worker of its model loads; written by the gateway's `/v1/load_lora_adapter`."""
         return f"{self.prefix}:runtime-adapters"
+
+    def of_job(self, job_id: str, model: str) -> JobKeys:
+        """The keys of the job `job_id` of the model `model` (its canonical name), in the scripts' order."""
+        queue = self.model(model)
+        return JobKeys(
+            record=self.job(job_id),
+            stream=self.stream(job_id),
+            cancel=self.cancel(job_id),
+            lease=self.lease(job_id),
+            running=self.running,
+            webhooks=self.webhooks,
+            webhook=self.webhook(job_id),
+            queue=queue.queue,
+            deadlines=queue.deadlines,
+            share_tenants=queue.share_tenants,
+            share_state=queue.share_state,
+            batch_share_tenants=queue.batch_share_tenants,
+            expired=self.jobs_expired,
+        )
 
     def job(self, job_id: str) -> str:
         """Hash: the job record."""

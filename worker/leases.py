@@ -49,7 +49,7 @@ class Leases:
         self.streams: StreamsRedis = store.streams
         self.keys = store.keys
         self.store_settings = store.settings
-        self.transitions = store.transitions
+        self.store = store
         self.lease_seconds = settings.lease_seconds
         self.reap_every = settings.lease_seconds / 2
         self.max_attempts = settings.max_attempts
@@ -68,12 +68,8 @@ class Leases:
         due = [job_id for job_id in job_ids if self.extended.get(job_id, since) <= since]
         try:
             with redis_errors():
-                lost = await self.transitions.renew(
-                    worker_id=worker_id,
-                    job_ids=job_ids,
-                    lease_seconds=self.lease_seconds,
-                    lifetime_seconds=lifetime,
-                    extend=due,
+                lost = await self.store.renew(
+                    worker_id, job_ids, lease_seconds=self.lease_seconds, extend=due
                 )
         except Exception:
             self.extended = {}
@@ -123,18 +119,15 @@ class Leases:
         while True:
             now = time.time()
             with redis_errors():
-                outcome = await self.transitions.release(
-                    job_id=job_id,
-                    model=model,
+                outcome = await self.store.release(
+                    job_id,
+                    model,
                     worker_id=worker_id,
                     attempt=attempt,
                     max_attempts=attempts,
                     now=now,
                     message=message,
                     failure=failure,
-                    lifetime_seconds=self.store_settings.job_lifetime_seconds,
-                    retention_seconds=self.store_settings.retention_seconds,
-                    maxlen=self.store_settings.stream_maxlen,
                 )
             if outcome is not ReleaseOutcome.exhausted:
                 return outcome

@@ -132,7 +132,6 @@ class Publisher:
         self.redis = redis
         self.store = store
         self.worker_id = worker_id
-        self.maxlen = store.settings.stream_maxlen
         self.resend_seconds = resend_seconds
         """How long a step that cannot be written is sent again: a worker's lease, after which
         another worker may hold the job."""
@@ -271,13 +270,13 @@ class Publisher:
         replicas the store's `acks` asks for hold them (a WAIT closes the pipeline). With the streams
         apart an end reaches the stream in the steps' round trip, and the record in one more."""
         store = self.store
-        if not store.transitions.split:
+        if store.streams_apart is None:
             return await self._pipeline(self.redis, store.acks, steps, [end.record for end in ends])
         streams = [end.stream for end in ends if end.stream is not None]
         step_answers, end_answers = await self._pipeline(self.redis, store.stream_acks, steps, streams)
         ended = [at for at, answer in enumerate(end_answers) if _ended(answer)]
         if ended:
-            store.transitions.between("finish")
+            store.planes.between("finish")
             _, records = await self._pipeline(store.redis, store.acks, [], [ends[at].record for at in ended])
             for at, answer in zip(ended, records, strict=True):
                 end_answers[at] = answer
@@ -291,8 +290,7 @@ class Publisher:
         calls: list[StepCall] = []
         if steps:
             jobs = [step.job_step() for step in steps]
-            transitions = self.store.transitions
-            calls = transitions.step_calls(worker_id=self.worker_id, steps=jobs, maxlen=self.maxlen)
+            calls = self.store.step_calls(self.worker_id, jobs)
             for call in calls:
                 pipe.execute_command(*call.command)
         for command in ends:

@@ -26,7 +26,7 @@ from shared.events import TERMINAL_EVENT_TYPES, JobState
 from shared.keys import Keys
 from shared.lifecycle import scripts
 from shared.lifecycle.arguments import CursorCheckArgs
-from shared.lifecycle.transitions import Transitions
+from shared.lifecycle.planes import end_stream
 from shared.redis_client import StreamsRedis, redis_errors
 
 DEFAULT_BATCH_BYTES: int = GatewaySettings.model_fields["reader_batch_bytes"].default
@@ -64,7 +64,7 @@ class Relay:
         self.keys = keys
         self.hub = hub
         self.streams = redis if streams is None else streams
-        self.transitions = Transitions(redis, keys, streams) if streams is not None else None
+        self.apart = streams is not None
         self.open_streams = OpenStreams()
 
     async def check(
@@ -143,7 +143,7 @@ class Relay:
         as ended has its terminal event in what follows."""
         ms, seq = id_key(cursor)
         args: CursorCheckArgs = {"cursor": f"{ms}-{seq}", "count": count}
-        if self.transitions is not None:
+        if self.apart:
             return await self._state_and_stream_apart(job_id, owner, args)
         keys = [self.keys.job(job_id), self.keys.stream(job_id)]
         with redis_errors():
@@ -162,7 +162,6 @@ class Relay:
         readers wait for the end rather than stop short of it; one whose stream has not ended
         `HEAL_SECONDS` after its record (the hand that ended it stopped between the two) has its
         stream ended here, with the terminal event the record keeps (`end_event.lua`)."""
-        assert self.transitions is not None
         record = self.keys.job(job_id)
         with redis_errors():
             async with self.redis.pipeline(transaction=False) as pipe:
@@ -178,8 +177,14 @@ class Relay:
             if heal and end_event and finished_at and time.time() - float(finished_at) > HEAL_SECONDS:
                 kind, _, data = end_event.partition(" ")
                 with redis_errors():
-                    await self.transitions.end_stream(
-                        job_id, [(kind, data)], maxlen=None, retention_seconds=max(ttl, 1), now=time.time()
+                    await end_stream(
+                        self.streams,
+                        self.keys,
+                        job_id,
+                        [(kind, data)],
+                        maxlen=None,
+                        retention_seconds=max(ttl, 1),
+                        now=time.time(),
                     )
                 return await self._state_and_stream_apart(job_id, owner, args, heal=False)
             state = JobState.running
@@ -257,7 +262,7 @@ class Relay:
         """
         with redis_errors():
             status = await self.redis.hget(self.keys.job(job_id), "status")  # type: ignore[misc]
-            if self.transitions is not None and status is not None:  # ended once its stream has
+            if self.apart and status is not None:  # ended once its stream has
                 last = await self.streams.xrevrange(self.keys.stream(job_id), count=1)
                 status = status if last and last[0][1].get("type") in TERMINAL_EVENT_TYPES else "running"
         if status is None:

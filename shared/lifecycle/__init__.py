@@ -27,7 +27,10 @@ terminal event together, so a reader never sees one without the other::
     delete    completed | cancelled   (none: its keys go)       gateway (JobStore.delete)
               | failed
 
-Each script takes its KEYS (declared, as Redis Cluster would route by them) and one named table:
+Each script takes its KEYS (declared, as Redis Cluster would route by them) and one named table.
+Every script that touches a job takes that job's keys and its model's first, in one order
+(`shared.keys.JobKeys`), and reads them through one helper (`job_keys.lua`), which also makes the
+`job` and `model` tables the helpers below take; the script's own keys follow. The named table is
 its only ARGV, JSON, which it reads with `cjson.decode(ARGV[1])`, typed on this side by a TypedDict
 of `arguments.py` with the same field names. The step alone keeps positional ARGV, named by
 `arguments.StepArgs` and by the same names in `step.lua`: it runs once per running job per engine
@@ -40,6 +43,9 @@ name in turn, each once and before its callers. A helper takes what it works on 
 
     helper            what it does                                            used by
     ----------------  ------------------------------------------------------  ----------------------
+    job_keys          a job's keys (`JobKeys`) as the `job` and `model`       submit, start, finish,
+                      tables                                                  release, cancel,
+                                                                              expire, delete
     end_job           every end: the job's keys expire after the retention,  finish, release,
                       its webhook hears of it (announce_end), it leaves its  cancel, end_unrun
                       tenant's counters with its usage (tenant_move), its
@@ -75,7 +81,9 @@ leases, tenants, idempotency keys, webhooks, registries) stays on `redis_url`. A
 touch keys of its own Redis, so each transition that writes a stream runs in two parts there: its
 script above on the control plane with the stream's key given as '' (it leaves the stream alone,
 and an end no worker makes keeps its terminal event in the record instead: `end_event`), and a
-script of the data plane's own (`Transitions` calls both). On the data plane a job's lease is
+script of the data plane's own. Which of the two a deployment has is chosen once, at start
+(`planes.py`: `OneRedis` or `StreamsApart`), and `Transitions` calls the seam at each point where a
+transition's data-plane part goes, never asking which one it has. On the data plane a job's lease is
 mirrored by its *writer* (`Keys.writer`): the worker whose steps the stream takes, carrying a
 cancel asked as the lease does; the step reads it instead of the lease::
 

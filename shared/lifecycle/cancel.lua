@@ -1,4 +1,4 @@
--- uses: end_unrun, end_event, hset_fields, leave_queue, end_job, lease
+-- uses: job_keys, end_unrun, end_event, hset_fields, leave_queue, end_job, lease
 -- queued -> cancelled at once; for a running job, set its cancel key (holding when the first
 -- cancel was asked for, for the cancel latency), and have its lease carry the ask (`lease.lua`,
 -- its holder and TTL kept): its worker's next step, which reads the lease, ends it cancelled. A
@@ -10,16 +10,12 @@
 -- and calls again with `stream_tip`, the id of its last entry ('0-0' for none), and the record's
 -- `fields` computed from it, `cancelled_event` numbered after that entry. The job ends only if the
 -- stream still ends there and still no worker holds it. Takes `arguments.CancelArgs`.
--- `queue` is the queue of the job's model (its record's `model`), `share_prefix` and `deadlines` that
--- model's; `running` is the set of started jobs the reapers read.
+-- KEYS: `JobKeys` of the job and of its model (its record's `model`); `running` is the set of started
+-- jobs the reapers read.
 -- Answers {'cancelled' | 'asked' | 'unheld' | 'ended', the state the job is in now} or {'missing'}.
-local record, stream, cancel, queue, webhooks, webhook, lease, running, deadlines = unpack(KEYS)
 local args = cjson.decode(ARGV[1])
-local id = args.id
-local job = {id = id, record = record, stream = stream, cancel = cancel, webhooks = webhooks,
-             webhook = webhook, retention = args.retention, maxlen = args.maxlen, now = args.now,
-             notices = args.notices}
-local model = {queue = queue, share_prefix = args.share_prefix, deadlines = deadlines}
+local job, model = job_keys(args)
+local id, record, stream, cancel, lease, running = args.id, job.record, job.stream, job.cancel, job.lease, job.running
 
 local status = redis.call('HGET', record, 'status')
 if not status then return {'missing'} end

@@ -1,18 +1,15 @@
--- uses: expire_unrun
+-- uses: job_keys, expire_unrun
 -- queued, past its deadline -> failed, as a worker's start would end it (`expire_unrun.lua`), for a
 -- job no worker starts in time (none is live, or all are busy): the gateways' deadline sweep calls it
 -- for each job whose score in its model's `deadlines` has come. A job no longer queued (started,
 -- ended, or its keys expired) only leaves `deadlines`; one whose deadline has not come (its score
 -- was its record's expiry: `submit.lua`) is scored again by its deadline. Gateways sweeping together
 -- end a job once: the second call finds it failed. Takes `arguments.ExpireArgs`.
--- `queue`, `deadlines` and `share_prefix` are the job's model's, `expired` is `Keys.jobs_expired`.
+-- KEYS: `JobKeys` of the job and of its model.
 -- Answers 'expired', or the state the job is in ('queued' for one not due, 'missing' for none).
-local record, stream, cancel, queue, deadlines, expired, webhooks, webhook = unpack(KEYS)
 local args = cjson.decode(ARGV[1])
-local job = {id = args.id, record = record, stream = stream, cancel = cancel, webhooks = webhooks,
-             webhook = webhook, retention = args.retention, maxlen = args.maxlen, now = args.now,
-             notices = args.notices}
-local model = {queue = queue, share_prefix = args.share_prefix, deadlines = deadlines, expired = expired}
+local job, model = job_keys(args)
+local record, deadlines = job.record, model.deadlines
 
 local status, deadline = unpack(redis.call('HMGET', record, 'status', 'deadline'))
 if status ~= 'queued' or not deadline then

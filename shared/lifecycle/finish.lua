@@ -1,14 +1,14 @@
--- uses: append_event, end_event, hset_fields, end_job, lease
+-- uses: job_keys, append_event, end_event, hset_fields, end_job, lease
 -- running -> completed | cancelled | failed: append the last `events` (the terminal one last) and
 -- end the record, if this worker still holds the lease. A job that is no longer running is left as
 -- it is, and so is one whose lease this worker no longer holds: nothing is appended. So is one whose
 -- stream lacks events before these (a failover's new master had not received the job's last steps:
 -- `step.lua`). Events the stream holds already (this end sent again) are not appended twice.
--- Takes `arguments.FinishArgs`.
+-- KEYS: `JobKeys` of the job. Takes `arguments.FinishArgs`.
 -- Answers {'ended', state}, {'not_running', status or 'missing'}, {'lost'} or {'behind', last seq}.
-local record, stream, cancel, lease, running, webhooks, webhook = unpack(KEYS)
 local args = cjson.decode(ARGV[1])
-local events = args.events
+local job = job_keys(args)
+local record, stream, lease, events = job.record, job.stream, job.lease, args.events
 
 local status = redis.call('HGET', record, 'status')
 if status ~= 'running' then return {'not_running', status or 'missing'} end
@@ -18,12 +18,11 @@ if stream ~= '' then
   if #events > 0 and is_behind(last, events[1][2]) then return {'behind', last} end
   for _, event in ipairs(events) do last = append_event(stream, args.maxlen, last, event[1], event[2]) end
 elseif #events > 0 then  -- the stream, apart, has them: the record keeps the terminal one
-  end_event({record = record, stream = stream}, events[#events][1], events[#events][2])
+  end_event(job, events[#events][1], events[#events][2])
 end
 redis.call('HSET', record, 'status', args.state)
 hset_fields(record, args.fields)
 redis.call('DEL', lease)
-redis.call('SREM', running, args.id)
-end_job({id = args.id, record = record, stream = stream, cancel = cancel, webhooks = webhooks, webhook = webhook,
-         retention = args.retention, notices = args.notices}, 'running')
+redis.call('SREM', job.running, args.id)
+end_job(job, 'running')
 return {'ended', args.state}

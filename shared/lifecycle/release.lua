@@ -1,4 +1,4 @@
--- uses: enqueue, tenant_move, end_event, end_job, lease
+-- uses: job_keys, enqueue, tenant_move, end_event, end_job, lease
 -- running -> running (requeued for another worker to resume from its stream), or running -> failed
 -- once the job has run `max_attempts` times. `worker` '' releases only a lapsed lease (a reaper);
 -- a worker's id also releases its own (a worker handing its job back), and only the run `attempt`
@@ -7,9 +7,8 @@
 -- model's queue where it was (`enqueue.lua`), and its record and stream live `lifetime` seconds from
 -- now, for the wait. Takes `arguments.ReleaseArgs`.
 --
--- `queue` and `wakeup` are those of the job's model (its record's `model`), and so are
--- `share_tenants`, `share_state`, `batch_share_tenants` and `share_prefix`: a requeued job goes back
--- into its share too, and counts as its tenant's queued job, not a running one, until a worker resumes it.
+-- KEYS: `JobKeys` of the job and of its model (its record's `model`), whose `wakeup` and `share_prefix`
+-- the args name: a requeued job goes back into its share too, and counts as its tenant's queued job, not a running one, until a worker resumes it.
 --
 -- Failing a job needs its output, which the caller computes from the stream: the first call of a
 -- job out of attempts answers {'exhausted'} and drops the lease (so that nothing writes to the
@@ -18,12 +17,10 @@
 -- `token_count` computed from it and `stream_tip`, the id of its last entry; the job fails only if
 -- the stream still ends there.
 -- Answers {'held'}, {'requeued'}, {'exhausted'}, {'failed'} or {'not_running', status or 'missing'}.
-local record, stream, cancel, lease, running, queue, webhooks, webhook,
-      share_tenants, share_state, batch_share_tenants = unpack(KEYS)
 local args = cjson.decode(ARGV[1])
+local job, model = job_keys(args)
 local id, failure = args.id, args.failure
-local job = {id = id, record = record, stream = stream, cancel = cancel, webhooks = webhooks, webhook = webhook,
-             retention = args.retention, maxlen = args.maxlen, notices = args.notices}
+local record, stream, lease, running, queue = job.record, job.stream, job.lease, job.running, model.queue
 
 local holder = redis.call('GET', lease)
 if holder and not lease_held_by(holder, args.worker) then return {'held'} end
@@ -45,9 +42,7 @@ if tonumber(redis.call('HGET', record, 'attempts') or '1') < args.max_attempts t
   redis.call('EXPIRE', record, args.lifetime)
   if stream ~= '' then redis.call('EXPIRE', stream, args.lifetime) end
   local created_at, share, priority = unpack(redis.call('HMGET', record, 'created_at', 'share', 'priority'))
-  enqueue({id = id, created_at = created_at, share = share, priority = priority, lifetime = args.lifetime},
-          {queue = queue, share_tenants = share_tenants, batch_share_tenants = batch_share_tenants,
-           share_state = share_state, share_prefix = args.share_prefix, wakeup = args.wakeup})
+  enqueue({id = id, created_at = created_at, share = share, priority = priority, lifetime = args.lifetime}, model)
   tenant_move(job, 'running', 'queued', args.lifetime)
   return {'requeued', worker}
 end

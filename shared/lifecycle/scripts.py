@@ -161,7 +161,7 @@ UNCLAIM: LuaScript[UnclaimArgs] = LuaScript.load("unclaim")
 BATCH_CREATE: LuaScript[BatchCreateArgs] = LuaScript.load("batch_create")
 BATCH_MOVE: LuaScript[BatchMoveArgs] = LuaScript.load("batch_move")
 CURSOR_CHECK: LuaScript[CursorCheckArgs] = LuaScript.load("cursor_check")  # a read: the gateway's relay
-# The streams' own Redis, when they have one (`Transitions`): each transition's part there.
+# The streams' own Redis, when they have one (`planes.StreamsApart`): each transition's part there.
 STREAM_OPEN: LuaScript[StreamOpenArgs] = LuaScript.load("stream_open")
 STREAM_TAKE: LuaScript[StreamTakeArgs] = LuaScript.load("stream_take")
 STREAM_END: LuaScript[StreamEndArgs] = LuaScript.load("stream_end")

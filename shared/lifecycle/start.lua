@@ -1,4 +1,4 @@
--- uses: leave_queue, expire_unrun, append_event, tenant_move, lease
+-- uses: job_keys, leave_queue, expire_unrun, append_event, tenant_move, lease
 -- queued -> running (attempt 1), or a handed-back running job resumes with the next attempt, its
 -- stream in the answer so that the new worker continues where the last one stopped. The starting
 -- worker takes the job's lease (its claim's, `claim:<worker>`, becomes the run's, `<worker>`,
@@ -8,19 +8,15 @@
 -- and the job's stale queue entry (its keys expired, or it ended meanwhile), but not a job another
 -- worker has claimed since (this claim lapsed first: `held`). A queued job past its deadline (its
 -- record's `deadline`) fails instead (queued -> failed), without ever running (`expire_unrun.lua`).
--- `queue` is the queue of the job's model, the one the starting worker serves and claimed it from,
--- `share_prefix` and `deadlines` that model's (`ModelKeys`), `expired` `Keys.jobs_expired`. Takes
+-- KEYS: `JobKeys` of the job and of the model the starting worker serves and claimed it from. Takes
 -- `arguments.StartArgs`.
 -- Answers {'running', request, created_at, conversation}, {'resumed', request, created_at, attempt,
 -- entries, conversation}, {'expired'} or {'refused', status or 'missing' or 'held'}; `conversation`
 -- is the record's field of that name ('' for a job that is no turn of a conversation).
-local record, stream, cancel, queue, lease, running, webhooks, webhook, deadlines, expired = unpack(KEYS)
 local args = cjson.decode(ARGV[1])
-local id = args.id
-local job = {id = id, record = record, stream = stream, cancel = cancel, webhooks = webhooks,
-             webhook = webhook, retention = args.retention, maxlen = args.maxlen, now = args.now,
-             notices = args.notices}
-local model = {queue = queue, share_prefix = args.share_prefix, deadlines = deadlines, expired = expired}
+local job, model = job_keys(args)
+local id, record, stream, cancel, lease, running = args.id, job.record, job.stream, job.cancel, job.lease, job.running
+local queue = model.queue
 
 local asked = redis.call('GET', cancel)
 

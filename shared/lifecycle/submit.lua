@@ -1,4 +1,4 @@
--- uses: tenant_admit, append_event, hset_fields, share_member, enqueue, clock_ms, prefix_holder
+-- uses: job_keys, tenant_admit, append_event, hset_fields, share_member, enqueue, clock_ms, prefix_holder
 -- queued: write the record (with the canonical name of the job's model, whose queue `queue` is),
 -- the `queued` event, and the `fields` the record keeps beside the job (what an API layer above the
 -- job needs of it: a response's own fields, a webhook), and put the job on its model's queue
@@ -12,28 +12,29 @@
 -- before digests were kept) matches any request.
 -- A job id given by its caller (a batch's line: `shared.batches.line_job_id`) whose record exists
 -- answers {'existing', id}, as a replayed idempotency key does: submitting it again writes nothing.
--- KEYS: the job's record, stream, idempotency key ('' for none) and its model's queue; the
--- tenant's counters ('' each for a job of no tenant); the model's `share_tenants`, `share_state`
--- and `batch_share_tenants`; the job index ('' for none: the newest `index_size` jobs by submission);
--- the model's `deadlines`, which a job with a `deadline` (unix seconds) joins, scored by it or by its
+-- KEYS: `JobKeys` of the job and of its model, then its idempotency key ('' for none), the tenant's
+-- counters ('' each for a job of no tenant) and the job index ('' for none: the newest `index_size`
+-- jobs by submission); the model's `deadlines` (of `JobKeys`), which a job with a `deadline` (unix seconds) joins, scored by it or by its
 -- record's expiry if that comes first, so that it never holds a job whose keys are gone for long;
 -- the model's `prefix_blocks` and the workers' heartbeats (`Keys.workers`): a job given its prompt's
 -- leading `blocks` keeps the live worker that holds the longest prefix of them as its `prefer`
 -- (`prefix_holder.lua`), which `claim.lua` leaves the job to for a while.
-local record, stream, idempotency, queue, tenant_queued, tenant_running, tenant_requests,
-      tenant_tokens, share_tenants, share_state, batch_share_tenants, index, deadlines, prefix_blocks,
-      workers = unpack(KEYS)
 local args = cjson.decode(ARGV[1])
+local job, model = job_keys(args)
+local idempotency, tenant_queued, tenant_running, tenant_requests, tenant_tokens, index, prefix_blocks,
+      workers = unpack(KEYS, JOB_KEYS + 1)
 local id, tenant, share = args.id, args.tenant, args.share
+local record, stream, queue, deadlines = job.record, job.stream, model.queue, model.deadlines
+model.share_prefix = share.prefix
 
 if redis.call('EXISTS', record) == 1 then return {'existing', id} end
 
 if idempotency ~= '' then
   local existing = redis.call('GET', idempotency)
   if existing then
-    local job, kept = string.match(existing, '^(%S+) ?(%S*)$')
-    if kept ~= '' and kept ~= args.digest then return {'mismatch', job} end
-    return {'existing', job}
+    local key_job, kept = string.match(existing, '^(%S+) ?(%S*)$')
+    if kept ~= '' and kept ~= args.digest then return {'mismatch', key_job} end
+    return {'existing', key_job}
   end
 end
 if tenant then
@@ -47,7 +48,7 @@ if args.max_queued > 0 then
   -- waiting batch jobs never turn one away (the queue holds at most twice the bound).
   local depth = redis.call('ZCARD', queue)
   if depth >= args.max_queued and share_band(share.name) == 'interactive' then
-    for _, batch_share in ipairs(redis.call('ZRANGE', batch_share_tenants, 0, -1)) do
+    for _, batch_share in ipairs(redis.call('ZRANGE', model.batch_share_tenants, 0, -1)) do
       depth = depth - redis.call('ZCARD', share.prefix .. batch_share)
     end
   end
@@ -72,11 +73,9 @@ if stream ~= '' then
   append_event(stream, args.maxlen, nil, 'status', args.queued_event)
   redis.call('EXPIRE', stream, args.lifetime)
 end
-redis.call('HSET', share_state, 'stride:' .. share.name, share.stride)
+redis.call('HSET', model.share_state, 'stride:' .. share.name, share.stride)
 enqueue({id = id, created_at = args.created_at, share = share.name, priority = share.priority,
-         lifetime = args.lifetime},
-        {queue = queue, share_tenants = share_tenants, batch_share_tenants = batch_share_tenants,
-         share_state = share_state, share_prefix = share.prefix, wakeup = args.wakeup})
+         lifetime = args.lifetime}, model)
 if tenant then tenant_admitted(tenant_queued, tenant_requests, id, args.lifetime) end
 if idempotency ~= '' then redis.call('SET', idempotency, id .. ' ' .. args.digest, 'EX', args.lifetime) end
 if args.deadline then

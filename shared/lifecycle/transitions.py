@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
 import time
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
@@ -22,25 +24,21 @@ from shared.lifecycle.arguments import (
     ExpireArgs,
     FailureArgs,
     FinishArgs,
-    Notices,
     ReleaseArgs,
     RenewArgs,
     StartArgs,
     StepArgs,
     StepJobArgs,
-    StreamEndArgs,
-    StreamOpenArgs,
-    StreamTakeArgs,
     SubmitArgs,
     TenantArgs,
     TenantUsageArgs,
     UnclaimArgs,
-    WriterMarkArgs,
 )
+from shared.lifecycle.planes import PUBLISH, SHARD_PUBLISH, Lifecycle, Planes
 from shared.notices import LINE, notice_line
-from shared.redis_client import StreamsRedis
 from shared.replication import Wait
-from shared.scheduling import MAX_PREFIX_BLOCKS
+from shared.requests import JobRequest
+from shared.scheduling import MAX_PREFIX_BLOCKS, NO_PLACEMENT, Placement
 from shared.tenants import DEFAULT_SHARE, Tenant, TenantUsage
 
 
@@ -159,12 +157,10 @@ class Finished:
         return cls(FinishOutcome(outcome), JobState(rest[0]) if rest and rest[0] != "missing" else None)
 
 
-PUBLISH = "PUBLISH"
 PREFERRED_SCALE = 2 * MAX_PREFIX_BLOCKS  # past the blocks a job's prefix can hold (`PreferredArgs`)
 PREFIX_INDEX_TTL_MS = (
     24 * 3600 * 1000
 )  # a model's prefix map outlives a day without a new prompt run, no more
-SHARD_PUBLISH = "SPUBLISH"  # on a Redis Cluster: to the subscribers of the master of the channel's slot
 
 
 @dataclass(frozen=True)
@@ -242,35 +238,53 @@ class Failure:
 
 @dataclass(frozen=True)
 class NewJob:
-    """A job to submit. `model`: the canonical name of the job's model, whose queue it joins;
-    `annotations`: fields the record keeps beside the job, for the API layer that made it; `tenant`:
-    whose limits the job must fit, whose counters it joins and whose share of the queue it waits in
-    (None: no tenant's; it waits in the default tenant's share); `priority`: its order within that
-    share, lower first; `batch`: the batch the job is a line of, whose band it waits in (that
-    tenant's share of the batch band: `shared.batches`) and whose record counts its end."""
+    """A job to submit, as its caller describes it. `model`: the canonical name of the job's model,
+    whose queue it joins; `queued`: its first event, saying why it may wait; `fields`: what the record
+    keeps beside the job, for the API layer that made it; `tenant`: whose limits the job must fit,
+    whose counters it joins and whose share of the queue it waits in (None: no tenant's; it waits in
+    the default tenant's share), its order there the request's `priority`, lower first; `batch`: the
+    batch the job is a line of, whose band it waits in (that tenant's share of the batch band:
+    `shared.batches`) and whose record counts its end; `keep_until`: the time until which its keys must
+    outlive a wait, when that is past a job lifetime from now; `deadline`: still queued then (unix
+    seconds), the job fails unrun, where the request names none; `placement`: its prompt's tokens,
+    counted against its tenant's share (None: the share counts jobs), and its leading block hashes,
+    which find the worker whose cache holds them (`shared.scheduling`)."""
 
     job_id: str
     created_at: float
-    request_json: str
-    request_digest: str  # '' without an idempotency key
+    request: JobRequest
     queued: StatusEvent
-    idempotency_key: str | None
     owner: str
     model: str
-    lifetime_seconds: int
     max_queued: int
-    maxlen: int
-    annotations: dict[str, str] = field(default_factory=dict)
+    idempotency_key: str | None = None
+    fields: dict[str, str] = field(default_factory=dict)
     tenant: Tenant | None = None
-    priority: int = 0
     batch: str | None = None
-    index_size: int = 0  # how many newest jobs the job index keeps; 0: the job is not indexed
-    deadline: float | None = None  # unix seconds: still queued then, the job fails unrun
-    # Its prompt's tokens, counted against its tenant's share of the queue (None: the share counts
-    # jobs); its prompt's leading block hashes (`shared.prefix_blocks`), which find the worker whose
-    # cache holds them.
-    prompt_tokens: int | None = None
-    prefix_blocks: tuple[str, ...] = ()
+    keep_until: float | None = None
+    deadline: float | None = None
+    placement: Placement = NO_PLACEMENT
+
+    @property
+    def digest(self) -> str:
+        """SHA-256 of the request as validated, in canonical JSON (keys sorted, defaults filled in), kept
+        beside an idempotency key: two bodies that ask for the same job have the same digest, whatever
+        their key order or spacing. '' without an idempotency key."""
+        if not self.idempotency_key:
+            return ""
+        canonical = json.dumps(
+            self.request.model_dump(mode="json", exclude_none=True), sort_keys=True, separators=(",", ":")
+        )
+        return hashlib.sha256(canonical.encode()).hexdigest()
+
+    def lifetime(self, lifetime_seconds: int) -> int:
+        """How long its keys live from submission: a job lifetime, and its wait until `keep_until`."""
+        return lifetime_seconds + max(0, int((self.keep_until or self.created_at) - self.created_at))
+
+    @property
+    def due(self) -> float | None:
+        """When it fails unrun, still queued: the request's own deadline first."""
+        return self.request.deadline.timestamp() if self.request.deadline else self.deadline
 
 
 def _fields(entries: list[Any]) -> list[dict[str, str]]:
@@ -279,74 +293,26 @@ def _fields(entries: list[Any]) -> list[dict[str, str]]:
 
 
 class Transitions:
-    """The job lifecycle's scripts, each behind one method.
+    """The job lifecycle's scripts, each behind one method, for the jobs of one `Lifecycle`.
 
-    `streams`: the Redis of the job streams, when they have one of their own (`streams_redis_url`).
-    Each transition that writes a stream then runs in two parts, its script on `redis` with the
-    stream's key left '' and its part on `streams` (`stream_*.lua`, `writer_*.lua`), in the order
-    that keeps the job whole should the caller stop between them (`shared.lifecycle`).
+    `planes`: where the streams are (`shared.lifecycle.planes`); each transition that writes a stream
+    calls it where its part there goes, in the order that keeps the job whole should the caller stop
+    between the two (`shared.lifecycle`).
     """
 
-    def __init__(self, redis: aioredis.Redis, keys: Keys, streams: StreamsRedis | None = None) -> None:
+    def __init__(self, redis: aioredis.Redis, keys: Keys, lifecycle: Lifecycle, planes: Planes) -> None:
         self.redis = redis
         self.keys = keys
-        self.streams = redis if streams is None else streams
-        self.split = streams is not None
-        self.between_planes: Callable[[str], None] | None = None
-        """A fault hook, for tests: called with the transition's name between its write on one Redis
-        and its write on the other, where a test stops the caller (raises) as a crash would."""
+        self.lifecycle = lifecycle
+        self.planes = planes
+        self.streams = planes.streams
 
-    def between(self, transition: str) -> None:
-        """The point between a transition's two writes (`between_planes`)."""
-        if self.between_planes is not None:
-            self.between_planes(transition)
-
-    def _job_keys(self, job_id: str) -> list[str]:
-        """The record, stream and cancel key, as the scripts on `redis` take them: the stream '' when
-        it lives apart."""
-        stream = "" if self.split else self.keys.stream(job_id)
-        return [self.keys.job(job_id), stream, self.keys.cancel(job_id)]
-
-    async def end_stream(
-        self,
-        job_id: str,
-        events: list[tuple[str, str]],
-        *,
-        maxlen: int | None,
-        retention_seconds: int,
-        now: float,
-    ) -> str:
-        """With the streams apart, the end of a job no worker ends (a cancel, a deadline, a job out of
-        attempts), after its record's, with its terminal event, (type, data): `stream_end.lua`'s
-        answer. `maxlen` None: the stream is not trimmed."""
-        args: StreamEndArgs = {
-            "holder": None,
-            "asked_at": repr(now),
-            "events": events,
-            "maxlen": maxlen,
-            "retention": retention_seconds,
-            **self._notices_of(job_id),
-        }
-        keys = [self.keys.stream(job_id), self.keys.writer(job_id)]
-        answer: list[Any] = await scripts.STREAM_END(self.streams, keys, args)
-        return str(answer[0])
-
-    def _notices_of(self, job_id: str) -> Notices:
-        """Where a data-plane script tells of its appends to the job's stream, and how."""
-        publish = SHARD_PUBLISH if self.keys.partitions else PUBLISH
-        return {"publish": publish, "notices": self.keys.notices_of(job_id)}
-
-    async def drop_writer(self, job_id: str, holder: str, lifetime_seconds: int | None = None) -> None:
-        """With the streams apart, once the job is taken from `holder`: its writer goes."""
-        keys = [self.keys.writer(job_id), self.keys.stream(job_id)]
-        await scripts.WRITER_DROP(self.streams, keys, {"holder": holder, "lifetime": lifetime_seconds})
-
-    def _announce_keys(self, job_id: str) -> list[str]:
-        """The last keys of every script that may end a job: where its end is announced to its webhook."""
-        return [self.keys.webhooks, self.keys.webhook(job_id)]
+    def _job_keys(self, job_id: str, model: str = "") -> list[str]:
+        """`JobKeys` of the job and of `model`, as the scripts on `redis` take them first."""
+        return self.planes.control(self.keys.of_job(job_id, model)).listed()
 
     def _tenant_keys(self, tenant: Tenant | None) -> list[str]:
-        """The submit script's last keys: the tenant's counters, '' each for a job of no tenant."""
+        """The submit script's tenant's counters, '' each for a job of no tenant."""
         if tenant is None:
             return ["", "", "", ""]
         name, keys = tenant.name, self.keys
@@ -369,68 +335,56 @@ class Transitions:
         """Write the job queued, unless its tenant, its model's queue or its idempotency key refuses it;
         `wait`: the replicas the writes must reach, asked in the same round trip."""
         queue = self.keys.model(job.model)
-        tenant = job.tenant
+        tenant, lifecycle = job.tenant, self.lifecycle
         share = tenant or DEFAULT_SHARE
         share_name = batch_share(share.name) if job.batch else share.name
-        fields = {**(self.keys.tenant_record_fields(tenant.name) if tenant else {}), **job.annotations}
+        fields = {**(self.keys.tenant_record_fields(tenant.name) if tenant else {}), **job.fields}
         if job.batch:
             fields["batch"] = self.keys.batch(job.batch)
             fields["batch_ended"] = self.keys.batch_ended(job.batch)
-        if job.prompt_tokens is not None:
-            fields.update(share.token_costs(job.prompt_tokens))
-        stream = self.keys.stream(job.job_id)
+        if job.placement.prompt_tokens is not None:
+            fields.update(share.token_costs(job.placement.prompt_tokens))
         keys = [
-            self.keys.job(job.job_id),
-            "" if self.split else stream,
+            *self._job_keys(job.job_id, job.model),
             self.keys.idempotency(job.idempotency_key, job.owner) if job.idempotency_key else "",
-            queue.queue,
             *self._tenant_keys(tenant),
-            queue.share_tenants,
-            queue.share_state,
-            queue.batch_share_tenants,
-            self.keys.job_index if job.index_size else "",
-            queue.deadlines,
+            self.keys.job_index if lifecycle.index_size else "",
             queue.prefix_blocks,
             self.keys.workers,
         ]
+        lifetime = job.lifetime(lifecycle.lifetime_seconds)
+        due = job.due
         args: SubmitArgs = {
             "id": job.job_id,
             "created_at": repr(job.created_at),
-            "request": job.request_json,
-            "digest": job.request_digest,
+            "request": job.request.model_dump_json(exclude_none=True),
+            "digest": job.digest,
             "queued_event": event_json(job.queued),
             "owner": job.owner,
             "model": job.model,
-            "lifetime": job.lifetime_seconds,
+            "lifetime": lifetime,
             "max_queued": job.max_queued,
-            "maxlen": job.maxlen,
+            "maxlen": lifecycle.maxlen,
             "wakeup": queue.wakeup,
             "tenant": TenantArgs(name=tenant.name, limits=tenant.script_limits()) if tenant else None,
             "share": {
                 "name": share_name,
                 "prefix": queue.share_queue_prefix,
                 "stride": repr(1 / share.weight),
-                "priority": job.priority,
+                "priority": job.request.priority or 0,
             },
             "job_prefix": self.keys.job(""),
             "fields": fields,
-            "index_size": job.index_size,
-            "deadline": None if job.deadline is None else repr(job.deadline),
-            "blocks": list(job.prefix_blocks),
+            "index_size": lifecycle.index_size,
+            "deadline": None if due is None else repr(due),
+            "blocks": list(job.placement.prefix_blocks),
             "preferred": {"prefix": queue.preferred_prefix, "scale": PREFERRED_SCALE},
         }
-        opened = False
-        if self.split:  # the stream first: a record never exists without it
-            opening: StreamOpenArgs = {
-                "queued_event": args["queued_event"],
-                "maxlen": job.maxlen,
-                "lifetime": job.lifetime_seconds,
-            }
-            opened = bool(await scripts.STREAM_OPEN(self.streams, [stream], opening))
-            self.between("submit")
+        # The stream first, where it is apart: a record never exists without it.
+        opened = await self.planes.open(job.job_id, args["queued_event"], lifetime)
         (outcome, value, *rest), acked = await self._run(scripts.SUBMIT, keys, args, wait)
         if opened and outcome != SubmitOutcome.created.value:
-            await self.streams.delete(stream)  # no record was made: nothing names this stream
+            await self.planes.refused(job.job_id)
         if outcome == SubmitOutcome.overloaded.value:
             return Submitted(SubmitOutcome.overloaded, "", int(value))
         if outcome == SubmitOutcome.rate_limited.value:
@@ -448,21 +402,10 @@ class Transitions:
         now: float,
         running: StatusEvent,
         expired: ErrorEvent,
-        maxlen: int,
         lease_seconds: float,
-        retention_seconds: int,
-        lifetime_seconds: int,
     ) -> StartAnswer:
         """`model`: the model the worker serves, whose queue it claimed the job from."""
-        keys = [
-            *self._job_keys(job_id),
-            self.keys.model(model).queue,
-            self.keys.lease(job_id),
-            self.keys.running,
-            *self._announce_keys(job_id),
-            self.keys.model(model).deadlines,
-            self.keys.jobs_expired,
-        ]
+        lifecycle = self.lifecycle
         args: StartArgs = {
             "notices": self.keys.notices_of(job_id),
             "id": job_id,
@@ -471,13 +414,13 @@ class Transitions:
             "running_event": event_json(running),
             "expired_event": event_json(expired),
             "expired_message": expired.message,
-            "maxlen": maxlen,
+            "maxlen": lifecycle.maxlen,
             "lease_ms": int(lease_seconds * 1000),
-            "retention": retention_seconds,
-            "lifetime": lifetime_seconds,
+            "retention": lifecycle.retention_seconds,
+            "lifetime": lifecycle.lifetime_seconds,
             "share_prefix": self.keys.model(model).share_queue_prefix,
         }
-        outcome, *values = await scripts.START(self.redis, keys, args)
+        outcome, *values = await scripts.START(self.redis, self._job_keys(job_id, model), args)
         if outcome == StartOutcome.running.value:
             request, created_at, conversation, asked = values
             answer = StartAnswer(
@@ -490,97 +433,54 @@ class Transitions:
             )
         else:
             if outcome == StartOutcome.expired.value:
-                await self._expired_stream("start", job_id, expired, maxlen, retention_seconds, now)
+                await self.planes.expired("start", job_id, expired, now)
             return StartAnswer(StartOutcome(outcome))
-        if not self.split:
+        first = args["running_event"] if answer.outcome is StartOutcome.running else None
+        taken = await self.planes.take(job_id, worker_id, asked, first)
+        if taken.outcome == StartOutcome.running.value:
             return answer
-        self.between("start")
-        # The writer after the lease, and the stream read after the writer: nothing an earlier
-        # worker appends can come after this reading.
-        taking: StreamTakeArgs = {
-            "worker": worker_id,
-            "asked_at": asked or None,
-            "running_event": args["running_event"] if answer.outcome is StartOutcome.running else None,
-            "lifetime": lifetime_seconds,
-            "maxlen": maxlen,
-            **self._notices_of(job_id),
-        }
-        taken, *read = await scripts.STREAM_TAKE(
-            self.streams, [self.keys.stream(job_id), self.keys.writer(job_id)], taking
-        )
-        if taken == StartOutcome.running.value:
-            return answer
-        if taken == "missing":  # its stream is gone (a failover lost it): nothing to run it on
+        if taken.outcome == "missing":  # its stream is gone (a failover lost it): nothing to run it on
             return StartAnswer(StartOutcome.refused)
-        outcome = StartOutcome.ended if taken == StartOutcome.ended.value else StartOutcome.resumed
+        outcome = StartOutcome.ended if taken.outcome == StartOutcome.ended.value else StartOutcome.resumed
         return StartAnswer(
-            outcome, answer.request, answer.created_at, answer.attempt, _fields(read[0]), answer.conversation
+            outcome,
+            answer.request,
+            answer.created_at,
+            answer.attempt,
+            _fields(taken.entries or []),
+            answer.conversation,
         )
 
-    async def expire(
-        self,
-        *,
-        job_id: str,
-        model: str,
-        now: float,
-        expired: ErrorEvent,
-        maxlen: int,
-        retention_seconds: int,
-    ) -> ExpireOutcome:
+    async def expire(self, *, job_id: str, model: str, now: float, expired: ErrorEvent) -> ExpireOutcome:
         """A queued job of `model` whose deadline has come fails unrun, as a worker's start would end it
         (`expire.lua`); the sweep of `model`'s `deadlines` calls it."""
-        queue = self.keys.model(model)
-        keys = [
-            *self._job_keys(job_id),
-            queue.queue,
-            queue.deadlines,
-            self.keys.jobs_expired,
-            *self._announce_keys(job_id),
-        ]
         args: ExpireArgs = {
             "notices": self.keys.notices_of(job_id),
             "id": job_id,
             "now": repr(now),
             "expired_event": event_json(expired),
             "expired_message": expired.message,
-            "maxlen": maxlen,
-            "retention": retention_seconds,
-            "share_prefix": queue.share_queue_prefix,
+            "maxlen": self.lifecycle.maxlen,
+            "retention": self.lifecycle.retention_seconds,
+            "share_prefix": self.keys.model(model).share_queue_prefix,
         }
-        answer = await scripts.EXPIRE(self.redis, keys, args)
+        answer = await scripts.EXPIRE(self.redis, self._job_keys(job_id, model), args)
         if answer != ExpireOutcome.expired.value:
             return ExpireOutcome.passed
-        await self._expired_stream("expire", job_id, expired, maxlen, retention_seconds, now)
+        await self.planes.expired("expire", job_id, expired, now)
         return ExpireOutcome.expired
 
-    async def _expired_stream(
-        self,
-        transition: str,
-        job_id: str,
-        expired: ErrorEvent,
-        maxlen: int,
-        retention_seconds: int,
-        now: float,
-    ) -> None:
-        """With the streams apart, the end of the stream of a job whose deadline ended it, after its
-        record's (`transition`'s)."""
-        if not self.split:
-            return
-        self.between(transition)
-        ending: list[tuple[str, str]] = [(expired.type, event_json(expired))]
-        await self.end_stream(job_id, ending, maxlen=maxlen, retention_seconds=retention_seconds, now=now)
-
-    def step_command(self, *, worker_id: str, steps: Sequence[JobStep], maxlen: int) -> tuple[Any, ...]:
+    def step_command(self, *, worker_id: str, steps: Sequence[JobStep]) -> tuple[Any, ...]:
         """The step script for `steps`, jobs of `worker_id`'s, as one pipeline command; its answer
         holds one answer a step, in their order, each read with `StepAnswer.of`. Not for streams in
         partitions (`step_calls`)."""
-        return scripts.STEP.command(*self._step_parts(worker_id, steps, maxlen))
+        return scripts.STEP.command(*self._step_parts(worker_id, steps))
 
-    def step_calls(self, *, worker_id: str, steps: Sequence[JobStep], maxlen: int) -> list[StepCall]:
+    def step_calls(self, *, worker_id: str, steps: Sequence[JobStep]) -> list[StepCall]:
         """`step_command`, as one call a partition when the streams are in partitions (a script
         names keys of one slot only), each publishing its notice on its partition's shard channel."""
         if not self.keys.partitions:
-            return [StepCall(None, self.step_command(worker_id=worker_id, steps=steps, maxlen=maxlen))]
+            return [StepCall(None, self.step_command(worker_id=worker_id, steps=steps))]
         groups: dict[int, list[int]] = {}
         for position, step in enumerate(steps):
             groups.setdefault(self.keys.partition(step.job_id), []).append(position)
@@ -588,30 +488,29 @@ class Transitions:
             StepCall(
                 positions,
                 scripts.STEP.command(
-                    *self._step_parts(worker_id, [steps[position] for position in positions], maxlen)
+                    *self._step_parts(worker_id, [steps[position] for position in positions])
                 ),
             )
             for positions in groups.values()
         ]
 
-    async def step(self, *, worker_id: str, step: JobStep, maxlen: int) -> StepAnswer:
+    async def step(self, *, worker_id: str, step: JobStep) -> StepAnswer:
         """One job's step, sent on its own (a worker's publisher sends every job's in one call)."""
-        (answer,) = await scripts.STEP(self.streams, *self._step_parts(worker_id, [step], maxlen))
+        (answer,) = await scripts.STEP(self.streams, *self._step_parts(worker_id, [step]))
         return StepAnswer.of(answer)
 
-    def _step_parts(
-        self, worker_id: str, steps: Sequence[JobStep], maxlen: int
-    ) -> tuple[list[str], list[Any]]:
-        """KEYS and ARGV as `step.lua` reads them: every job's lease (`fence`), then every job's stream; the
-        call's `StepArgs`, its notices (channel, message) each, then every job's part. A message tells of
-        the entries of one notice partition's streams, so that a gateway hears only the partitions of
-        the streams it relays."""
+    def _step_parts(self, worker_id: str, steps: Sequence[JobStep]) -> tuple[list[str], list[Any]]:
+        """KEYS and ARGV as `step.lua` reads them: every job's lease (its writer, apart: `Planes.fence`),
+        then every job's stream; the call's `StepArgs`, its notices (channel, message) each, then every
+        job's part. A message tells of the entries of one notice partition's streams, so that a gateway
+        hears only the partitions of the streams it relays."""
         sent_at = str(time.time_ns() // 1_000_000)
+        maxlen = self.lifecycle.maxlen
         leases: list[str] = []
         streams: list[str] = []
         argv: list[Any] = []
         lines: dict[str, list[str]] = {}  # a notice channel: its message's lines
-        fence = self.keys.writer if self.split else self.keys.lease
+        fence = self.planes.fence
         for step in steps:
             job_id = step.job_id
             stream = self.keys.stream(job_id)
@@ -640,41 +539,22 @@ class Transitions:
         state: JobState,
         events: list[Event],
         record_fields: dict[str, str],
-        maxlen: int,
-        retention_seconds: int,
     ) -> FinishCommands:
         """The finish script as a pipeline command (EVAL: it runs once a job), and with the streams
         apart the end of the stream before it; each answer reads with `Finished.of`."""
-        keys = [
-            *self._job_keys(job_id),
-            self.keys.lease(job_id),
-            self.keys.running,
-            *self._announce_keys(job_id),
-        ]
         pairs: list[tuple[str, str]] = [(event.type, event_json(event)) for event in events]
         args: FinishArgs = {
             "notices": self.keys.notices_of(job_id),
             "id": job_id,
             "worker": worker_id,
             "state": state.value,
-            "maxlen": maxlen,
-            "retention": retention_seconds,
-            "events": pairs[-1:] if self.split else pairs,  # apart: the terminal one, for the record
+            "maxlen": self.lifecycle.maxlen,
+            "retention": self.lifecycle.retention_seconds,
+            "events": self.planes.recorded_end(pairs),
             "fields": record_fields,
         }
-        record = scripts.FINISH.eval_command(keys, args)
-        if not self.split:
-            return FinishCommands(None, record)
-        ending: StreamEndArgs = {
-            "holder": worker_id,
-            "asked_at": "",
-            "events": pairs,
-            "maxlen": maxlen,
-            "retention": retention_seconds,
-            **self._notices_of(job_id),
-        }
-        stream_keys = [self.keys.stream(job_id), self.keys.writer(job_id)]
-        return FinishCommands(scripts.STREAM_END.eval_command(stream_keys, ending), record)
+        record = scripts.FINISH.eval_command(self._job_keys(job_id), args)
+        return FinishCommands(self.planes.end_of_stream(job_id, worker_id, pairs), record)
 
     async def cancel(
         self,
@@ -683,9 +563,6 @@ class Transitions:
         model: str,
         now: float,
         cancelled: Event,
-        maxlen: int,
-        retention_seconds: int,
-        lifetime_seconds: int,
         stream_tip: str = "",
         record_fields: dict[str, str] | None = None,
         wait: Wait | None = None,
@@ -694,56 +571,30 @@ class Transitions:
         worker holds ends only given `stream_tip`, the id of the stream's last entry ('0-0' for none),
         and the record's fields computed from the stream up to it (`cancel.lua`); `cancelled` is
         then numbered after that entry."""
-        keys = [
-            *self._job_keys(job_id),
-            self.keys.model(model).queue,
-            *self._announce_keys(job_id),
-            self.keys.lease(job_id),
-            self.keys.running,
-            self.keys.model(model).deadlines,
-        ]
+        lifecycle = self.lifecycle
         args: CancelArgs = {
             "notices": self.keys.notices_of(job_id),
             "id": job_id,
             "now": repr(now),
             "cancelled_event": event_json(cancelled),
-            "maxlen": maxlen,
-            "retention": retention_seconds,
-            "lifetime": lifetime_seconds,
+            "maxlen": lifecycle.maxlen,
+            "retention": lifecycle.retention_seconds,
+            "lifetime": lifecycle.lifetime_seconds,
             "share_prefix": self.keys.model(model).share_queue_prefix,
             "stream_tip": stream_tip,
             "fields": record_fields or {},
         }
-        if self.split and not stream_tip:
-            # The writer of a running job carries the ask first: should the caller stop before the
-            # record has it, the worker's next step ends the job all the same.
-            marking: WriterMarkArgs = {"asked_at": repr(now)}
-            await scripts.WRITER_MARK(self.streams, [self.keys.writer(job_id)], marking)
-            self.between("cancel asked")
+        if not stream_tip:
+            await self.planes.ask_cancel(job_id, now)
+        keys = self._job_keys(job_id, model)
         (outcome, *state), acked = await self._run(scripts.CANCEL, keys, args, wait)
-        if self.split:
-            self.between("cancel")
-            ending = (cancelled.type, event_json(cancelled))
-            await self._cancel_stream(job_id, CancelOutcome(outcome), state, ending, retention_seconds, now)
-        return CancelResult(CancelOutcome(outcome), JobState(state[0]) if state else None, acked)
-
-    async def _cancel_stream(
-        self,
-        job_id: str,
-        outcome: CancelOutcome,
-        answer: list[str],
-        cancelled: tuple[str, str],
-        retention_seconds: int,
-        now: float,
-    ) -> None:
-        """With the streams apart, a cancel's part there after the record's (a running job's writer
-        carries the ask already): the stream of a job it ended ends; the writer of a job no worker
-        holds goes (held by the worker that last ran it) before its caller reads the stream to end it."""
-        if outcome is CancelOutcome.cancelled:
-            retention = retention_seconds
-            await self.end_stream(job_id, [cancelled], maxlen=None, retention_seconds=retention, now=now)
-        elif outcome is CancelOutcome.unheld and answer[1]:
-            await self.drop_writer(job_id, answer[1])
+        result = CancelOutcome(outcome)
+        # A job no worker holds: its writer goes (held by the worker that last ran it) before its
+        # caller reads the stream to end it.
+        worker = state[1] if result is CancelOutcome.unheld else None
+        ending = (cancelled.type, event_json(cancelled))
+        await self.planes.cancelled(job_id, result is CancelOutcome.cancelled, worker, ending, now)
+        return CancelResult(result, JobState(state[0]) if state else None, acked)
 
     async def tenant_usage(self, tenant: str) -> TenantUsage:
         """The tenant's counters, as its next submission's admission counts them (`tenant_usage.lua`)."""
@@ -769,44 +620,32 @@ class Transitions:
         )
 
     async def delete(self, *, job_id: str, wait: Wait | None = None) -> DeleteResult:
-        keys = self._job_keys(job_id)
-        (outcome, *state), acked = await self._run(scripts.DELETE, keys, [], wait)
-        if self.split and outcome == DeleteOutcome.deleted.value:
-            self.between("delete")
-            await self.streams.delete(self.keys.stream(job_id), self.keys.writer(job_id))
+        (outcome, *state), acked = await self._run(scripts.DELETE, self._job_keys(job_id), [], wait)
+        if outcome == DeleteOutcome.deleted.value:
+            await self.planes.deleted(job_id)
         return DeleteResult(DeleteOutcome(outcome), JobState(state[0]) if state else None, acked)
 
     async def renew(
-        self,
-        *,
-        worker_id: str,
-        job_ids: list[str],
-        lease_seconds: float,
-        lifetime_seconds: int,
-        extend: Collection[str],
+        self, *, worker_id: str, job_ids: list[str], lease_seconds: float, extend: Collection[str]
     ) -> list[str]:
         """Extend the leases `worker_id` holds on `job_ids`, and the record and stream of those of them
-        in `extend` to `lifetime_seconds`; answers the jobs whose lease it lost."""
+        in `extend` to a job lifetime; answers the jobs whose lease it lost."""
         wanted = set(extend)
         positions = [position for position, job_id in enumerate(job_ids, 1) if job_id in wanted]
         keys = [self.keys.lease(job_id) for job_id in job_ids]
         for position in positions:
-            job_id = job_ids[position - 1]
-            keys += [self.keys.job(job_id), "" if self.split else self.keys.stream(job_id)]
+            job = self.planes.control(self.keys.of_job(job_ids[position - 1], ""))
+            keys += [job.record, job.stream]
         args: RenewArgs = {
             "worker": worker_id,
             "lease_ms": int(lease_seconds * 1000),
-            "lifetime": lifetime_seconds,
+            "lifetime": self.lifecycle.lifetime_seconds,
             "extend": positions,
         }
         lost = [job_ids[position - 1] for position in await scripts.RENEW(self.redis, keys, args)]
         extended = [job_ids[position - 1] for position in positions]
-        if self.split and extended:  # the streams and writers of the jobs still held live as long
-            async with self.streams.pipeline(transaction=False) as pipe:
-                for job_id in set(extended).difference(lost):
-                    pipe.expire(self.keys.stream(job_id), lifetime_seconds)
-                    pipe.expire(self.keys.writer(job_id), lifetime_seconds)
-                await pipe.execute()
+        if extended:  # the streams (and writers) of the jobs still held live as long
+            await self.planes.renewed(set(extended).difference(lost))
         return lost
 
     async def release(
@@ -820,49 +659,28 @@ class Transitions:
         now: float,
         message: str,
         failure: Failure | None,
-        lifetime_seconds: int,
-        retention_seconds: int,
-        maxlen: int,
     ) -> ReleaseOutcome:
         """`model`: the job's model (its record's), whose queue a requeued job goes back to."""
         queue = self.keys.model(model)
-        keys = [
-            *self._job_keys(job_id),
-            self.keys.lease(job_id),
-            self.keys.running,
-            queue.queue,
-            *self._announce_keys(job_id),
-            queue.share_tenants,
-            queue.share_state,
-            queue.batch_share_tenants,
-        ]
+        lifecycle = self.lifecycle
         args: ReleaseArgs = {
             "notices": self.keys.notices_of(job_id),
             "id": job_id,
             "worker": worker_id,
             "attempt": attempt,
             "max_attempts": max_attempts,
-            "lifetime": lifetime_seconds,
+            "lifetime": lifecycle.lifetime_seconds,
             "now": repr(now),
-            "retention": retention_seconds,
-            "maxlen": maxlen,
+            "retention": lifecycle.retention_seconds,
+            "maxlen": lifecycle.maxlen,
             "message": message,
             "wakeup": queue.wakeup,
             "share_prefix": queue.share_queue_prefix,
             "failure": failure.args() if failure else None,
         }
-        outcome, *holder = await scripts.RELEASE(self.redis, keys, args)
-        if self.split:  # after the record's: the job is no longer the worker's, nor its stream
-            self.between("release")
-            if outcome == ReleaseOutcome.requeued.value and holder and holder[0]:
-                await self.drop_writer(job_id, holder[0], lifetime_seconds)
-            elif outcome == ReleaseOutcome.exhausted.value and holder and holder[0]:
-                await self.drop_writer(job_id, holder[0])
-            elif outcome == ReleaseOutcome.failed.value and failure is not None:
-                failed: list[tuple[str, str]] = [(failure.event.type, event_json(failure.event))]
-                await self.end_stream(
-                    job_id, failed, maxlen=maxlen, retention_seconds=retention_seconds, now=now
-                )
+        outcome, *holder = await scripts.RELEASE(self.redis, self._job_keys(job_id, model), args)
+        failed = failure.event if failure is not None else None
+        await self.planes.released(job_id, outcome, holder[0] if holder else "", failed, now)
         return ReleaseOutcome(outcome)
 
 

@@ -18,6 +18,7 @@ from shared.lifecycle import scripts
 from shared.lifecycle.transitions import JobStep
 from shared.workers import WorkerInfo, announce
 from tests.processes import Processes, free_port
+from tests.shared.transitions import transitions
 
 CARD_MODEL = "SmolLM2-135M-Instruct"  # the model card of the `model_card` fixture: the default model
 CARD_CONTEXT = 2048
@@ -83,11 +84,13 @@ class StandInWorker:
 
     async def run_to_done(self, finish_reason: str = "length") -> None:
         """DELTAS deltas (seqs 2 on), then `done` for `finish_reason`."""
-        transitions, redis = self.store.transitions, self.store.redis
+        redis = self.store.redis
         await redis.script_load(scripts.STEP.source)  # a fresh Redis has none; the worker loads it so
         for seq in range(2, 2 + DELTAS):
             delta = DeltaEvent(seq=seq, text=f"t{seq}", token_ids=[seq])
-            await transitions.step(worker_id=WORKER, step=JobStep(self.job_id, [delta]), maxlen=1000)
+            await transitions(self.store, maxlen=1000).step(
+                worker_id=WORKER, step=JobStep(self.job_id, [delta])
+            )
         usage = Usage(prompt_tokens=1, completion_tokens=DELTAS)
         outcome = Outcome(JobState.completed, "", DELTAS, usage, finish_reason=finish_reason)
         await self._end(DoneEvent(seq=2 + DELTAS, finish_reason=finish_reason, usage=usage), outcome)

@@ -33,6 +33,7 @@ from shared.requests import JobRequest
 from tests.conftest import make_settings
 from tests.gateway.keyed_gateway import KeyedGateway
 from tests.helpers import eventually, notify, read_sse, stream_reader_listening
+from tests.shared.transitions import transitions
 
 LIMITS = StreamLimits.of(GatewaySettings())
 MODEL = "smol"
@@ -330,8 +331,8 @@ async def _started_jobs(store: JobStore, workers: list[str], each: int) -> dict[
 
 async def _step(store: JobStore, worker: str, steps: dict[str, list[Event]]) -> None:
     """One step call of `worker` for all of its jobs, as its publisher sends it."""
-    command = store.transitions.step_command(
-        worker_id=worker, steps=[JobStep(job_id, events) for job_id, events in steps.items()], maxlen=1000
+    command = transitions(store, maxlen=1000).step_command(
+        worker_id=worker, steps=[JobStep(job_id, events) for job_id, events in steps.items()]
     )
     answers = await store.redis.execute_command(*command)
     assert answers == ["go"] * len(steps)

@@ -63,10 +63,9 @@ async def _fill(client: aioredis.Redis) -> None:
 async def _run_to_the_end(client: aioredis.Redis, store: JobStore, job_id: str) -> None:
     """What a worker writes for the job, step by step, then its end."""
     await client.script_load(scripts.STEP.source)
-    maxlen = store.settings.stream_maxlen
     for seq, word in enumerate(WORDS, start=2):
         delta = DeltaEvent(seq=seq, text=word, token_ids=[seq])
-        answer = await store.transitions.step(worker_id=WORKER, step=JobStep(job_id, [delta]), maxlen=maxlen)
+        answer = await store.step(WORKER, JobStep(job_id, [delta]))
         assert answer.verdict is Verdict.go
     usage = Usage(prompt_tokens=1, completion_tokens=len(WORDS))
     done = DoneEvent(seq=2 + len(WORDS), finish_reason="stop", usage=usage)

@@ -40,7 +40,7 @@ from shared.lifecycle.transitions import (
     Verdict,
 )
 from shared.requests import JobRequest
-from tests.shared.transitions import MODEL, claimed, lose_last_entries, release
+from tests.shared.transitions import MODEL, claimed, lose_last_entries, release, transitions
 
 REQUEST = JobRequest(prompt="The capital of France is", max_tokens=8)
 LEASE_SECONDS = 6.0
@@ -94,6 +94,7 @@ HELPERS = {
     "lease",
     "end_event",
     "prefix_holder",
+    "job_keys",
 }
 FOLDER = Path(scripts.__file__).parent
 
@@ -106,6 +107,8 @@ def test_every_script_ships_as_a_lua_file_and_gets_the_helpers_it_uses() -> None
             name for name in SCRIPTS if f"local function {helper}(" in getattr(scripts, name.upper()).source
         }
 
+    # every script that touches a job reads its keys in one order (`JobKeys`), through one helper
+    assert calling("job_keys") == {"submit", "start", "release", "finish", "cancel", "expire", "delete"}
     # the scripts that may end a job end it through one helper: its keys expire, its webhook hears
     # of it, its tenant's counters count it
     assert calling("end_job") == calling("batch_end") == {"start", "release", "finish", "cancel", "expire"}
@@ -226,7 +229,7 @@ def test_a_step_call_is_sent_byte_for_byte_as_step_lua_and_the_relay_read_it(
     monkeypatch.setattr(time, "time_ns", lambda: 1_700_000_000_123_456_789)
     (delta, delta_json), (status, status_json) = EVENTS_AS_SENT[0], EVENTS_AS_SENT[2]
     steps = [JobStep("job-a", [status, delta], check=True), JobStep("job-b", [])]
-    command = store.transitions.step_command(worker_id="worker-1", steps=steps, maxlen=8)
+    command = transitions(store, maxlen=8).step_command(worker_id="worker-1", steps=steps)
     prefix, sha = store.keys.prefix, scripts.STEP.sha
     stream = f"{prefix}:job:job-a:events"
     lines = [f"{stream}\x1f2-1\x1fstatus\x1f1700000000123\x1f{status_json}"]
@@ -267,14 +270,11 @@ async def test_cancel_answers_what_it_did_as_an_enum_with_the_state(store: JobSt
     running = await started(store)
 
     async def cancel(job_id: str) -> tuple[CancelOutcome, JobState | None]:
-        result = await store.transitions.cancel(
+        result = await transitions(store, maxlen=1000, retention_seconds=60, lifetime_seconds=60).cancel(
             job_id=job_id,
             model=MODEL,
             now=time.time(),
             cancelled=DeltaEvent(seq=1, text="", token_ids=[]),  # any event: only a queued job gets it
-            maxlen=1000,
-            retention_seconds=60,
-            lifetime_seconds=60,
         )
         return result.outcome, result.state
 
@@ -349,8 +349,8 @@ async def step(
     publisher loads it (a fresh Redis has no scripts). `check`: as a step sent again, or the first of
     its job since a round trip failed."""
     await store.redis.script_load(scripts.STEP.source)
-    command = store.transitions.step_command(
-        worker_id="worker-1", steps=[JobStep(job_id, list(events), check)], maxlen=maxlen
+    command = transitions(store, maxlen=maxlen).step_command(
+        worker_id="worker-1", steps=[JobStep(job_id, list(events), check)]
     )
     (answer,) = await store.redis.execute_command(*command)
     return answer
@@ -438,24 +438,12 @@ async def test_start_and_renewals_give_a_running_jobs_keys_a_job_lifetime_again(
     assert all(lifetime - 1 <= ttl <= lifetime for ttl in await ttls(store, job_id))
     for _ in range(3):  # heartbeats
         await near_their_end()
-        lost = await store.transitions.renew(
-            worker_id="worker-1",
-            job_ids=[job_id],
-            lease_seconds=LEASE_SECONDS,
-            lifetime_seconds=lifetime,
-            extend=[job_id],
-        )
+        lost = await store.renew("worker-1", [job_id], lease_seconds=LEASE_SECONDS, extend=[job_id])
         assert lost == []
         assert all(lifetime - 1 <= ttl <= lifetime for ttl in await ttls(store, job_id))
     # Another worker's renewal extends nothing of a job it does not hold.
     await near_their_end()
-    lost = await store.transitions.renew(
-        worker_id="worker-2",
-        job_ids=[job_id],
-        lease_seconds=LEASE_SECONDS,
-        lifetime_seconds=lifetime,
-        extend=[job_id],
-    )
+    lost = await store.renew("worker-2", [job_id], lease_seconds=LEASE_SECONDS, extend=[job_id])
     assert lost == [job_id]
     assert await ttls(store, job_id) == [1, 1]
 
@@ -489,7 +477,7 @@ async def test_one_step_call_answers_each_job_by_its_own_lease_and_stream(store:
     await store.redis.script_load(scripts.STEP.source)
     jobs = [held, taken, gone, cancelled]
     steps = [JobStep(job_id, [DeltaEvent(seq=2, text="a", token_ids=[1])]) for job_id in jobs]
-    command = store.transitions.step_command(worker_id="worker-1", steps=steps, maxlen=1000)
+    command = transitions(store, maxlen=1000).step_command(worker_id="worker-1", steps=steps)
     answers = [StepAnswer.of(answer) for answer in await store.redis.execute_command(*command)]
     assert [answer.verdict for answer in answers] == [Verdict.go, Verdict.lost, Verdict.lost, Verdict.cancel]
     assert answers[3].cancel_asked_at is not None
@@ -498,13 +486,7 @@ async def test_one_step_call_answers_each_job_by_its_own_lease_and_stream(store:
 
 
 async def renew(store: JobStore, job_id: str, worker_id: str = "worker-1") -> list[str]:
-    return await store.transitions.renew(
-        worker_id=worker_id,
-        job_ids=[job_id],
-        lease_seconds=LEASE_SECONDS,
-        lifetime_seconds=store.settings.job_lifetime_seconds,
-        extend=[job_id],
-    )
+    return await store.renew(worker_id, [job_id], lease_seconds=LEASE_SECONDS, extend=[job_id])
 
 
 async def test_a_cancel_asked_of_a_running_job_reaches_its_next_step_and_leaves_it_its_lease(
@@ -549,14 +531,11 @@ async def test_a_cancel_asked_while_a_job_is_handed_back_reaches_the_worker_that
 ) -> None:
     job_id = await started(store)
     assert await release(store, job_id, attempt=1) is ReleaseOutcome.requeued
-    outcome = await store.transitions.cancel(
+    outcome = await transitions(store, maxlen=1000, retention_seconds=60, lifetime_seconds=600).cancel(
         job_id=job_id,
         model=MODEL,
         now=time.time(),
         cancelled=ErrorEvent(seq=2, message="cancelled", code="cancelled"),
-        maxlen=1000,
-        retention_seconds=60,
-        lifetime_seconds=600,
     )
     assert outcome.outcome is CancelOutcome.unheld  # a worker resumes the job before its caller ends it
     assert await store.start(job_id, "worker-1", MODEL, lease_seconds=LEASE_SECONDS) is not None

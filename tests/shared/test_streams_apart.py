@@ -4,7 +4,7 @@ each on its own `redis-server`, and a job left whole when its caller stops betwe
 The streams' Redis is a private `redis-server` of this module's; the rest lives on the suite's Redis.
 A script on one cannot touch a key of the other, so a part that reached for the wrong one would find
 nothing there. A caller stopping between a transition's two writes is the fault hook
-`Transitions.between_planes` raising, a test double for a crash at that point: a real kill cannot be
+`Planes.between_planes` raising, a test double for a crash at that point: a real kill cannot be
 timed between two round trips."""
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ LIMITS = StreamLimits(most=10, most_per_owner=10, batch_bytes=65536)
 
 
 class Stopped(Exception):
-    """The caller stopped between a transition's two writes (`Transitions.between_planes`)."""
+    """The caller stopped between a transition's two writes (`Planes.between_planes`)."""
 
 
 @pytest.fixture
@@ -60,7 +60,7 @@ def stop_at(store: JobStore, transition: str) -> None:
         if at == transition:
             raise Stopped(at)
 
-    store.transitions.between_planes = stop
+    store.planes.between_planes = stop
 
 
 async def submitted(store: JobStore) -> str:
@@ -213,7 +213,7 @@ async def test_a_worker_stopped_between_its_end_and_the_record_has_the_job_end_a
         await publisher.finish(job_id, [done(4)], COMPLETED)
     assert await status(store, job_id) == "running"
     assert (await stream_types(store, job_id))[-1] == "done"
-    store.transitions.between_planes = None
+    store.planes.between_planes = None
     await store.redis.delete(store.keys.lease(job_id))  # its lease lapses
     assert await release(store, job_id, attempt=0) is ReleaseOutcome.requeued
     assert await store.start(job_id, "worker-2", MODEL, lease_seconds=LEASE_SECONDS) is None
@@ -292,7 +292,7 @@ async def test_a_start_stopped_before_the_stream_is_handed_on_when_its_lease_lap
     stop_at(store, "start")
     with pytest.raises(Stopped):
         await store.start(job_id, WORKER, MODEL, lease_seconds=LEASE_SECONDS)
-    store.transitions.between_planes = None
+    store.planes.between_planes = None
     assert await status(store, job_id) == "running"
     assert not await store.streams.exists(store.keys.writer(job_id))
     assert await Publisher(store.streams, store, WORKER).step(job_id, [delta(1)]) is Verdict.lost
@@ -313,7 +313,7 @@ async def test_a_release_stopped_before_the_writer_went_lets_the_next_start_fenc
     stop_at(store, "release")
     with pytest.raises(Stopped):
         await release(store, job_id, attempt=1)
-    store.transitions.between_planes = None
+    store.planes.between_planes = None
     assert await old.step(job_id, [delta(2)]) is Verdict.go
     resumed = await store.start(job_id, "worker-2", MODEL, lease_seconds=LEASE_SECONDS)
     assert resumed is not None and resumed.progress.next_seq == 3 and resumed.progress.text == "a"

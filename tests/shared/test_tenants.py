@@ -15,7 +15,7 @@ from shared.jobstore import JobStore, Outcome
 from shared.lifecycle.transitions import Failure, JobStep, ReleaseOutcome
 from shared.requests import JobRequest
 from shared.tenants import Tenant, TenantUsage
-from tests.shared.transitions import MODEL, WORKER, claimed, release
+from tests.shared.transitions import MODEL, WORKER, claimed, release, transitions
 
 REQUEST = JobRequest(prompt="The capital of France is", max_tokens=8)
 LEASE_SECONDS = 6.0
@@ -125,7 +125,7 @@ async def test_cancelling_a_job_handed_back_ends_it_at_once_and_frees_its_slot(s
     assert await claimed(store) == [job_id]
     await start(store, job_id)
     step = [DeltaEvent(seq=2, text=" Paris", token_ids=[7, 8])]
-    await store.transitions.step(worker_id=WORKER, step=JobStep(job_id, step), maxlen=1000)
+    await transitions(store, maxlen=1000).step(worker_id=WORKER, step=JobStep(job_id, step))
     assert await release(store, job_id, attempt=1) is ReleaseOutcome.requeued  # the worker is stopping
     await refusal(store, tenant)
 

@@ -3,12 +3,24 @@
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 from shared.jobstore import JobStore
-from shared.lifecycle.transitions import Affinity, Failure, ReleaseOutcome, claim
+from shared.lifecycle.planes import planes_of
+from shared.lifecycle.transitions import Affinity, Failure, ReleaseOutcome, Transitions, claim
 
 MODEL = "smol"
 WORKER = "worker-1"
+
+
+def transitions(store: JobStore, **lifecycle: int) -> Transitions:
+    """The lifecycle's transitions over the store's Redis and keys, as the store makes its own, with
+    `lifecycle`'s values in place of its settings' (a stream's cap below what they allow, say); the
+    store's fault hook between its two Redis goes with them."""
+    changed = replace(store.planes.lifecycle, **lifecycle)
+    planes = planes_of(store.redis, store.keys, changed, store.streams_apart)
+    planes.between_planes = store.planes.between_planes
+    return Transitions(store.redis, store.keys, changed, planes)
 
 
 async def release(
@@ -23,7 +35,7 @@ async def release(
     """WORKER hands back its run `attempt` (of 3) of a job of `model` at `now` (by default, now), as a
     worker does whose engine died; `failure`: what the job fails with if it is out of attempts."""
     at = time.time() if now is None else now
-    return await store.transitions.release(
+    return await transitions(store, lifetime_seconds=60, retention_seconds=60, maxlen=1000).release(
         job_id=job_id,
         model=model,
         worker_id=WORKER,
@@ -32,9 +44,6 @@ async def release(
         now=at,
         message="gone",
         failure=failure,
-        lifetime_seconds=60,
-        retention_seconds=60,
-        maxlen=1000,
     )
 
 

@@ -90,11 +90,11 @@ async def test_renewals_extend_a_jobs_keys_first_then_every_quarter_lifetime_and
     assert await renewed()
     assert not await renewed()
 
-    async def unreachable(**_: object) -> list[str]:
+    async def unreachable(*_: object, **__: object) -> list[str]:
         raise ConnectionError("Redis is away")
 
     with monkeypatch.context() as patch:
-        patch.setattr(leases.transitions, "renew", unreachable)
+        patch.setattr(leases.store, "renew", unreachable)
         with pytest.raises(BackendUnavailable):
             await leases.renew("worker-1", [job_id])
     assert await renewed()  # the renewal after a failed one: it may have been lost with its Redis
