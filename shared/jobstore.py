@@ -65,6 +65,7 @@ FIRST_WORKER_SEQ = 2  # seq 0 is `queued` (submit), 1 is `running` (start)
 # thread, so that a long running job's record (100,000 entries: 0.2 s) holds no stream of the gateway.
 LONG_STREAM = 1024
 DEADLINE_EXCEEDED = "deadline_exceeded"
+WORKER_LOST = "worker_lost"  # the code of a job's end once it has run `max_attempts` times
 DEADLINE_PASSED = "the job's deadline passed before a worker could start it"
 EXPIRED = ErrorEvent(seq=1, message=DEADLINE_PASSED, code=DEADLINE_EXCEEDED)
 """The last event of a job whose deadline passed while it was queued (after `queued`, seq 0)."""
@@ -528,25 +529,47 @@ class JobStore:
         self,
         job_id: str,
         model: str,
-        *,
-        worker_id: str,
-        attempt: int,
-        max_attempts: int,
-        now: float,
         message: str,
-        failure: Failure | None = None,
+        *,
+        worker_id: str = "",
+        attempt: int = 0,
+        max_attempts: int,
     ) -> ReleaseOutcome:
-        """Requeue a running job of `model` (its record's) for another worker to resume, or once it is
-        out of attempts fail it with `failure` (`release.lua`: without it, `exhausted`)."""
-        return await self._transitions.release(
-            job_id=job_id,
-            model=model,
-            worker_id=worker_id,
-            attempt=attempt,
-            max_attempts=max_attempts,
-            now=now,
-            message=message,
-            failure=failure,
+        """Requeue a running job of `model` (its record's) for another worker to resume, or once it has
+        run `max_attempts` times fail it with `worker_lost` and `message`, its output what its stream
+        holds (`release.lua`).
+
+        Without `worker_id`, only a lapsed lease is released (a reaper's call); with it, also that
+        worker's own, of the run `attempt` only (0: any run)."""
+        failure = None
+        while True:
+            with redis_errors():
+                outcome = await self._transitions.release(
+                    job_id=job_id,
+                    model=model,
+                    worker_id=worker_id,
+                    attempt=attempt,
+                    max_attempts=max_attempts,
+                    now=time.time(),
+                    message=message,
+                    failure=failure,
+                )
+            if outcome is not ReleaseOutcome.exhausted:
+                return outcome
+            # The script dropped the lease: nothing writes to the stream any more.
+            failure = await self._lost_end(job_id, message)
+
+    async def _lost_end(self, job_id: str, message: str) -> Failure:
+        """How a job out of attempts fails: the output its stream holds and an `error` event numbered
+        after the stream's last event."""
+        with redis_errors():
+            entries = await self.streams.xrange(self.keys.stream(job_id))
+        progress = Progress.of(_events(fields for _, fields in entries))
+        return Failure(
+            event=ErrorEvent(seq=progress.next_seq, message=message, code=WORKER_LOST),
+            text=progress.text,
+            token_count=len(progress.token_ids),
+            stream_tip=entries[-1][0] if entries else "",
         )
 
     async def cancel(self, job_id: str) -> tuple[CancelAnswer, bool]:

@@ -6,7 +6,7 @@ import hashlib
 import itertools
 import uuid
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from functools import cached_property
 
 from redis.crc import REDIS_CLUSTER_HASH_SLOTS as SLOTS
@@ -132,22 +132,8 @@ class JobKeys:
     expired: str
 
     def listed(self) -> list[str]:
-        """As the scripts' first KEYS."""
-        return [
-            self.record,
-            self.stream,
-            self.cancel,
-            self.lease,
-            self.running,
-            self.webhooks,
-            self.webhook,
-            self.queue,
-            self.deadlines,
-            self.share_tenants,
-            self.share_state,
-            self.batch_share_tenants,
-            self.expired,
-        ]
+        """As the scripts' first KEYS: in the order of the fields above."""
+        return [getattr(self, field.name) for field in fields(self)]
 
 
 @dataclass(frozen=True)

@@ -18,14 +18,12 @@ import time
 import redis.asyncio as aioredis
 
 from shared.config import WorkerSettings
-from shared.events import ErrorEvent, Progress, event_adapter
 from shared.jobstore import JobStore
-from shared.lifecycle.transitions import Failure, ReleaseOutcome
-from shared.redis_client import StreamsRedis, redis_errors
+from shared.lifecycle.transitions import ReleaseOutcome
+from shared.redis_client import redis_errors
 
 log = logging.getLogger(__name__)
 
-WORKER_LOST = "worker_lost"
 LAPSED = "its worker stopped renewing its lease (it died, froze or lost Redis)"
 KEYS_EXTENDED_EVERY = 0.25
 """How often a running job's record and stream get a job lifetime again, in job lifetimes: a lease
@@ -46,7 +44,6 @@ class Leases:
 
     def __init__(self, store: JobStore, settings: WorkerSettings) -> None:
         self.redis: aioredis.Redis = store.redis
-        self.streams: StreamsRedis = store.streams
         self.keys = store.keys
         self.store_settings = store.settings
         self.store = store
@@ -115,36 +112,8 @@ class Leases:
         """
         attempts = self.max_attempts
         message = f"{reason}; the job has run {attempts} time{'s' if attempts > 1 else ''} (max_attempts)"
-        failure = None
-        while True:
-            now = time.time()
-            with redis_errors():
-                outcome = await self.store.release(
-                    job_id,
-                    model,
-                    worker_id=worker_id,
-                    attempt=attempt,
-                    max_attempts=attempts,
-                    now=now,
-                    message=message,
-                    failure=failure,
-                )
-            if outcome is not ReleaseOutcome.exhausted:
-                return outcome
-            # The script dropped the lease: nothing writes to the stream any more.
-            failure = await self._failure(job_id, message)
-
-    async def _failure(self, job_id: str, message: str) -> Failure:
-        """The failure of a job out of attempts: the output its stream holds and an `error` event
-        numbered after the stream's last event."""
-        with redis_errors():
-            entries = await self.streams.xrange(self.keys.stream(job_id))
-        progress = Progress.of(event_adapter.validate_json(fields["data"]) for _, fields in entries)
-        return Failure(
-            event=ErrorEvent(seq=progress.next_seq, message=message, code=WORKER_LOST),
-            text=progress.text,
-            token_count=len(progress.token_ids),
-            stream_tip=entries[-1][0] if entries else "",
+        return await self.store.release(
+            job_id, model, message, worker_id=worker_id, attempt=attempt, max_attempts=attempts
         )
 
     async def reap(self, worker_id: str) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Callable
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,7 @@ from shared.events import (
     event_json,
 )
 from shared.jobstore import JobStore, Outcome
+from shared.keys import JobKeys
 from shared.lifecycle import scripts
 from shared.lifecycle.arguments import StepArgs
 from shared.lifecycle.transitions import (
@@ -97,6 +99,15 @@ HELPERS = {
     "job_keys",
 }
 FOLDER = Path(scripts.__file__).parent
+
+
+def test_job_keys_lua_reads_a_jobs_keys_by_the_names_and_in_the_order_of_job_keys() -> None:
+    source = (FOLDER / "job_keys.lua").read_text()
+    unpacked = re.search(r"local (record[^=]*)= unpack\(KEYS, 1, JOB_KEYS\)", source)
+    assert unpacked is not None
+    names = [name.strip() for name in unpacked.group(1).split(",")]
+    assert names == [field.name for field in fields(JobKeys)]
+    assert f"local JOB_KEYS = {len(fields(JobKeys))}" in source
 
 
 def test_every_script_ships_as_a_lua_file_and_gets_the_helpers_it_uses() -> None:

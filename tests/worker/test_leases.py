@@ -11,12 +11,12 @@ import pytest
 
 from shared.errors import BackendUnavailable
 from shared.events import DeltaEvent, JobState, event_adapter
-from shared.jobstore import JobStore
+from shared.jobstore import WORKER_LOST, JobStore
 from shared.lifecycle.transitions import ReleaseOutcome, Verdict
 from shared.requests import JobRequest
 from tests.helpers import eventually
 from tests.shared.transitions import claimed
-from worker.leases import KEYS_EXTENDED_EVERY, WORKER_LOST, Leases
+from worker.leases import KEYS_EXTENDED_EVERY, Leases
 from worker.publisher import Publisher
 
 REQUEST = JobRequest(prompt="The capital of France is", max_tokens=8)
