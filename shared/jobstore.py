@@ -257,9 +257,14 @@ class JobStore:
         """The streams' own Redis, where they have one (`streams_redis_url`); None: `redis` holds them."""
         self._transitions = Transitions(redis, keys, lifecycle, self.planes)
         self.acks = self._acks(redis)
-        self.stream_acks = self._acks(streams) if isinstance(streams, aioredis.Redis) else None
-        """The streams' own Redis's, which a job's end must reach too; none on a Redis Cluster, whose
-        masters each have replicas of their own (a WAIT counts those of the master it is sent to)."""
+        self.stream_acks = self.acks if streams is None else self._stream_acks(streams)
+        """The replicas a write to the streams' Redis must reach (a step's, a job's end): the control
+        plane's where one Redis holds both."""
+
+    def _stream_acks(self, streams: StreamsRedis) -> ReplicaAcks | None:
+        """The streams' own Redis's; none on a Redis Cluster, whose masters each have replicas of their
+        own (a WAIT counts those of the master it is sent to)."""
+        return self._acks(streams) if isinstance(streams, aioredis.Redis) else None
 
     def _acks(self, redis: aioredis.Redis) -> ReplicaAcks:
         settings, keys = self.settings, self.keys

@@ -267,14 +267,13 @@ class Publisher:
 
     async def _send(self, steps: list[_Step], ends: list[FinishCommands]) -> tuple[list[Any], list[Any]]:
         """The answers to `steps`, one a step, and to the `ends`, which count as written only once the
-        replicas the store's `acks` asks for hold them (a WAIT closes the pipeline). With the streams
-        apart an end reaches the stream in the steps' round trip, and the record in one more."""
+        replicas the store's `acks` asks for hold them (a WAIT closes the pipeline). An end goes in the
+        steps' round trip (`FinishCommands.first`); with the streams apart that ends the stream, and
+        the record's end follows in one more round trip (`then`)."""
         store = self.store
-        if store.streams_apart is None:
-            return await self._pipeline(self.redis, store.acks, steps, [end.record for end in ends])
-        streams = [end.stream for end in ends if end.stream is not None]
-        step_answers, end_answers = await self._pipeline(self.redis, store.stream_acks, steps, streams)
-        ended = [at for at, answer in enumerate(end_answers) if _ended(answer)]
+        first = [end.first for end in ends]
+        step_answers, end_answers = await self._pipeline(self.redis, store.stream_acks, steps, first)
+        ended = [at for at, answer in enumerate(end_answers) if ends[at].then is not None and _ended(answer)]
         if ended:
             store.planes.between("finish")
             _, records = await self._pipeline(store.redis, store.acks, [], [ends[at].record for at in ended])

@@ -180,6 +180,16 @@ class FinishCommands:
     stream: tuple[Any, ...] | None
     record: tuple[Any, ...]
 
+    @property
+    def first(self) -> tuple[Any, ...]:
+        """What goes in the steps' round trip, to the streams' Redis: the whole end on one Redis."""
+        return self.record if self.stream is None else self.stream
+
+    @property
+    def then(self) -> tuple[Any, ...] | None:
+        """What goes to the records' Redis once `first` ended the stream; None: nothing more."""
+        return None if self.stream is None else self.record
+
 
 class CancelOutcome(Enum):
     cancelled = "cancelled"  # queued (or running, held by no worker) -> cancelled
