@@ -309,9 +309,14 @@ def shares_run(url: str, logs: Path, plan: SchedulingPlan, unit: str) -> TokenSh
 def measure(
     url: str, logs: Path, plan: SchedulingPlan, parts: list[str], command: str, say: Callable[[str], None]
 ) -> Scheduling:
-    measured = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    results = Scheduling(command, measured, plan)
+    results = Scheduling(plan)
+
+    def measured(part: str) -> None:
+        when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+        results.measured_by[part] = f"`{command}` ({when})"
+
     if "claims" in parts:
+        measured("claims")
         say("claim cost: queueing and claiming")
         settings = system.bench_settings(url)
 
@@ -324,10 +329,12 @@ def measure(
 
         results.claims = _with_cleanup(url, settings, claims)
     if "shares" in parts:
+        measured("shares")
         for unit in ("tokens", "jobs"):
             say(f"token shares, counted in {unit}")
             results.shares.append(shares_run(url, logs, plan, unit))
     if "conversations" in parts:
+        measured("conversations")
         for affinity in (True, False):
             say(f"conversations on streampool, {'prefix-aware' if affinity else 'no affinity'}")
             results.conversations.append(streampool_conversations(url, logs, plan, affinity))
@@ -362,7 +369,8 @@ def main() -> None:
     finally:
         redis_server.terminate()
         redis_server.wait()
-    print(f"rendered {report.record(scheduling=results)} (logs: {logs})")
+    kept = results.keeping(report.load().scheduling)
+    print(f"rendered {report.record(scheduling=kept)} (logs: {logs})")
 
 
 if __name__ == "__main__":

@@ -67,9 +67,23 @@ class TokenShares:
 
 @dataclass
 class Scheduling:
-    command: str
-    measured: str
+    """The phase's three parts, each with the command that measured it and when (`measured_by`): a
+    run of some parts alone keeps the others' figures."""
+
     plan: SchedulingPlan
     conversations: list[Conversations] = field(default_factory=list)
     claims: ClaimCost | None = None
     shares: list[TokenShares] = field(default_factory=list)
+    measured_by: dict[str, str] = field(default_factory=dict)  # part -> "`command` (when)"
+
+    def keeping(self, earlier: Scheduling | None) -> Scheduling:
+        """These figures, with `earlier`'s for the parts this run did not measure."""
+        if earlier is None:
+            return self
+        return Scheduling(
+            self.plan,
+            self.conversations or earlier.conversations,
+            self.claims or earlier.claims,
+            self.shares or earlier.shares,
+            {**earlier.measured_by, **self.measured_by},
+        )

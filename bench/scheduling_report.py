@@ -65,12 +65,13 @@ def section(run: Scheduling) -> list[str]:
     lines = [
         HEADING,
         "",
-        f"Measured by `{run.command}` ({run.measured}); docs/scheduling.md says what it does.",
+        "docs/scheduling.md says what is measured and why.",
         "",
     ]
     if run.conversations:
         lines += [
-            f"**Conversations on the real engine.** {plan.conversations} conversations of {plan.turns} turns"
+            f"**Conversations on the real engine**, by {run.measured_by.get('conversations')}."
+            f" {plan.conversations} conversations of {plan.turns} turns"
             " each over one shared system prompt of about 1,000 tokens, each turn sent as the last answer"
             f" ended (streamed chat, temperature 0, {plan.answer_tokens} tokens an answer); streampool with"
             " two real-engine workers, then vLLM's own server alone. Time to first token: to the first chunk"
@@ -89,7 +90,8 @@ def section(run: Scheduling) -> list[str]:
     if run.claims:
         claims = run.claims
         lines += [
-            f"**The claim script's cost.** {claims.jobs:,} jobs of {claims.prefix_groups} prefix groups"
+            f"**The claim script's cost**, by {run.measured_by.get('claims')}. {claims.jobs:,} jobs of"
+            f" {claims.prefix_groups} prefix groups"
             f" queued on a private Redis, {claims.workers} workers (each group's blocks advertised by one),"
             " one job claimed a call by the workers in turn, each job then taken out of the queue as a start"
             " does. Redis's own time (INFO commandstats, EVALSHA) over the jobs claimed.",
@@ -105,7 +107,8 @@ def section(run: Scheduling) -> list[str]:
         ]
     if run.shares:
         lines += [
-            "**Fair shares by tokens.** Two tenants of weight 1 kept backlogged for"
+            f"**Fair shares by tokens**, by {run.measured_by.get('shares')}. Two tenants of weight 1"
+            " kept backlogged for"
             f" {plan.share_seconds:.0f} s on one synthetic worker of 4 slots: `long` (800 prompt tokens,"
             " 200 output), `short` (20, 5)."
             " Served: prompt plus twice the output tokens of the jobs that ended in the window.",

@@ -15,7 +15,7 @@ from shared.jobstore import JobStore
 
 
 def measured(ttft_ours: float, hit_ours: float, usec_with: float, long_tokens: int) -> Scheduling:
-    run = Scheduling("python -m bench.scheduling", "2026-11-29 09:00 UTC", QUICK)
+    run = Scheduling(QUICK)
     run.conversations = [
         Conversations(PREFIX_AWARE, 96, ttft_ours, ttft_ours * 3, hit_ours, 60),
         Conversations(NO_AFFINITY, 96, 100, 300, 0.5, 80),
