@@ -87,7 +87,7 @@ def _delivery_rows(run: FleetRun) -> list[str]:
 
 def gateways_text(plan: FleetPlan) -> str:
     if plan.gateway_processes == 1:
-        return f"{plan.gateways} gateway processes"
+        return f"{plan.gateways} gateway process{'es' * (plan.gateways > 1)}"
     return f"{plan.gateways} gateways of {plan.gateway_processes} processes each on its port (`--processes`)"
 
 
