@@ -29,21 +29,25 @@ setup: model
 run: setup
 	$(BIN)/streampool up
 
-# The whole suite: the tests that start no engine spread over processes as in `test-fast` (with every
-# fuzz example), then the tests on the real engine in one process, which starts each deployment once.
+# The whole suite: the tests that start no engine spread over processes as in `test-fast` (with the slow
+# ones and every fuzz example), then the tests on the real engine in one process, which starts each
+# deployment once.
 # Each part lists its slowest tests: where to look when the suite grows.
 test: setup
 	$(BIN)/pytest -m unit -n $(FAST_PROCESSES) --durations=15
 	$(BIN)/pytest -m system --durations=30
 
-# The tests that start no engine (`unit`, given in tests/conftest.py), spread over two processes a
-# core (part of their time is spent waiting on the gateways and Redis servers they start) as
-# tests/schedule.py deals them out. Some read the prepared model's tokenizer, hence `setup`. The
-# schema fuzz tests try FAST_FUZZ_EXAMPLES examples a route here, and 100 in `make test`.
+# The inner loop: the tests that start no engine (`unit`, given in tests/conftest.py) but the `slow`
+# ones, spread over two processes a core (part of their time is spent waiting on the gateways and Redis
+# servers they start) as tests/schedule.py deals them out. Some read the prepared model's tokenizer,
+# hence `setup`. `slow` (tests/conftest.py's SLOW_PATHS) are the whole deployments of tests/e2e,
+# tests/faults and tests/scale, the Redis clusters and replicas, the client's commands as processes:
+# `make test` runs them, as every test. The schema fuzz tests try FAST_FUZZ_EXAMPLES examples a route
+# here, and 100 in `make test`.
 FAST_PROCESSES ?= $(shell echo $$(( $$(nproc) * 2 )))
 FAST_FUZZ_EXAMPLES ?= 25
 test-fast: setup
-	$(BIN)/pytest -m unit -n $(FAST_PROCESSES) --fuzz-examples $(FAST_FUZZ_EXAMPLES)
+	$(BIN)/pytest -m "unit and not slow" -n $(FAST_PROCESSES) --fuzz-examples $(FAST_FUZZ_EXAMPLES)
 
 # The benchmark (bench/RESULTS.md); QUICK=1 (or `make bench-quick`) is a smoke run of a few minutes.
 # Only the `bench` extra is added: re-resolving the cpu extra would bring torchvision back.

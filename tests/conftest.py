@@ -54,6 +54,20 @@ workers on the synthetic engine (`STREAMPOOL_ENGINE=synthetic`: tests/faults' `o
 SYNTHETIC_FIXTURES = frozenset({"synthetic_system", "synthetic_pool"})
 """The synthetic twins of `system` and `pool`, which a module names in a `system` or `pool` fixture of its
 own: its tests use no engine, though they use a fixture of that name."""
+SLOW_PATHS = (
+    "tests/e2e/",
+    "tests/faults/",
+    "tests/scale/",
+    "tests/shared/test_redis_cluster_client.py",
+    "tests/shared/test_streams_on_cluster.py",
+    "tests/shared/test_replication.py",
+    "tests/cli/test_client_commands.py",
+    "tests/worker/test_constraint_compile.py",
+)
+"""Where the `unit` tests are whole deployments (gateways and synthetic workers of their own, killed,
+stopped or cut off from Redis; browsers), Redis clusters and replicas of their own, a process a test
+(the client's commands; a compiler's child that imports torch): seconds each, or tens to start. They
+are `slow` too, which `make test-fast` leaves to `make test`; the rest of each part's tests stay in it."""
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -68,7 +82,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Every test is `system` when it uses an engine-starting fixture, directly or through another
     fixture (and no SYNTHETIC_FIXTURES, whose workers need no engine), and `unit` otherwise: a new
-    test is classified by what it uses (`make test-fast` runs `-m unit`). In a test process of `-n`,
+    test is classified by what it uses; a test under SLOW_PATHS is also `slow` (`make test-fast` runs
+    `-m "unit and not slow"`, `make test` every test). In a test process of `-n`,
     the tests are ordered as tests/schedule.py deals them; in one process, the modules with engines of
     their own go first (tests/schedule.py's ENGINES_FIRST)."""
     for item in items:
@@ -77,6 +92,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         used = set(getattr(item, "fixturenames", ())) - set(callspec.params if callspec else ())
         on_engine = bool(used & ENGINE_FIXTURES) and not used & SYNTHETIC_FIXTURES
         item.add_marker(pytest.mark.system if on_engine else pytest.mark.unit)
+        if item.nodeid.startswith(SLOW_PATHS):
+            item.add_marker(pytest.mark.slow)
     if os.environ.get("PYTEST_XDIST_WORKER"):
         items.sort(key=schedule.rank)  # stable: each module's tests keep their order
     else:

@@ -16,7 +16,8 @@ def vllm_protocol() -> SimpleNamespace:
     `ErrorResponse`, `CompletionRequest`, `ChatCompletionRequest` and `SamplingParams`; the chat
     completions' and completions' answers and chunks (`ChatCompletionResponse`,
     `ChatCompletionStreamResponse`, `CompletionResponse`, `CompletionStreamResponse`); the runtime
-    adapter routes' bodies (`LoadLoRAAdapterRequest`, `UnloadLoRAAdapterRequest`)."""
+    adapter routes' bodies (`LoadLoRAAdapterRequest`, `UnloadLoRAAdapterRequest`); the embeddings
+    answer (`EmbeddingResponse`); the error its request models raise (`VLLMValidationError`)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
         from vllm.entrypoints.openai.chat_completion.protocol import (
@@ -29,9 +30,11 @@ def vllm_protocol() -> SimpleNamespace:
             CompletionResponse,
             CompletionStreamResponse,
         )
+        from vllm.entrypoints.pooling.embed.protocol import EmbeddingResponse
         from vllm.entrypoints.scale_out.token_in_token_out import protocol
         from vllm.entrypoints.serve.engine.protocol import ErrorResponse
         from vllm.entrypoints.serve.lora.protocol import LoadLoRAAdapterRequest, UnloadLoRAAdapterRequest
+        from vllm.exceptions import VLLMValidationError
         from vllm.sampling_params import SamplingParams
     return SimpleNamespace(
         GenerateRequest=protocol.GenerateRequest,
@@ -49,4 +52,6 @@ def vllm_protocol() -> SimpleNamespace:
         SamplingParams=SamplingParams,
         LoadLoRAAdapterRequest=LoadLoRAAdapterRequest,
         UnloadLoRAAdapterRequest=UnloadLoRAAdapterRequest,
+        EmbeddingResponse=EmbeddingResponse,
+        VLLMValidationError=VLLMValidationError,
     )

@@ -16,11 +16,15 @@ from cli import main as cli
 from cli.launcher import child_environment
 from shared.config import Settings, WorkerSettings
 
-with warnings.catch_warnings():
-    # The worker's command reads engine flags with vLLM's parser: its import raises torch's deprecation
-    # warnings, which pytest would turn into failures.
-    warnings.simplefilter("ignore", DeprecationWarning)
-    import worker.engine_arguments  # noqa: F401
+
+@pytest.fixture(scope="module", autouse=True)
+def engine_parser() -> None:
+    """The worker's command reads engine flags with vLLM's parser: imported here, by the test process
+    that runs this module (tests/schedule.py's `engine-libraries`), not by every one as it collects;
+    its import raises torch's deprecation warnings, which pytest would turn into failures."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        import worker.engine_arguments  # noqa: F401
 
 
 def worker_settings(monkeypatch: pytest.MonkeyPatch, *argv: str) -> Any:

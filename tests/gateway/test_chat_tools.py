@@ -19,7 +19,6 @@ import redis.asyncio as aioredis
 from openai.lib.streaming.chat import ChatCompletionStreamState
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from pydantic import ValidationError
-from vllm.exceptions import VLLMValidationError
 
 from gateway.admission import check_pool_serves
 from gateway.compat.openai_answers import Answer, ChunkStream
@@ -205,7 +204,7 @@ VLLM_REFUSALS: list[tuple[str, dict[str, Any], str, str | None]] = [
 def test_what_vllm_refuses_is_refused_in_its_words(
     body: dict[str, Any], message: str, param: str | None
 ) -> None:
-    with pytest.raises(VLLMValidationError) as vllm_refusal:
+    with pytest.raises(vllm_protocol().VLLMValidationError) as vllm_refusal:
         vllm_protocol().ChatCompletionRequest.model_validate(_body(**body))
     assert message in str(vllm_refusal.value)
     with pytest.raises(InvalidRequest) as refusal:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import math
-import warnings
 from array import array
 from typing import Any
 
@@ -15,14 +14,11 @@ import pytest
 from shared.config import DEFAULT_MODEL_DIR, WorkerSettings
 from shared.errors import EngineError
 from shared.pooling import PoolingJob
+from tests.vllm_protocol import vllm_protocol
 from worker.engine import Serving
 from worker.model_card import engine_card
 from worker.synthetic_engine import SyntheticEngine, read_model_card
 from worker.synthetic_pooling import EMBEDDING_DIMENSIONS, synthetic_serving
-
-with warnings.catch_warnings():
-    warnings.simplefilter("ignore", DeprecationWarning)
-    from vllm.entrypoints.pooling.embed.protocol import EmbeddingResponse
 
 MAX_MODEL_LEN = 64
 
@@ -48,7 +44,7 @@ async def embed(engine: SyntheticEngine, **body: Any) -> dict[str, Any]:
     inputs = body["input"]
     count = len(inputs) if isinstance(inputs, list) and not isinstance(inputs[0], int) else 1
     answer = await engine.pool("job-1", PoolingJob(route="embeddings", body=body, inputs=count))
-    EmbeddingResponse.model_validate(answer)  # vLLM's own model of the answer takes it
+    vllm_protocol().EmbeddingResponse.model_validate(answer)  # vLLM's own model of the answer takes it
     return answer
 
 
