@@ -171,14 +171,21 @@ class System:
         return Keys.of(self.settings)
 
 
+SYSTEM_ENGINE: dict[str, object] = {
+    "engine": "vllm",
+    "enable_auto_tool_choice": True,
+    "tool_call_parser": "pythonic",
+}
+"""What `system` starts its workers' engines with, beside the defaults: tests/e2e/test_tool_choice.py
+starts vLLM's own server on the same."""
+
+
 @pytest.fixture(scope="session")
 def system(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[System]:
     """A gateway and two workers on the real engine, started once for the whole run, as `streampool`
     processes; with vLLM's `pythonic` tool-call parser, whose `required` and named tool choices hold
     the default model to the tools' JSON schemas."""
-    yield from run_system(
-        redis_url, tmp_path_factory, engine="vllm", enable_auto_tool_choice=True, tool_call_parser="pythonic"
-    )
+    yield from run_system(redis_url, tmp_path_factory, **SYSTEM_ENGINE)
 
 
 @pytest.fixture(scope="session")

@@ -9,14 +9,16 @@ from __future__ import annotations
 import json
 import warnings
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import openai
 import pytest
 
 from bench import vllm_server
-from bench.system import start
-from tests.conftest import System
+from bench.system import Child, start
+from shared.config import Settings
+from tests.conftest import SYSTEM_ENGINE, System, make_settings
 from tests.helpers import job_record
 from tests.processes import free_port
 
@@ -92,22 +94,52 @@ def test_a_required_tool_choice_streams_its_calls_in_parts_the_client_adds_up(
     assert job_id is not None and job_record(system.base_url, job_id)["usage"]["completion_tokens"] > 0
 
 
-@pytest.fixture(scope="module")
-def vllm_openai(system: System, tmp_path_factory: pytest.TempPathFactory) -> Iterator[openai.OpenAI]:
-    """vLLM's own OpenAI server on the engine arguments the workers give theirs, with their tool flags."""
-    port = free_port()
+@dataclass
+class Server:
+    """vLLM's own OpenAI server, started, and the flags it was started with."""
+
+    port: int
+    flags: list[str]
+    child: Child
+
+
+def tool_server_flags(settings: Settings, port: int) -> list[str]:
     with warnings.catch_warnings():  # the flags come from the worker's engine arguments: vLLM's import
         warnings.simplefilter("ignore", DeprecationWarning)
-        flags = [*vllm_server.server_flags(system.settings, port), *TOOL_FLAGS]
-    server = start(
-        "vllm-server", ["bench.vllm_server", *flags], system.settings, tmp_path_factory.mktemp("vllm")
+        return [*vllm_server.server_flags(settings, port), *TOOL_FLAGS]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def tool_server(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """vLLM's server on the engine arguments of `system`'s workers (SYSTEM_ENGINE), with their tool
+    flags, started as this module's first test sets up: a session fixture that the module uses
+    unasked is set up before `system`, so that the three engines start side by side rather than the
+    server's after the workers'. `vllm_openai` stops it with the module."""
+    port = free_port()
+    settings = make_settings(redis_url, **SYSTEM_ENGINE)
+    flags = tool_server_flags(settings, port)
+    server = Server(
+        port,
+        flags,
+        start("vllm-server", ["bench.vllm_server", *flags], settings, tmp_path_factory.mktemp("vllm")),
     )
+    yield server
+    if server.child.process.returncode is None:  # not stopped with the module: its tests were deselected
+        vllm_server.stop(server.child)
+
+
+@pytest.fixture(scope="module")
+def vllm_openai(system: System, tool_server: Server) -> Iterator[openai.OpenAI]:
+    """vLLM's own OpenAI server, once it answers, on the engine arguments the workers give theirs."""
+    assert tool_server.flags == tool_server_flags(system.settings, tool_server.port)
     try:
-        vllm_server.wait_ready(port, server)
-        with openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0) as client:
+        vllm_server.wait_ready(tool_server.port, tool_server.child)
+        with openai.OpenAI(
+            base_url=f"http://127.0.0.1:{tool_server.port}/v1", api_key="none", max_retries=0
+        ) as client:
             yield client
     finally:
-        vllm_server.stop(server)
+        vllm_server.stop(tool_server.child)
 
 
 def answer(client: openai.OpenAI, model: str, tool_choice: Any, stream: bool) -> tuple[Any, ...]:
