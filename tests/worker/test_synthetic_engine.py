@@ -28,6 +28,11 @@ async def run(engine: SyntheticEngine, request: JobRequest, request_id: str = "r
     return [delta async for delta in engine.generate(request_id, engine.render(request))]
 
 
+async def run_all(engine: SyntheticEngine, requests: list[JobRequest]) -> list[list[EngineDelta]]:
+    """Each request's deltas, the requests run at once under ids of their own."""
+    return list(await asyncio.gather(*(run(engine, request, f"r{n}") for n, request in enumerate(requests))))
+
+
 def choice(deltas: list[EngineDelta], index: int = 0) -> tuple[list[int], str, str | None]:
     mine = [delta for delta in deltas if delta.index == index]
     ids = [token for delta in mine for token in delta.token_ids]
@@ -86,14 +91,16 @@ async def test_a_stop_token_id_ends_the_choice(engine: SyntheticEngine) -> None:
 
 
 async def test_without_ignore_eos_a_choice_may_end_with_the_end_of_sequence(engine: SyntheticEngine) -> None:
-    # 64 requests of up to 60 tokens each end early with about 1 - (255/256)^60 = 21 % each.
+    # 64 requests of up to 60 tokens each end early with about 1 - (255/256)^60 = 21 % each. They run at
+    # once, as a batch: one after the other, their steps add up to seconds.
     requests = [JobRequest(prompt="Hi", max_tokens=60, seed=seed) for seed in range(64)]
-    ends = [choice(await run(engine, request)) for request in requests]
+    ends = [choice(deltas) for deltas in await run_all(engine, requests)]
     eos = engine.card.special_tokens["eos_token"]
     stopped = [ids for ids, _, reason in ends if reason == "stop"]
     assert stopped and all(ids[-1] == engine._counter.token_id(str(eos)) for ids in stopped)
     assert not any(str(eos) in text for _, text, _ in ends)  # skipped in the text, as vLLM does
-    ignored = [choice(await run(engine, r.model_copy(update={"ignore_eos": True}))) for r in requests]
+    ignoring = [request.model_copy(update={"ignore_eos": True}) for request in requests]
+    ignored = [choice(deltas) for deltas in await run_all(engine, ignoring)]
     assert all(reason == "length" and len(ids) == 60 for ids, _, reason in ignored)
 
 
