@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import shutil
 import signal
 import socket
@@ -22,10 +23,25 @@ from tests.helpers import eventually_sync
 ROOT = Path(__file__).resolve().parent.parent
 
 
+PORTS_PER_PROCESS = 1500
+PORTS_FROM = 20_000
+"""Where the tests' servers listen: below the kernel's ephemeral range (32768 and up), which the
+outgoing connections of every test process draw from, so that a port found free is not taken by a
+client's connection before its server binds it; each test process (`-n`) has its own 1,500."""
+
+
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """A port nothing listens on, from this test process's own range."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
+    first = PORTS_FROM + (int(worker) if worker.isdigit() else 0) % 8 * PORTS_PER_PROCESS
+    for port in random.sample(range(first, first + PORTS_PER_PROCESS), PORTS_PER_PROCESS):
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port from {first} to {first + PORTS_PER_PROCESS - 1}")
 
 
 def redis_answers(url: str) -> bool:
