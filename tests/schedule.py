@@ -30,6 +30,8 @@ GROUPS = {
     "tests/worker/test_engine_arguments.py": "engine-libraries",  # vLLM's argument parser
     "tests/cli/test_worker_engine_flags.py": "engine-libraries",  # vLLM's argument parser
     "tests/gateway/test_chat_tools.py": "engine-libraries",  # imports vLLM's protocol models
+    "tests/gateway/test_openai_compat.py": "engine-libraries",  # imports vLLM's protocol models
+    "tests/shared/test_scheduling.py": "engine-libraries",  # imports vLLM's block hashing
     "tests/worker/test_constraint_compile.py": "engine-libraries",  # its child imports xgrammar (torch)
     "tests/gateway/test_vllm_routes.py": "engine-libraries",  # loads the tokenizer with transformers
     "tests/gateway/test_scale_out_compat.py": "engine-libraries",  # imports vLLM's protocol models
