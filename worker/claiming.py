@@ -17,6 +17,10 @@ from worker.engine import PrefixCache
 
 AFFINITY_WINDOW = 16
 """How many of a tenant's head jobs a claim looks at for one whose prefix this worker holds."""
+BLOCKS_TTL_SECONDS = 3600.0
+"""How long a worker's list of its blocks outlives its last claim or advertisement. Only its
+bookkeeping: whether a worker is alive, and so holds anything, is its heartbeat's to say. A full
+worker claims nothing for as long as its jobs run: its list must outlast them."""
 
 
 class Claims:
@@ -52,7 +56,7 @@ class Claims:
                 window=AFFINITY_WINDOW,
                 wait_seconds=wait,
                 stale_seconds=3 * settings.worker_poll_delay,
-                blocks_ttl_seconds=settings.heartbeat_ttl_seconds,
+                blocks_ttl_seconds=BLOCKS_TTL_SECONDS,
             )
         )
         self.running = running
@@ -97,5 +101,5 @@ class Claims:
                 worker_id=self.worker_id,
                 blocks=blocks,
                 capacity=self.prefix_cache.blocks,
-                ttl_seconds=self.affinity.blocks_ttl_seconds if self.affinity else 0,
+                ttl_seconds=BLOCKS_TTL_SECONDS,
             )

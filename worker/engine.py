@@ -105,7 +105,7 @@ class Serving:
 
 @dataclass(frozen=True)
 class PrefixCache:
-    """An engine's prefix cache: the tokens a block holds, and how many blocks it has."""
+    """An engine's prefix cache: the tokens a block holds, and how many blocks it has (0: not known)."""
 
     block_size: int
     blocks: int

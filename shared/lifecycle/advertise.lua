@@ -6,8 +6,8 @@
 -- keeps its blocks by when they were last used, at most `capacity` (its cache's blocks): the least
 -- recently used go first, a prompt's later blocks before its earlier ones (as vLLM evicts), and
 -- leave the model's map where it still names this worker. The worker's set lives `ttl_ms`, renewed
--- by its claims: a worker that died takes its blocks with it, and `prefix_holder.lua` drops the
--- map's entries that name it as it meets them. Takes `arguments.AdvertiseArgs`; KEYS: the model's
+-- by its claims; a worker that died holds nothing whatever its set says (its heartbeat lapsed), and
+-- `prefix_holder.lua` drops the map's entries that name it as it meets them. Takes `arguments.AdvertiseArgs`; KEYS: the model's
 -- `prefix_blocks`, the worker's `worker_blocks`.
 local index, held = unpack(KEYS)
 local args = cjson.decode(ARGV[1])
@@ -25,7 +25,7 @@ if #blocks > 0 then
   redis.call('HSET', index, unpack(named))
 end
 local over = redis.call('ZCARD', held) - args.capacity
-if over > 0 then
+if args.capacity > 0 and over > 0 then
   local popped = redis.call('ZPOPMIN', held, over)  -- member, score, member, score, ...
   for i = 1, #popped, 2 do
     if redis.call('HGET', index, popped[i]) == args.worker then redis.call('HDEL', index, popped[i]) end

@@ -182,7 +182,7 @@ class AffinityArgs(TypedDict):
 class AdvertiseArgs(TypedDict):
     worker: str
     blocks: list[str]  # a prompt's leading block hashes, in order
-    capacity: int  # how many blocks the worker's cache holds
+    capacity: int  # how many blocks the worker's cache holds (0: not known, no bound)
     ttl_ms: int  # how long its blocks count without a claim of the worker's
     index_ttl_ms: int  # how long the model's map lives without an advertisement
 
