@@ -84,6 +84,14 @@ class Claims:
             self._charges[:0] = charges  # charged at the next claim that reaches Redis
             raise
 
+    async def settle(self) -> None:
+        """As the worker stops, after its last job: the output of the jobs it ended since its last
+        claim is charged (a claim of nothing, which carries the charges), and its load leaves the
+        workers' loads, where for a few polls it would still count as the least loaded."""
+        await self(self.redis, read_limit=0, wanted=0, batch_wanted=0)
+        if self.affinity is not None:
+            await self.redis.hdel(self.model.worker_loads, self.worker_id)  # type: ignore[misc]
+
     def charge(self, job_id: str, output_tokens: int) -> None:
         """Count a run's output tokens against its job's share at the next claim."""
         if output_tokens > 0:

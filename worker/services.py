@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING
 
+from redis.exceptions import RedisError
+
 from shared.config import WorkerSettings
 from shared.connections import Connections
 from shared.errors import BackendUnavailable
@@ -145,9 +147,12 @@ class WorkerServices:
             task.start()
 
     async def stop(self) -> None:
-        """Stop the tasks, take the heartbeat away, close the connections and the engine."""
+        """Stop the tasks, settle the claims, take the heartbeat away, close the connections and the
+        engine."""
         for task in self.periodic:
             await task.stop()
+        with contextlib.suppress(RedisError, OSError):  # then the last jobs' output goes uncharged
+            await self.claims.settle()
         with contextlib.suppress(BackendUnavailable):  # then its key expires by itself
             await self.heartbeat.forget(self.me.worker_id)
         await self.close()
