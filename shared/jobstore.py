@@ -7,10 +7,10 @@ import asyncio
 import json
 import time
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, TypeVar
 
 import redis.asyncio as aioredis
 from pydantic import TypeAdapter
@@ -61,6 +61,8 @@ from shared.scheduling import NO_PLACEMENT, Placement
 from shared.tenants import Tenant, TenantUsage
 
 FIRST_WORKER_SEQ = 2  # seq 0 is `queued` (submit), 1 is `running` (start)
+EndEvent = TypeVar("EndEvent", CancelledEvent, ErrorEvent)
+"""The last event of a job that ends from its stream, no worker writing it (`JobStore._end_from_stream`)."""
 # Parsing an entry takes pydantic about 2 µs: past this many, a record's output is assembled in a
 # thread, so that a long running job's record (100,000 entries: 0.2 s) holds no stream of the gateway.
 LONG_STREAM = 1024
@@ -565,17 +567,14 @@ class JobStore:
             failure = await self._lost_end(job_id, message)
 
     async def _lost_end(self, job_id: str, message: str) -> Failure:
-        """How a job out of attempts fails: the output its stream holds and an `error` event numbered
-        after the stream's last event."""
-        with redis_errors():
-            entries = await self.streams.xrange(self.keys.stream(job_id))
-        progress = Progress.of(_events(fields for _, fields in entries))
-        return Failure(
-            event=ErrorEvent(seq=progress.next_seq, message=message, code=WORKER_LOST),
-            text=progress.text,
-            token_count=len(progress.token_ids),
-            stream_tip=entries[-1][0] if entries else "",
-        )
+        """How a job out of attempts fails: an `error` event after its stream's last, and the output
+        the stream holds."""
+
+        def lost(progress: Progress) -> ErrorEvent:
+            return ErrorEvent(seq=progress.next_seq, message=message, code=WORKER_LOST)
+
+        event, tip, fields = await self._end_from_stream(job_id, lost)
+        return Failure(event, fields, tip or "")
 
     async def cancel(self, job_id: str) -> tuple[CancelAnswer, bool]:
         """Cancel a queued job at once, and so a running one no worker holds (handed back to wait for
@@ -603,7 +602,8 @@ class JobStore:
                 )
             if result.outcome is not CancelOutcome.unheld:
                 break
-            cancelled, stream_tip, fields = await self._unheld_end(job_id)
+            cancelled, tip, fields = await self._end_from_stream(job_id, _cancelled)
+            stream_tip = tip or "0-0"
         if result.outcome in (CancelOutcome.cancelled, CancelOutcome.asked):
             self.acks.check(wait, result.acked, f"the cancel of job {job_id}")
         state = result.state
@@ -619,18 +619,21 @@ class JobStore:
             id=job_id, status=state, message=f"job already {state.value}; nothing changed"
         ), False
 
-    async def _unheld_end(self, job_id: str) -> tuple[Event, str, dict[str, str]]:
-        """How a running job no worker holds ends cancelled, from its stream as it stands: the
-        `cancelled` event after its last entry, that entry's id ('0-0' for none) and the record's
-        fields. Its prompt's tokens are the worker's to count (it renders the prompt): 0 here."""
+    async def _end_from_stream(
+        self, job_id: str, ending: Callable[[Progress], EndEvent]
+    ) -> tuple[EndEvent, str | None, dict[str, str]]:
+        """How a running job that no worker writes to any more ends, from its stream as it stands: its
+        last event (`ending` of what the stream holds), the id of the stream's last entry (None for
+        none), and the record's fields, with the whole output the stream holds (text, reasoning, tool
+        calls) and its usage, as a worker's end writes them. The prompt's tokens are the worker's to
+        count (it renders the prompt): 0 here."""
         with redis_errors():
             entries = await self.streams.xrange(self.keys.stream(job_id))
-        output = await _output_of(entries)
-        next_seq = _events([entries[-1][1]])[0].seq + 1 if entries else 0
-        usage = Usage(prompt_tokens=0, completion_tokens=output.token_count)
-        outcome = Outcome(JobState.cancelled, output.text, output.token_count, usage)
-        tip = entries[-1][0] if entries else "0-0"
-        return CancelledEvent(seq=next_seq, usage=usage), tip, outcome.record_fields(time.time())
+        if len(entries) > LONG_STREAM:
+            end, fields = await asyncio.to_thread(_ended, entries, ending)
+        else:
+            end, fields = _ended(entries, ending)
+        return end, entries[-1][0] if entries else None, fields
 
     async def delete(self, job_id: str) -> JobState:
         """Delete a finished job's keys now, before its retention ends; answers the state it had, once
@@ -751,6 +754,21 @@ if redis.call('HGET', KEYS[1], 'owner') ~= ARGV[1] then return 0 end
 if #ARGV > 1 then redis.call('HSET', KEYS[1], unpack(ARGV, 2)) end
 return 1
 """
+
+
+def _cancelled(progress: Progress) -> CancelledEvent:
+    return CancelledEvent(
+        seq=progress.next_seq, usage=Usage(prompt_tokens=0, completion_tokens=len(progress.token_ids))
+    )
+
+
+def _ended(
+    entries: list[tuple[str, dict[str, str]]], ending: Callable[[Progress], EndEvent]
+) -> tuple[EndEvent, dict[str, str]]:
+    """`ending` of what stream `entries` hold, and the record's fields with it as the last event."""
+    events: list[Event] = _events(fields for _, fields in entries)
+    end = ending(Progress.of(events))
+    return end, Outcome.of_stream([*events, end]).record_fields(time.time())
 
 
 async def _output_of(entries: list[tuple[str, dict[str, str]]]) -> JobOutput:

@@ -127,8 +127,7 @@ class CancelArgs(TypedDict):
 
 class FailureArgs(TypedDict):
     event: str
-    text: str
-    token_count: int
+    fields: dict[str, str]  # the record's, from the output the stream holds
     stream_tip: str
 
 

@@ -1,4 +1,4 @@
--- uses: job_keys, enqueue, tenant_move, end_event, end_job, lease
+-- uses: job_keys, enqueue, tenant_move, end_event, hset_fields, end_job, lease
 -- running -> running (requeued for another worker to resume from its stream), or running -> failed
 -- once the job has run `max_attempts` times. `worker` '' releases only a lapsed lease (a reaper);
 -- a worker's id also releases its own (a worker handing its job back), and only the run `attempt`
@@ -13,9 +13,9 @@
 -- Failing a job needs its output, which the caller computes from the stream: the first call of a
 -- job out of attempts answers {'exhausted'} and drops the lease (so that nothing writes to the
 -- stream any more; the job stays in the running set, for a reaper should the caller vanish). The
--- caller then reads the stream and calls again with its `failure`: the event, `text` and
--- `token_count` computed from it and `stream_tip`, the id of its last entry; the job fails only if
--- the stream still ends there.
+-- caller then reads the stream and calls again with its `failure`: the event, the record's `fields`
+-- computed from it (the output the stream holds: text, reasoning, tool calls, usage) and `stream_tip`,
+-- the id of its last entry; the job fails only if the stream still ends there.
 -- Answers {'held'}, {'requeued'}, {'exhausted'}, {'failed'} or {'not_running', status or 'missing'}.
 local args = cjson.decode(ARGV[1])
 local job, model = job_keys(args)
@@ -53,8 +53,8 @@ if stream ~= '' then
 end
 end_event(job, 'error', failure.event)
 redis.call('SREM', running, id)
-redis.call('HSET', record, 'status', 'failed', 'finished_at', args.now, 'error', args.message, 'text', failure.text,
-           'token_count', failure.token_count)
+redis.call('HSET', record, 'status', 'failed', 'finished_at', args.now, 'error', args.message)
+hset_fields(record, failure.fields)
 redis.call('ZREM', queue, id)
 end_job(job, 'running')
 return {'failed'}

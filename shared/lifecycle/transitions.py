@@ -229,21 +229,16 @@ class ReleaseOutcome(Enum):
 
 @dataclass(frozen=True)
 class Failure:
-    """How a job out of attempts fails: its last event and the output its stream holds."""
+    """How a job out of attempts fails: its last event and the record's fields, from the output its
+    stream holds."""
 
     event: ErrorEvent
-    text: str
-    token_count: int
+    fields: dict[str, str]
     stream_tip: str  # the id of the stream's last entry these were computed from ('' when empty)
 
     def args(self) -> FailureArgs:
         """The failure as the release script reads it."""
-        return {
-            "event": event_json(self.event),
-            "text": self.text,
-            "token_count": self.token_count,
-            "stream_tip": self.stream_tip,
-        }
+        return {"event": event_json(self.event), "fields": self.fields, "stream_tip": self.stream_tip}
 
 
 @dataclass(frozen=True)

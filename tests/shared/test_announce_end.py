@@ -72,7 +72,7 @@ async def test_a_job_failed_out_of_attempts_is_announced(store: JobStore) -> Non
     assert await release(store, job_id, attempt=3, now=now) is ReleaseOutcome.exhausted
     assert await announced(store) == []  # not failed yet: its output is still to be read
     tip = (await store.redis.xrange(store.keys.stream(job_id)))[-1][0]
-    failure = Failure(ErrorEvent(seq=2, message="gone", code="worker_lost"), "", 0, tip)
+    failure = Failure(ErrorEvent(seq=2, message="gone", code="worker_lost"), {}, tip)
     assert await release(store, job_id, attempt=3, failure=failure, now=now) is ReleaseOutcome.failed
     assert [entry["state"] for entry in await announced(store)] == ["failed"]
 

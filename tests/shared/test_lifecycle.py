@@ -320,7 +320,7 @@ async def test_a_failure_read_from_an_older_stream_is_refused(store: JobStore, s
     assert await store.redis.sismember(store.keys.running, job_id)  # a reaper finds it if the caller goes
     entries = await store.redis.xrange(store.keys.stream(job_id))
     tip = "0-1" if stale else entries[-1][0]
-    failure = Failure(ErrorEvent(seq=2, message="gone", code="worker_lost"), "", 0, tip)
+    failure = Failure(ErrorEvent(seq=2, message="gone", code="worker_lost"), {}, tip)
     assert await hand_back(failure) is (ReleaseOutcome.exhausted if stale else ReleaseOutcome.failed)
     assert (await store.record(job_id)).status is (JobState.running if stale else JobState.failed)
 

@@ -170,8 +170,7 @@ async def test_a_job_no_worker_holds_ends_cancelled_and_out_of_attempts_fails(st
     entries = await store.streams.xrange(store.keys.stream(exhausted))
     failure = Failure(
         event=ErrorEvent(seq=2, message="gone", code="worker_lost"),
-        text="",
-        token_count=0,
+        fields={},
         stream_tip=entries[-1][0],
     )
     assert await release(store, exhausted, attempt=3, failure=failure) is ReleaseOutcome.failed

@@ -87,7 +87,7 @@ async def test_max_running_jobs_counts_queued_and_running_and_frees_as_they_end(
     await start(store, third)
     await store.redis.hset(store.keys.job(third), "attempts", "3")  # type: ignore[misc]
     released = await fail_out_of_attempts(
-        store, third, Failure(ErrorEvent(seq=2, message="gone", code="worker_lost"), "", 0, "")
+        store, third, Failure(ErrorEvent(seq=2, message="gone", code="worker_lost"), {}, "")
     )
     assert released is ReleaseOutcome.failed  # a job that fails out of attempts ends its run too
     assert (await usage(store, tenant)).running_jobs == 1
@@ -99,7 +99,7 @@ async def fail_out_of_attempts(store: JobStore, job_id: str, failure: Failure) -
     assert await release(store, job_id, attempt=3) is ReleaseOutcome.exhausted
     tip = (await store.redis.xrevrange(store.keys.stream(job_id), count=1))[0][0]
     return await release(
-        store, job_id, attempt=3, failure=Failure(failure.event, failure.text, failure.token_count, tip)
+        store, job_id, attempt=3, failure=Failure(failure.event, failure.fields, tip)
     )
 
 

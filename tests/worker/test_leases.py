@@ -9,11 +9,12 @@ from datetime import datetime, timezone
 
 import pytest
 
+from shared.chat import FunctionCall, ToolCall
 from shared.errors import BackendUnavailable
-from shared.events import DeltaEvent, JobState, event_adapter
+from shared.events import DeltaEvent, FunctionDelta, JobState, ToolCallDelta, Usage, event_adapter
 from shared.jobstore import WORKER_LOST, JobStore
 from shared.lifecycle.transitions import ReleaseOutcome, Verdict
-from shared.requests import JobRequest
+from shared.requests import JobRecord, JobRequest
 from tests.helpers import eventually
 from tests.shared.transitions import claimed
 from worker.leases import KEYS_EXTENDED_EVERY, Leases
@@ -172,23 +173,63 @@ async def test_a_requeued_job_resumes_with_its_stream_and_the_next_attempt(
 async def test_a_job_out_of_attempts_fails_with_worker_lost_and_the_output_it_streamed(
     store_factory: Callable[..., JobStore],
 ) -> None:
+    """The failed record keeps what the stream holds, as a worker's end would: the text, the model's
+    reasoning, its tool calls and the tokens generated."""
     store = store_factory(max_attempts=1)
     job_id = await started(store)
-    await Publisher(store.redis, store, "worker-1").step(
-        job_id, [DeltaEvent(seq=2, text="Par", token_ids=[5])]
-    )
+    await think_and_call(store, job_id)
     await lapse(store, job_id)
     await Leases(store, store.settings).reap("worker-2")
 
     stream = await events(store, job_id)
-    assert [event["seq"] for event in stream] == [0, 1, 2, 3]
+    assert [event["seq"] for event in stream] == [0, 1, 2, 3, 4]
     assert (stream[-1]["type"], stream[-1]["code"]) == ("error", WORKER_LOST)
     assert "max_attempts" in str(stream[-1]["message"])
     record = await store.record(job_id)
-    assert (record.status, record.output.text, record.output.token_count) == (JobState.failed, "Par", 1)
-    assert record.finished_at is not None and record.error == stream[-1]["message"]
+    assert (record.status, record.error) == (JobState.failed, stream[-1]["message"])
+    assert_thought_and_called(record)
     assert await store.redis.zscore(store.keys.model(MODEL).queue, job_id) is None
     assert 0 < await store.redis.ttl(store.keys.stream(job_id)) <= store.settings.retention_seconds
+
+
+async def test_a_job_cancelled_while_handed_back_ends_with_the_output_it_streamed(store: JobStore) -> None:
+    """No worker holds it, so the cancel ends it from its stream, keeping what a worker's end would."""
+    job_id = await started(store)
+    await think_and_call(store, job_id)
+    assert await store.release(job_id, MODEL, "stopping", worker_id="worker-1", max_attempts=3) is (
+        ReleaseOutcome.requeued
+    )
+    answer, took_effect = await store.cancel(job_id)
+    assert took_effect and answer.status is JobState.cancelled
+    record = await store.record(job_id)
+    assert record.status is JobState.cancelled
+    assert_thought_and_called(record)
+    assert (await events(store, job_id))[-1] == {
+        "type": "cancelled",
+        "seq": 4,
+        "usage": record.usage.model_dump(),
+    }
+
+
+async def think_and_call(store: JobStore, job_id: str) -> None:
+    """worker-1 streams a thought, then text with a tool call, one token each."""
+    call = ToolCallDelta(
+        index=0, id="call_1", type="function", function=FunctionDelta(name="f", arguments="{}")
+    )
+    thought = DeltaEvent(seq=2, text="", token_ids=[4], reasoning="Hm.")
+    await Publisher(store.redis, store, "worker-1").step(
+        job_id, [thought, DeltaEvent(seq=3, text="Par", token_ids=[5], tool_calls=[call])]
+    )
+
+
+def assert_thought_and_called(record: JobRecord) -> None:
+    """The record of a job that ended after `think_and_call` keeps its output whole, and its tokens."""
+    assert (record.output.text, record.output.token_count, record.output.reasoning) == ("Par", 2, "Hm.")
+    assert record.output.tool_calls == [
+        ToolCall(id="call_1", function=FunctionCall(name="f", arguments="{}"))
+    ]
+    assert record.usage == Usage(prompt_tokens=0, completion_tokens=2)
+    assert record.finished_at is not None
 
 
 async def test_a_worker_hands_back_its_own_job_at_once_but_not_another_workers(
