@@ -98,9 +98,7 @@ async def fail_out_of_attempts(store: JobStore, job_id: str, failure: Failure) -
     """The job out of attempts fails: first without its output, then with the stream's tip."""
     assert await release(store, job_id, attempt=3) is ReleaseOutcome.exhausted
     tip = (await store.redis.xrevrange(store.keys.stream(job_id), count=1))[0][0]
-    return await release(
-        store, job_id, attempt=3, failure=Failure(failure.event, failure.fields, tip)
-    )
+    return await release(store, job_id, attempt=3, failure=Failure(failure.event, failure.fields, tip))
 
 
 async def counts(store: JobStore, tenant: Tenant) -> dict[str, int]:
