@@ -28,6 +28,7 @@ from gateway.compat.openai_answers import (
     Answer,
     CalledFunctionObject,
     ChoiceOutput,
+    PromptEcho,
     ToolCallObject,
     completion,
 )
@@ -50,6 +51,7 @@ from shared.events import (
     CancelledEvent,
     DeltaEvent,
     DoneEvent,
+    Echo,
     ErrorEvent,
     Event,
     TokenLogprob,
@@ -104,6 +106,7 @@ class Result:
     choices: list[Choice] = field(default_factory=list)
     usage: Usage = field(default_factory=lambda: Usage(prompt_tokens=0, completion_tokens=0))
     pooled: dict[str, Any] | None = None  # a pooling job's whole answer (`DoneEvent.result`)
+    echo: Echo | None = None  # the prompt given back, where the job was asked to (`JobRequest.echo`)
 
     def choice(self, index: int) -> Choice:
         """The choice `index`, made when its first delta comes."""
@@ -255,6 +258,8 @@ class Collected:
             choice.logprobs.extend(event.logprobs or [])
             if event.prompt_logprobs is not None:
                 choice.prompt_logprobs = event.prompt_logprobs
+            if event.echo is not None:
+                result.echo = event.echo
         elif isinstance(event, DoneEvent):
             result.usage = event.usage
             result.pooled = event.result
@@ -373,22 +378,30 @@ class Answered(Protocol):
     @property
     def echoed(self) -> str: ...
 
+    @property
+    def prompt_echo(self) -> PromptEcho: ...
+
 
 def whole_answer(body: Answered, job: JobRequest, answer: Answer, result: Result) -> dict[str, Any]:
     """OpenAI's answer (not streamed) to `body`, whose job `job` generated `result`: a route's, a
-    batch's line's, or a stored chat completion's."""
+    batch's line's, or a stored chat completion's. A job's prompt logprobs, and its prompt given back,
+    come with its first choice's first delta: every choice has them, as in vLLM's answer."""
     answer = replace(answer, role=body.role)
+    alone = body.prompt_echo is PromptEcho.alone  # the prompt is the answer: the output is left out
+    asked = job.prompt_logprobs is not None and result.choices
+    prompt_logprobs = result.choices[0].prompt_logprobs if asked else None
     choices = [
         ChoiceOutput(
-            content=_content(body.echoed, choice, job),
-            logprobs=choice.logprobs if job.logprobs is not None else None,
+            content="" if alone else _content(body.echoed, choice, job),
+            logprobs=None if job.logprobs is None else [] if alone else choice.logprobs,
             finish_reason=choice.finish_reason,
             stop_reason=choice.stop_reason,
             reasoning=choice.reasoning or None,
             tool_calls=[_call_object(call, job) for call in choice.tool_calls],
-            prompt_logprobs=choice.prompt_logprobs if job.prompt_logprobs is not None else None,
+            prompt_logprobs=prompt_logprobs,
+            echo=None if body.prompt_echo is PromptEcho.none else result.echo,
         )
-        for index, choice in enumerate(result.choices)
+        for choice in result.choices
     ]
     return completion(answer, choices, result.usage)
 

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 
 from pydantic import BaseModel, ValidationError
 
-from gateway.compat.openai_answers import Answer, ChunkStream
+from gateway.compat.openai_answers import Answer, ChunkStream, PromptEcho
 from gateway.compat.openai_bodies import ChatBody, CompletionBody
 
 KEEP_RUNNING_HEADER = "X-Streampool-Keep-Running"
@@ -40,6 +40,7 @@ class Framing(BaseModel):
     continuous_usage: bool
     prompt_tokens: int | None  # the gateway's count, for `continuous_usage` before the worker's
     echoed: str
+    prompt_echo: PromptEcho = PromptEcho.none
 
     @classmethod
     def of(cls, body: CompletionBody | ChatBody, prompt_tokens: int | None) -> Framing:
@@ -52,6 +53,7 @@ class Framing(BaseModel):
             continuous_usage=continuous,
             prompt_tokens=prompt_tokens,
             echoed=body.echoed,
+            prompt_echo=body.prompt_echo,
         )
 
     @classmethod
@@ -80,4 +82,5 @@ class Framing(BaseModel):
             self.continuous_usage,
             self.prompt_tokens,
             self.echoed,
+            self.prompt_echo,
         )

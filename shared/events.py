@@ -91,6 +91,15 @@ class ToolCallDelta(BaseModel):
     function: FunctionDelta
 
 
+class Echo(BaseModel):
+    """A prompt as a completion's `echo` gives it back (vLLM's): its text, decoded where it was given as
+    token ids, and its first token's text, the one token of the prompt with no logprob (the others'
+    come with `prompt_logprobs`)."""
+
+    text: str
+    first_token: str
+
+
 class DeltaEvent(BaseModel):
     """New tokens of one choice; `index` (a job's choice, 0 to n-1) is left out for the first, so
     that a job of one choice streams as it always has.
@@ -110,6 +119,8 @@ class DeltaEvent(BaseModel):
     prompt_logprobs: list[TokenLogprob | None] | None = Field(None, exclude_if=_none)
     """On the job's first delta, where the job asked for them: each prompt token's (null for the first,
     which nothing comes before), as vLLM's `prompt_logprobs`."""
+    echo: Echo | None = Field(None, exclude_if=_none)
+    """On the job's first delta, where the job asked for it (`JobRequest.echo`): its prompt."""
 
 
 class DoneEvent(BaseModel):

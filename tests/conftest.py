@@ -176,7 +176,7 @@ SYSTEM_ENGINE: dict[str, object] = {
     "enable_auto_tool_choice": True,
     "tool_call_parser": "pythonic",
 }
-"""What `system` starts its workers' engines with, beside the defaults: tests/e2e/test_tool_choice.py
+"""What `system` starts its workers' engines with, beside the defaults: tests/e2e/test_beside_vllm_server.py
 starts vLLM's own server on the same."""
 
 

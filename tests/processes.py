@@ -99,7 +99,8 @@ class Processes:
         self._spawn(name, [*command, *options])
         url = f"redis://127.0.0.1:{port}/0"
         client = answering or redis.Redis.from_url(url, socket_connect_timeout=1)
-        eventually_sync(lambda: _answers(client), f"redis-server {name} answers", timeout=10)
+        # A loaded machine may take seconds to start it: 10 s once ran out under eight spinning processes.
+        eventually_sync(lambda: _answers(client), f"redis-server {name} answers", timeout=30)
         return url
 
     def start_sentinel(self, name: str, port: int, data_dir: Path, master: str, master_port: int) -> str:

@@ -76,7 +76,7 @@ GROUPS = {
 """Each module's group: what the comment names is set up once per group, not once per process."""
 
 
-ENGINES_FIRST = ["tests/e2e/test_pooling.py", "tests/e2e/test_tool_choice.py"]
+ENGINES_FIRST = ["tests/e2e/test_pooling.py", "tests/e2e/test_beside_vllm_server.py"]
 """In one process on the real engine (`make test`'s `-m system`), the modules that start engines of
 their own (for a module: an embedding pool and vLLM's server; vLLM's server beside the session's
 deployment) go first, in this order, each stopping its own before the next starts: a real worker

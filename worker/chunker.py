@@ -145,6 +145,7 @@ class Chunker:
             one = held[0]
             text, token_ids, logprobs = one.text, one.token_ids, one.logprobs
             reasoning, tool_calls, prompt_logprobs = one.reasoning, one.tool_calls, one.prompt_logprobs
+            echo = one.echo
         else:
             text = "".join(delta.text for delta in held)
             token_ids = [token_id for delta in held for token_id in delta.token_ids]
@@ -153,6 +154,7 @@ class Chunker:
             reasoning = "".join(delta.reasoning for delta in held)
             tool_calls = joined_calls([call for delta in held for call in delta.tool_calls or []])
             prompt_logprobs = held[0].prompt_logprobs if held else None
+            echo = held[0].echo if held else None
         if not token_ids and not text:
             return []
         event = DeltaEvent(seq=self._seq(), index=index, text=text, token_ids=token_ids, logprobs=logprobs)
@@ -162,6 +164,8 @@ class Chunker:
             event.tool_calls = tool_calls
         if prompt_logprobs is not None:
             event.prompt_logprobs = prompt_logprobs
+        if echo is not None:
+            event.echo = echo
         return [event]
 
     def flush(self) -> list[Event]:

@@ -8,12 +8,12 @@ whose deltas are merged into one sequence of choices (`generate`).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 from contextlib import aclosing
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
-from shared.events import TokenLogprob, ToolCallDelta
+from shared.events import Echo, TokenLogprob, ToolCallDelta
 from shared.model_card import ModelCard
 from shared.pooling import PoolingJob, PoolingRoute
 from shared.requests import JobRequest
@@ -39,6 +39,7 @@ class EngineDelta:
     reasoning: str = ""
     tool_calls: list[ToolCallDelta] | None = None
     prompt_logprobs: list[TokenLogprob | None] | None = None  # on a request's first delta, if asked for
+    echo: Echo | None = None  # on a request's first delta, if asked for (`prompt_echo`)
 
 
 ADAPTER_NOT_FOUND = "adapter_not_found"
@@ -84,9 +85,20 @@ class Prompt:
             "max_tokens": self.request.max_tokens - len(emitted),
             "min_tokens": max(self.request.min_tokens - len(emitted), 0),
             "prompt_logprobs": None,  # the first run's first delta has given them
+            "echo": False,
         }
         rest = self.request.model_copy(update=left)
         return replace(self, token_ids=self.token_ids + emitted, request=rest)
+
+
+def prompt_echo(prompt: Prompt, decode: Callable[[list[int]], str]) -> Echo | None:
+    """The prompt as the engine sees it, given back where its job asks (`JobRequest.echo`), as vLLM's
+    completions give it: a text prompt's own text, token ids decoded (special tokens kept)."""
+    if not prompt.request.echo or not prompt.token_ids:
+        return None
+    given = prompt.request.only_prompt
+    text = given if isinstance(given, str) else decode(prompt.token_ids)
+    return Echo(text=text, first_token=decode(prompt.token_ids[:1]))
 
 
 @dataclass(frozen=True)

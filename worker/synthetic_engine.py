@@ -29,7 +29,7 @@ from shared.pooling import PoolingJob
 from shared.prompt_tokens import PromptCounter
 from shared.requests import JobRequest
 from worker import chat_template
-from worker.engine import ADAPTER_NOT_FOUND, Adapter, EngineDelta, PrefixCache, Prompt, Serving
+from worker.engine import ADAPTER_NOT_FOUND, Adapter, EngineDelta, PrefixCache, Prompt, Serving, prompt_echo
 from worker.synthetic_pooling import SyntheticEmbeddings, synthetic_serving
 
 SCRIPT_AFTER_TOOL = "|||"
@@ -225,6 +225,7 @@ class SyntheticEngine:
             for index in range(request.n)
         ]
         aborted = self._aborted.setdefault(request_id, asyncio.Event())
+        echo = prompt_echo(prompt, self._counter.decode)  # on the first choice's first delta
         try:
             while any(choice.finish_reason is None for choice in choices):
                 await self._clock.step()
@@ -235,7 +236,9 @@ class SyntheticEngine:
                         choice.finish_reason = "abort"
                         yield self._delta(choice, [], request)
                         continue
-                    yield self._delta(choice, [self._next_token(choice, request, room)], request)
+                    delta = self._delta(choice, [self._next_token(choice, request, room)], request)
+                    delta.echo, echo = echo, None
+                    yield delta
         finally:
             self._aborted.pop(request_id, None)
 

@@ -33,7 +33,7 @@ from worker import chat_template, cpu_placement
 from worker.adapter_gate import AdapterGate
 from worker.constraint_compile import ConstraintCompiler
 from worker.cpu_dtype import dtype_for_cpu
-from worker.engine import ADAPTER_NOT_FOUND, Adapter, EngineDelta, PrefixCache, Prompt, Serving
+from worker.engine import ADAPTER_NOT_FOUND, Adapter, EngineDelta, PrefixCache, Prompt, Serving, prompt_echo
 from worker.engine_arguments import engine_args_from, shown, with_engine_flags
 from worker.model_card import build_card
 from worker.vllm_pooling import VllmPooling
@@ -230,6 +230,7 @@ class VllmEngine:
         }
         adapter = None if prompt.adapter is None else _lora_request(prompt.adapter)
         wanted = prompt.request.logprobs or 0
+        first_echo = prompt_echo(prompt, self._tokenizer.decode)
         await self._constraints.check(prompt.request.structured_outputs)
         async with self._turn(adapter):
             try:
@@ -250,6 +251,7 @@ class VllmEngine:
                         prompt.token_ids, output.prompt_logprobs, prompt.request.prompt_logprobs or 0
                     )
                     output.prompt_logprobs = None  # given once, with the first delta
+                    echo, first_echo = first_echo, None  # likewise
                     # With n > 1 each choice streams apart (`index`); one output may hold several.
                     for completion in output.outputs:
                         token_ids = list(completion.token_ids)
@@ -262,6 +264,7 @@ class VllmEngine:
                             index=completion.index,
                             stop_reason=completion.stop_reason,
                             prompt_logprobs=prompt_logprobs if completion.index == 0 else None,
+                            echo=echo if completion.index == 0 else None,
                         )
             except EngineDeadError as exc:
                 raise EngineDead(f"the engine died: {exc!r}") from exc

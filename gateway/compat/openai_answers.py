@@ -5,11 +5,12 @@ jobs and events, in the shapes the `openai` package parses. Pure, no I/O.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from shared.events import DeltaEvent, DoneEvent, Event, TokenLogprob, Usage
+from shared.events import DeltaEvent, DoneEvent, Echo, Event, TokenLogprob, Usage
 
 MIN_LOGPROB = -9999.0  # JSON has no -inf; vLLM clamps the same way
 
@@ -86,6 +87,31 @@ def completion_logprobs(logprobs: list[TokenLogprob], text_offset: int) -> dict[
         "token_logprobs": [clamped(lp.logprob) for lp in logprobs],
         "top_logprobs": tops,
         "text_offset": offsets,
+    }
+
+
+class PromptEcho(str, Enum):
+    """Whether a completion gives its prompt back (`echo`): not at all, before its output, or `alone`
+    (`max_tokens` 0, as vLLM answers it: the one token generated for it left out)."""
+
+    none = "none"
+    before = "before"
+    alone = "alone"
+
+
+def echo_logprobs(
+    echo: Echo, prompt: list[TokenLogprob | None] | None, output: list[TokenLogprob], text_offset: int = 0
+) -> dict[str, Any]:
+    """`completion_logprobs` of a completion whose prompt is echoed, as vLLM gives them: the prompt's
+    first token with none (a null logprob and alternatives), its other tokens' (`prompt_logprobs`),
+    then the output's."""
+    rest = [logprob for logprob in (prompt or [])[1:] if logprob is not None]
+    after = completion_logprobs([*rest, *output], text_offset + len(echo.first_token))
+    return {
+        "tokens": [echo.first_token, *after["tokens"]],
+        "token_logprobs": [None, *after["token_logprobs"]],
+        "top_logprobs": [None, *after["top_logprobs"]],
+        "text_offset": [text_offset, *after["text_offset"]],
     }
 
 
@@ -223,6 +249,8 @@ class ChoiceOutput:
     reasoning: str | None = None
     tool_calls: list[ToolCallObject] = field(default_factory=list)
     prompt_logprobs: list[TokenLogprob | None] | None = None  # when asked for
+    # A completion's prompt given back before `content` (with `logprobs`, its tokens' before its own).
+    echo: Echo | None = None
 
 
 def completion(answer: Answer, choices: list[ChoiceOutput], usage: Usage) -> dict[str, Any]:
@@ -261,8 +289,10 @@ def completion(answer: Answer, choices: list[ChoiceOutput], usage: Usage) -> dic
             choices=[
                 CompletionChoice(
                     index=index,
-                    text=choice.content or "",
-                    logprobs=answer.logprobs(choice.logprobs),
+                    text=(choice.echo.text if choice.echo else "") + (choice.content or ""),
+                    logprobs=answer.logprobs(choice.logprobs)
+                    if choice.echo is None or choice.logprobs is None
+                    else echo_logprobs(choice.echo, choice.prompt_logprobs, choice.logprobs),
                     finish_reason=choice.finish_reason,
                     stop_reason=choice.stop_reason,
                     prompt_logprobs=None
@@ -309,12 +339,16 @@ class ChunkStream:
         continuous_usage: bool = False,
         prompt_tokens: int | None = None,
         echoed: str = "",
+        prompt_echo: PromptEcho = PromptEcho.none,
     ) -> None:
         self.answer = answer
         self.include_usage = include_usage
         self.continuous_usage = continuous_usage
         self.usage = Usage(prompt_tokens=prompt_tokens or 0, completion_tokens=0)
         self.echoed = echoed  # goes out before each choice's first output
+        self.prompt_echo = prompt_echo
+        self.echo: Echo | None = None  # the prompt given back, from the job's first delta
+        self.prompt_logprobs: list[TokenLogprob | None] | None = None  # likewise
         self.opened: set[int] = set()  # the choices with a chunk out
         self.text_offsets: dict[int, int] = {}  # per choice
 
@@ -374,21 +408,40 @@ class ChunkStream:
         return chunks
 
     def _delta(self, event: DeltaEvent) -> list[dict[str, Any]]:
+        if event.echo is not None:
+            self.echo = event.echo
+        if event.prompt_logprobs is not None:
+            self.prompt_logprobs = event.prompt_logprobs
+        opening = event.index not in self.opened
         chunks, echoed = self._open(event.index)
         completion_tokens = self.usage.completion_tokens + len(event.token_ids)
         self.usage = self.usage.model_copy(update={"completion_tokens": completion_tokens})
-        offset = self.text_offsets.get(event.index, 0)
-        logprobs = self.answer.logprobs(event.logprobs, offset)
-        self.text_offsets[event.index] = offset + sum(len(lp.token) for lp in event.logprobs or [])
         if not self.answer.chat:
-            return [
-                *chunks,
-                self._chunk([self._choice(event.index, {"text": echoed + event.text}, logprobs)]),
-            ]
+            return [*chunks, *self._text(event, opening, echoed)]
         delta = chat_delta(event)
+        logprobs = self.answer.logprobs(event.logprobs)
         if delta or logprobs is not None:
             chunks.append(self._chunk([self._choice(event.index, {"delta": delta}, logprobs)]))
         return chunks
+
+    def _text(self, event: DeltaEvent, opening: bool, echoed: str) -> list[dict[str, Any]]:
+        """A completion's chunk of `event`. Where the prompt is given back, its choice's first chunk
+        opens with it (with `logprobs`, with its tokens' too); given back alone, that chunk is all."""
+        alone = self.prompt_echo is PromptEcho.alone
+        if alone and not opening:
+            return []
+        text = "" if alone else event.text
+        logprobs = [] if alone and event.logprobs is not None else event.logprobs
+        offset = self.text_offsets.get(event.index, 0)
+        if opening and self.echo is not None and self.prompt_echo is not PromptEcho.none:
+            text = self.echo.text + text
+            shown = None if logprobs is None else echo_logprobs(self.echo, self.prompt_logprobs, logprobs)
+        else:
+            text = echoed + text
+            shown = self.answer.logprobs(logprobs, offset)
+        if shown is not None and shown["tokens"]:
+            self.text_offsets[event.index] = shown["text_offset"][-1] + len(shown["tokens"][-1])
+        return [self._chunk([self._choice(event.index, {"text": text}, shown)])]
 
 
 def list_object(data: list[dict[str, Any]], has_more: bool) -> dict[str, Any]:

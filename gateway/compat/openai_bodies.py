@@ -15,6 +15,7 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from gateway.compat.openai_answers import PromptEcho
 from shared.chat import MAX_TOOL_CALLS, MAX_TOOLS, ToolCall, check_role_fields
 from shared.errors import InvalidRequest
 from shared.requests import (
@@ -325,8 +326,13 @@ class _Body(SamplingOptions):
 
     @property
     def echoed(self) -> str:
-        """What goes before the answer's text: the prompt, for a completion with `echo`, as vLLM answers."""
+        """What goes before the answer's text: a chat's last message, with `echo`, as vLLM answers."""
         return ""
+
+    @property
+    def prompt_echo(self) -> PromptEcho:
+        """Whether a completion gives its prompt back (`echo`), which its job's first delta carries."""
+        return PromptEcho.none
 
     @property
     def role(self) -> str:
@@ -399,14 +405,9 @@ class CompletionBody(_Body):
         return [
             *super()._refusals(),
             (
-                bool(self.echo) and not isinstance(self._input().get("prompt"), str),
+                bool(self.echo) and self._prompt_count() > 1,
                 "echo",
-                "echo is supported with one text prompt, not token ids or a list of prompts",
-            ),
-            (
-                bool(self.echo) and self.logprobs is not None,
-                "echo",
-                "echo with logprobs needs the prompt's logprobs, which jobs do not report",
+                "echo is supported with one prompt (a text or token ids), not a list of prompts",
             ),
             (bool(self.suffix), "suffix", "suffix is not supported"),
             (self.best_of not in (None, 1), "best_of", "only best_of=1 is supported"),
@@ -416,18 +417,40 @@ class CompletionBody(_Body):
         return {**super()._parameter_names(), "prompt_token_ids": "prompt"}
 
     @property
-    def echoed(self) -> str:
-        prompt = self._input().get("prompt")
-        return prompt if self.echo and isinstance(prompt, str) else ""
+    def prompt_echo(self) -> PromptEcho:
+        if not self.echo:
+            return PromptEcho.none
+        return PromptEcho.alone if self.max_tokens == 0 else PromptEcho.before
+
+    def _max_tokens(self) -> tuple[str, int | None]:
+        """An echo of `max_tokens` 0 gives the prompt back alone: its job runs for one token, left out
+        of the answer, as vLLM's does."""
+        if self.prompt_echo is PromptEcho.alone:
+            return "max_tokens", 1
+        return super()._max_tokens()
+
+    def _prompts(self) -> list[Any]:
+        """Each prompt: a text, or token ids."""
+        prompts: list[Any] = [self.prompt] if isinstance(self.prompt, str) else list(self.prompt)
+        if prompts and isinstance(prompts[0], int):
+            return [prompts]  # the token ids of one prompt
+        return prompts
+
+    def _prompt_count(self) -> int:
+        return len(self._prompts())
 
     def _input(self) -> dict[str, Any]:
         """The prompt as the job takes it: texts as `prompt`, token ids as `prompt_token_ids`; a list of
-        one prompt is that prompt."""
-        prompts: list[Any] = [self.prompt] if isinstance(self.prompt, str) else list(self.prompt)
-        if prompts and isinstance(prompts[0], int):
-            prompts = [prompts]  # the token ids of one prompt
+        one prompt is that prompt. With `echo` the job gives its prompt back, and with `logprobs` its
+        prompt's too, as vLLM asks its engine for them (`prompt_logprobs`, unless given)."""
+        prompts = self._prompts()
         field = "prompt_token_ids" if prompts and isinstance(prompts[0], list) else "prompt"
-        return {field: prompts[0] if len(prompts) == 1 else prompts, "logprobs": self.logprobs}
+        fields = {field: prompts[0] if len(prompts) == 1 else prompts, "logprobs": self.logprobs}
+        if self.echo:
+            fields["echo"] = True
+            if self.prompt_logprobs is None and self.logprobs is not None:
+                fields["prompt_logprobs"] = self.logprobs
+        return fields
 
 
 class ContentPart(BaseModel):

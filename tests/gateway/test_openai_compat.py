@@ -22,6 +22,7 @@ from gateway.compat.openai_answers import (
     Answer,
     ChoiceOutput,
     ChunkStream,
+    PromptEcho,
     chat_logprobs,
     completion,
     completion_logprobs,
@@ -38,7 +39,17 @@ from shared.errors import (
     PromptTooLong,
     StreampoolError,
 )
-from shared.events import DeltaEvent, DoneEvent, Event, JobState, StatusEvent, TokenLogprob, TopLogprob, Usage
+from shared.events import (
+    DeltaEvent,
+    DoneEvent,
+    Echo,
+    Event,
+    JobState,
+    StatusEvent,
+    TokenLogprob,
+    TopLogprob,
+    Usage,
+)
 from tests.conftest import make_settings
 from tests.helpers import in_process_gateway
 from tests.processes import free_port
@@ -116,9 +127,33 @@ def test_an_empty_prompt_or_a_negative_token_id_is_refused_naming_the_prompt(pro
     assert _refusal(_completion(prompt=prompt)).detail["param"] == param
 
 
-@pytest.mark.parametrize("prompt", [["a", "b"], [1, 2, 3]])
-def test_echo_needs_one_text_prompt(prompt: Any) -> None:
+@pytest.mark.parametrize("prompt", [["a", "b"], [[1, 2], [3]]])
+def test_echo_needs_one_prompt(prompt: Any) -> None:
     assert _refusal(_completion(prompt=prompt, echo=True)).detail["param"] == "echo"
+
+
+@pytest.mark.parametrize("prompt", ["Once", [1, 2, 3], [[1, 2, 3]]])
+def test_echo_asks_the_job_for_its_prompt_and_with_logprobs_for_the_prompts_as_vllm_asks_its_engine(
+    prompt: Any,
+) -> None:
+    job = _completion(prompt=prompt, echo=True, logprobs=2).job_request(LIMIT)
+    assert (job.echo, job.logprobs, job.prompt_logprobs) == (True, 2, 2)
+    assert (
+        _completion(prompt=prompt, echo=True, logprobs=2, prompt_logprobs=0)
+        .job_request(LIMIT)
+        .prompt_logprobs
+        == 0
+    )
+    assert _completion(prompt=prompt, echo=True).job_request(LIMIT).prompt_logprobs is None
+    assert not _completion(prompt=prompt).job_request(LIMIT).echo
+
+
+def test_an_echo_of_max_tokens_0_runs_one_token_and_gives_the_prompt_back_alone() -> None:
+    body = _completion(echo=True, max_tokens=0)
+    assert body.prompt_echo is PromptEcho.alone and body.job_request(LIMIT).max_tokens == 1
+    assert _completion(echo=True).prompt_echo is PromptEcho.before
+    assert _completion().prompt_echo is PromptEcho.none and _chat(echo=True).prompt_echo is PromptEcho.none
+    assert _refusal(_completion(max_tokens=0)).detail["param"] == "max_tokens"
 
 
 def test_chat_text_parts_are_joined_and_developer_is_system() -> None:
@@ -245,18 +280,65 @@ def test_truncate_prompt_tokens_reaches_the_job() -> None:
     assert _refusal(_completion(truncate_prompt_tokens=-2)).detail["param"] == "truncate_prompt_tokens"
 
 
-def test_echo_puts_the_prompt_before_the_completion_whole_and_streamed() -> None:
-    body = _completion(echo=True)
-    assert body.echoed == "Once" and _completion().echoed == "" and _chat().echoed == ""
-    stream = ChunkStream(Answer(chat=False, job_id="j", model=MODEL, created=1), False, echoed=body.echoed)
-    first = stream.feed(DeltaEvent(seq=1, text=" upon", token_ids=[1]))
-    second = stream.feed(DeltaEvent(seq=2, text=" a", token_ids=[2]))
-    assert [chunk["choices"][0]["text"] for chunk in first + second] == ["Once upon", " a"]
+ECHO = Echo(text="Once upon", first_token="Once")
+PROMPT_LOGPROBS = [None, TokenLogprob(token_id=7, token=" upon", logprob=-3.0, rank=2)]
+OUTPUT_LOGPROBS = [TokenLogprob(token_id=8, token=" a", logprob=-0.5, rank=1)]
+
+
+def _echo_stream(prompt_echo: PromptEcho, events: list[DeltaEvent]) -> list[dict[str, Any]]:
+    stream = ChunkStream(
+        Answer(chat=False, job_id="j", model=MODEL, created=1), False, prompt_echo=prompt_echo
+    )
+    return [chunk for event in events for chunk in stream.feed(event)]
+
+
+def test_echo_puts_the_prompt_the_job_gives_back_before_the_completion_streamed() -> None:
+    first = DeltaEvent(seq=2, text=" a", token_ids=[8], echo=ECHO)
+    second = DeltaEvent(seq=3, text=" time", token_ids=[9])
+    chunks = _echo_stream(PromptEcho.before, [first, second])
+    assert [chunk["choices"][0]["text"] for chunk in chunks] == ["Once upon a", " time"]
+    assert [chunk["choices"][0]["text"] for chunk in _echo_stream(PromptEcho.none, [first, second])] == [
+        " a",
+        " time",
+    ]
+    assert [chunk["choices"][0]["text"] for chunk in _echo_stream(PromptEcho.alone, [first])] == ["Once upon"]
+
+
+def test_echoed_logprobs_list_the_prompts_tokens_first_with_none_for_the_first_as_vllm_does() -> None:
+    """Whole and streamed: the prompt's first token has no logprob and no alternatives; offsets count
+    on through the prompt into the output, and into a stream's next chunk."""
+    first = DeltaEvent(
+        seq=2, text=" a", token_ids=[8], logprobs=OUTPUT_LOGPROBS, prompt_logprobs=PROMPT_LOGPROBS, echo=ECHO
+    )
+    later = TokenLogprob(token_id=9, token=" time", logprob=-1.0, rank=1)
+    chunks = _echo_stream(
+        PromptEcho.before, [first, DeltaEvent(seq=3, text=" time", token_ids=[9], logprobs=[later])]
+    )
+    for chunk in chunks:
+        vllm_protocol().CompletionStreamResponse.model_validate(chunk)
+    echoed, after = (chunk["choices"][0]["logprobs"] for chunk in chunks)
+    assert echoed == {
+        "tokens": ["Once", " upon", " a"],
+        "token_logprobs": [None, -3.0, -0.5],
+        "top_logprobs": [None, {" upon": -3.0}, {" a": -0.5}],
+        "text_offset": [0, 4, 9],
+    }
+    assert (after["tokens"], after["text_offset"]) == ([" time"], [11])
+    answer = Answer(chat=False, job_id="abc", model=MODEL, created=1700000000)
+    output = ChoiceOutput(" a", OUTPUT_LOGPROBS, "length", prompt_logprobs=PROMPT_LOGPROBS, echo=ECHO)
+    whole = json.loads(json.dumps(completion(answer, [output], USAGE)))
+    # vLLM's model and not the openai package's, whose types have no null logprob: its client reads
+    # answers without validating them, and vLLM's server answers the same nulls.
+    vllm_protocol().CompletionResponse.model_validate(whole)
+    assert whole["choices"][0]["text"] == "Once upon a"
+    assert whole["choices"][0]["logprobs"] == echoed
+    alone = ChoiceOutput("", [], "length", prompt_logprobs=PROMPT_LOGPROBS, echo=ECHO)
+    logprobs = completion(answer, [alone], USAGE)["choices"][0]["logprobs"]
+    assert (logprobs["tokens"], logprobs["token_logprobs"]) == (["Once", " upon"], [None, -3.0])
 
 
 UNSUPPORTED: list[tuple[str, dict[str, Any], str]] = [
     ("completion", {"best_of": 2}, "best_of"),
-    ("completion", {"echo": True, "logprobs": 1}, "echo"),
     ("completion", {"guided_json": {"type": "object"}}, "guided_json"),
     ("chat", {"guided_choice": ["a", "b"]}, "guided_choice"),
     ("chat", {"response_format": {"type": "structural_tag", "structures": []}}, "response_format"),

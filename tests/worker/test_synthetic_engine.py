@@ -10,7 +10,7 @@ import pytest
 from shared.config import DEFAULT_MODEL_DIR, WorkerSettings
 from shared.errors import EngineError
 from shared.requests import ChatMessage, JobRequest
-from worker.engine import EngineDelta, abort, generate, render
+from worker.engine import EngineDelta, Prompt, abort, generate, render
 from worker.synthetic_engine import SCRIPT_AFTER_TOOL, SyntheticEngine, next_step_at, read_model_card
 
 STEP_SECONDS = 0.001
@@ -300,3 +300,24 @@ def test_a_chat_template_file_that_cannot_be_read_ends_the_start_with_vllms_mess
     settings = WorkerSettings(engine="synthetic", max_model_len=64, chat_template="/no/such/template.jinja")
     with pytest.raises(EngineError, match="--chat-template: The supplied chat template"):
         SyntheticEngine(settings, read_model_card(settings.model, settings.model_name, 64))
+
+
+async def test_a_job_asking_for_its_prompt_back_gets_it_on_its_first_delta_only(
+    engine: SyntheticEngine,
+) -> None:
+    """A text prompt as it was given, token ids decoded (special tokens kept), and the first token's
+    text; a resumed run, whose first run gave it, does not give it again."""
+    ids = engine.render(JobRequest(prompt="Hello there")).token_ids
+    for given in ({"prompt": "Hello there"}, {"prompt_token_ids": ids}):
+        request = JobRequest(**given, max_tokens=3, ignore_eos=True, echo=True)
+        deltas = await run(engine, request)
+        echo = deltas[0].echo
+        assert echo is not None and [delta.echo for delta in deltas[1:]] == [None, None]
+        assert echo.text == "Hello there" and "Hello there".startswith(echo.first_token) and echo.first_token
+        prompt = engine.render(request).continued([5])
+        assert [delta.echo for delta in await generated(engine, prompt)] == [None, None]
+    assert (await run(engine, JobRequest(prompt="Hello there", max_tokens=1)))[0].echo is None
+
+
+async def generated(engine: SyntheticEngine, prompt: Prompt) -> list[EngineDelta]:
+    return [delta async for delta in engine.generate("resumed", prompt)]

@@ -1,17 +1,25 @@
-"""Tool choices on the real engine, through the `openai` package: `required` and a named function hold
-the default model to the tools' JSON schemas, as vLLM's server does (its `pythonic` parser, which the
-`system` fixture's pool is started with, takes them as JSON), and the answer carries the calls; side by
-side with vLLM's own server started with the same engine arguments and tool flags, greedy answers are
-the same calls, the same arguments and the same text."""
+"""The real engine side by side with vLLM's own server, started with the same engine arguments and
+tool flags, through the `openai` package.
+
+Tool choices: `required` and a named function hold the default model to the tools' JSON schemas, as
+vLLM's server does (its `pythonic` parser, which the `system` fixture's pool is started with, takes
+them as JSON), and the answer carries the calls; greedy answers are the same calls, the same arguments
+and the same text.
+
+A completion's `echo` with `logprobs`, as evaluation harnesses send it to score a text (a prompt of
+text or token ids, `max_tokens` 0 or 1): the same text, tokens, logprobs, alternatives, offsets and
+usage, whole and streamed."""
 
 from __future__ import annotations
 
 import json
+import math
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import httpx
 import openai
 import pytest
 
@@ -185,3 +193,75 @@ def test_greedy_answers_are_vllm_s_servers_own(
     assert ours == theirs
     if tool_choice != "auto":
         assert ours[1], "the constraint holds the model to a call"
+
+
+ECHOED = "The capital of France is Paris. The capital of Italy is"
+
+
+def scored(client: openai.OpenAI, prompt: str | list[int], max_tokens: int, stream: bool) -> dict[str, Any]:
+    """What a harness reads of a greedy echoed completion with one alternative a token: its text, its
+    tokens with their logprobs, alternatives and offsets, its finish reason and usage; streamed, the
+    chunks' parts end to end (usage from the last chunk)."""
+    request: Any = {
+        "model": client.models.list().data[0].id,
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "logprobs": 1,
+        "echo": True,
+    }
+    chunks = (
+        list(client.completions.create(**request, stream=True, stream_options={"include_usage": True}))
+        if stream
+        else [client.completions.create(**request)]
+    )
+    seen: dict[str, Any] = {
+        "text": "",
+        "tokens": [],
+        "token_logprobs": [],
+        "top_logprobs": [],
+        "text_offset": [],
+    }
+    for chunk in chunks:
+        for choice in chunk.choices:
+            seen["text"] += choice.text
+            seen["finish_reason"] = choice.finish_reason or seen.get("finish_reason")
+            for name in ("tokens", "token_logprobs", "top_logprobs", "text_offset"):
+                seen[name] += getattr(choice.logprobs, name) if choice.logprobs else []
+        if chunk.usage is not None:
+            seen["usage"] = (chunk.usage.prompt_tokens, chunk.usage.completion_tokens)
+    return seen
+
+
+def close(ours: float | None, theirs: float | None) -> bool:
+    """Two engines' logprobs of the same tokens: equal but for the float sums of other batches."""
+    if ours is None or theirs is None:
+        return ours is theirs
+    return math.isclose(ours, theirs, rel_tol=1e-3, abs_tol=1e-2)
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+@pytest.mark.parametrize("max_tokens", [0, 1])
+@pytest.mark.parametrize("given", ["text", "token-ids"])
+def test_an_echo_with_logprobs_scores_the_prompt_as_vllm_s_server_does(
+    sync_openai: openai.OpenAI, vllm_openai: openai.OpenAI, given: str, max_tokens: int, stream: bool
+) -> None:
+    prompt: str | list[int] = ECHOED
+    if given == "token-ids":
+        tokenized = httpx.post(
+            f"{str(vllm_openai.base_url).removesuffix('/v1/')}/tokenize", json={"prompt": ECHOED}
+        )
+        prompt = tokenized.json()["tokens"]
+    ours, theirs = (
+        scored(sync_openai, prompt, max_tokens, stream),
+        scored(vllm_openai, prompt, max_tokens, stream),
+    )
+    exact = ("text", "tokens", "text_offset", "finish_reason", "usage")
+    assert {name: ours[name] for name in exact} == {name: theirs[name] for name in exact}
+    assert ours["text"].startswith(ECHOED) and ours["token_logprobs"][0] is None
+    assert len(ours["tokens"]) == ours["usage"][0] + max_tokens  # the prompt's tokens, then the output's
+    assert all(map(close, ours["token_logprobs"], theirs["token_logprobs"])), (ours, theirs)
+    for mine, vllms in zip(ours["top_logprobs"], theirs["top_logprobs"], strict=True):
+        assert (mine is None) == (vllms is None)
+        if mine is not None:
+            assert mine.keys() == vllms.keys() and all(close(mine[k], vllms[k]) for k in mine)
