@@ -96,6 +96,7 @@ class Choice:
     reasoning: str = ""
     tool_calls: list[ToolCall] = field(default_factory=list)
     prompt_logprobs: list[TokenLogprob | None] | None = None
+    echo: Echo | None = None  # its prompt given back, where the job was asked to (`JobRequest.echo`)
 
 
 @dataclass
@@ -106,7 +107,6 @@ class Result:
     choices: list[Choice] = field(default_factory=list)
     usage: Usage = field(default_factory=lambda: Usage(prompt_tokens=0, completion_tokens=0))
     pooled: dict[str, Any] | None = None  # a pooling job's whole answer (`DoneEvent.result`)
-    echo: Echo | None = None  # the prompt given back, where the job was asked to (`JobRequest.echo`)
 
     def choice(self, index: int) -> Choice:
         """The choice `index`, made when its first delta comes."""
@@ -259,7 +259,7 @@ class Collected:
             if event.prompt_logprobs is not None:
                 choice.prompt_logprobs = event.prompt_logprobs
             if event.echo is not None:
-                result.echo = event.echo
+                choice.echo = event.echo
         elif isinstance(event, DoneEvent):
             result.usage = event.usage
             result.pooled = event.result
@@ -384,12 +384,14 @@ class Answered(Protocol):
 
 def whole_answer(body: Answered, job: JobRequest, answer: Answer, result: Result) -> dict[str, Any]:
     """OpenAI's answer (not streamed) to `body`, whose job `job` generated `result`: a route's, a
-    batch's line's, or a stored chat completion's. A job's prompt logprobs, and its prompt given back,
-    come with its first choice's first delta: every choice has them, as in vLLM's answer."""
+    batch's line's, or a stored chat completion's. A prompt's logprobs, and the prompt given back, come
+    with the first delta of its first choice: each of its choices has them, as in vLLM's answer."""
     answer = replace(answer, role=body.role)
     alone = body.prompt_echo is PromptEcho.alone  # the prompt is the answer: the output is left out
-    asked = job.prompt_logprobs is not None and result.choices
-    prompt_logprobs = result.choices[0].prompt_logprobs if asked else None
+
+    def first_of_its_prompt(index: int) -> Choice:
+        return result.choices[index - index % job.n]
+
     choices = [
         ChoiceOutput(
             content="" if alone else _content(body.echoed, choice, job),
@@ -398,10 +400,12 @@ def whole_answer(body: Answered, job: JobRequest, answer: Answer, result: Result
             stop_reason=choice.stop_reason,
             reasoning=choice.reasoning or None,
             tool_calls=[_call_object(call, job) for call in choice.tool_calls],
-            prompt_logprobs=prompt_logprobs,
-            echo=None if body.prompt_echo is PromptEcho.none else result.echo,
+            prompt_logprobs=None
+            if job.prompt_logprobs is None
+            else first_of_its_prompt(index).prompt_logprobs,
+            echo=None if body.prompt_echo is PromptEcho.none else first_of_its_prompt(index).echo,
         )
-        for choice in result.choices
+        for index, choice in enumerate(result.choices)
     ]
     return completion(answer, choices, result.usage)
 

@@ -41,6 +41,7 @@ class Framing(BaseModel):
     prompt_tokens: int | None  # the gateway's count, for `continuous_usage` before the worker's
     echoed: str
     prompt_echo: PromptEcho = PromptEcho.none
+    choices_per_prompt: int = 1
 
     @classmethod
     def of(cls, body: CompletionBody | ChatBody, prompt_tokens: int | None) -> Framing:
@@ -54,6 +55,7 @@ class Framing(BaseModel):
             prompt_tokens=prompt_tokens,
             echoed=body.echoed,
             prompt_echo=body.prompt_echo,
+            choices_per_prompt=body.n or 1,
         )
 
     @classmethod
@@ -83,4 +85,5 @@ class Framing(BaseModel):
             self.prompt_tokens,
             self.echoed,
             self.prompt_echo,
+            self.choices_per_prompt,
         )

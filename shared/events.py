@@ -120,7 +120,8 @@ class DeltaEvent(BaseModel):
     """On the job's first delta, where the job asked for them: each prompt token's (null for the first,
     which nothing comes before), as vLLM's `prompt_logprobs`."""
     echo: Echo | None = Field(None, exclude_if=_none)
-    """On the job's first delta, where the job asked for it (`JobRequest.echo`): its prompt."""
+    """On the first delta of each prompt's first choice, where the job asked for it (`JobRequest.echo`):
+    that prompt, given back."""
 
 
 class DoneEvent(BaseModel):

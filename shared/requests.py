@@ -199,8 +199,8 @@ class JobRequest(ChatOptions):
     echo: bool = Field(
         False,
         exclude_if=lambda echo: not echo,  # a job that asks none stays readable by a worker before it
-        description="the job's first delta event carries its prompt back (its text, decoded where it was "
-        "given as token ids), for a completion's `echo`; a job of one prompt",
+        description="the first delta event of each prompt's first choice carries the prompt back (its "
+        "text, decoded where it was given as token ids), for a completion's `echo`; a job of prompts",
     )
     deadline: Deadline | None = Field(
         None, description="RFC 3339 or unix seconds; still queued then, the job fails unrun"
@@ -248,8 +248,8 @@ class JobRequest(ChatOptions):
             chat_only = [name for name, field in options if getattr(self, name) != field.default]
             if chat_only:
                 raise ValueError(f"{', '.join(chat_only)}: only a chat (messages) takes these")
-        if self.echo and (self.prompts is None or len(self.prompts) != 1):
-            raise ValueError("echo: only a job of one prompt (a text or token ids) gives its prompt back")
+        if self.echo and self.prompts is None:
+            raise ValueError("echo: only a job of prompts (texts or token ids) gives them back")
         return self
 
     @property

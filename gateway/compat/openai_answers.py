@@ -329,7 +329,8 @@ class ChunkStream:
     `continuous_usage_stats`), the usage so far on every chunk: the prompt's count is the gateway's own
     (`prompt_tokens`, 0 when it has no model card) until the end, where the worker's usage is given.
     A job of `n` choices streams each chunk with its choice's `index`: each choice opens, goes on and
-    ends as one alone would, and usage adds all of them up.
+    ends as one alone would, and usage adds all of them up. With `echo`, each choice opens with its
+    prompt, which the first delta of the prompt's first choice carries.
     """
 
     def __init__(
@@ -340,6 +341,7 @@ class ChunkStream:
         prompt_tokens: int | None = None,
         echoed: str = "",
         prompt_echo: PromptEcho = PromptEcho.none,
+        choices_per_prompt: int = 1,
     ) -> None:
         self.answer = answer
         self.include_usage = include_usage
@@ -347,8 +349,11 @@ class ChunkStream:
         self.usage = Usage(prompt_tokens=prompt_tokens or 0, completion_tokens=0)
         self.echoed = echoed  # goes out before each choice's first output
         self.prompt_echo = prompt_echo
-        self.echo: Echo | None = None  # the prompt given back, from the job's first delta
-        self.prompt_logprobs: list[TokenLogprob | None] | None = None  # likewise
+        self.choices_per_prompt = choices_per_prompt  # the job's `n`
+        # Each prompt given back, and its logprobs, by the index of its first choice, whose first delta
+        # carries them.
+        self.echoes: dict[int, Echo] = {}
+        self.prompt_logprobs: dict[int, list[TokenLogprob | None]] = {}
         self.opened: set[int] = set()  # the choices with a chunk out
         self.text_offsets: dict[int, int] = {}  # per choice
 
@@ -409,9 +414,9 @@ class ChunkStream:
 
     def _delta(self, event: DeltaEvent) -> list[dict[str, Any]]:
         if event.echo is not None:
-            self.echo = event.echo
+            self.echoes[event.index] = event.echo
         if event.prompt_logprobs is not None:
-            self.prompt_logprobs = event.prompt_logprobs
+            self.prompt_logprobs[event.index] = event.prompt_logprobs
         opening = event.index not in self.opened
         chunks, echoed = self._open(event.index)
         completion_tokens = self.usage.completion_tokens + len(event.token_ids)
@@ -433,9 +438,12 @@ class ChunkStream:
         text = "" if alone else event.text
         logprobs = [] if alone and event.logprobs is not None else event.logprobs
         offset = self.text_offsets.get(event.index, 0)
-        if opening and self.echo is not None and self.prompt_echo is not PromptEcho.none:
-            text = self.echo.text + text
-            shown = None if logprobs is None else echo_logprobs(self.echo, self.prompt_logprobs, logprobs)
+        first = event.index - event.index % self.choices_per_prompt  # its prompt's first choice
+        echo = self.echoes.get(first)
+        if opening and echo is not None and self.prompt_echo is not PromptEcho.none:
+            text = echo.text + text
+            prompt = self.prompt_logprobs.get(first)
+            shown = None if logprobs is None else echo_logprobs(echo, prompt, logprobs)
         else:
             text = echoed + text
             shown = self.answer.logprobs(logprobs, offset)

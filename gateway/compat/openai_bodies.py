@@ -404,11 +404,6 @@ class CompletionBody(_Body):
     def _refusals(self) -> list[Refusal]:
         return [
             *super()._refusals(),
-            (
-                bool(self.echo) and self._prompt_count() > 1,
-                "echo",
-                "echo is supported with one prompt (a text or token ids), not a list of prompts",
-            ),
             (bool(self.suffix), "suffix", "suffix is not supported"),
             (self.best_of not in (None, 1), "best_of", "only best_of=1 is supported"),
         ]
@@ -429,21 +424,13 @@ class CompletionBody(_Body):
             return "max_tokens", 1
         return super()._max_tokens()
 
-    def _prompts(self) -> list[Any]:
-        """Each prompt: a text, or token ids."""
-        prompts: list[Any] = [self.prompt] if isinstance(self.prompt, str) else list(self.prompt)
-        if prompts and isinstance(prompts[0], int):
-            return [prompts]  # the token ids of one prompt
-        return prompts
-
-    def _prompt_count(self) -> int:
-        return len(self._prompts())
-
     def _input(self) -> dict[str, Any]:
         """The prompt as the job takes it: texts as `prompt`, token ids as `prompt_token_ids`; a list of
-        one prompt is that prompt. With `echo` the job gives its prompt back, and with `logprobs` its
-        prompt's too, as vLLM asks its engine for them (`prompt_logprobs`, unless given)."""
-        prompts = self._prompts()
+        one prompt is that prompt. With `echo` the job gives its prompts back, and with `logprobs` their
+        logprobs too, as vLLM asks its engine for them (`prompt_logprobs`, unless given)."""
+        prompts: list[Any] = [self.prompt] if isinstance(self.prompt, str) else list(self.prompt)
+        if prompts and isinstance(prompts[0], int):
+            prompts = [prompts]  # the token ids of one prompt
         field = "prompt_token_ids" if prompts and isinstance(prompts[0], list) else "prompt"
         fields = {field: prompts[0] if len(prompts) == 1 else prompts, "logprobs": self.logprobs}
         if self.echo:

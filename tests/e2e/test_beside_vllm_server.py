@@ -196,12 +196,13 @@ def test_greedy_answers_are_vllm_s_servers_own(
 
 
 ECHOED = "The capital of France is Paris. The capital of Italy is"
+SECOND = "Once upon a time, there was a"
 
 
-def scored(client: openai.OpenAI, prompt: str | list[int], max_tokens: int, stream: bool) -> dict[str, Any]:
-    """What a harness reads of a greedy echoed completion with one alternative a token: its text, its
-    tokens with their logprobs, alternatives and offsets, its finish reason and usage; streamed, the
-    chunks' parts end to end (usage from the last chunk)."""
+def scored(client: openai.OpenAI, prompt: Any, max_tokens: int, stream: bool) -> dict[int, dict[str, Any]]:
+    """What a harness reads of a greedy echoed completion with one alternative a token, by choice: its
+    text, its tokens with their logprobs, alternatives and offsets, and its finish reason; streamed,
+    the chunks' parts end to end. Usage, the whole answer's (streamed, the last chunk's), under -1."""
     request: Any = {
         "model": client.models.list().data[0].id,
         "prompt": prompt,
@@ -215,21 +216,17 @@ def scored(client: openai.OpenAI, prompt: str | list[int], max_tokens: int, stre
         if stream
         else [client.completions.create(**request)]
     )
-    seen: dict[str, Any] = {
-        "text": "",
-        "tokens": [],
-        "token_logprobs": [],
-        "top_logprobs": [],
-        "text_offset": [],
-    }
+    parts = ("tokens", "token_logprobs", "top_logprobs", "text_offset")
+    seen: dict[int, dict[str, Any]] = {}
     for chunk in chunks:
         for choice in chunk.choices:
-            seen["text"] += choice.text
-            seen["finish_reason"] = choice.finish_reason or seen.get("finish_reason")
-            for name in ("tokens", "token_logprobs", "top_logprobs", "text_offset"):
-                seen[name] += getattr(choice.logprobs, name) if choice.logprobs else []
+            mine = seen.setdefault(choice.index, {"text": "", **{part: [] for part in parts}})
+            mine["text"] += choice.text
+            mine["finish_reason"] = choice.finish_reason or mine.get("finish_reason")
+            for part in parts:
+                mine[part] += getattr(choice.logprobs, part) if choice.logprobs else []
         if chunk.usage is not None:
-            seen["usage"] = (chunk.usage.prompt_tokens, chunk.usage.completion_tokens)
+            seen[-1] = {"usage": (chunk.usage.prompt_tokens, chunk.usage.completion_tokens)}
     return seen
 
 
@@ -242,26 +239,27 @@ def close(ours: float | None, theirs: float | None) -> bool:
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
 @pytest.mark.parametrize("max_tokens", [0, 1])
-@pytest.mark.parametrize("given", ["text", "token-ids"])
+@pytest.mark.parametrize("given", ["text", "token-ids", "texts"])
 def test_an_echo_with_logprobs_scores_the_prompt_as_vllm_s_server_does(
     sync_openai: openai.OpenAI, vllm_openai: openai.OpenAI, given: str, max_tokens: int, stream: bool
 ) -> None:
-    prompt: str | list[int] = ECHOED
+    prompt: Any = {"text": ECHOED, "texts": [ECHOED, SECOND]}.get(given)
     if given == "token-ids":
-        tokenized = httpx.post(
-            f"{str(vllm_openai.base_url).removesuffix('/v1/')}/tokenize", json={"prompt": ECHOED}
-        )
-        prompt = tokenized.json()["tokens"]
+        tokenize = f"{str(vllm_openai.base_url).removesuffix('/v1/')}/tokenize"
+        prompt = httpx.post(tokenize, json={"prompt": ECHOED}).json()["tokens"]
     ours, theirs = (
         scored(sync_openai, prompt, max_tokens, stream),
         scored(vllm_openai, prompt, max_tokens, stream),
     )
-    exact = ("text", "tokens", "text_offset", "finish_reason", "usage")
-    assert {name: ours[name] for name in exact} == {name: theirs[name] for name in exact}
-    assert ours["text"].startswith(ECHOED) and ours["token_logprobs"][0] is None
-    assert len(ours["tokens"]) == ours["usage"][0] + max_tokens  # the prompt's tokens, then the output's
-    assert all(map(close, ours["token_logprobs"], theirs["token_logprobs"])), (ours, theirs)
-    for mine, vllms in zip(ours["top_logprobs"], theirs["top_logprobs"], strict=True):
-        assert (mine is None) == (vllms is None)
-        if mine is not None:
-            assert mine.keys() == vllms.keys() and all(close(mine[k], vllms[k]) for k in mine)
+    assert ours.keys() == theirs.keys() == {-1, *range(2 if given == "texts" else 1)}
+    assert ours.pop(-1) == theirs.pop(-1)  # usage
+    for index, mine in ours.items():
+        vllms = theirs[index]
+        exact = ("text", "tokens", "text_offset", "finish_reason")
+        assert {name: mine[name] for name in exact} == {name: vllms[name] for name in exact}
+        assert mine["text"].startswith([ECHOED, SECOND][index]) and mine["token_logprobs"][0] is None
+        assert all(map(close, mine["token_logprobs"], vllms["token_logprobs"])), (mine, vllms)
+        for top, vllm_top in zip(mine["top_logprobs"], vllms["top_logprobs"], strict=True):
+            assert (top is None) == (vllm_top is None)
+            if top is not None:
+                assert top.keys() == vllm_top.keys() and all(close(top[k], vllm_top[k]) for k in top)

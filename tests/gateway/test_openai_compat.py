@@ -50,6 +50,7 @@ from shared.events import (
     TopLogprob,
     Usage,
 )
+from shared.requests import JobRequest
 from tests.conftest import make_settings
 from tests.helpers import in_process_gateway
 from tests.processes import free_port
@@ -127,12 +128,7 @@ def test_an_empty_prompt_or_a_negative_token_id_is_refused_naming_the_prompt(pro
     assert _refusal(_completion(prompt=prompt)).detail["param"] == param
 
 
-@pytest.mark.parametrize("prompt", [["a", "b"], [[1, 2], [3]]])
-def test_echo_needs_one_prompt(prompt: Any) -> None:
-    assert _refusal(_completion(prompt=prompt, echo=True)).detail["param"] == "echo"
-
-
-@pytest.mark.parametrize("prompt", ["Once", [1, 2, 3], [[1, 2, 3]]])
+@pytest.mark.parametrize("prompt", ["Once", [1, 2, 3], [[1, 2, 3]], ["a", "b"], [[1, 2], [3]]])
 def test_echo_asks_the_job_for_its_prompt_and_with_logprobs_for_the_prompts_as_vllm_asks_its_engine(
     prompt: Any,
 ) -> None:
@@ -146,6 +142,8 @@ def test_echo_asks_the_job_for_its_prompt_and_with_logprobs_for_the_prompts_as_v
     )
     assert _completion(prompt=prompt, echo=True).job_request(LIMIT).prompt_logprobs is None
     assert not _completion(prompt=prompt).job_request(LIMIT).echo
+    with pytest.raises(ValidationError, match="echo"):  # a chat's echo is the gateway's, from its body
+        JobRequest(messages=CHAT, echo=True)
 
 
 def test_an_echo_of_max_tokens_0_runs_one_token_and_gives_the_prompt_back_alone() -> None:
@@ -297,6 +295,23 @@ def test_echo_puts_the_prompt_the_job_gives_back_before_the_completion_streamed(
     second = DeltaEvent(seq=3, text=" time", token_ids=[9])
     chunks = _echo_stream(PromptEcho.before, [first, second])
     assert [chunk["choices"][0]["text"] for chunk in chunks] == ["Once upon a", " time"]
+    # Two prompts of two choices each: each choice opens with its own prompt, which the first delta
+    # of the prompt's first choice carries.
+    stream = ChunkStream(
+        Answer(chat=False, job_id="j", model=MODEL, created=1),
+        False,
+        prompt_echo=PromptEcho.before,
+        choices_per_prompt=2,
+    )
+    other = Echo(text="Hi", first_token="Hi")
+    opening = [
+        DeltaEvent(seq=2, text=" a", token_ids=[8], echo=ECHO),
+        DeltaEvent(seq=3, index=1, text=" b", token_ids=[8]),
+        DeltaEvent(seq=4, index=2, text=" c", token_ids=[8], echo=other),
+        DeltaEvent(seq=5, index=3, text=" d", token_ids=[8]),
+    ]
+    texts = [chunk["choices"][0]["text"] for event in opening for chunk in stream.feed(event)]
+    assert texts == ["Once upon a", "Once upon b", "Hi c", "Hi d"]
     assert [chunk["choices"][0]["text"] for chunk in _echo_stream(PromptEcho.none, [first, second])] == [
         " a",
         " time",
