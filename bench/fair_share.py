@@ -50,7 +50,7 @@ from shared.config import Settings
 from shared.jobstore import JobStore
 from shared.keys import Keys
 from shared.lifecycle import scripts
-from shared.lifecycle.transitions import claim
+from shared.lifecycle.claims import claim
 from shared.tenants import Tenant
 
 DRAIN_TIMEOUT_SECONDS = 300

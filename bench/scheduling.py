@@ -52,7 +52,7 @@ from shared.config import Settings
 from shared.events import JobState
 from shared.jobstore import JobStore
 from shared.keys import Keys, share_member
-from shared.lifecycle.transitions import Affinity, advertise, claim
+from shared.lifecycle.claims import Affinity, advertise, claim
 from shared.requests import JobRequest
 from shared.scheduling import Placement, block_hashes
 from shared.tenants import DEFAULT_TENANT, Tenant

@@ -18,7 +18,7 @@ from shared.connections import Connections, control_pool
 from shared.errors import BackendUnavailable
 from shared.garbage import tune_garbage_collector
 from shared.keys import Keys
-from shared.lifecycle.transitions import unclaim
+from shared.lifecycle.claims import unclaim
 from worker.engine import Engine
 from worker.heartbeat import new_worker_id
 from worker.jobs import Ending

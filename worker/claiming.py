@@ -11,7 +11,7 @@ import redis.asyncio as aioredis
 
 from shared.config import WorkerSettings
 from shared.keys import Keys
-from shared.lifecycle.transitions import Affinity, advertise, claim
+from shared.lifecycle.claims import Affinity, advertise, claim
 from shared.scheduling import block_hashes
 from worker.engine import PrefixCache
 

@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from shared.jobstore import JobStore
-from shared.lifecycle.transitions import claim
+from shared.lifecycle.claims import claim
 from shared.requests import JobRequest
 from shared.scheduling import Placement
 from shared.tenants import Tenant

@@ -11,7 +11,7 @@ import time
 from collections.abc import Sequence
 
 from shared.jobstore import JobStore
-from shared.lifecycle.transitions import Affinity, advertise
+from shared.lifecycle.claims import Affinity, advertise
 from shared.requests import JobRequest
 from shared.scheduling import Placement, block_hashes
 from tests.shared.transitions import claimed

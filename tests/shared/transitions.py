@@ -6,8 +6,9 @@ import time
 from dataclasses import replace
 
 from shared.jobstore import JobStore
+from shared.lifecycle.claims import Affinity, claim
 from shared.lifecycle.planes import planes_of
-from shared.lifecycle.transitions import Affinity, Failure, ReleaseOutcome, Transitions, claim
+from shared.lifecycle.transitions import Failure, ReleaseOutcome, Transitions
 
 MODEL = "smol"
 WORKER = "worker-1"

@@ -16,7 +16,7 @@ import pytest
 
 from shared.jobstore import JobStore
 from shared.keys import Keys
-from shared.lifecycle.transitions import claim, unclaim
+from shared.lifecycle.claims import claim, unclaim
 from shared.redis_client import connection_pool
 from shared.requests import JobRequest
 from tests.helpers import arq_keys_of, eventually
